@@ -1,0 +1,186 @@
+"""`migrate`: port GPU training scripts to Ascend NPUs.
+
+Exit codes: 0 done or nothing to do; 1 changes pending (--check, --diff); 2 usage, parse or internal error.
+Diffs go to stdout; the summary, progress and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import IntEnum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from migrate import __version__
+from migrate.files import PlanError, plan, run_jobs
+from migrate.report import Summary, finding_text, write_reports
+from migrate.types import Action, AmpPolicy, FileResult, FileStatus, Mode, Settings, Severity
+from rules import RuleError, all_rules, rule_by_code, select_rules
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False)
+
+app = typer.Typer(
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_show_locals=False,
+    help=__doc__,
+)
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    PENDING = 1
+    ERROR = 2
+
+
+def _version(value: bool) -> None:
+    if value:
+        stdout.print(f"npu-port migrate {__version__}")
+        raise typer.Exit()
+
+
+def _codes(value: Optional[str]) -> list[str]:
+    return [code for code in (value or "").replace(" ", ",").split(",") if code]
+
+
+@app.command()
+def migrate(
+    paths: Annotated[Optional[list[Path]], typer.Argument(help="Python files or folders to port.")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Output file or folder (default: NAME_npu beside it).")
+    ] = None,
+    in_place: Annotated[bool, typer.Option("--in-place", help="Overwrite the originals.")] = False,
+    mode: Annotated[Mode, typer.Option(help="transfer: runtime patching; explicit: rewrite every cuda API.")] = (
+        Mode.TRANSFER
+    ),
+    diff: Annotated[bool, typer.Option("--diff", help="Print the diff, write nothing; exit 1 if a port is needed.")] = (
+        False
+    ),
+    check: Annotated[bool, typer.Option("--check", help="Write nothing; exit 1 if a port is needed.")] = False,
+    select: Annotated[Optional[str], typer.Option(help="Only these rule codes or prefixes (comma-separated).")] = None,
+    ignore: Annotated[Optional[str], typer.Option(help="Skip these rule codes or prefixes.")] = None,
+    unsafe_fixes: Annotated[bool, typer.Option("--unsafe-fixes", help="Also apply unsafe rewrites.")] = False,
+    amp: Annotated[AmpPolicy, typer.Option(help="Mixed precision to add to fp32 training.")] = AmpPolicy.FP16,
+    seed: Annotated[Optional[int], typer.Option(help="Seed to fix at the start of the entry point.")] = None,
+    deterministic: Annotated[bool, typer.Option(help="Also switch on deterministic algorithms.")] = False,
+    report_dir: Annotated[
+        Optional[Path], typer.Option(help="Where the reports go (default: OUTPUT_report beside the output).")
+    ] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=0, help="Worker processes (0: one per core).")] = 1,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print errors only.")] = False,
+    list_rules: Annotated[bool, typer.Option("--list-rules", help="List every rule and exit.")] = False,
+    explain: Annotated[Optional[str], typer.Option(help="Print one rule's manual and exit.", metavar="CODE")] = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Port PATHS to the NPU; write NAME_npu.py (or FOLDER_npu/) and a report beside it."""
+    try:
+        if list_rules:
+            return _list_rules()
+        if explain:
+            return _explain(explain)
+        if not paths:
+            raise PlanError("give at least one file or folder to port (or --list-rules, --explain CODE)")
+        rules = select_rules(_codes(select), _codes(ignore))
+        settings = Settings(mode=mode, unsafe_fixes=unsafe_fixes, amp=amp, seed=seed, deterministic=deterministic)
+        writes = not (diff or check)
+        planned = plan(paths, settings, out=out, in_place=in_place, write=writes)
+    except (PlanError, RuleError) as error:
+        stderr.print(f"[red]error:[/] {error}")
+        raise typer.Exit(ExitCode.ERROR) from None
+    results = _run(planned, rules, jobs or os.cpu_count() or 1, quiet)
+    if diff:
+        for result in results:
+            stdout.out(result.diff, end="")
+    if writes and results:
+        directory = report_dir or _default_report_dir(paths[0], out, in_place)
+        written = write_reports(results, directory, f"npu-port migrate report ({mode.value} mode)")
+        if not quiet:
+            stderr.print(f"Report: {written[0]}")
+    raise typer.Exit(_exit_code(results, writes, quiet))
+
+
+def _run(planned, rules, workers: int, quiet: bool) -> list[FileResult]:
+    if quiet or len(planned) < 20:
+        return run_jobs(planned, rules, workers)
+    with Progress(console=stderr, transient=True) as progress:
+        task = progress.add_task("Porting", total=len(planned))
+        return run_jobs(planned, rules, workers, on_result=lambda _: progress.advance(task))
+
+
+def _default_report_dir(first: Path, out: Optional[Path], in_place: bool) -> Path:
+    base = first if in_place else (out or (first.with_name(f"{first.stem}_npu") if first.is_file() else None))
+    if base is None:
+        resolved = first.resolve()
+        base = resolved.with_name(f"{resolved.name}_npu")
+    base = base.with_suffix("") if base.suffix == ".py" else base
+    return base.with_name(f"{base.name}_report")
+
+
+def _exit_code(results: list[FileResult], writes: bool, quiet: bool) -> int:
+    summary = Summary.of(results)
+    for result in results:
+        if result.error:
+            stderr.print(f"[red]error:[/] {result.error}")
+    if not quiet:
+        _print_findings(results)
+        _print_summary(summary, writes)
+    if summary.errors:
+        return ExitCode.ERROR
+    return ExitCode.PENDING if not writes and summary.changed else ExitCode.OK
+
+
+def _print_findings(results: list[FileResult]) -> None:
+    for result in results:
+        for finding in result.findings:
+            if finding.action is not Action.CHANGED and finding.severity is not Severity.INFO:
+                colour = "red" if finding.severity is Severity.ERROR else "yellow"
+                stderr.print(f"[{colour}]{finding_text(finding)}[/]")
+                if finding.suggestion:
+                    stderr.print(f"    {finding.suggestion}", style="dim")
+
+
+def _print_summary(summary: Summary, writes: bool) -> None:
+    verb = "ported" if writes else "would port"
+    table = Table(title=f"npu-port: {summary.changed} file(s) {verb}", title_justify="left")
+    for column in ("files", "changed", "unchanged", "errors", *summary.by_severity, "unsafe held back"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        str(summary.files),
+        str(summary.changed),
+        str(summary.unchanged),
+        str(summary.errors),
+        *(str(count) for count in summary.by_severity.values()),
+        str(summary.pending),
+    )
+    stderr.print(table)
+
+
+def _list_rules() -> None:
+    table = Table(title="npu-port rules")
+    for column in ("code", "name", "safety", "modes", "checklist", "summary"):
+        table.add_column(column)
+    for rule in all_rules():
+        modes = ",".join(sorted(mode.value for mode in rule.MODES))
+        table.add_row(rule.CODE, rule.name(), rule.SAFETY.value, modes, " ".join(rule.CHECKLIST), rule.summary())
+    stdout.print(table)
+
+
+def _explain(code: str) -> None:
+    rule = rule_by_code(code)
+    stdout.print(f"# {rule.name()} ({rule.CODE}) - {rule.SAFETY.value}")
+    stdout.print(rule.__doc__ or "")
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["ExitCode", "app", "main"]

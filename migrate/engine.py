@@ -1,0 +1,128 @@
+"""Port one source text: parse it once, run every wanted rule in a single walk, add the imports they asked for.
+
+Pure: no file system, no printing. `migrate.files` does the I/O around it.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Sequence
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import MetadataWrapper
+
+from migrate.types import MigrationResult, Settings
+from rules import FileState, PortRule, all_rules
+
+
+class SourceError(Exception):
+    """The source cannot be ported as it is (it does not parse); carries `path:line:col: message`."""
+
+    def __init__(self, path: str, line: int, column: int, message: str):
+        super().__init__(f"{path}:{line}:{column}: {message}")
+        self.path, self.line, self.column, self.message = path, line, column, message
+
+
+def parse(code: str, path: str) -> cst.Module:
+    try:
+        return cst.parse_module(code)
+    except cst.ParserSyntaxError as error:
+        message = error.message.strip().splitlines()[0] if error.message.strip() else "invalid syntax"
+        raise SourceError(path, error.raw_line, error.raw_column + 1, f"syntax error: {message}") from None
+
+
+def migrate_source(
+    code: str,
+    path: str = "<string>",
+    settings: Settings = Settings(),
+    rules: Sequence[type[PortRule]] | None = None,
+) -> MigrationResult:
+    """Port `code` with `rules` (all registered rules by default) under `settings`."""
+    module = parse(code, path)
+    wanted = [rule for rule in (all_rules() if rules is None else rules) if rule.wants(code, settings)]
+    if not wanted:
+        return MigrationResult(original=code, code=code)
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    context = CodemodContext(filename=path, wrapper=wrapper)
+    file = FileState(path, code, settings, wrapper)
+    instances = [rule(context, file) for rule in wanted]
+    with ExitStack() as stack:
+        for instance in instances:
+            stack.enter_context(instance.resolve(wrapper))
+        ported = wrapper.module.visit(_RuleSet(instances))
+    if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
+        ported = AddImportsVisitor(context).transform_module(ported)
+    findings = sorted(file.findings, key=lambda f: (f.line, f.column, f.code))
+    return MigrationResult(original=code, code=ported.code, findings=tuple(findings))
+
+
+class _RuleSet(cst.CSTTransformer):
+    """Runs several rules in one walk: each node is offered only to the rules that handle its type.
+
+    Each rule sees the tree as if it ran alone, except that `updated_node` already holds the rewrites of the rules
+    before it. A rule whose `visit_*` returns False skips that subtree alone; the others still walk it.
+    """
+
+    def __init__(self, rules: Sequence[PortRule]):
+        super().__init__()
+        self._rules = rules
+        self._wide = [rule for rule in rules if _handled_types(rule) is None]
+        self._by_type: dict[type, list[PortRule]] = {}
+        self._skipping: dict[int, cst.CSTNode] = {}  # id(rule) -> node whose subtree that rule skips
+
+    def _rules_for(self, node_type: type) -> list[PortRule]:
+        rules = self._by_type.get(node_type)
+        if rules is None:
+            name = node_type.__name__
+            rules = [rule for rule in self._rules if rule in self._wide or name in (_handled_types(rule) or ())]
+            self._by_type[node_type] = rules
+        return rules
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        for rule in self._rules_for(type(node)):
+            if id(rule) not in self._skipping and rule.on_visit(node) is False:
+                self._skipping[id(rule)] = node
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+        result: object = updated_node
+        for rule in self._rules_for(type(original_node)):
+            skipped_at = self._skipping.get(id(rule))
+            if skipped_at is not None and skipped_at is not original_node:
+                continue
+            self._skipping.pop(id(rule), None)
+            if not isinstance(result, type(original_node)):
+                break  # an earlier rule replaced or removed the node: later rules' leave_* no longer apply
+            result = rule.on_leave(original_node, result)
+        return result
+
+
+def _handled_types(rule: PortRule) -> frozenset[str] | None:
+    """Names of the node types `rule` has visit/leave functions for; None when it must see every node."""
+    cls = type(rule)
+    cached = cls.__dict__.get("_handled_types_cache", False)
+    if cached is not False:
+        return cached  # type: ignore[return-value]
+    names: set[str] | None = set()
+    for klass in cls.__mro__:
+        if klass is PortRule:
+            break
+        for attr in klass.__dict__:
+            if attr.startswith(("visit_", "leave_")):
+                names.add(attr.split("_")[1])
+    matchers = list(rule._extra_visit_funcs) + list(rule._extra_leave_funcs)
+    if rule._matchers:  # call_if_inside / call_if_not_inside must track every node
+        names = None
+    for matcher in matchers:
+        matcher_type = type(matcher)
+        if names is None or not matcher_type.__module__.startswith("libcst.matchers") or not hasattr(
+            cst, matcher_type.__name__
+        ):
+            names = None
+            break
+        names.add(matcher_type.__name__)
+    result = frozenset(names) if names is not None else None
+    setattr(cls, "_handled_types_cache", result)
+    return result

@@ -1,0 +1,215 @@
+"""From paths on the command line to ported files on disk: plan, read, port in parallel, write atomically.
+
+The original is never written unless `in_place` is asked for; every file is read and written as bytes in its own
+encoding, BOM and line endings, so only what a rule changed differs.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+import tokenize
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+from libcst.codemod import diff_code
+
+from migrate.engine import SourceError, migrate_source
+from migrate.types import FileResult, FileStatus, Settings
+from rules import PortRule
+
+SKIPPED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", ".tox", ".mypy_cache", ".pytest_cache"}
+
+
+class PlanError(Exception):
+    """The paths asked for cannot be ported (missing input, output over input, ...)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One file to port (`port`) or copy as is (`port` False) from `source` to `target`."""
+
+    source: Path
+    target: Path | None  # None: do not write (check / diff)
+    port: bool
+    settings: Settings
+
+
+def plan(
+    paths: Sequence[Path], settings: Settings, out: Path | None = None, in_place: bool = False, write: bool = True
+) -> list[Job]:
+    """Decide, for every input path, what is read and where it is written."""
+    if out is not None and in_place:
+        raise PlanError("--out and --in-place exclude each other")
+    if out is not None and len(paths) > 1:
+        raise PlanError("--out takes one input path; give several paths without --out")
+    jobs: list[Job] = []
+    for path in paths:
+        if not path.exists():
+            raise PlanError(f"{path}: no such file or directory")
+        if path.is_dir():
+            target_root = None if not write else path if in_place else out or _sibling(path)
+            jobs.extend(_plan_folder(path, target_root, settings))
+        else:
+            target = None if not write else path if in_place else _file_target(path, out)
+            jobs.append(Job(path, target, port=True, settings=replace(settings, is_entry=True)))
+    return jobs
+
+
+def _sibling(folder: Path) -> Path:
+    folder = folder.resolve()
+    return folder.with_name(f"{folder.name}_npu")
+
+
+def _file_target(path: Path, out: Path | None) -> Path:
+    if out is None:
+        return path.with_name(f"{path.stem}_npu{path.suffix}")
+    return out / path.name if out.is_dir() or out.suffix != ".py" else out
+
+
+def _plan_folder(root: Path, target_root: Path | None, settings: Settings) -> Iterator[Job]:
+    resolved_target = target_root.resolve() if target_root is not None else None
+    for source in _walk(root, skip=resolved_target if resolved_target != root.resolve() else None):
+        relative = source.relative_to(root)
+        target = target_root / relative if target_root is not None else None
+        if source.suffix == ".py":
+            is_entry = _has_main_guard(source)
+            yield Job(source, target, port=True, settings=replace(settings, is_entry=is_entry))
+        elif target is not None and target_root != root:
+            yield Job(source, target, port=False, settings=settings)
+
+
+def _walk(root: Path, skip: Path | None) -> Iterator[Path]:
+    """Files under root in a stable order; symlinked folders are not followed (no loops), hidden folders skipped."""
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if d not in SKIPPED_DIRS
+            and not d.startswith(".")
+            and not d.endswith(".egg-info")
+            and (skip is None or (Path(folder) / d).resolve() != skip)
+        )
+        for name in sorted(files):
+            path = Path(folder) / name
+            if path.is_file():  # a dangling link is not
+                yield path
+
+
+def _has_main_guard(path: Path) -> bool:
+    try:
+        return b"__main__" in path.read_bytes()
+    except OSError:
+        return False
+
+
+# ----- one file ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decoded:
+    text: str
+    encoding: str
+    bom: bool
+
+
+def decode(data: bytes, path: Path) -> Decoded:
+    """Bytes to text with the encoding Python itself would use (BOM, PEP 263 cookie, else utf-8)."""
+    if b"\0" in data:
+        raise SourceError(str(path), 1, 1, "binary file (contains NUL bytes), not Python source")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as error:
+        raise SourceError(str(path), 1, 1, f"cannot read the encoding: {error.msg}") from None
+    bom = encoding == "utf-8-sig"
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise SourceError(str(path), line, 1, f"not valid {encoding} ({error.reason}); declare the encoding") from None
+    return Decoded(text.removeprefix("\ufeff") if bom else text, encoding, bom)
+
+
+def encode(text: str, decoded: Decoded) -> bytes:
+    return text.encode("utf-8-sig" if decoded.bom else decoded.encoding)
+
+
+def run_job(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
+    """Port or copy one file; every failure becomes a FileResult with status ERROR, never an exception."""
+    try:
+        if not job.port:
+            _copy(job.source, job.target)
+            return FileResult(str(job.source), _str(job.target), FileStatus.SKIPPED)
+        return _port(job, rules)
+    except SourceError as error:
+        return FileResult(str(job.source), _str(job.target), FileStatus.ERROR, error=str(error))
+    except OSError as error:
+        where = error.filename or job.target or job.source
+        return FileResult(str(job.source), _str(job.target), FileStatus.ERROR, error=f"{where}: {error.strerror}")
+
+
+def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
+    data = job.source.read_bytes()
+    decoded = decode(data, job.source)
+    result = migrate_source(decoded.text, str(job.source), job.settings, rules)
+    diff = diff_code(result.original, result.code, 3, filename=str(job.source)) if result.changed else ""
+    if job.target is not None and (result.changed or job.target != job.source):
+        write_atomic(job.target, encode(result.code, decoded), like=job.source)
+    status = FileStatus.CHANGED if result.changed else FileStatus.UNCHANGED
+    return FileResult(str(job.source), _str(job.target), status, findings=result.findings, diff=diff)
+
+
+def _copy(source: Path, target: Path | None) -> None:
+    if target is not None:
+        write_atomic(target, source.read_bytes(), like=source)
+
+
+def write_atomic(target: Path, data: bytes, like: Path | None = None) -> None:
+    """Write through a temporary file in the same folder and rename it over the target: never half a file."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+        if like is not None:
+            shutil.copymode(like, temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _str(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
+
+
+# ----- many files -------------------------------------------------------------------------------------------
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    rules: Sequence[type[PortRule]],
+    workers: int = 1,
+    on_result: Callable[[FileResult], None] | None = None,
+) -> list[FileResult]:
+    """Run every job, in `workers` processes; results come back in the order of `jobs`."""
+    results: Iterable[FileResult]
+    if workers <= 1 or len(jobs) < 2:
+        results = (run_job(job, rules) for job in jobs)
+        return _collect(results, on_result)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        chunk = max(1, len(jobs) // (workers * 8))
+        return _collect(pool.map(run_job, jobs, [rules] * len(jobs), chunksize=chunk), on_result)
+
+
+def _collect(results: Iterable[FileResult], on_result: Callable[[FileResult], None] | None) -> list[FileResult]:
+    collected = []
+    for result in results:
+        collected.append(result)
+        if on_result is not None:
+            on_result(result)
+    return collected

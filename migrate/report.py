@@ -1,0 +1,159 @@
+"""The files a person reviews after a port: report.md, findings.csv/json, diff.patch and Huawei-style views.
+
+All of them are views of one findings table, so they never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from migrate.files import write_atomic
+from migrate.types import Action, FileResult, FileStatus, Finding, Severity
+
+FINDING_COLUMNS = [
+    "path",
+    "line",
+    "column",
+    "end_line",
+    "code",
+    "severity",
+    "action",
+    "message",
+    "suggestion",
+    "checklist",
+    "old_code",
+    "new_code",
+]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Counts over a whole run, and the exit code they imply."""
+
+    files: int
+    changed: int
+    unchanged: int
+    errors: int
+    skipped: int
+    by_severity: dict[str, int]
+    pending: int  # unsafe fixes held back
+
+    @classmethod
+    def of(cls, results: Sequence[FileResult]) -> "Summary":
+        statuses = Counter(result.status for result in results)
+        findings = [finding for result in results for finding in result.findings]
+        return cls(
+            files=sum(1 for result in results if result.status is not FileStatus.SKIPPED),
+            changed=statuses[FileStatus.CHANGED],
+            unchanged=statuses[FileStatus.UNCHANGED],
+            errors=statuses[FileStatus.ERROR],
+            skipped=statuses[FileStatus.SKIPPED],
+            by_severity={s.value: sum(1 for f in findings if f.severity is s) for s in Severity},
+            pending=sum(1 for f in findings if f.action is Action.PENDING),
+        )
+
+
+def findings_frame(results: Sequence[FileResult]) -> pd.DataFrame:
+    rows = [finding.as_row() for result in results for finding in result.findings]
+    return pd.DataFrame(rows, columns=FINDING_COLUMNS)
+
+
+def write_reports(results: Sequence[FileResult], directory: Path, title: str) -> list[Path]:
+    """Write every report file into `directory`; returns the paths written."""
+    frame = findings_frame(results)
+    files = {
+        "report.md": render_markdown(results, title).encode(),
+        "findings.csv": frame.to_csv(index=False).encode(),
+        "findings.json": json.dumps(frame.to_dict(orient="records"), indent=1, ensure_ascii=False).encode(),
+        "diff.patch": "".join(result.diff for result in results).encode(),
+        "change_list.csv": _change_list(frame).to_csv(index=False).encode(),
+        "unsupported_api.csv": _unsupported_api(frame).to_csv(index=False).encode(),
+    }
+    written = []
+    for name, data in files.items():
+        write_atomic(directory / name, data)
+        written.append(directory / name)
+    return written
+
+
+def _change_list(frame: pd.DataFrame) -> pd.DataFrame:
+    """Huawei's change_list.csv: File, Start Line, End Line, Operation Type, Message."""
+    changed = frame[frame["action"] == Action.CHANGED.value]
+    return pd.DataFrame(
+        {
+            "File": changed["path"],
+            "Start Line": changed["line"],
+            "End Line": changed["end_line"],
+            "Operation Type": changed["code"],
+            "Message": changed["message"],
+        }
+    )
+
+
+def _unsupported_api(frame: pd.DataFrame) -> pd.DataFrame:
+    """Huawei's unsupported_api.csv: File, Start Line, End Line, OP, Tips (everything left for a person)."""
+    left = frame[(frame["action"] != Action.CHANGED.value) & (frame["severity"] != Severity.INFO.value)]
+    return pd.DataFrame(
+        {
+            "File": left["path"],
+            "Start Line": left["line"],
+            "End Line": left["end_line"],
+            "OP": left["old_code"],
+            "Tips": (left["code"] + ": " + left["message"] + " " + left["suggestion"]).str.strip(),
+        }
+    )
+
+
+def render_markdown(results: Sequence[FileResult], title: str) -> str:
+    summary = Summary.of(results)
+    lines = [
+        f"# {title}",
+        "",
+        f"Files: {summary.files} ported, {summary.changed} changed, {summary.unchanged} unchanged, "
+        f"{summary.errors} with errors, {summary.skipped} copied as is.",
+        "Findings: " + ", ".join(f"{count} {severity}" for severity, count in summary.by_severity.items())
+        + (f"; {summary.pending} unsafe fixes held back (apply with --unsafe-fixes)." if summary.pending else "."),
+        "",
+        "| file | status | output | changes | findings |",
+        "|---|---|---|---|---|",
+    ]
+    for result in results:
+        if result.status is FileStatus.SKIPPED:
+            continue
+        changes = sum(1 for f in result.findings if f.action is Action.CHANGED)
+        lines.append(
+            f"| `{result.source}` | {result.status.value} | `{result.target or '-'}` | {changes} "
+            f"| {len(result.findings) - changes} |"
+        )
+    errors = [result.error for result in results if result.error]
+    if errors:
+        lines += ["", "## Errors", ""] + [f"- {error}" for error in errors]
+    for heading, wanted in (("Needs a person", _needs_person), ("Changes made", _is_change)):
+        chosen = [f for result in results for f in result.findings if wanted(f)]
+        if chosen:
+            lines += ["", f"## {heading}", ""] + [_finding_line(f) for f in chosen]
+    return "\n".join(lines) + "\n"
+
+
+def _needs_person(finding: Finding) -> bool:
+    return finding.action is not Action.CHANGED
+
+
+def _is_change(finding: Finding) -> bool:
+    return finding.action is Action.CHANGED
+
+
+def finding_text(finding: Finding) -> str:
+    """`path:line:col: SEVERITY CODE: message` as tf_upgrade_v2 and compilers print it."""
+    return f"{finding.location}: {finding.severity.value.upper()} {finding.code}: {finding.message}"
+
+
+def _finding_line(finding: Finding) -> str:
+    suggestion = f"\n  - suggestion: {finding.suggestion}" if finding.suggestion else ""
+    return f"- `{finding_text(finding)}`{suggestion}"

@@ -1,0 +1,78 @@
+"""The rule registry: every concrete `PortRule` under this package, found by walking it.
+
+Adding a rule means adding one module in a group folder (`rules/device/cuda_tensor_method.py`); nothing here or in
+the engine changes. Codes are a group prefix and three digits (`DEV003`) and are never reused.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import re
+from functools import lru_cache
+from typing import Iterable
+
+from rules.base import Case, Example, FileState, Flag, PortRule, Unchanged
+
+_CODE = re.compile(r"^[A-Z]{2,4}\d{3}$")
+
+
+class RuleError(Exception):
+    """A rule declaration is broken, or a selection names no rule."""
+
+
+@lru_cache(maxsize=1)
+def all_rules() -> tuple[type[PortRule], ...]:
+    """Every rule class, sorted by code; raises RuleError on a duplicate or malformed code."""
+    found: dict[str, type[PortRule]] = {}
+    for info in pkgutil.walk_packages(__path__, prefix=f"{__name__}."):
+        module = importlib.import_module(info.name)
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if not issubclass(obj, PortRule) or obj is PortRule or inspect.isabstract(obj):
+                continue
+            if obj.__module__ != module.__name__:
+                continue  # imported into this module, declared elsewhere
+            code = getattr(obj, "CODE", "")
+            if not _CODE.match(code):
+                raise RuleError(f"{obj.__module__}.{obj.__name__}: CODE {code!r} is not PREFIX + 3 digits")
+            if code in found and found[code] is not obj:
+                raise RuleError(f"rule code {code} is declared twice: {found[code].__name__} and {obj.__name__}")
+            found[code] = obj
+    return tuple(found[code] for code in sorted(found))
+
+
+def rule_by_code(code: str) -> type[PortRule]:
+    for rule in all_rules():
+        if rule.CODE == code.upper():
+            return rule
+    raise RuleError(f"no rule has the code {code!r} (see `migrate --list-rules`)")
+
+
+def select_rules(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> tuple[type[PortRule], ...]:
+    """Rules whose code starts with one of `select` (all when empty) and with none of `ignore`."""
+    select = tuple(s.strip().upper() for s in select if s.strip())
+    ignore = tuple(s.strip().upper() for s in ignore if s.strip())
+    known = all_rules()
+    for prefix in select + ignore:
+        if not any(rule.CODE.startswith(prefix) for rule in known):
+            raise RuleError(f"--select/--ignore {prefix!r} matches no rule code (see `migrate --list-rules`)")
+    return tuple(
+        rule
+        for rule in known
+        if (not select or rule.CODE.startswith(select)) and not rule.CODE.startswith(ignore or ("\0",))
+    )
+
+
+__all__ = [
+    "Case",
+    "Example",
+    "FileState",
+    "Flag",
+    "PortRule",
+    "RuleError",
+    "Unchanged",
+    "all_rules",
+    "rule_by_code",
+    "select_rules",
+]

@@ -1,0 +1,1 @@
+"""AMP: mixed precision and loss scaling (checklist C2, C4)."""

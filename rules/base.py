@@ -1,0 +1,256 @@
+"""What every rule is: a libcst transformer that documents, tests and reports itself.
+
+A rule subclasses `PortRule`, declares a stable `CODE`, a `SAFETY`, the checklist items it gives evidence for and
+its `EXAMPLES`, and rewrites nodes only through `self.replace(...)` and reports only through `self.report(...)`.
+Those two methods are the one place where suppression comments, the unsafe-fix switch and the findings table are
+handled, so a rule never deals with them itself.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass
+from typing import ClassVar, Iterable, Sequence
+
+import libcst as cst
+from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameProvider
+
+from migrate.types import Action, Finding, Mode, Safety, Settings, Severity
+
+# `# npu-port: ignore` or `# npu-port: ignore[NPU101, DIST001]` on a line silences rules there.
+_SUPPRESSION = re.compile(r"#\s*npu-port:\s*ignore(?:\[(?P<codes>[A-Z0-9_,\s]+)\])?")
+
+
+@dataclass(frozen=True, init=False)
+class Example:
+    """A source snippet a rule is tested on, with the settings to run it under."""
+
+    source: str
+    settings: Settings
+
+    def __init__(self, source: str, **options: object) -> None:
+        object.__setattr__(self, "source", _dedent(source))
+        object.__setattr__(self, "settings", Settings(**options))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, init=False)
+class Case(Example):
+    """The rule rewrites `source` into `expected`; `lines` are the 1-based source lines it must report."""
+
+    expected: str
+    lines: tuple[int, ...] | None
+
+    def __init__(self, source: str, expected: str, *, lines: Sequence[int] | None = None, **options: object):
+        super().__init__(source, **options)
+        object.__setattr__(self, "expected", _dedent(expected))
+        object.__setattr__(self, "lines", tuple(lines) if lines is not None else None)
+
+
+@dataclass(frozen=True, init=False)
+class Flag(Example):
+    """The rule leaves `source` as is but reports a finding on each of `lines`."""
+
+    lines: tuple[int, ...]
+
+    def __init__(self, source: str, *, lines: Sequence[int], **options: object):
+        super().__init__(source, **options)
+        object.__setattr__(self, "lines", tuple(lines))
+
+
+@dataclass(frozen=True, init=False)
+class Unchanged(Example):
+    """The rule neither rewrites nor reports anything in `source`."""
+
+
+def _dedent(source: str) -> str:
+    return textwrap.dedent(source).lstrip("\n")
+
+
+class FileState:
+    """What the rules working on one file share: its text, settings, positions, suppressions and findings."""
+
+    def __init__(self, path: str, source: str, settings: Settings, wrapper: MetadataWrapper):
+        self.path = path
+        self.source = source
+        self.settings = settings
+        self.wrapper = wrapper
+        self.findings: list[Finding] = []
+        self._positions: object | None = None
+        self._suppressed = _suppressions(source)
+
+    def position(self, node: cst.CSTNode) -> CodeRange:
+        # Positions cost a full code generation, so they are computed only once something is recorded.
+        if self._positions is None:
+            self._positions = self.wrapper.resolve(PositionProvider)
+        return self._positions[node]  # type: ignore[index]
+
+    def is_suppressed(self, code: str, span: CodeRange) -> bool:
+        for line in {span.start.line, span.end.line}:
+            codes = self._suppressed.get(line)
+            if codes is not None and (not codes or code in codes):
+                return True
+        return False
+
+    def code_for(self, node: cst.CSTNode) -> str:
+        return self.wrapper.module.code_for_node(node)
+
+
+def _suppressions(source: str) -> dict[int, frozenset[str]]:
+    found: dict[int, frozenset[str]] = {}
+    if "npu-port" not in source:
+        return found
+    for number, line in enumerate(source.splitlines(), start=1):
+        match = _SUPPRESSION.search(line)
+        if match:
+            codes = match.group("codes") or ""
+            found[number] = frozenset(c.strip() for c in codes.split(",") if c.strip())
+    return found
+
+
+class PortRule(VisitorBasedCodemodCommand):
+    """Base of every rule. The class docstring of a subclass is its manual (see tests/test_rule_contract.py)."""
+
+    CODE: ClassVar[str]
+    SAFETY: ClassVar[Safety] = Safety.SAFE
+    CHECKLIST: ClassVar[tuple[str, ...]] = ()
+    MODES: ClassVar[frozenset[Mode]] = frozenset(Mode)
+    # The rule runs only on sources that contain one of these strings; empty means always. A cheap text test that
+    # spares most files the tree walk of most rules.
+    TRIGGERS: ClassVar[tuple[str, ...]] = ()
+    EXAMPLES: ClassVar[tuple[Example, ...]] = ()
+    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+
+    def __init__(self, context: CodemodContext, file: FileState) -> None:
+        super().__init__(context)
+        self.file = file
+        self.settings = file.settings
+
+    # ----- declaration helpers ------------------------------------------------------------------------------
+
+    @classmethod
+    def name(cls) -> str:
+        return re.sub(r"(?<!^)(?=[A-Z])", "-", cls.__name__).lower()
+
+    @classmethod
+    def summary(cls) -> str:
+        return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+
+    @classmethod
+    def wants(cls, source: str, settings: Settings) -> bool:
+        """Whether the rule has anything to do in this source under these settings."""
+        if settings.mode not in cls.MODES:
+            return False
+        return not cls.TRIGGERS or any(trigger in source for trigger in cls.TRIGGERS)
+
+    # ----- name resolution ----------------------------------------------------------------------------------
+
+    def qualified_names(self, node: cst.CSTNode) -> set[str]:
+        """The fully qualified names `node` may refer to, through any import alias in scope."""
+        try:
+            return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+        except KeyError:  # a node this rule built itself has no metadata
+            return set()
+
+    def refers_to(self, node: cst.CSTNode, *names: str) -> bool:
+        return not self.qualified_names(node).isdisjoint(names)
+
+    def qualified_name(self, node: cst.CSTNode) -> str | None:
+        names = self.qualified_names(node)
+        return min(names) if len(names) == 1 else None
+
+    # ----- the only two ways a rule acts --------------------------------------------------------------------
+
+    def replace(
+        self,
+        original: cst.CSTNode,
+        updated: cst.CSTNode,
+        new: cst.CSTNode,
+        message: str,
+        suggestion: str = "",
+        *,
+        imports: Iterable[tuple[str, str | None]] = (),
+        severity: Severity = Severity.INFO,
+        at: cst.CSTNode | None = None,
+    ) -> cst.CSTNode:
+        """Return `new` in place of `updated`, recording the change; keep `updated` where the change is not allowed.
+
+        `imports` are (module, name) pairs the new code needs; they are added only if the change is applied.
+        `at` is the node the finding points to when it is not `original` (an insertion into a block, say).
+        """
+        span = self.file.position(at or original)
+        if self.file.is_suppressed(self.CODE, span):
+            return updated
+        applied = self.SAFETY is Safety.SAFE or (self.SAFETY is Safety.UNSAFE and self.settings.unsafe_fixes)
+        action = Action.CHANGED if applied else Action.PENDING
+        self._record(at or original, span, message, suggestion, severity, action, None if at else new)
+        if not applied:
+            return updated
+        for module, obj in imports:
+            AddImportsVisitor.add_needed_import(self.context, module, obj)
+        return new
+
+    def report(
+        self,
+        node: cst.CSTNode,
+        message: str,
+        suggestion: str = "",
+        severity: Severity = Severity.WARNING,
+    ) -> None:
+        """Record a finding that needs a person: nothing is rewritten."""
+        span = self.file.position(node)
+        if not self.file.is_suppressed(self.CODE, span):
+            self._record(node, span, message, suggestion, severity, Action.REPORTED, None)
+
+    def _record(
+        self,
+        node: cst.CSTNode,
+        span: CodeRange,
+        message: str,
+        suggestion: str,
+        severity: Severity,
+        action: Action,
+        new: cst.CSTNode | None,
+    ) -> None:
+        if action is Action.PENDING:
+            suggestion = (suggestion + " " if suggestion else "") + "Unsafe fix: apply it with --unsafe-fixes."
+            severity = max(severity, Severity.WARNING, key=_SEVERITY_ORDER.index)
+        self.file.findings.append(
+            Finding(
+                path=self.file.path,
+                line=span.start.line,
+                column=span.start.column + 1,
+                end_line=span.end.line,
+                code=self.CODE,
+                severity=severity,
+                action=action,
+                message=message,
+                suggestion=suggestion,
+                checklist=self.CHECKLIST,
+                old_code=_clip(self.file.code_for(node)),
+                new_code=_clip(cst.Module([]).code_for_node(new)) if new is not None else "",
+            )
+        )
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:  # pragma: no cover - the engine drives rules
+        raise NotImplementedError("rules run through migrate.engine, which shares one parse among all of them")
+
+
+_SEVERITY_ORDER = [Severity.INFO, Severity.WARNING, Severity.ERROR]
+
+
+def _clip(code: str, limit: int = 200) -> str:
+    code = code.strip()
+    return code if len(code) <= limit else code[: limit - 1] + "…"
+
+
+__all__ = [
+    "Case",
+    "Example",
+    "FileState",
+    "Flag",
+    "PortRule",
+    "Unchanged",
+]

@@ -1,0 +1,1 @@
+"""DATA: data order, shuffling and sharding (checklist C6, C7)."""

@@ -1,0 +1,1 @@
+"""DET: seeds and deterministic algorithms (checklist C1, C6)."""

@@ -1,0 +1,1 @@
+"""DEV: cuda devices and APIs, and the switches transfer_to_npu leaves alone."""

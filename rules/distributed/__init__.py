@@ -1,0 +1,1 @@
+"""DIST: process groups, backends and launchers (nccl to hccl)."""

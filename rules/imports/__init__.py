@@ -1,0 +1,1 @@
+"""IMP: the NPU imports and CUDA-only imports."""

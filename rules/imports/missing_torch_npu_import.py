@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+from typing import Sequence
+
+import libcst as cst
+import libcst.matchers as m
+
+from migrate.types import Action, Mode
+from rules.base import Case, PortRule, Unchanged
+
+_TRANSFER_LINES = "import torch_npu\nfrom torch_npu.contrib import transfer_to_npu\n"
+_EXPLICIT_LINES = "import torch_npu\n"
+
+
+class MissingTorchNpuImport(PortRule):
+    """Import torch_npu (and, in transfer mode, transfer_to_npu) right after the first torch import.
+
+    ## What it does
+    Transfer mode: inserts `import torch_npu` and `from torch_npu.contrib import transfer_to_npu` after the first
+    module-level `import torch...` of an entry file (named on the command line, or with a `__main__` guard), or at
+    the top when torch is imported elsewhere. Explicit mode: inserts `import torch_npu` alone, in entry files and in
+    every file another rule rewrote.
+
+    ## Why
+    `torch_npu` registers the `npu` device and the `torch.npu` namespace; `transfer_to_npu` patches the cuda APIs at
+    run time and must run before any of them is used, so it goes at the top of the process's entry file.
+
+    ## Safety
+    Safe. A file that already imports `torch_npu` or uses `torch.npu` is taken as NPU-aware and left alone, so a
+    second run adds nothing.
+
+    ## References
+    rules-catalogue IMP-01, IMP-02; torch_npu/contrib/transfer_to_npu.py.
+    """
+
+    CODE = "IMP001"
+    CHECKLIST = ("C3",)
+    TRIGGERS = ("torch",)
+    METADATA_DEPENDENCIES = ()
+    EXAMPLES = (
+        Case(
+            '''
+            """Train a model."""
+            import os
+            import torch  # the framework
+            import torch.nn as nn
+            ''',
+            '''
+            """Train a model."""
+            import os
+            import torch  # the framework
+            import torch_npu
+            from torch_npu.contrib import transfer_to_npu
+            import torch.nn as nn
+            ''',
+            lines=[3],
+        ),
+        Case(
+            """
+            from __future__ import annotations
+            from torch import nn
+            """,
+            """
+            from __future__ import annotations
+            from torch import nn
+            import torch_npu
+            """,
+            lines=[2],
+            mode=Mode.EXPLICIT,
+        ),
+        Case(
+            """
+            import sys
+
+            def main():
+                import torch
+            """,
+            """
+            import torch_npu
+            from torch_npu.contrib import transfer_to_npu
+            import sys
+
+            def main():
+                import torch
+            """,
+            lines=[1],
+        ),
+        Unchanged(
+            """
+            import torch
+            if torch.npu.is_available():
+                device = "npu"
+            """
+        ),
+        Unchanged(
+            """
+            import torch
+            try:
+                import torch_npu
+            except ImportError:
+                torch_npu = None
+            """
+        ),
+        Unchanged("import torch\n", is_entry=False),
+        Unchanged("import numpy\n"),
+    )
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if _is_npu_aware(self.file.source) or not _imports_torch(original_node):
+            return updated_node
+        if not self.settings.is_entry and not self._file_was_ported():
+            return updated_node
+        lines = _TRANSFER_LINES if self.settings.mode is Mode.TRANSFER else _EXPLICIT_LINES
+        index = _insertion_index(updated_node.body)
+        body = list(updated_node.body)
+        body[index:index] = cst.parse_module(lines).body
+        anchor = _insertion_index(original_node.body) - 1
+        what = " and ".join(f"`{line}`" for line in lines.splitlines())
+        return self.replace(
+            original_node,
+            updated_node,
+            updated_node.with_changes(body=body),
+            f"added {what}",
+            at=original_node.body[anchor] if anchor >= 0 else original_node.body[0],
+        )
+
+    def _file_was_ported(self) -> bool:
+        return any(finding.action is Action.CHANGED for finding in self.file.findings)
+
+
+def _is_npu_aware(source: str) -> bool:
+    return "torch_npu" in source or "torch.npu." in source
+
+
+def _roots(node: cst.Import | cst.ImportFrom) -> set[str]:
+    """Top-level package names an import statement imports from."""
+    if isinstance(node, cst.Import):
+        return {_dotted(alias.name).split(".")[0] for alias in node.names}
+    return {_dotted(node.module).split(".")[0]} if node.module is not None and not node.relative else set()
+
+
+def _dotted(node: cst.BaseExpression) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def _imports_torch(module: cst.Module) -> bool:
+    return any("torch" in _roots(node) for node in m.findall(module, m.Import() | m.ImportFrom()))
+
+
+def _is_torch_import(statement: cst.CSTNode) -> bool:
+    return m.matches(statement, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) and "torch" in _roots(
+        statement.body[0]  # type: ignore[attr-defined]
+    )
+
+
+_PREAMBLE = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString()) | m.ImportFrom(module=m.Name("__future__"))])
+
+
+def _insertion_index(body: Sequence[cst.BaseStatement]) -> int:
+    """Just after the first module-level torch import; else after the docstring and __future__ imports."""
+    for index, statement in enumerate(body):
+        if _is_torch_import(statement):
+            return index + 1
+    for index, statement in enumerate(body):
+        if not m.matches(statement, _PREAMBLE):
+            return index
+    return len(body)

@@ -1,0 +1,1 @@
+"""TRN: the training process and its hyperparameters (checklist C8, C9)."""
