@@ -1,5 +1,10 @@
-"""npu-port migrate: rewrite PyTorch GPU training scripts for Ascend NPUs with libcst. Never imports torch."""
+"""npu-port migrate: rewrite PyTorch GPU training scripts for Ascend NPUs with libcst. Never imports torch.
 
+The public API (`migrate_source`, `Settings`, ...) is loaded on first use: the rules import `migrate.types`, and an
+eager import of the engine here would import the rules back before they exist.
+"""
+
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
 try:
@@ -7,7 +12,20 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0+unknown"
 
-from migrate.engine import SourceError, migrate_source  # noqa: E402
-from migrate.types import Finding, MigrationResult, Mode, Settings  # noqa: E402
+_PUBLIC = {
+    "migrate_source": "migrate.engine",
+    "SourceError": "migrate.engine",
+    "Finding": "migrate.types",
+    "MigrationResult": "migrate.types",
+    "Mode": "migrate.types",
+    "Settings": "migrate.types",
+}
 
-__all__ = ["Finding", "MigrationResult", "Mode", "Settings", "SourceError", "__version__", "migrate_source"]
+
+def __getattr__(name: str) -> object:
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'migrate' has no attribute {name!r}")
+
+
+__all__ = ["__version__", *_PUBLIC]

@@ -1,0 +1,175 @@
+"""The run directory: the data contract between `verify run` (which writes it) and `verify compare` (which reads it).
+
+A run directory is written incrementally, so a crash or a timeout keeps every completed step:
+
+    manifest.json          RunManifest, rewritten atomically at start, after each step and at the end
+    losses.csv             one row per backward() call (micro-step), appended and flushed as it happens
+    hparams.csv            optimizer hyperparameters, one row per (step, param_group, name), appended
+    ops/step-NNNNNN.parquet    operator records of one step (OP_COLUMNS)
+    grads/step-NNNNNN.parquet  per-parameter gradient statistics just before the optimizer step (GRAD_COLUMNS)
+    outputs/step-NNNNNN.parquet  inference runs: statistics of the outermost module's outputs (OUTPUT_COLUMNS)
+    outputs/step-NNNNNN-outK.npy inference runs: the output tensors themselves (small: top-k agreement needs them)
+    tensors/...npy         full tensors of the ops selected with --ops in `tensor` mode, under a size cap
+    output.log             the script's stdout and stderr
+
+Every file is plain data (JSON, CSV, parquet, .npy without pickle): readers never unpickle anything, and names
+read from a run directory never become paths outside it. This module imports neither torch nor pandas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+MANIFEST = "manifest.json"
+LOSSES = "losses.csv"
+HPARAMS = "hparams.csv"
+OPS_DIR = "ops"
+GRADS_DIR = "grads"
+OUTPUTS_DIR = "outputs"
+TENSORS_DIR = "tensors"
+LOG = "output.log"
+
+
+def step_file(step: int, suffix: str = ".parquet") -> str:
+    return f"step-{step:06d}{suffix}"
+
+
+class Status(str, Enum):
+    RUNNING = "running"  # still going, or killed so hard that nothing else could be written
+    OK = "ok"  # all requested steps completed
+    SHORT = "short"  # the script ended by itself before the requested steps
+    CRASHED = "crashed"  # an exception escaped the script (traceback in the manifest)
+    TIMEOUT = "timeout"  # killed after --timeout seconds
+    NAN = "nan"  # the loss became NaN or inf; stopped there
+    NO_STEPS = "no-steps"  # the script ended without a single step (no backward, no forward of a module)
+
+
+class Phase(str, Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    OTHER = "other"  # outside any module: data preparation, loss arithmetic at top level
+
+
+class DumpMode(str, Enum):
+    STATS = "stats"
+    TENSOR = "tensor"
+    MD5 = "md5"
+    OFF = "off"
+
+
+# Column name -> pandas dtype. Statistics are float64 whatever the tensor's dtype: they are fetched in one batch
+# per step, and float64 keeps fp32 extremes exact.
+OP_COLUMNS: dict[str, str] = {
+    "step": "int64",  # 0-based optimizer step (inference: forward index)
+    "seq": "int64",  # execution order within the step, over all ops
+    "phase": "string",  # Phase
+    "module": "string",  # ModuleTracker path, e.g. "Net.layer1.0.conv1" ("" outside modules)
+    "op": "string",  # overload packet, e.g. "aten.convolution"
+    "call_index": "int64",  # n-th call of `op` in this (step, phase, module)
+    "io": "string",  # which tensor: "out0", "out1", ... and in tensor mode "in0", ...
+    "key": "string",  # f"{step}/{phase}/{module}/{op}#{call_index}" - identical on every machine
+    "dtype": "string",  # "float32", "float16", "bfloat16", "int64", ...
+    "shape": "string",  # "32x3x28x28"; "" for a 0-d tensor
+    "numel": "int64",
+    "min": "float64",
+    "max": "float64",
+    "mean": "float64",
+    "l2_norm": "float64",
+    "nan_count": "int64",
+    "inf_count": "int64",
+    "md5": "string",  # md5 mode only, else ""
+    "tensor_file": "string",  # tensor mode: path relative to the run directory, else ""
+}
+
+GRAD_COLUMNS: dict[str, str] = {
+    "step": "int64",
+    "param": "string",  # the parameter's qualified name in its module ("layer1.0.conv1.weight"), else "group0.3"
+    "dtype": "string",
+    "shape": "string",
+    "numel": "int64",
+    "norm": "float64",
+    "min": "float64",
+    "max": "float64",
+    "mean": "float64",
+    "nan_count": "int64",
+    "inf_count": "int64",
+}
+
+OUTPUT_COLUMNS: dict[str, str] = {
+    "step": "int64",
+    "output": "string",  # "out0", "out1", ... in pytree order
+    "dtype": "string",
+    "shape": "string",
+    "numel": "int64",
+    "min": "float64",
+    "max": "float64",
+    "mean": "float64",
+    "l2_norm": "float64",
+    "nan_count": "int64",
+    "inf_count": "int64",
+    "tensor_file": "string",
+}
+
+LOSS_COLUMNS = ("step", "micro_step", "loss", "loss_scale", "wall_ms")
+"""losses.csv: `loss` is the unscaled scalar backward() was called on; `loss_scale` the GradScaler scale at that
+moment (empty without a scaler); `micro_step` counts backward() calls within the step (gradient accumulation)."""
+
+HPARAM_COLUMNS = ("step", "group", "name", "value")
+"""hparams.csv: `group` is the param_group index ("" for optimizer-wide facts such as name="optimizer" whose value
+is the class name); `value` is JSON (numbers, lists for betas, strings)."""
+
+
+@dataclass
+class RunManifest:
+    """manifest.json. Every field is JSON-native; unknown keys from newer writers are kept in `extra`."""
+
+    schema_version: int = SCHEMA_VERSION
+    tool_version: str = ""
+    script: str = ""  # absolute path of the script that ran
+    script_sha256: str = ""
+    argv: list[str] = field(default_factory=list)  # the script's own arguments
+    cwd: str = ""
+    python_version: str = ""
+    torch_version: str = ""
+    torch_npu_version: str = ""  # "" when torch_npu is absent or emulated
+    device: str = ""  # "cpu", "cuda", "npu", "emulated-npu"
+    device_name: str = ""  # e.g. "NVIDIA H100", "Ascend910B", "CPU (emulated NPU)"
+    emulated: bool = False  # True: the npu device was the emulated test double, not an Ascend NPU
+    emulated_on: str = ""  # the device the emulation ran on ("cpu" or "cuda")
+    seed: int = 0
+    dump_mode: str = DumpMode.STATS.value
+    no_dropout: bool = False
+    autocast: str = ""  # autocast imposed from outside ("" none, "fp16", "bf16")
+    inference: bool = False  # no optimizer: each forward of the outermost module is a step
+    steps_requested: int = 0
+    steps_completed: int = 0
+    status: str = Status.RUNNING.value
+    message: str = ""  # one line a person can act on ("loss is NaN at step 3", "timed out after 60 s")
+    exit_code: int | None = None
+    traceback: str = ""
+    started_at: str = ""  # ISO 8601, UTC
+    finished_at: str = ""
+    wall_s: float = 0.0
+    step_wall_s: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunManifest":
+        known = {f.name for f in fields(cls)}
+        manifest = cls(**{key: value for key, value in data.items() if key in known})
+        manifest.extra.update({key: value for key, value in data.items() if key not in known})
+        return manifest
+
+    @property
+    def title(self) -> str:
+        """How every report names this run; an emulated NPU is never hidden."""
+        device = f"EMULATED NPU (a test double on {self.emulated_on or 'cpu'})" if self.emulated else self.device
+        return f"{self.script} on {device}"
