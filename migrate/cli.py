@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from migrate import __version__
+from migrate import __version__, checklist
 from migrate.files import PlanError, plan, run_jobs
 from migrate.report import Summary, finding_text, write_reports
 from migrate.types import Action, AmpPolicy, FileResult, FileStatus, Mode, Settings, Severity
@@ -101,8 +101,10 @@ def migrate(
             stdout.out(result.diff, end="")
     if writes and results:
         directory = report_dir or _default_report_dir(paths[0], out, in_place)
-        written = write_reports(results, directory, f"npu-port migrate report ({mode.value} mode)")
+        items = checklist.build(results, settings, rules, _verify_command(results))
+        written = write_reports(results, directory, f"npu-port migrate report ({mode.value} mode)", items)
         if not quiet:
+            _print_checklist(items)
             stderr.print(f"Report: {written[0]}")
     raise typer.Exit(_exit_code(results, writes, quiet))
 
@@ -160,6 +162,25 @@ def _print_summary(summary: Summary, writes: bool) -> None:
         *(str(count) for count in summary.by_severity.values()),
         str(summary.pending),
     )
+    stderr.print(table)
+
+
+def _verify_command(results: list[FileResult]) -> str:
+    ported = next((r for r in results if r.facts is not None and r.target), None)
+    if ported is None:
+        return "verify ORIGINAL PORTED -- ARGS"
+    return f"verify {ported.source} {ported.target} -- ARGS"
+
+
+def _print_checklist(items: list[checklist.Item]) -> None:
+    table = Table(title="Accuracy checklist", title_justify="left", show_lines=False)
+    for column in ("id", "item", "status", "evidence"):
+        table.add_column(column)
+    colours = {checklist.Status.PASSED: "green", checklist.Status.FAILED: "red", checklist.Status.NOT_CHECKED: "yellow"}
+    for item in items:
+        evidence = item.evidence[0] if item.evidence else item.action
+        more = f" (+{len(item.evidence) - 1} more)" if len(item.evidence) > 1 else ""
+        table.add_row(item.id, item.title, f"[{colours[item.status]}]{item.status.value}[/]", evidence + more)
     stderr.print(table)
 
 

@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from libcst.codemod import diff_code
 
+from migrate.checklist import file_facts
 from migrate.engine import SourceError, migrate_source
 from migrate.types import FileResult, FileStatus, Settings
 from rules import PortRule
@@ -160,7 +161,9 @@ def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     if job.target is not None and (result.changed or job.target != job.source):
         write_atomic(job.target, encode(result.code, decoded), like=job.source)
     status = FileStatus.CHANGED if result.changed else FileStatus.UNCHANGED
-    return FileResult(str(job.source), _str(job.target), status, findings=result.findings, diff=diff)
+    # The checklist's facts cost two more parses: only a run that writes its reports needs them.
+    facts = file_facts(result.original, result.code) if job.target is not None else None
+    return FileResult(str(job.source), _str(job.target), status, findings=result.findings, diff=diff, facts=facts)
 
 
 def _copy(source: Path, target: Path | None) -> None:

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from migrate import checklist
 from migrate.files import write_atomic
 from migrate.types import Action, FileResult, FileStatus, Finding, Severity
 
@@ -64,7 +65,9 @@ def findings_frame(results: Sequence[FileResult]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=FINDING_COLUMNS)
 
 
-def write_reports(results: Sequence[FileResult], directory: Path, title: str) -> list[Path]:
+def write_reports(
+    results: Sequence[FileResult], directory: Path, title: str, checklist_items: Sequence[checklist.Item] = ()
+) -> list[Path]:
     """Write every report file into `directory`; returns the paths written."""
     frame = findings_frame(results)
     files = {
@@ -74,12 +77,37 @@ def write_reports(results: Sequence[FileResult], directory: Path, title: str) ->
         "diff.patch": "".join(result.diff for result in results).encode(),
         "change_list.csv": _change_list(frame).to_csv(index=False).encode(),
         "unsupported_api.csv": _unsupported_api(frame).to_csv(index=False).encode(),
+        "hyperparameters.csv": hyperparameter_frame(results).to_csv(index=False).encode(),
     }
+    if checklist_items:
+        files["checklist.md"] = checklist.to_markdown(checklist_items).encode()
+        files["checklist.json"] = checklist.to_json(checklist_items).encode()
     written = []
     for name, data in files.items():
         write_atomic(directory / name, data)
         written.append(directory / name)
     return written
+
+
+def hyperparameter_frame(results: Sequence[FileResult]) -> pd.DataFrame:
+    """The original's and the port's hyperparameters side by side (checklist C9)."""
+    rows = [
+        {
+            "file": result.source,
+            "source": (original or ported).source,
+            "name": (original or ported).name,
+            "original": original.value if original else None,
+            "ported": ported.value if ported else None,
+            "original_line": original.line if original else None,
+            "ported_line": ported.line if ported else None,
+            "same": bool(original and ported and original.value == ported.value),
+        }
+        for result in results
+        if result.facts is not None
+        for original, ported in checklist.hyperparameter_pairs(result.facts)
+    ]
+    columns = ["file", "source", "name", "original", "ported", "original_line", "ported_line", "same"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def _change_list(frame: pd.DataFrame) -> pd.DataFrame:

@@ -5,8 +5,12 @@ Everything here is frozen and picklable, so results cross process boundaries unc
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from migrate.checklist import FileFacts
 
 
 class Mode(str, Enum):
@@ -115,4 +119,4 @@ class FileResult:
     findings: tuple[Finding, ...] = ()
     diff: str = ""
     error: str = ""  # "path:line:col: message" for files that could not be ported
-    extra: dict[str, object] = field(default_factory=dict)
+    facts: FileFacts | None = None  # what the checklist reads from the original and ported text

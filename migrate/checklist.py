@@ -1,0 +1,310 @@
+"""The accuracy checklist (shared/design/checklist.md, C1..C9) as a report: Passed / Failed / Not checked, each with
+file:line evidence and what to do.
+
+Two sources of evidence: the findings the rules recorded (each rule names the items it speaks to), and a few cheap
+facts read from the original and the ported source (where autocast, a GradScaler, seeds, torch_npu imports are).
+Items that need a run say "Not checked" and give the exact `verify` command that checks them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Iterable, Sequence
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from migrate import hyperparams
+from migrate.types import Action, AmpPolicy, FileResult, Finding, Settings, Severity
+from rules import PortRule
+
+
+class Status(str, Enum):
+    PASSED = "Passed"
+    FAILED = "Failed"
+    NOT_CHECKED = "Not checked"
+
+
+TITLES = {
+    "C1": "The benchmark gives constant results (same seed, same loss)",
+    "C2": "Mixed precision is enabled in the port",
+    "C3": "The port is complete (runs on the NPU; hccl for distributed; mixed precision)",
+    "C4": "Loss scaling is enabled (a dynamic scaler around backward and the optimizer step)",
+    "C5": "The dataset is complete and the same on both sides",
+    "C6": "Preprocessing has no resource-dependent setting; shuffling is seeded",
+    "C7": "Sharding does not depend on file-system order; the sampler's epoch is set",
+    "C8": "The training process is correct (zero_grad, no kept graphs, validation under no_grad/eval)",
+    "C9": "Hyperparameters of the port equal the benchmark's",
+}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    path: str
+    line: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.text}" if self.line else f"{self.path}: {self.text}"
+
+
+@dataclass(frozen=True)
+class SourceFacts:
+    """What one source states, found by name (cheap, no scope analysis): lines of each kind of call."""
+
+    autocast: tuple[int, ...] = ()
+    autocast_bf16: tuple[int, ...] = ()
+    grad_scaler: tuple[int, ...] = ()
+    scaled_backward: tuple[int, ...] = ()
+    npu_import: tuple[int, ...] = ()
+    process_group: tuple[int, ...] = ()
+    seeds: tuple[int, ...] = ()
+    hyperparameters: tuple[hyperparams.Hyperparameter, ...] = ()
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """Facts of the original and of the ported text of one file."""
+
+    original: SourceFacts
+    ported: SourceFacts
+
+
+_CALL_KINDS = {
+    "autocast": ("autocast", "initialize"),  # torch.autocast, torch.amp.autocast, apex amp.initialize
+    "grad_scaler": ("GradScaler", "scale_loss"),
+    "process_group": ("init_process_group",),
+    "seeds": ("manual_seed", "manual_seed_all", "seed"),
+}
+
+
+def source_facts(code: str) -> SourceFacts:
+    module = cst.parse_module(code)
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    lines: dict[str, list[int]] = {kind: [] for kind in (*_CALL_KINDS, "autocast_bf16", "scaled_backward")}
+    for call in m.findall(module, m.Call()):
+        name = _dotted(call.func)  # type: ignore[attr-defined]
+        last = name.rsplit(".", 1)[-1]
+        line = positions[call].start.line
+        for kind, suffixes in _CALL_KINDS.items():
+            if last in suffixes and (kind != "autocast" or last != "initialize" or "amp" in name):
+                lines[kind].append(line)
+        if last == "autocast" and "bfloat16" in cst.Module([]).code_for_node(call):
+            lines["autocast_bf16"].append(line)
+        if last == "backward" and m.matches(call.func, m.Attribute(value=m.Call(func=m.Attribute(attr=m.Name("scale"))))):
+            lines["scaled_backward"].append(line)
+    npu_imports = [
+        positions[node].start.line
+        for node in m.findall(module, m.Import() | m.ImportFrom())
+        if "torch_npu" in cst.Module([]).code_for_node(node)
+    ]
+    return SourceFacts(
+        **{kind: tuple(sorted(set(found))) for kind, found in lines.items()},
+        npu_import=tuple(npu_imports),
+        hyperparameters=tuple(hyperparams.extract(module)),
+    )
+
+
+def file_facts(original: str, ported: str) -> FileFacts:
+    facts = source_facts(original)
+    return FileFacts(facts, facts if ported == original else source_facts(ported))
+
+
+def _dotted(node: cst.CSTNode) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted(node.value)}.{node.attr.value}"
+    if isinstance(node, cst.Call):
+        return _dotted(node.func)
+    return ""
+
+
+# ----- the items --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    title: str
+    status: Status
+    evidence: tuple[str, ...]
+    action: str = ""
+
+
+@dataclass
+class _Inputs:
+    results: Sequence[FileResult]
+    settings: Settings
+    rules: Sequence[type[PortRule]]
+    verify_command: str
+    facts: list[tuple[str, FileFacts]] = field(default_factory=list)
+
+    def ported(self, kind: str) -> list[Evidence]:
+        return [Evidence(path, line, kind) for path, facts in self.facts for line in getattr(facts.ported, kind)]
+
+    def open_findings(self, item: str) -> list[Finding]:
+        return [
+            f
+            for result in self.results
+            for f in result.findings
+            if item in f.checklist and f.action is not Action.CHANGED and f.severity is not Severity.INFO
+        ]
+
+    def fixed(self, item: str) -> list[Finding]:
+        return [f for result in self.results for f in result.findings if item in f.checklist and f.action is Action.CHANGED]
+
+    def checked_by(self, item: str) -> list[str]:
+        return [rule.CODE for rule in self.rules if item in rule.CHECKLIST]
+
+
+def build(
+    results: Sequence[FileResult], settings: Settings, rules: Sequence[type[PortRule]], verify_command: str
+) -> list[Item]:
+    """Every checklist item with its status, evidence and what to do."""
+    inputs = _Inputs(results, settings, rules, verify_command)
+    inputs.facts = [(r.source, r.facts) for r in results if r.facts is not None]
+    return [
+        _constant_results(inputs),
+        _mixed_precision(inputs),
+        _port_complete(inputs),
+        _loss_scaling(inputs),
+        _item("C5", Status.NOT_CHECKED, [], f"Run `{verify_command}`: it fingerprints the data each side reads."),
+        _static_item(inputs, "C6"),
+        _static_item(inputs, "C7"),
+        _static_item(inputs, "C8"),
+        _hyperparameters(inputs),
+    ]
+
+
+def _item(item_id: str, status: Status, evidence: Iterable[object], action: str = "") -> Item:
+    return Item(item_id, TITLES[item_id], status, tuple(str(e) for e in evidence), action)
+
+
+def _finding_evidence(findings: Iterable[Finding]) -> list[str]:
+    return [f"{f.location}: {f.code} {f.message}" for f in findings]
+
+
+def _constant_results(inputs: _Inputs) -> Item:
+    seeds = inputs.ported("seeds")
+    evidence = seeds or ["no seeding call found in the source"]
+    script = inputs.verify_command.split()[1] if len(inputs.verify_command.split()) > 1 else "train.py"
+    return _item(
+        "C1",
+        Status.NOT_CHECKED,
+        [*map(str, evidence), *_finding_evidence(inputs.open_findings("C1"))],
+        f"Run `verify determinism {script}`: it runs the original twice and lists the operators that differ.",
+    )
+
+
+def _mixed_precision(inputs: _Inputs) -> Item:
+    autocast = inputs.ported("autocast")
+    open_findings = inputs.open_findings("C2")
+    if autocast and not open_findings:
+        return _item("C2", Status.PASSED, autocast, f"Confirm at run time: `{inputs.verify_command}` shows fp16/bf16 ops.")
+    action = "Run migrate with --amp fp16 (or bf16), or add torch.autocast(\"npu\") around the forward and the loss."
+    if inputs.settings.amp is AmpPolicy.OFF:
+        action = "Mixed precision was turned off (--amp off). " + action
+    return _item("C2", Status.FAILED, [*autocast, *_finding_evidence(open_findings)] or ["no autocast in the port"], action)
+
+
+def _port_complete(inputs: _Inputs) -> Item:
+    imports = inputs.ported("npu_import")
+    open_findings = [f for f in inputs.open_findings("C3") if f.severity is Severity.ERROR]
+    errors = [r.error for r in inputs.results if r.error]
+    if imports and not open_findings and not errors:
+        evidence = [*map(str, imports), *map(str, inputs.ported("process_group"))]
+        return _item("C3", Status.PASSED, evidence, f"Confirm that the port runs: `{inputs.verify_command}`.")
+    evidence = [*_finding_evidence(open_findings), *errors] or ["no file imports torch_npu"]
+    return _item("C3", Status.FAILED, evidence, "Port what the errors name; see the findings' suggestions.")
+
+
+def _loss_scaling(inputs: _Inputs) -> Item:
+    scalers = inputs.ported("grad_scaler")
+    scaled = inputs.ported("scaled_backward")
+    bf16 = inputs.ported("autocast_bf16")
+    open_findings = inputs.open_findings("C4")
+    if open_findings:
+        return _item("C4", Status.FAILED, _finding_evidence(open_findings), "Apply the suggestions (--unsafe-fixes).")
+    if scalers and (scaled or not inputs.ported("autocast")):
+        return _item("C4", Status.PASSED, [*scalers, *scaled], "Confirm at run time: the verify report shows the scale.")
+    if bf16 and not scalers:
+        return _item("C4", Status.PASSED, [f"{e} (bf16 autocast needs no loss scaling)" for e in bf16])
+    return _item(
+        "C4",
+        Status.FAILED,
+        scalers or ["no GradScaler in the port"],
+        'Use torch.amp.GradScaler("npu"): scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update().',
+    )
+
+
+def _static_item(inputs: _Inputs, item_id: str) -> Item:
+    checked_by = inputs.checked_by(item_id)
+    if not checked_by:
+        return _item(item_id, Status.NOT_CHECKED, ["no rule checks this item yet"], "Review by hand.")
+    open_findings = inputs.open_findings(item_id)
+    fixed = [f"fixed: {text}" for text in _finding_evidence(inputs.fixed(item_id))]
+    if open_findings:
+        return _item(item_id, Status.FAILED, [*_finding_evidence(open_findings), *fixed], "See each finding's suggestion.")
+    return _item(item_id, Status.PASSED, fixed or [f"nothing found by {', '.join(checked_by)}"])
+
+
+def _hyperparameters(inputs: _Inputs) -> Item:
+    differences, count = [], 0
+    for path, facts in inputs.facts:
+        for original, ported in hyperparameter_pairs(facts):
+            count += 1
+            if original is None or ported is None or original.value != ported.value:
+                differences.append(_difference(path, original, ported))
+    runtime = f"At run time `{inputs.verify_command}` compares every param_group of both optimizers."
+    if differences:
+        return _item("C9", Status.FAILED, differences, "Make the port's values equal the original's. " + runtime)
+    return _item("C9", Status.PASSED, [f"{count} hyperparameters identical in the original and the port"], runtime)
+
+
+def hyperparameter_pairs(
+    facts: FileFacts,
+) -> list[tuple[hyperparams.Hyperparameter | None, hyperparams.Hyperparameter | None]]:
+    """Original and ported hyperparameters paired by (source, name, n-th occurrence)."""
+    def keyed(rows: Sequence[hyperparams.Hyperparameter]) -> dict[tuple[str, str, int], hyperparams.Hyperparameter]:
+        seen: Counter[tuple[str, str]] = Counter()
+        out = {}
+        for row in rows:
+            out[(*row.key, seen[row.key])] = row
+            seen[row.key] += 1
+        return out
+
+    original, ported = keyed(facts.original.hyperparameters), keyed(facts.ported.hyperparameters)
+    return [(original.get(key), ported.get(key)) for key in dict.fromkeys([*original, *ported])]
+
+
+def _difference(path: str, original, ported) -> str:
+    if ported is None:
+        return f"{path}:{original.line}: {original.name} = {original.value} is missing in the port"
+    if original is None:
+        return f"{path}:{ported.line}: {ported.name} = {ported.value} appears only in the port"
+    return f"{path}:{ported.line}: {ported.name} = {ported.value} in the port, {original.value} in the original"
+
+
+# ----- rendering --------------------------------------------------------------------------------------------
+
+
+def to_json(items: Sequence[Item]) -> str:
+    return json.dumps([asdict(item) | {"status": item.status.value} for item in items], indent=1)
+
+
+def to_markdown(items: Sequence[Item], title: str = "Accuracy checklist") -> str:
+    counts = Counter(item.status.value for item in items)
+    lines = [f"# {title}", "", ", ".join(f"{n} {status}" for status, n in counts.items()), ""]
+    lines += ["| id | item | status |", "|---|---|---|"]
+    lines += [f"| {item.id} | {item.title} | **{item.status.value}** |" for item in items]
+    for item in items:
+        lines += ["", f"## {item.id} {item.status.value}: {item.title}", ""]
+        lines += [f"- {evidence}" for evidence in item.evidence]
+        if item.action:
+            lines += ["", f"What to do: {item.action}"]
+    return "\n".join(lines) + "\n"
