@@ -1,0 +1,80 @@
+"""Small helpers for rules that read and rebuild call arguments and string literals (no rule lives here)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import libcst as cst
+
+
+def string_value(node: cst.CSTNode | None) -> str | None:
+    """The text of a plain (non-f, non-bytes) string literal, else None."""
+    if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def same_quotes(literal: cst.SimpleString, text: str) -> cst.SimpleString:
+    """A literal holding `text`, written with the prefix and quotes of `literal` (`r'...'` stays `r'...'`)."""
+    return literal.with_changes(value=f"{literal.prefix}{literal.quote}{text}{literal.quote}")
+
+
+def argument(call: cst.Call, position: int | None, keyword: str) -> cst.Arg | None:
+    """The argument passed for a parameter, given its positional index (None: keyword-only) and its name."""
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg
+    if position is not None and position < len(positional):
+        return positional[position]
+    return None
+
+
+def keyword_names(call: cst.Call) -> set[str]:
+    return {arg.keyword.value for arg in call.args if arg.keyword is not None}
+
+
+def has_star_args(call: cst.Call) -> bool:
+    return any(arg.star for arg in call.args)
+
+
+def replace_argument_value(call: cst.Call, old: cst.Arg, value: cst.BaseExpression) -> cst.Call:
+    """`call` with the value of its argument `old` (an element of `call.args`) replaced."""
+    return call.with_changes(args=[arg.with_changes(value=value) if arg is old else arg for arg in call.args])
+
+
+def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
+    """`name=value`, written without spaces around `=` as PEP 8 asks."""
+    return cst.Arg(
+        value=value,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+
+
+def with_args(call: cst.Call, args: Iterable[cst.Arg]) -> cst.Call:
+    """`call` with `args`, each followed by `, ` except the last, which keeps the original last comma, if any."""
+    args = list(args)
+    if not args:
+        return call.with_changes(args=[])
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    trailing = call.args[-1].comma if call.args else cst.MaybeSentinel.DEFAULT
+    fixed = [arg.with_changes(comma=comma) for arg in args[:-1]]
+    fixed.append(args[-1].with_changes(comma=trailing))
+    return call.with_changes(args=fixed)
+
+
+def dotted_name(node: cst.BaseExpression) -> str:
+    """`a.b.c` for a Name/Attribute chain, "" for anything else."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted_name(node.value)
+        return f"{base}.{node.attr.value}" if base else ""
+    return ""
+
+
+def attribute_chain(dotted: str) -> cst.BaseExpression:
+    """The expression for `a.b.c`."""
+    return cst.parse_expression(dotted)
