@@ -10,7 +10,7 @@ from typing import Sequence
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper
 
 from migrate.types import MigrationResult, Settings
@@ -54,6 +54,8 @@ def migrate_source(
         ported = wrapper.module.visit(_RuleSet(instances))
     if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
         ported = AddImportsVisitor(context).transform_module(ported)
+    if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):  # imports a rewrite left unused (apex.parallel, say)
+        ported = RemoveImportsVisitor(context).transform_module(ported)
     findings = sorted(file.findings, key=lambda f: (f.line, f.column, f.code))
     return MigrationResult(original=code, code=ported.code, findings=tuple(findings))
 

@@ -138,13 +138,17 @@ class ProcessGroupBeforeSetDevice(PortRule):
     def visit_Module(self, node: cst.Module) -> None:
         calls = m.findall(node, m.Call(func=m.Name() | m.Attribute()))
         self._set_device_lines = [
-            self.file.position(call).start.line for call in calls if self.refers_to(call.func, *_SET_DEVICE)  # type: ignore
+            self.file.position(call).start.line
+            for call in calls
+            if self.refers_to(call.func, *_SET_DEVICE)  # type: ignore[attr-defined]
         ]
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         return self._reorder(original_node, updated_node)
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
         return self._reorder(original_node, updated_node)
 
     def _reorder(self, original: _Body, updated: _Body) -> _Body:
@@ -210,6 +214,7 @@ def _local_rank_variable(body: Sequence[cst.BaseStatement]) -> str | None:
     """The name assigned from the LOCAL_RANK environment variable in `body`, if one is."""
     for statement in reversed(body):
         for assign in m.findall(statement, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
-            if m.findall(assign.value, m.SimpleString(value=m.MatchIfTrue(lambda v: "LOCAL_RANK" in v))):  # type: ignore
+            mentions_local_rank = m.SimpleString(value=m.MatchIfTrue(lambda value: "LOCAL_RANK" in value))
+            if m.findall(assign.value, mentions_local_rank):  # type: ignore[attr-defined]
                 return assign.targets[0].target.value  # type: ignore[attr-defined]
     return None
