@@ -1,0 +1,92 @@
+"""What a training loop looks like in source: the facts the training-process rules share (no rule lives here)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+
+from rules.calls import dotted_name
+
+_NOT_AN_OPTIMIZER = re.compile(r"sched|lr_|warmup|scaler", re.IGNORECASE)
+_LOOP = m.For() | m.While()
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """The calls that make one loop a training loop."""
+
+    backward: tuple[cst.Call, ...]  # `<loss>.backward()` calls
+    optimizers: tuple[str, ...]  # source text of what steps: `optimizer`, `opt_g` (via `scaler.step(opt)` too)
+    zero_grad: bool  # gradients are cleared somewhere in the loop
+
+
+def own_calls(loop: cst.For | cst.While) -> list[cst.Call]:
+    """Calls in the loop's body, not counting nested function or class definitions."""
+    calls: list[cst.Call] = []
+
+    class _Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            calls.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+    loop.body.visit(_Calls())
+    return calls
+
+
+def training_step(loop: cst.For | cst.While) -> TrainingStep | None:
+    """The training step `loop` runs, or None when it has no backward() and optimizer step of its own."""
+    calls = own_calls(loop)
+    backward = tuple(call for call in calls if _method(call) == "backward")
+    optimizers = tuple(dict.fromkeys(name for call in calls for name in _stepped(call)))
+    if not backward or not optimizers:
+        return None
+    zero_grad = any(_method(call) == "zero_grad" for call in calls) or _clears_grads_by_assignment(loop)
+    return TrainingStep(backward, optimizers, zero_grad)
+
+
+def is_innermost_training_loop(loop: cst.For | cst.While) -> bool:
+    """A training loop none of whose nested loops is one too (an epoch loop around a batch loop is not)."""
+    if training_step(loop) is None:
+        return False
+    return not any(training_step(inner) for inner in m.findall(loop.body, _LOOP) if inner is not loop)
+
+
+def backward_receivers(step: TrainingStep) -> set[str]:
+    """Names the loss is held in: `loss` of `loss.backward()` and of `scaler.scale(loss).backward()`."""
+    names = set()
+    for call in step.backward:
+        receiver = call.func.value  # type: ignore[attr-defined]
+        if isinstance(receiver, cst.Call) and receiver.args:  # scaler.scale(loss).backward()
+            receiver = receiver.args[0].value
+        if isinstance(receiver, cst.Name):
+            names.add(receiver.value)
+    return names
+
+
+def _method(call: cst.Call) -> str:
+    return call.func.attr.value if isinstance(call.func, cst.Attribute) else ""
+
+
+def _stepped(call: cst.Call) -> list[str]:
+    if _method(call) != "step":
+        return []
+    receiver = dotted_name(call.func.value)  # type: ignore[attr-defined]
+    if "scaler" in receiver.lower() and call.args:  # scaler.step(optimizer)
+        return [dotted_name(call.args[0].value)] if dotted_name(call.args[0].value) else []
+    return [receiver] if receiver and not _NOT_AN_OPTIMIZER.search(receiver) else []
+
+
+def _clears_grads_by_assignment(loop: cst.For | cst.While) -> bool:
+    """`p.grad = None` or `param.grad.zero_()`, the hand-written forms of zero_grad."""
+    return bool(
+        m.findall(loop.body, m.AssignTarget(target=m.Attribute(attr=m.Name("grad"))))
+        or m.findall(loop.body, m.Call(func=m.Attribute(value=m.Attribute(attr=m.Name("grad")), attr=m.Name("zero_"))))
+    )
