@@ -1,0 +1,406 @@
+"""What a training step looks like to the loss-scaling rules (no rule lives here).
+
+A *scope* is a function body, or a module's top-level code. In each scope this module finds the backward calls, the
+optimizer steps and the gradient clipping, and for each backward the statements that compute its loss (a backward
+slice over the names the loss reads, within one loop iteration). The AMP1xx rules build their rewrites from it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence, Union
+
+import libcst as cst
+import libcst.matchers as m
+
+from rules.calls import dotted_name
+
+Body = Union[cst.Module, cst.IndentedBlock]
+Resolver = Callable[[cst.CSTNode], "set[str]"]
+
+_NOT_AN_OPTIMIZER = re.compile(r"sched|lr_|warmup|scaler|env", re.IGNORECASE)
+CLIP_FUNCTIONS = frozenset(
+    f"torch.nn.utils{module}.{name}"
+    for module in ("", ".clip_grad")
+    for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")
+)
+_CUSTOM_BACKWARD = frozenset({"torch.autograd.backward", "torch.autograd.grad"})
+# Method calls that only move or re-type data: a statement made of these alone is input preparation, not forward.
+_DATA_MOVES = frozenset({"to", "cuda", "npu", "cpu", "float", "long", "int", "half", "contiguous"})
+# Method calls that fill a container in place: `losses.append(l)` writes `losses` as far as the slice is concerned.
+_FILLS = frozenset({"append", "extend", "insert", "update", "add", "setdefault"})
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a statement sits: its block, its index there, and the compound statement owning the block."""
+
+    block: Body
+    index: int
+    owner: cst.BaseCompoundStatement | None
+
+
+@dataclass(frozen=True)
+class Site:
+    """A call of interest and the statement line holding it."""
+
+    call: cst.Call
+    line: cst.SimpleStatementLine
+    subject: cst.BaseExpression  # the loss of a backward, the optimizer of a step
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a step cannot be rewritten with confidence, and what a person should do instead."""
+
+    node: cst.CSTNode
+    message: str
+    suggestion: str
+    scaling_only: bool = False  # blocks loss scaling but not bf16 autocast
+
+
+@dataclass
+class Step:
+    """The training step(s) of one scope."""
+
+    scope: cst.Module | cst.FunctionDef
+    places: dict[cst.BaseStatement, Place]
+    backwards: list[Site] = field(default_factory=list)
+    steps: list[Site] = field(default_factory=list)
+    clips: list[cst.SimpleStatementLine] = field(default_factory=list)
+    # Per block, the (first, last) statement indexes to run under autocast.
+    regions: dict[Body, list[tuple[int, int]]] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def trains(self) -> bool:
+        return bool(self.backwards and self.steps)
+
+    def optimizer_before(self, line: cst.SimpleStatementLine) -> cst.BaseExpression | None:
+        """The optimizer a clip at `line` prepares: the only one in the scope, else the next one stepped in its block."""
+        if len({code(site.subject) for site in self.steps}) == 1:
+            return self.steps[0].subject
+        place = self.places[line]
+        for site in self.steps:
+            step_place = self.places[site.line]
+            if step_place.block is place.block and step_place.index > place.index:
+                return site.subject
+        return None
+
+
+def code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def scopes(module: cst.Module) -> Iterator[cst.Module | cst.FunctionDef]:
+    yield module
+    yield from m.findall(module, m.FunctionDef())  # type: ignore[misc]
+
+
+def analyse(scope: cst.Module | cst.FunctionDef, resolve: Resolver, scaler: str | None = None) -> Step:
+    """Find the step sites of `scope`. With `scaler`, steps are `scaler.step(opt)`; without, `opt.step()`."""
+    places: dict[cst.BaseStatement, Place] = {}
+    body = scope if isinstance(scope, cst.Module) else scope.body
+    if isinstance(body, (cst.Module, cst.IndentedBlock)):
+        _index(body, None, places)
+    step = Step(scope, places)
+    closures = {name.value for name in _local_function_names(places)}
+    for line in places:
+        if isinstance(line, cst.SimpleStatementLine):
+            _collect(line, step, resolve, scaler, closures)
+    if scaler is None and step.backwards and not step.steps:
+        step.problems.append(Problem(step.backwards[0].call, *_NO_STEP, scaling_only=True))
+    return step
+
+
+_NO_STEP = (
+    "backward() here but no optimizer step in the same function: loss scaling not inserted",
+    "scale this backward with `scaler.scale(loss).backward()` and step with `scaler.step(optimizer)` followed by "
+    "`scaler.update()` where the optimizer steps, using one GradScaler reachable from both places",
+)
+
+
+def plan_autocast(step: Step) -> None:
+    """Fill `step.regions`: for each backward, the statements of its iteration that compute its loss."""
+    barriers = _ancestors(step, [site.line for site in step.backwards + step.steps])
+    sliced: dict[Body, set[int]] = {}
+    computes: set[cst.BaseStatement] = set()
+    for site in step.backwards:
+        found = _slice(step, site, barriers)
+        for statement in found:
+            place = step.places[statement]
+            sliced.setdefault(place.block, set()).add(place.index)
+        if not any(_computes(statement) for statement in found):
+            step.problems.append(
+                Problem(
+                    site.call,
+                    f"the loss `{code(site.subject)}` is computed outside this function: autocast not inserted",
+                    "run the forward and the loss under `torch.autocast(device_type=\"npu\", dtype=torch.float16)` "
+                    "where they are computed, and scale this backward with `scaler.scale(loss).backward()`",
+                )
+            )
+        computes.update(statement for statement in found if _computes(statement))
+    for block, indexes in sliced.items():
+        step.regions[block] = list(_runs(block, sorted(indexes), barriers, computes))
+
+
+def _runs(block: Body, indexes: list[int], barriers: set, computes: set) -> Iterator[tuple[int, int]]:
+    """Spans of `indexes` not cut by a barrier, each starting at its first statement that computes something."""
+    group: list[int] = []
+    for index in indexes + [None]:  # type: ignore[list-item]
+        if group and (index is None or any(block.body[i] in barriers for i in range(group[-1] + 1, index))):
+            starts = [i for i in group if block.body[i] in computes]
+            if starts:
+                yield starts[0], group[-1]
+            group = []
+        if index is not None:
+            group.append(index)
+
+
+def _slice(step: Step, site: Site, barriers: set) -> list[cst.BaseStatement]:
+    """Statements of the current iteration (up to the loop body or function body) that the loss depends on."""
+    needed = _reads(site.subject)
+    found: list[cst.BaseStatement] = []
+    statement: cst.BaseStatement = site.line
+    while True:
+        place = step.places[statement]
+        for earlier in reversed(place.block.body[: place.index]):
+            if earlier in barriers or isinstance(earlier, (cst.FunctionDef, cst.ClassDef)):
+                continue
+            written = _writes(earlier)
+            if not any(_covers(name, needed) for name in written):
+                continue
+            found.append(earlier)
+            if _rebinds_only(earlier):
+                needed = {name for name in needed if not any(_rebinds(w, name) for w in written)}
+            needed |= _reads(earlier)
+        if place.owner is None or isinstance(place.owner, (cst.For, cst.While)):
+            return found
+        statement = place.owner
+
+
+def _rebinds_only(statement: cst.BaseStatement) -> bool:
+    """`a = ...` / `a, b = ...`: the names' old values no longer matter (unlike `a += ...` or `a[i] = ...`)."""
+    targets = m.Name() | m.Tuple() | m.List()
+    return m.matches(statement, m.SimpleStatementLine(body=[m.AtLeastN(m.Assign(targets=[m.ZeroOrMore(m.AssignTarget(target=targets))]), n=1)]))
+
+
+def _covers(written: str, needed: set[str]) -> bool:
+    return any(_rebinds(written, name) for name in needed)
+
+
+def _rebinds(written: str, name: str) -> bool:
+    return name == written or name.startswith(written + ".")
+
+
+def _ancestors(step: Step, lines: Sequence[cst.BaseStatement]) -> set[cst.BaseStatement]:
+    found: set[cst.BaseStatement] = set()
+    for statement in lines:
+        current: cst.BaseStatement | None = statement
+        while current is not None and current not in found:
+            found.add(current)
+            current = step.places[current].owner
+    return found
+
+
+def _index(block: Body, owner: cst.BaseCompoundStatement | None, places: dict) -> None:
+    for position, statement in enumerate(block.body):
+        places[statement] = Place(block, position, owner)
+        if isinstance(statement, cst.BaseCompoundStatement) and not isinstance(
+            statement, (cst.FunctionDef, cst.ClassDef)
+        ):
+            for inner in _child_blocks(statement):
+                _index(inner, statement, places)
+
+
+def _child_blocks(node: cst.CSTNode) -> Iterator[cst.IndentedBlock]:
+    for child in node.children:
+        if isinstance(child, cst.IndentedBlock):
+            yield child
+        elif isinstance(child, (cst.If, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.MatchCase)):
+            yield from _child_blocks(child)
+
+
+def _local_function_names(places: dict) -> Iterator[cst.Name]:
+    for statement in places:
+        if isinstance(statement, cst.FunctionDef):
+            yield statement.name
+
+
+def _collect(line: cst.SimpleStatementLine, step: Step, resolve: Resolver, scaler: str | None, closures: set) -> None:
+    for small in line.body:
+        plain = small.value if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) else None
+        for call in m.findall(small, m.Call()):
+            assert isinstance(call, cst.Call)
+            names = resolve(call.func)
+            if not names.isdisjoint(CLIP_FUNCTIONS):
+                step.clips.append(line)
+            elif not names.isdisjoint(_CUSTOM_BACKWARD):
+                step.problems.append(Problem(call, *_CUSTOM, scaling_only=True))
+            elif _method(call) == "backward":
+                _add_backward(call, line, step, scaler, plain is call)
+            elif _method(call) == "step" and plain is call:
+                _add_step(call, line, step, scaler, closures)
+
+
+_CUSTOM = (
+    "gradients are computed with torch.autograd directly: loss scaling not inserted",
+    "scale the outputs passed to torch.autograd with `scaler.scale(...)` and unscale the gradients by hand "
+    "(see 'Automatic Mixed Precision examples: gradient penalty' in the PyTorch docs)",
+)
+
+
+def _add_backward(call: cst.Call, line: cst.SimpleStatementLine, step: Step, scaler: str | None, plain: bool) -> None:
+    receiver = call.func.value  # type: ignore[attr-defined]
+    if scaler is not None:  # an existing scaler: only `scaler.scale(loss).backward()` counts
+        if m.matches(receiver, m.Call(func=m.Attribute(value=m.Name(scaler), attr=m.Name("scale")))):
+            step.backwards.append(Site(call, line, receiver.args[0].value))
+        return
+    positional = [arg for arg in call.args if arg.keyword is None]
+    keywords = {arg.keyword.value for arg in call.args if arg.keyword is not None}
+    if not plain or positional or keywords & {"gradient", "create_graph"}:
+        step.problems.append(
+            Problem(
+                call,
+                "a non-scalar, double or nested backward call: loss scaling not inserted",
+                "scale the tensor before backward with `scaler.scale(...)`; for gradient penalties follow "
+                "'Automatic Mixed Precision examples: gradient penalty' in the PyTorch docs",
+                scaling_only=True,
+            )
+        )
+        return
+    step.backwards.append(Site(call, line, receiver))
+
+
+def _add_step(call: cst.Call, line: cst.SimpleStatementLine, step: Step, scaler: str | None, closures: set) -> None:
+    receiver = call.func.value  # type: ignore[attr-defined]
+    if scaler is not None:
+        if m.matches(receiver, m.Name(scaler)) and call.args:
+            step.steps.append(Site(call, line, call.args[0].value))
+        elif not call.args and _is_optimizer(receiver):
+            step.steps.append(Site(call, line, receiver))  # bypasses the scaler; the rules tell them apart
+        return
+    if not _is_optimizer(receiver):
+        return
+    if call.args and (isinstance(call.args[0].value, cst.Lambda) or code(call.args[0].value) in closures):
+        step.problems.append(
+            Problem(
+                call,
+                f"`{code(receiver)}.step(closure)`: GradScaler does not support closures, loss scaling not inserted",
+                "use bf16 autocast without a scaler (--amp bf16), or restructure the step without a closure",
+                scaling_only=True,
+            )
+        )
+    elif not call.args:
+        step.steps.append(Site(call, line, receiver))
+
+
+def _is_optimizer(receiver: cst.BaseExpression) -> bool:
+    name = dotted_name(receiver)
+    return bool(name) and not _NOT_AN_OPTIMIZER.search(name.rsplit(".", 1)[-1])
+
+
+def _method(call: cst.Call) -> str:
+    return call.func.attr.value if isinstance(call.func, cst.Attribute) else ""
+
+
+def _computes(statement: cst.BaseStatement) -> bool:
+    """Whether `statement` calls something other than a data move (`x.to(device)`, `y.float()`)."""
+    return any(_method(call) not in _DATA_MOVES for call in m.findall(statement, m.Call()))  # type: ignore[arg-type]
+
+
+def _writes(statement: cst.BaseStatement) -> set[str]:
+    collector = _Writes()
+    statement.visit(collector)
+    return collector.names
+
+
+def _reads(node: cst.CSTNode) -> set[str]:
+    collector = _Reads()
+    node.visit(collector)
+    return collector.names
+
+
+class _Writes(cst.CSTVisitor):
+    """Names (dotted for attributes) a statement binds or fills; subscript targets count as their container."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def _target(self, target: cst.BaseExpression) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._target(element.value)
+        elif isinstance(target, cst.Subscript):
+            self._target(target.value)
+        elif isinstance(target, cst.StarredElement):
+            self._target(target.value)
+        elif dotted_name(target):
+            self.names.add(dotted_name(target))
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._target(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._target(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._target(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._target(node.target)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._target(node.asname.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._target(node.target)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if _method(node) in _FILLS:
+            self._target(node.func.value)  # type: ignore[attr-defined]
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+
+class _Reads(cst.CSTVisitor):
+    """Names (dotted for attribute chains) an expression or statement reads; plain assignment targets excluded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        dotted = dotted_name(node)
+        if dotted:
+            self.names.add(dotted)
+            return False
+        return True
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+        return not isinstance(node.target, (cst.Name, cst.Tuple, cst.List))
+
+    def visit_For(self, node: cst.For) -> bool:
+        node.iter.visit(self)
+        node.body.visit(self)
+        return False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
