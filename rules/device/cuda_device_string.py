@@ -22,7 +22,15 @@ _DEVICE_FIRST = frozenset(
         "torch.get_autocast_dtype",
         "torch.set_autocast_dtype",
         "torch.set_autocast_enabled",
+    }
+)
+# Device meshes are DIST006's.
+_MESHES = frozenset(
+    {
+        "torch.distributed.init_device_mesh",
+        "torch.distributed.DeviceMesh",
         "torch.distributed.device_mesh.init_device_mesh",
+        "torch.distributed.device_mesh.DeviceMesh",
     }
 )
 # Keywords that take a device besides the `device`-like names (`device`, `device_type`, `pin_memory_device` ...).
@@ -36,8 +44,8 @@ class CudaDeviceString(PortRule):
 
     ## What it does
     In explicit mode, turns `"cuda"`, `"cuda:N"`, `f"cuda:{i}"` and `"cuda:%d" % i`-style values into their `npu`
-    form, but only in device positions: the first argument of `torch.device`, `torch.Generator`, `torch.autocast`,
-    `init_device_mesh` and of the `torch.cuda` functions torch_npu provides, `.to(...)` and `.pin_memory(...)`, the second argument of
+    form, but only in device positions: the first argument of `torch.device`, `torch.Generator`, `torch.autocast`
+    and of the `torch.cuda` functions torch_npu provides, `.to(...)` and `.pin_memory(...)`, the second argument of
     `torch.load`; the keywords `device=`, `device_type=`, `map_location=` (dict values; keys name where the
     checkpoint was saved and stay), `device_id(s)=`, `output_device=`, `pin_memory_device=`; the default and choices
     of an argparse `--device` option; values assigned to a variable, attribute, parameter or dict key named like a
@@ -48,7 +56,7 @@ class CudaDeviceString(PortRule):
     build. Strings elsewhere (log messages, help texts) are not devices and stay as they are.
 
     ## Safety
-    Safe: only values in device positions change. Comparisons with "cuda" are DEV006's.
+    Safe: only values in device positions change. Comparisons with "cuda" are DEV006's, device meshes DIST006's.
 
     ## References
     rules-catalogue DEV-05, DEV-08, DEV-19, DEV-20; torch_npu/contrib/transfer_to_npu.py (which keywords it
@@ -178,6 +186,8 @@ class CudaDeviceString(PortRule):
 
     def visit_Call(self, node: cst.Call) -> None:
         callee = self.qualified_names(node.func)
+        if not callee.isdisjoint(_MESHES):
+            return
         method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
         positional = [arg for arg in node.args if arg.keyword is None and not arg.star]
         if not callee.isdisjoint(_DEVICE_FIRST) or method in _DEVICE_METHODS:

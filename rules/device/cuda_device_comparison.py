@@ -1,0 +1,202 @@
+from __future__ import annotations
+
+from enum import Enum
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+from libcst.metadata import Assignment, ParentNodeProvider, QualifiedNameProvider, ScopeProvider
+
+from migrate.types import Mode, Severity
+from rules.base import Case, Flag, PortRule, Unchanged
+from rules.device._rewrite import is_device_name, retarget
+
+_EQUALITY = (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)
+# Receivers whose `.device` is a setting the script chose, not a tensor's device.
+_SETTINGS = frozenset({"self", "args", "opt", "opts", "config", "cfg", "conf", "hparams", "flags", "params", "options"})
+
+
+class _Origin(Enum):
+    TENSOR = "the device of a tensor or model"  # torch reports "npu" for it on an NPU, whatever the mode
+    SETTING = "a device setting of the script"  # "cuda" still, under transfer_to_npu; "npu" once ported
+
+
+class CudaDeviceComparison(PortRule):
+    """Compare with `"npu"` where the script compares a device with `"cuda"`.
+
+    ## What it does
+    Rewrites the `"cuda"` literal (`"cuda:N"`, or in a tuple) in `==`, `!=`, `in`, `not in` and `.startswith(...)`
+    when the other side is clearly a device: the device of a tensor or model (`x.device.type == "cuda"`,
+    `"cuda" in str(batch.device)`), or, in explicit mode, a device setting of the script (`args.device == "cuda"`,
+    a variable assigned from `torch.device(...)`, a device string or `args.device`). Comparisons whose other side has
+    an unknown origin are reported.
+
+    ## Why
+    `transfer_to_npu` translates device arguments, not comparisons: on an NPU `x.device.type` is "npu", so a
+    `== "cuda"` check silently takes the other branch. Under transfer mode the script's own settings keep saying
+    "cuda", so their comparisons stay; in explicit mode those settings become "npu" (DEV004) and so must the checks.
+
+    ## Safety
+    Safe: the literal changes only where the other side is known to be a device; anything else is reported.
+
+    ## References
+    rules-catalogue DEV-07 and §1 "Not handled" (string/device comparisons).
+    """
+
+    CODE = "DEV006"
+    CHECKLIST = ("C3",)
+    TRIGGERS = ("cuda",)
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
+    EXAMPLES = (
+        Case(
+            """
+            if x.device.type == "cuda":  # fast path
+                torch.cuda.synchronize()
+            on_gpu = "cuda" in str(batch.device)
+            same = str(out.device).startswith("cuda")
+            kind = model.device.type in ("cuda", "xpu")
+            """,
+            """
+            if x.device.type == "npu":  # fast path
+                torch.cuda.synchronize()
+            on_gpu = "npu" in str(batch.device)
+            same = str(out.device).startswith("npu")
+            kind = model.device.type in ("npu", "xpu")
+            """,
+            lines=[1, 3, 4, 5],
+        ),
+        Case(
+            """
+            import torch
+            device = torch.device(args.device)
+            use_amp = args.device == "cuda"
+            if device.type != "cuda:0":
+                pass
+            """,
+            """
+            import torch
+            device = torch.device(args.device)
+            use_amp = args.device == "npu"
+            if device.type != "npu:0":
+                pass
+            """,
+            lines=[3, 4],
+            mode=Mode.EXPLICIT,
+        ),
+        Unchanged(
+            """
+            import torch
+            device = torch.device(args.device)
+            use_amp = args.device == "cuda"
+            if device.type == "cuda":
+                pass
+            """
+        ),
+        Flag(
+            """
+            def step(dev, name):
+                if dev == "cuda":
+                    pass
+                return name.startswith("cuda")
+            """,
+            lines=[2, 4],
+        ),
+        Unchanged(
+            """
+            print("cuda" == "cuda")
+            if backend == "nccl":
+                pass
+            label = "running on cuda"
+            """
+        ),
+    )
+
+    def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.Comparison:
+        if len(original_node.comparisons) != 1 or not isinstance(original_node.comparisons[0].operator, _EQUALITY):
+            return updated_node
+        target = updated_node.comparisons[0]
+        literal_right = retarget(target.comparator)
+        if literal_right is not None:
+            new = updated_node.with_changes(comparisons=[target.with_changes(comparator=literal_right)])
+            return self._port(original_node, updated_node, new, original_node.left)
+        literal_left = retarget(updated_node.left)
+        if literal_left is not None:
+            new = updated_node.with_changes(left=literal_left)
+            return self._port(original_node, updated_node, new, original_node.comparisons[0].comparator)
+        return updated_node
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        func = original_node.func
+        if not isinstance(func, cst.Attribute) or func.attr.value != "startswith" or not updated_node.args:
+            return updated_node
+        prefix = retarget(updated_node.args[0].value)
+        if prefix is None:
+            return updated_node
+        args = [updated_node.args[0].with_changes(value=prefix), *updated_node.args[1:]]
+        return self._port(original_node, updated_node, updated_node.with_changes(args=args), func.value)
+
+    def _port(self, original: cst.CSTNode, updated: cst.CSTNode, new: cst.CSTNode, subject: cst.BaseExpression):
+        if _is_string(subject):
+            return updated  # two literals: nothing runs on a device here
+        origin = self._origin(subject)
+        if origin is None:
+            self.report(
+                original,
+                'compares with "cuda", against a value not known to be a device',
+                'if it is a device, compare with "npu": torch reports the NPU as "npu"',
+                severity=Severity.WARNING,
+            )
+            return updated
+        if origin is _Origin.SETTING and self.settings.mode is Mode.TRANSFER:
+            return updated
+        return self.replace(original, updated, new, f'"cuda" -> "npu" in a comparison with {origin.value}')
+
+    def _origin(self, subject: cst.BaseExpression, depth: int = 0) -> _Origin | None:
+        """Where the compared value comes from, when that is clearly a device; None when unknown."""
+        if depth > 4:
+            return None
+        if isinstance(subject, cst.Call):
+            if self.refers_to(subject.func, "torch.device"):
+                return _Origin.SETTING
+            if isinstance(subject.func, cst.Name) and subject.func.value in ("str", "repr") and subject.args:
+                return self._origin(subject.args[0].value, depth + 1)
+            return None
+        if isinstance(subject, cst.Attribute):
+            if subject.attr.value in ("type", "index"):
+                return self._origin(subject.value, depth + 1)
+            if subject.attr.value == "device":
+                receiver = (get_full_name_for_node(subject.value) or "").rpartition(".")[2]
+                return _Origin.SETTING if receiver in _SETTINGS else _Origin.TENSOR
+            return _Origin.SETTING if is_device_name(subject.attr.value) else None
+        if isinstance(subject, cst.Name):
+            return self._assigned_origin(subject, depth)
+        return None
+
+    def _assigned_origin(self, name: cst.Name, depth: int) -> _Origin | None:
+        """The common origin of every value assigned to `name` in its scope; None if any is unknown."""
+        scope = self.get_metadata(ScopeProvider, name, None)
+        if scope is None:
+            return None
+        origins: set[_Origin | None] = set()
+        for access in scope.accesses[name]:
+            for referent in access.referents:
+                value = self._assigned_value(referent) if isinstance(referent, Assignment) else None
+                if value is None:
+                    return None
+                is_device_text = retarget(value) is not None or _is_string(value)
+                origins.add(_Origin.SETTING if is_device_text else self._origin(value, depth + 1))
+        return origins.pop() if len(origins) == 1 else None
+
+    def _assigned_value(self, assignment: Assignment) -> cst.BaseExpression | None:
+        parent = self.get_metadata(ParentNodeProvider, assignment.node, None)
+        if isinstance(parent, cst.AssignTarget):
+            statement = self.get_metadata(ParentNodeProvider, parent, None)
+            return statement.value if isinstance(statement, cst.Assign) else None
+        if isinstance(parent, cst.AnnAssign):
+            return parent.value
+        return None
+
+
+def _is_string(value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.IfExp):
+        return _is_string(value.body) and _is_string(value.orelse)
+    return isinstance(value, (cst.SimpleString, cst.FormattedString))
