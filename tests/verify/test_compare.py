@@ -1,0 +1,350 @@
+"""`verify compare` on synthetic but realistic run directories, written per verify/schema.py with pandas.
+
+The reference is a small CNN's trace (conv/bn/relu/pool/linear/loss forward, their backward ops, SGD updates) over
+three steps; the port is the same trace with device-level noise (1e-7 relative) unless a test changes something.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer import Typer
+from typer.testing import CliRunner
+
+from verify import compare_cli
+from verify.compare import CompareOptions, FindingCode, compare_runs
+from verify.compare_cli import read_side
+from verify.schema import OP_COLUMNS, GRAD_COLUMNS, OUTPUT_COLUMNS, RunManifest, step_file
+
+# (phase, module, op, dtype, shape) of one training step, in execution order.
+TRACE = [
+    ("forward", "Net.conv1", "aten.convolution", "float32", (8, 16, 32, 32)),
+    ("forward", "Net.bn1", "aten._native_batch_norm_legit_functional", "float32", (8, 16, 32, 32)),
+    ("forward", "Net.relu", "aten.relu", "float32", (8, 16, 32, 32)),
+    ("forward", "Net.pool", "aten.max_pool2d_with_indices", "float32", (8, 16, 16, 16)),
+    ("forward", "Net.conv2", "aten.convolution", "float32", (8, 32, 16, 16)),
+    ("forward", "Net.relu", "aten.relu", "float32", (8, 32, 16, 16)),
+    ("forward", "Net", "aten.view", "float32", (8, 8192)),
+    ("forward", "Net.fc1", "aten.addmm", "float32", (8, 64)),
+    ("forward", "Net.fc2", "aten.addmm", "float32", (8, 10)),
+    ("other", "", "aten._log_softmax", "float32", (8, 10)),
+    ("other", "", "aten.nll_loss_forward", "float32", ()),
+    ("backward", "Net.fc2", "aten.mm", "float32", (8, 64)),
+    ("backward", "Net.fc1", "aten.mm", "float32", (8, 8192)),
+    ("backward", "Net.conv2", "aten.convolution_backward", "float32", (8, 16, 16, 16)),
+    ("backward", "Net.conv1", "aten.convolution_backward", "float32", (16, 3, 3, 3)),
+    ("optimizer", "", "aten.add_", "float32", (16, 3, 3, 3)),
+    ("optimizer", "", "aten.add_", "float32", (64, 8192)),
+]
+STEPS = 3
+
+
+def trace_ops(steps: int = STEPS, trace=TRACE, seed: int = 0) -> pd.DataFrame:
+    """One out0 record per op call, statistics drawn once (seeded) so both sides start from the same numbers."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in range(steps):
+        counters: dict[tuple, int] = {}
+        for seq, (phase, module, op, dtype, shape) in enumerate(trace):
+            index = counters.setdefault((phase, module, op), 0)
+            counters[(phase, module, op)] += 1
+            spread = rng.uniform(0.5, 2.0)
+            numel = int(np.prod(shape)) if shape else 1
+            rows.append(dict(step=step, seq=seq, phase=phase, module=module, op=op, call_index=index, io="out0",
+                             key=f"{step}/{phase}/{module}/{op}#{index}", dtype=dtype,
+                             shape="x".join(map(str, shape)), numel=numel, min=-3 * spread, max=3 * spread,
+                             mean=rng.normal(0, 0.1), l2_norm=spread * np.sqrt(numel), nan_count=0, inf_count=0,
+                             md5="", tensor_file=""))
+    return pd.DataFrame(rows).astype(OP_COLUMNS)
+
+
+def rekey(ops: pd.DataFrame) -> pd.DataFrame:
+    """Recompute call_index and key as the capture would after a test edited ops."""
+    ops = ops.sort_values(["step", "seq"]).reset_index(drop=True)
+    ops["seq"] = ops.groupby("step").cumcount()
+    ops["call_index"] = ops.groupby(["step", "phase", "module", "op"]).cumcount()
+    ops["key"] = (ops["step"].astype(str) + "/" + ops["phase"] + "/" + ops["module"] + "/" + ops["op"] + "#"
+                  + ops["call_index"].astype(str))
+    return ops.astype(OP_COLUMNS)
+
+
+def with_noise(ops: pd.DataFrame, relative: float = 1e-7, seed: int = 1) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    noisy = ops.copy()
+    for stat in ("min", "max", "mean", "l2_norm"):
+        noisy[stat] = noisy[stat] * (1 + rng.normal(0, relative, len(noisy)))
+    return noisy
+
+
+def losses(steps: int = STEPS, scale: float | None = None, drift: float = 0.0) -> pd.DataFrame:
+    loss = 2.3 * np.exp(-0.1 * np.arange(steps)) * (1 + drift * np.arange(steps))
+    return pd.DataFrame({"step": range(steps), "micro_step": 0, "loss": loss,
+                         "loss_scale": [scale] * steps if scale else [None] * steps, "wall_ms": 10.0})
+
+
+def hparams(steps: int = STEPS, lr: float = 0.1) -> pd.DataFrame:
+    rows = [{"step": s, "group": "", "name": "optimizer", "value": json.dumps("SGD")} for s in range(steps)]
+    rows += [{"step": s, "group": "0", "name": name, "value": json.dumps(value)} for s in range(steps)
+             for name, value in (("lr", lr), ("momentum", 0.9), ("weight_decay", 0.0))]
+    return pd.DataFrame(rows)
+
+
+def grads(steps: int = STEPS, factor: float = 1.0) -> pd.DataFrame:
+    rows = [dict(step=s, param=p, dtype="float32", shape="16x3x3x3", numel=432, norm=n * factor / (s + 1), min=-0.1,
+                 max=0.1, mean=0.0, nan_count=0, inf_count=0)
+            for s in range(steps) for p, n in (("conv1.weight", 0.5), ("fc1.weight", 1.5))]
+    return pd.DataFrame(rows).astype(GRAD_COLUMNS)
+
+
+def write_run(root: Path, ops: pd.DataFrame | None = None, loss: pd.DataFrame | None = None,
+              hparam: pd.DataFrame | None = None, grad: pd.DataFrame | None = None,
+              outputs: pd.DataFrame | None = None, arrays: dict[str, np.ndarray] | None = None,
+              **manifest: object) -> Path:
+    """A run directory as `verify run` writes it; `manifest` overrides RunManifest fields."""
+    root.mkdir(parents=True)
+    fields = dict(script=str(root / "train.py"), script_sha256=root.name, device="cpu", seed=0, status="ok",
+                  steps_requested=STEPS, steps_completed=STEPS) | manifest
+    (root / "manifest.json").write_text(json.dumps(RunManifest(**fields).to_json()))
+    (loss if loss is not None else losses()).to_csv(root / "losses.csv", index=False)
+    (hparam if hparam is not None else hparams()).to_csv(root / "hparams.csv", index=False)
+    for folder, frame in (("ops", ops if ops is not None else trace_ops()), ("grads", grad if grad is not None
+                          else grads()), ("outputs", outputs)):
+        if frame is None:
+            continue
+        (root / folder).mkdir()
+        for step, part in frame.groupby("step"):
+            part.to_parquet(root / folder / step_file(int(step)), index=False)
+    for relative, array in (arrays or {}).items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        np.save(root / relative, array)
+    return root
+
+
+def run_pair(tmp_path: Path, actual_ops: pd.DataFrame | None = None, **actual: object):
+    ref = write_run(tmp_path / "ref")
+    actual_dir = write_run(tmp_path / "actual", ops=actual_ops if actual_ops is not None
+                           else with_noise(trace_ops()), device="npu", **actual)
+    return compare_runs(read_side(ref), read_side(actual_dir))
+
+
+def test_identical_runs_pass(tmp_path):
+    result = run_pair(tmp_path)
+    assert result.verdict.passed, result.verdict.reason
+    assert result.verdict.reason.startswith("PASS: loss within 1.00% at all 3 steps")
+    assert result.status_counts()["exact"] == len(TRACE) * STEPS
+    assert result.first_divergent is None
+    assert "same precision" in result.policy.description
+
+
+def test_changed_learning_rate_fails_as_hyperparameter_difference(tmp_path):
+    result = run_pair(tmp_path, hparam=hparams(lr=0.01))
+    assert not result.verdict.passed
+    assert result.verdict.reason == "FAIL: hyperparameter differs: lr 0.1 vs 0.01 in group 0"
+    assert result.hparams["message"].tolist() == ["lr 0.1 vs 0.01 in group 0"]
+    assert result.verdict.exit_code == 1
+
+
+def test_perturbed_op_is_named_first_divergent(tmp_path):
+    actual = with_noise(trace_ops())
+    # step 1, Net.conv2's convolution: its output norm is 2% off; everything after it follows.
+    target = (actual["step"] == 1) & (actual["module"] == "Net.conv2") & (actual["phase"] == "forward")
+    later = (actual["step"] == 1) & (actual["seq"] > 4)
+    actual.loc[later, "l2_norm"] *= 1.01
+    actual.loc[target, "l2_norm"] *= 1.02
+    result = run_pair(tmp_path, actual_ops=actual)
+    first = result.first_divergent
+    assert (first["step"], first["op"], first["module"], first["phase"]) == (1, "aten.convolution", "Net.conv2",
+                                                                             "forward")
+    assert first["inputs_evidence"] == "the previous matched op of the step agrees"
+    assert first["actual"]["l2_norm"] == pytest.approx(first["ref"]["l2_norm"] * 1.02, rel=1e-5)
+    assert not result.verdict.passed
+    assert "first divergent operator: aten.convolution (Net.conv2 forward, step 1, out0)" in result.verdict.reason
+    codes = [f.code for f in result.findings]
+    assert FindingCode.OP_DIVERGES in codes and FindingCode.DATA_ORDER not in codes
+
+
+def test_first_op_of_first_step_differing_suggests_data_order(tmp_path):
+    actual = with_noise(trace_ops())
+    actual.loc[actual["step"] == 0, "mean"] += 0.5
+    result = run_pair(tmp_path, actual_ops=actual)
+    assert result.first_divergent["seq"] == 0 and result.first_divergent["step"] == 0
+    assert FindingCode.DATA_ORDER in [f.code for f in result.findings]
+
+
+def test_inf_on_one_side_is_named_overflow(tmp_path):
+    actual = with_noise(trace_ops()).astype({"dtype": "string"})
+    actual.loc[actual["phase"] == "forward", "dtype"] = "float16"
+    hit = (actual["step"] == 2) & (actual["op"] == "aten.addmm") & (actual["module"] == "Net.fc1")
+    actual.loc[hit, ["max", "inf_count"]] = [np.inf, 3]
+    scale = [65536.0, 32768.0, 16384.0]
+    loss = losses().assign(loss_scale=scale)
+    result = run_pair(tmp_path, actual_ops=actual, loss=loss)
+    assert not result.verdict.passed
+    assert result.verdict.reason.startswith("FAIL: actual only: first inf/nan from aten.addmm (Net.fc1, forward, "
+                                            "step 2, float16")
+    assert result.overflow["actual_scale"]["drops"] == 2 and result.overflow["actual_scale"]["frequent"]
+    assert "fp32-vs-AMP" in result.policy.description
+    codes = [f.code for f in result.findings]
+    assert FindingCode.AMP_ONE_SIDE in codes and FindingCode.SCALE_COLLAPSE in codes
+
+
+def test_unmatched_and_related_ops_are_rows(tmp_path):
+    actual = with_noise(trace_ops())
+    # The port runs another batch-norm kernel, gains a cast before conv1 and loses the view before fc1.
+    actual["op"] = actual["op"].replace({"aten._native_batch_norm_legit_functional": "aten.native_batch_norm"})
+    extra = actual.loc[actual["seq"] == 0].assign(op="aten._to_copy", seq=-1)
+    only_ref = actual["op"] == "aten.view"
+    result = run_pair(tmp_path, actual_ops=rekey(pd.concat([extra, actual.loc[~only_ref]])))
+    counts = result.status_counts()
+    assert counts["related"] == STEPS and counts["only_ref"] == STEPS and counts["only_actual"] == STEPS
+    cast_rows = result.ops.loc[result.ops["status"] == "only_actual"]
+    assert (cast_rows["note"] == "cast (autocast on one side only)").all()
+    assert len(result.ops) == len(TRACE) * STEPS + STEPS  # nothing dropped: pairs + one-sided rows
+    assert result.verdict.passed, result.verdict.reason
+
+
+def test_inserted_op_is_aligned_by_sequence(tmp_path):
+    actual = with_noise(trace_ops())
+    # An extra relu call at the start of Net.relu shifts the call counter: exact keys no longer pair the rest.
+    extra = actual.loc[(actual["module"] == "Net.relu") & (actual["call_index"] == 0)].assign(seq=1.5)
+    actual = rekey(pd.concat([actual, extra]))
+    result = run_pair(tmp_path, actual_ops=actual)
+    counts = result.status_counts()
+    assert counts["only_actual"] == STEPS and counts["only_ref"] == 0
+    assert counts["sequence"] >= STEPS
+
+
+def test_loss_drift_fails_with_first_step(tmp_path):
+    result = run_pair(tmp_path, loss=losses(drift=0.008))
+    assert result.loss.first_step_past_tolerance == 2
+    assert result.loss.max_rel_diff == pytest.approx(0.016)
+    assert result.verdict.reason.startswith("FAIL: loss differs by 1.60% at step 2")
+
+
+def test_loss_rtol_option_and_amp_policy(tmp_path):
+    ref = write_run(tmp_path / "ref")
+    actual = write_run(tmp_path / "actual", loss=losses(drift=0.01), autocast="fp16")
+    result = compare_runs(read_side(ref), read_side(actual))
+    assert result.policy.loss_rtol == 0.05 and result.verdict.passed
+    strict = compare_runs(read_side(ref), read_side(actual), CompareOptions(loss_rtol=0.001))
+    assert not strict.verdict.passed
+
+
+def test_gradient_norm_difference_is_named(tmp_path):
+    result = run_pair(tmp_path, grad=grads(factor=1.2))
+    assert not result.verdict.passed
+    assert "gradient norm of conv1.weight differs by" in result.verdict.reason
+
+
+def test_different_step_counts_compare_common_steps_with_note(tmp_path):
+    ref = write_run(tmp_path / "ref")
+    actual = write_run(tmp_path / "actual", ops=with_noise(trace_ops(steps=2)), loss=losses(steps=2),
+                       hparam=hparams(steps=2), grad=grads(steps=2), status="crashed", steps_completed=2,
+                       message="RuntimeError: out of memory at step 2")
+    result = compare_runs(read_side(ref), read_side(actual))
+    assert result.loss.steps_compared == 2
+    assert "step counts differ: ref 3, actual 2; compared the 2 common steps" in result.notes
+    assert result.verdict.reason == "FAIL: actual run crashed: RuntimeError: out of memory at step 2"
+    assert result.status_counts()["only_ref"] == len(TRACE)
+
+
+def test_different_scripts_are_flagged_low_match(tmp_path):
+    other = [(phase, module.replace("Net", "Other"), op, dtype, shape) for phase, module, op, dtype, shape in TRACE]
+    result = run_pair(tmp_path, actual_ops=trace_ops(trace=other))
+    assert not result.verdict.passed
+    assert FindingCode.LOW_MATCH in [f.code for f in result.findings]
+
+
+def test_missing_files_are_notes_not_tracebacks(tmp_path):
+    ref = write_run(tmp_path / "ref")
+    actual = write_run(tmp_path / "actual", ops=with_noise(trace_ops()))
+    (actual / "losses.csv").unlink()
+    (actual / "ops" / step_file(1)).write_bytes(b"PAR1 truncated")
+    result = compare_runs(read_side(ref), read_side(actual))
+    assert "actual: no losses.csv" in result.notes
+    assert any("ops/step-000001.parquet unreadable" in note for note in result.notes)
+    assert result.status_counts()["only_ref"] == len(TRACE)
+
+
+def test_tensor_mode_metrics_and_unsafe_names(tmp_path):
+    rng = np.random.default_rng(3)
+    tensor = rng.normal(size=(8, 10)).astype(np.float32)
+    ref_ops, actual_ops = trace_ops(), with_noise(trace_ops())
+    fc2 = (ref_ops["module"] == "Net.fc2") & (ref_ops["step"] == 0)
+    ref_ops.loc[fc2, "tensor_file"] = "tensors/fc2.npy"
+    actual_ops.loc[fc2, "tensor_file"] = "tensors/fc2.npy"
+    bad = (ref_ops["module"] == "Net.fc1") & (ref_ops["step"] == 0)
+    ref_ops.loc[bad, "tensor_file"] = "../../etc/passwd"
+    actual_ops.loc[bad, "tensor_file"] = "tensors/fc1.npy"
+    ref = write_run(tmp_path / "ref", ops=ref_ops, arrays={"tensors/fc2.npy": tensor})
+    actual = write_run(tmp_path / "actual", ops=actual_ops, arrays={"tensors/fc2.npy": tensor * 1.1,
+                                                                     "tensors/fc1.npy": tensor})
+    result = compare_runs(read_side(ref), read_side(actual))
+    row = result.ops.loc[(result.ops["module"] == "Net.fc2") & (result.ops["step"] == 0)].iloc[0]
+    assert row["judged_by"] == "tensor" and row["cosine"] == pytest.approx(1.0)
+    assert row["within_1e3"] == 0.0 and row["max_relative_error"] == pytest.approx(0.1, rel=1e-5)
+    assert not row["passed"]  # 10% everywhere: max abs error past fp32's limit with no element within 0.5%
+    assert any("points outside" in note for note in result.notes)
+
+
+def test_inference_outputs_top_k(tmp_path):
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(16, 10)).astype(np.float32)
+    swapped = logits.copy()
+    swapped[:4] = -swapped[:4]  # a quarter of the samples change their top-1 class
+    outputs = pd.DataFrame([dict(step=0, output="out0", dtype="float32", shape="16x10", numel=160,
+                                 min=float(logits.min()), max=float(logits.max()), mean=float(logits.mean()),
+                                 l2_norm=float(np.linalg.norm(logits)), nan_count=0, inf_count=0,
+                                 tensor_file="outputs/step-000000-out0.npy")]).astype(OUTPUT_COLUMNS)
+    ref = write_run(tmp_path / "ref", outputs=outputs, arrays={"outputs/step-000000-out0.npy": logits},
+                    inference=True)
+    actual = write_run(tmp_path / "actual", outputs=outputs, arrays={"outputs/step-000000-out0.npy": swapped},
+                       inference=True)
+    result = compare_runs(read_side(ref), read_side(actual))
+    row = result.outputs.iloc[0]
+    assert row["top1_agreement"] == pytest.approx(0.75)
+    assert not result.verdict.passed and "inference output out0 differs" in result.verdict.reason
+
+
+def _cli() -> Typer:
+    app = Typer()
+    app.command("compare")(compare_cli.compare)
+    app.command("report")(compare_cli.report)
+    app.command("export")(compare_cli.export)
+    return app
+
+
+def test_cli_exit_codes_and_reports(tmp_path):
+    ref = write_run(tmp_path / "ref")
+    actual = write_run(tmp_path / "actual", ops=with_noise(trace_ops()), hparam=hparams(lr=0.01))
+    runner = CliRunner()
+    passed = runner.invoke(_cli(), ["compare", str(ref), str(ref)])
+    assert passed.exit_code == 0, passed.output
+    failed = runner.invoke(_cli(), ["compare", str(ref), str(actual), "-o", str(tmp_path / "out")])
+    assert failed.exit_code == 1
+    assert "FAIL: hyperparameter differs: lr 0.1 vs 0.01 in group 0" in failed.stdout
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["verdict"] == "FAIL" and summary["exit_code"] == 1
+    again = runner.invoke(_cli(), ["report", str(tmp_path / "out")])
+    assert again.exit_code == 1 and "lr 0.1 vs 0.01" in again.stdout
+    missing = runner.invoke(_cli(), ["compare", str(ref), str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "no such file or directory" in missing.stderr
+    not_a_run = tmp_path / "empty"
+    not_a_run.mkdir()
+    empty = runner.invoke(_cli(), ["compare", str(ref), str(not_a_run)])
+    assert empty.exit_code == 2 and "neither a verify run directory nor an msprobe dump" in empty.stderr
+    assert "Traceback" not in empty.output
+
+
+def test_offline_modules_never_import_torch():
+    modules = ["verify.align", "verify.metrics", "verify.tolerances", "verify.compare", "verify.advice",
+               "verify.report", "verify.msprobe", "verify.compare_cli"]
+    code = f"import sys; import {', '.join(modules)}; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -1,0 +1,111 @@
+"""What to do about each finding: a rule table (finding code + condition -> message), evaluated in order.
+
+Messages are templates over the finding's `detail` (op, dtype, side, name...). Checklist ids refer to
+shared/design/checklist.md.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+from verify.compare import Finding, FindingCode
+
+HALF_DTYPES = ("float16", "bfloat16")
+
+# Ops whose GPU kernels accumulate with atomics, so two runs of the same script differ (PyTorch's reproducibility
+# notes; Huawei's precision advice lists embedding backward too).
+NONDETERMINISTIC_OPS = frozenset({
+    "aten.index_add", "aten.index_add_", "aten.scatter_add", "aten.scatter_add_", "aten.index_put_",
+    "aten.embedding_dense_backward", "aten._embedding_bag", "aten._embedding_bag_backward",
+    "aten.upsample_bilinear2d_backward", "aten.upsample_nearest2d_backward", "aten.cumsum",
+    "aten.nll_loss2d_backward", "aten.max_pool3d_with_indices_backward", "aten.avg_pool3d_backward",
+    "aten.bincount", "aten.histc",
+})
+
+
+@dataclass(frozen=True)
+class AdviceRule:
+    code: FindingCode
+    message: str  # a template over the finding's detail
+    checklist: tuple[str, ...] = ()
+    applies: Callable[[Finding], bool] = lambda finding: True
+
+
+def _half(finding: Finding) -> bool:
+    return finding.detail.get("dtype") in HALF_DTYPES
+
+
+ADVICE_RULES: tuple[AdviceRule, ...] = (
+    AdviceRule(FindingCode.RUN_FAILED, (
+        "The {side} run ended '{status}': read the traceback in its manifest.json and its output.log. The comparison "
+        "covers only the steps it recorded."), ("C3",)),
+    AdviceRule(FindingCode.HPARAM_MISMATCH, (
+        "Make {name} equal on both sides (an argparse default, a config file or a literal the port changed), then "
+        "compare again: differences further down follow from it."), ("C9",)),
+    AdviceRule(FindingCode.DATA_ORDER, (
+        "The first step's inputs already differ: make the data order identical. Seed the DataLoader (generator=, "
+        "worker_init_fn), do not derive num_workers or shuffling from cpu/device counts, sort listdir/glob results "
+        "before sharding, call sampler.set_epoch; check both runs used the same seed and initial weights."),
+        ("C6", "C7")),
+    AdviceRule(FindingCode.OVERFLOW, (
+        "{op} overflows in {dtype} on the {side} side only: keep it in fp32 (exclude it from autocast, or run it "
+        "under torch.autocast(enabled=False) on .float() inputs) and check loss scaling: a dynamic GradScaler around "
+        "backward and the optimizer step, unscale_ before gradient clipping."), ("C2", "C4"), _half),
+    AdviceRule(FindingCode.OVERFLOW, (
+        "{op} produces inf/nan in {dtype} on the {side} side only: check its inputs at that step, then dump it in "
+        "tensor mode to see which elements overflow."), (), lambda finding: not _half(finding)),
+    AdviceRule(FindingCode.SCALE_COLLAPSE, (
+        "The {side} loss scale fell {drops} times: gradients overflow at most steps and those steps are skipped. "
+        "Find the op that first produces inf/nan (above), keep it in fp32; a scale that reaches 1 no longer protects "
+        "fp16 gradients from underflow."), ("C4",)),
+    AdviceRule(FindingCode.OP_DIVERGES, (
+        "{op} in {module} diverges although its inputs agree: an operator accuracy issue. Run it in fp32 (exclude it "
+        "from autocast), disable fusion (call the unfused eager ops instead of a torch_npu fused kernel; "
+        "torch_npu.npu.set_compile_mode(jit_compile=False)), and dump it in tensor mode for cosine/error figures."),
+        ()),
+    AdviceRule(FindingCode.OP_DIVERGES, (
+        "{op} is nondeterministic on GPUs (atomic accumulation): first check that the reference is constant "
+        "(`verify determinism`), with torch.use_deterministic_algorithms(True) on both sides."), ("C1",),
+        lambda finding: finding.detail.get("op") in NONDETERMINISTIC_OPS),
+    AdviceRule(FindingCode.NONDETERMINISM, (
+        "The same script on the same device gives different results from {op} on: the benchmark is not constant. "
+        "Call torch.use_deterministic_algorithms(True) (torch_npu honours it; set HCCL_DETERMINISTIC=true for "
+        "collectives), set cudnn.deterministic=True and benchmark=False on GPUs, seed every generator, and disable "
+        "dropout for the comparison."), ("C1",)),
+    AdviceRule(FindingCode.AMP_ONE_SIDE, (
+        "Mixed precision runs on one side only (ref {ref_amp}, actual {actual_amp}): rerun the reference under the "
+        "same autocast (verify run --autocast) so the comparison isolates the port from the expected AMP noise."),
+        ("C2",)),
+    AdviceRule(FindingCode.LOSS_DIVERGES, (
+        "The loss leaves its tolerance at step {step}: start from the first divergent operator and the findings "
+        "above; with none of them, compare in tensor mode around the first step that differs."), ()),
+    AdviceRule(FindingCode.GRAD_DIVERGES, (
+        "The gradient of {param} differs first: look at the backward ops of its module in ops.csv."), ()),
+    AdviceRule(FindingCode.OUTPUT_DIVERGES, (
+        "The inference outputs differ: follow the first divergent operator; check eval() mode and that dropout "
+        "and batch-norm statistics are identical on both sides."), ("C8",)),
+    AdviceRule(FindingCode.LOW_MATCH, (
+        "Few operators pair up: check that both runs are of the same model and configuration (script, model size, "
+        "batch size, dump mode)."), ()),
+)
+
+
+@dataclass(frozen=True)
+class Advice:
+    code: FindingCode
+    message: str
+    checklist: tuple[str, ...]
+
+
+def advise(findings: list[Finding]) -> list[Advice]:
+    """Advice for each finding, in finding order, without repeating a message."""
+    advice: list[Advice] = []
+    for finding in findings:
+        for rule in ADVICE_RULES:
+            if rule.code is finding.code and rule.applies(finding):
+                text = rule.message.format_map(defaultdict(lambda: "?", finding.detail))
+                if all(existing.message != text for existing in advice):
+                    advice.append(Advice(finding.code, text, rule.checklist))
+    return advice

@@ -1,0 +1,627 @@
+"""Compare a reference run with a ported run: loss curves, hyperparameters, operators, gradients, overflow, outputs.
+
+Pure computation over two `RunData` (read by compare_cli from a run directory or an msprobe dump): it returns a
+`ComparisonResult` that report.py renders. It never imports torch, so a comparison runs on any laptop.
+
+The first divergent operator is the earliest op, in reference execution order, whose outputs break their tolerance
+while its inputs agree. Tensor mode records inputs (io "in0", ...) and uses them. Statistics mode records outputs
+only, so "its inputs agree" is approximated by "the previous matched op of the same step agrees": in a sequential
+model that op produced the input; in a branching one it is the nearest evidence that the values flowing in are sound.
+The first recorded op of a step has only the batch and the weights as inputs, which are not recorded; it counts as
+having agreeing inputs, and when it is the first op of the first step a data-order finding is raised too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from verify import metrics, tolerances
+from verify.align import AlignStatus, align_ops
+from verify.schema import GRAD_COLUMNS, HPARAM_COLUMNS, LOSS_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS, RunManifest, Status
+
+HALF_DTYPES = ("float16", "bfloat16")
+AUTOCAST_DTYPES = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+MATCHED = (AlignStatus.EXACT.value, AlignStatus.RELATED.value, AlignStatus.SEQUENCE.value)
+# How few matched ops make two runs look like different scripts rather than a port of one script.
+LOW_MATCH_SHARE = 0.5
+
+
+class CompareError(Exception):
+    """Inputs that cannot be compared at all (unreadable run directory, unsafe path): exit code 2."""
+
+
+def empty_frame(columns: dict[str, str] | tuple[str, ...]) -> pd.DataFrame:
+    if isinstance(columns, dict):
+        return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in columns.items()})
+    return pd.DataFrame({name: pd.Series(dtype="object") for name in columns})
+
+
+@dataclass
+class RunData:
+    """One side of a comparison, whatever it was read from. Frames follow verify.schema's columns."""
+
+    root: Path
+    manifest: RunManifest
+    ops: pd.DataFrame = field(default_factory=lambda: empty_frame(OP_COLUMNS))
+    losses: pd.DataFrame = field(default_factory=lambda: empty_frame(LOSS_COLUMNS))
+    hparams: pd.DataFrame = field(default_factory=lambda: empty_frame(HPARAM_COLUMNS))
+    grads: pd.DataFrame = field(default_factory=lambda: empty_frame(GRAD_COLUMNS))
+    outputs: pd.DataFrame = field(default_factory=lambda: empty_frame(OUTPUT_COLUMNS))
+    source: str = "npu-port run directory"
+    notes: list[str] = field(default_factory=list)  # what was missing or skipped while reading
+
+    def load_array(self, relative: str) -> np.ndarray:
+        """A .npy file named by the run itself, confined to the run directory and never unpickled."""
+        return np.load(safe_path(self.root, relative), allow_pickle=False)
+
+
+def safe_path(root: Path, relative: str) -> Path:
+    """`root / relative`, refusing names that are absolute or climb out of `root` (names come from a dump)."""
+    candidate = (root / relative).resolve()
+    if Path(relative).is_absolute() or not candidate.is_relative_to(root.resolve()):
+        raise CompareError(f"refusing file name {relative!r}: it points outside {root}")
+    return candidate
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    loss_rtol: float | None = None  # None: the precision policy's default (tolerances.LOSS_RTOL or AMP_VS_FP32_...)
+
+
+class FindingCode(str, Enum):
+    RUN_FAILED = "run_failed"
+    HPARAM_MISMATCH = "hparam_mismatch"
+    OVERFLOW = "overflow"
+    SCALE_COLLAPSE = "scale_collapse"
+    LOSS_DIVERGES = "loss_diverges"
+    OUTPUT_DIVERGES = "output_diverges"
+    OP_DIVERGES = "op_diverges"
+    DATA_ORDER = "data_order"
+    NONDETERMINISM = "nondeterminism"
+    GRAD_DIVERGES = "grad_diverges"
+    AMP_ONE_SIDE = "amp_one_side"
+    LOW_MATCH = "low_match"
+
+
+# Findings that fail the verdict, most fundamental first: the one-line reason names the first that is present.
+FAILING = (FindingCode.RUN_FAILED, FindingCode.HPARAM_MISMATCH, FindingCode.OVERFLOW, FindingCode.LOSS_DIVERGES,
+           FindingCode.OUTPUT_DIVERGES, FindingCode.OP_DIVERGES, FindingCode.NONDETERMINISM,
+           FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)
+
+
+@dataclass
+class Finding:
+    code: FindingCode
+    message: str  # one line, with the numbers
+    detail: dict[str, Any] = field(default_factory=dict)  # what advice rules and reports need (op, dtype, side...)
+
+
+@dataclass
+class PrecisionPolicy:
+    ref_amp: str  # "" (fp32), "float16" or "bfloat16"
+    actual_amp: str
+    op_widen: float  # factor on every op tolerance
+    loss_rtol: float
+    description: str  # the sentence the verdict carries
+
+    @property
+    def mixed(self) -> bool:
+        return self.ref_amp != self.actual_amp
+
+
+@dataclass
+class LossComparison:
+    frame: pd.DataFrame  # step, micro_step, ref_loss, actual_loss, abs_diff, rel_diff, ref/actual_loss_scale, passed
+    rtol: float
+    steps_compared: int = 0
+    max_abs_diff: float = float("nan")
+    mean_abs_diff: float = float("nan")
+    max_rel_diff: float = float("nan")
+    mean_rel_diff: float = float("nan")
+    first_step_past_tolerance: int | None = None
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    reason: str  # one line: PASS/FAIL and why
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+
+@dataclass
+class ComparisonResult:
+    verdict: Verdict
+    policy: PrecisionPolicy
+    ref: RunData
+    actual: RunData
+    loss: LossComparison
+    ops: pd.DataFrame  # align_ops + metrics + tolerance + passed
+    first_divergent: dict[str, Any] | None
+    hparams: pd.DataFrame  # differences only: step, group, name, ref_value, actual_value, message
+    grads: pd.DataFrame  # step, param, ref_norm, actual_norm, rel_diff, passed
+    outputs: pd.DataFrame  # inference: step, output, metrics, passed
+    overflow: dict[str, Any]
+    findings: list[Finding]
+    notes: list[str]
+
+    def status_counts(self) -> dict[str, int]:
+        counts = self.ops["status"].value_counts() if len(self.ops) else pd.Series(dtype="int64")
+        return {status.value: int(counts.get(status.value, 0)) for status in AlignStatus}
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON that CI reads (summary.json): verdict, numbers, findings; no per-op rows."""
+        loss = {key: _json_number(value) for key, value in asdict(self.loss).items() if key != "frame"}
+        return {
+            "verdict": "PASS" if self.verdict.passed else "FAIL",
+            "passed": self.verdict.passed,
+            "exit_code": self.verdict.exit_code,
+            "reason": self.verdict.reason,
+            "comparison": self.policy.description,
+            "ref": {"path": str(self.ref.root), "title": self.ref.manifest.title, "source": self.ref.source,
+                    "emulated": self.ref.manifest.emulated},
+            "actual": {"path": str(self.actual.root), "title": self.actual.manifest.title,
+                       "source": self.actual.source, "emulated": self.actual.manifest.emulated},
+            "loss": loss,
+            "ops": {**self.status_counts(), "past_tolerance": int((self.ops["passed"] == False).sum())},  # noqa: E712
+            "first_divergent": _json_safe(self.first_divergent),
+            "hparam_differences": self.hparams["message"].tolist(),
+            "overflow": _json_safe(self.overflow),
+            "findings": [{"code": f.code.value, "message": f.message, "detail": _json_safe(f.detail)}
+                         for f in self.findings],
+            "notes": self.notes,
+        }
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, (float, np.floating)):
+        return float(value) if np.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if value is pd.NA or value is None:
+        return None
+    return _json_number(value)
+
+
+# --- precision policy ----------------------------------------------------------------------------------------------
+
+
+def amp_dtype(run: RunData) -> str:
+    """The half dtype a run computed its forward in: the autocast it was given, else what its ops show."""
+    imposed = AUTOCAST_DTYPES.get(run.manifest.autocast, "")
+    if imposed:
+        return imposed
+    forward = run.ops.loc[run.ops["phase"] == "forward", "dtype"]
+    seen = forward[forward.isin(HALF_DTYPES)]
+    return str(seen.mode().iloc[0]) if len(seen) else ""
+
+
+def precision_policy(ref: RunData, actual: RunData, options: CompareOptions) -> PrecisionPolicy:
+    ref_amp, actual_amp = amp_dtype(ref), amp_dtype(actual)
+    if ref_amp == actual_amp:
+        widen, loss_rtol = 1.0, tolerances.LOSS_RTOL
+        description = (f"same-AMP policy ({ref_amp} autocast on both sides): dtype tolerances" if ref_amp
+                       else "same precision (fp32 on both sides): dtype tolerances")
+    else:
+        widen, loss_rtol = tolerances.AMP_VS_FP32_OP_FACTOR, tolerances.AMP_VS_FP32_LOSS_RTOL
+        description = (f"fp32-vs-AMP: ref {ref_amp or 'fp32'}, actual {actual_amp or 'fp32'}; op tolerances of the "
+                       f"looser dtype widened x{widen:g}, loss rtol {loss_rtol:g}. This mixes AMP noise with porting "
+                       "errors: rerun the reference under the same autocast to isolate the port")
+    if options.loss_rtol is not None:
+        loss_rtol = options.loss_rtol
+    return PrecisionPolicy(ref_amp, actual_amp, widen, loss_rtol, description)
+
+
+# --- operators -----------------------------------------------------------------------------------------------------
+
+
+def op_metrics(aligned: pd.DataFrame, ref: RunData, actual: RunData, policy: PrecisionPolicy,
+               notes: list[str]) -> pd.DataFrame:
+    """Adds statistic differences, the judged error, tolerances, tensor/md5 metrics and `passed` to aligned rows."""
+    table = aligned
+    for stat in metrics.STAT_NAMES:
+        ref_values, actual_values = table[f"ref_{stat}"].to_numpy("float64"), table[f"actual_{stat}"].to_numpy("float64")
+        table[f"{stat}_diff"] = metrics.difference(ref_values, actual_values)
+        table[f"{stat}_rel_diff"] = metrics.relative_difference(ref_values, actual_values)
+    table["stats_error"] = metrics.stats_error(
+        {s: table[f"ref_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES},
+        {s: table[f"actual_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES})
+    limits = tolerances.pair_tolerances(table["ref_dtype"], table["actual_dtype"], policy.op_widen)
+    table["tolerance"] = limits["stats_rtol"].to_numpy()
+    matched = table["status"].isin(MATCHED).to_numpy()
+    nonfinite_agree = (_has(table, "ref_nan_count") == _has(table, "actual_nan_count")) & (
+        _has(table, "ref_inf_count") == _has(table, "actual_inf_count"))
+    stats_ok = ~(table["stats_error"].to_numpy() > table["tolerance"].to_numpy())  # NaN (no stats) is not a failure
+    table["judged_by"] = np.where(matched, "stats", "")
+    passed = stats_ok & nonfinite_agree
+    passed = _judge_md5(table, matched, passed, nonfinite_agree)
+    passed = _judge_tensors(table, matched, passed, nonfinite_agree, limits, ref, actual, notes)
+    table["passed"] = pd.array(np.where(matched, passed, False), dtype="boolean")
+    table.loc[~matched, "passed"] = pd.NA
+    return table
+
+
+def _has(table: pd.DataFrame, column: str) -> np.ndarray:
+    return table[column].fillna(0).to_numpy("float64") > 0
+
+
+def _judge_md5(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray, nonfinite_agree: np.ndarray) -> np.ndarray:
+    ref_md5 = table["ref_md5"].fillna("").astype("object").to_numpy()
+    actual_md5 = table["actual_md5"].fillna("").astype("object").to_numpy()
+    both = matched & (ref_md5 != "") & (actual_md5 != "")
+    table["md5_equal"] = pd.array(np.where(both, metrics.md5_equal(ref_md5, actual_md5), False), dtype="boolean")
+    table.loc[~both, "md5_equal"] = pd.NA
+    table.loc[both, "judged_by"] = "md5"
+    return np.where(both, table["md5_equal"].fillna(False).to_numpy(bool) & nonfinite_agree, passed)
+
+
+def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray, nonfinite_agree: np.ndarray,
+                   limits: pd.DataFrame, ref: RunData, actual: RunData, notes: list[str]) -> np.ndarray:
+    """Tensor mode: full-tensor metrics for the (few) rows whose both sides saved their tensor."""
+    ref_files = table["ref_tensor_file"].fillna("").astype("object").to_numpy()
+    actual_files = table["actual_tensor_file"].fillna("").astype("object").to_numpy()
+    rows = np.flatnonzero(matched & (ref_files != "") & (actual_files != ""))
+    values = {name: np.full(len(table), np.nan) for name in metrics.TENSOR_METRICS}
+    unreadable = []
+    for row in rows:  # one iteration per saved tensor pair: each needs two file reads anyway
+        try:
+            ref_tensor, actual_tensor = ref.load_array(ref_files[row]), actual.load_array(actual_files[row])
+        except (OSError, ValueError, CompareError) as error:
+            unreadable.append(f"{ref_files[row]} / {actual_files[row]}: {error}")
+            continue
+        if ref_tensor.shape != actual_tensor.shape:
+            unreadable.append(f"{ref_files[row]}: shape {ref_tensor.shape} vs {actual_tensor.shape}")
+            continue
+        for name, metric in metrics.TENSOR_METRICS.items():
+            values[name][row] = metric(ref_tensor, actual_tensor)
+    for name, column in values.items():
+        table[name] = column
+    if unreadable:
+        notes.append(f"{len(unreadable)} tensor pair(s) judged by statistics only (unreadable or different "
+                     f"shapes), first: {unreadable[0]}")
+    judged = np.zeros(len(table), bool)
+    judged[rows] = True
+    judged &= ~np.isnan(values["cosine"])
+    # msprobe's rule, with our dtype thresholds: a low cosine fails; a large error fails unless nearly all elements
+    # are close (a few outliers in a big tensor).
+    tensor_ok = (values["cosine"] >= limits["cosine_min"].to_numpy()) & ~(
+        (values["max_abs_error"] > limits["max_abs_error"].to_numpy())
+        & (values["within_5e3"] < limits["within_5e3_min"].to_numpy()))
+    table.loc[judged, "judged_by"] = "tensor"
+    return np.where(judged, tensor_ok & nonfinite_agree, passed)
+
+
+def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
+    """The earliest op (ref step, seq) whose outputs break tolerance while its inputs agree (see module doc)."""
+    matched = table.loc[table["status"].isin(MATCHED)]
+    if matched.empty:
+        return None
+    is_input = matched["io"].str.startswith("in").to_numpy(bool)
+    ops = matched.assign(is_input=is_input, ok=matched["passed"].fillna(True).astype(bool))
+    per_op = ops.groupby(["step", "ref_seq"], sort=True).agg(inputs_recorded=("is_input", "any"))
+    outputs = ops.loc[~ops["is_input"]].groupby(["step", "ref_seq"])["ok"].all()
+    inputs = ops.loc[ops["is_input"]].groupby(["step", "ref_seq"])["ok"].all()
+    per_op["outputs_ok"] = outputs.reindex(per_op.index, fill_value=True)
+    previous_ok = per_op.groupby(level="step")["outputs_ok"].shift(1)
+    per_op["first_of_step"] = previous_ok.isna()
+    per_op["inputs_ok"] = np.where(per_op["inputs_recorded"], inputs.reindex(per_op.index, fill_value=True),
+                                   previous_ok.fillna(True).astype(bool))
+    candidates = per_op.loc[~per_op["outputs_ok"] & per_op["inputs_ok"]]
+    if candidates.empty:
+        return None
+    step, seq = candidates.index[0]
+    evidence = candidates.iloc[0]
+    rows = ops.loc[(ops["step"] == step) & (ops["ref_seq"] == seq) & ~ops["is_input"] & ~ops["ok"]]
+    worst = rows.sort_values("stats_error", ascending=False, na_position="last").iloc[0]
+    return {
+        "step": int(step), "seq": int(seq), "phase": worst["phase"], "module": worst["module"],
+        "op": worst["ref_op"], "actual_op": worst["actual_op"], "io": worst["io"], "status": worst["status"],
+        "judged_by": worst["judged_by"], "dtype": worst["ref_dtype"], "actual_dtype": worst["actual_dtype"],
+        "stats_error": float(worst["stats_error"]), "tolerance": float(worst["tolerance"]),
+        "ref": {stat: float(worst[f"ref_{stat}"]) for stat in (*metrics.STAT_NAMES, "nan_count", "inf_count")},
+        "actual": {stat: float(worst[f"actual_{stat}"]) for stat in (*metrics.STAT_NAMES, "nan_count", "inf_count")},
+        "cosine": float(worst.get("cosine", np.nan)),
+        "inputs_evidence": ("its recorded inputs agree" if evidence["inputs_recorded"]
+                            else "first recorded op of the step (inputs: batch and weights, not recorded)"
+                            if evidence["first_of_step"] else "the previous matched op of the step agrees"),
+        "first_of_step": bool(evidence["first_of_step"]) and not bool(evidence["inputs_recorded"]),
+        "ops_past_tolerance": int((~ops["ok"]).sum()),
+    }
+
+
+def _op_label(op: dict[str, Any]) -> str:
+    where = f"{op['module']} " if op["module"] else ""
+    return f"{op['op']} ({where}{op['phase']}, step {op['step']}, {op['io']})"
+
+
+# --- losses, hyperparameters, gradients, outputs ---------------------------------------------------------------------
+
+
+def compare_losses(ref: RunData, actual: RunData, rtol: float) -> LossComparison:
+    keys = ["step", "micro_step"]
+    left = ref.losses.loc[:, ["step", "micro_step", "loss", "loss_scale"]].rename(
+        columns={"loss": "ref_loss", "loss_scale": "ref_loss_scale"})
+    right = actual.losses.loc[:, ["step", "micro_step", "loss", "loss_scale"]].rename(
+        columns={"loss": "actual_loss", "loss_scale": "actual_loss_scale"})
+    frame = left.merge(right, on=keys, how="inner").sort_values(keys).reset_index(drop=True)
+    ref_loss = pd.to_numeric(frame["ref_loss"], errors="coerce").to_numpy("float64")
+    actual_loss = pd.to_numeric(frame["actual_loss"], errors="coerce").to_numpy("float64")
+    frame["abs_diff"] = np.abs(actual_loss - ref_loss)
+    frame["rel_diff"] = frame["abs_diff"] / np.maximum(np.abs(ref_loss), metrics.TINY)
+    # A loss that is NaN/inf on either side is past any tolerance, also when both are (nothing is learnt then).
+    frame["rel_diff"] = frame["rel_diff"].where(np.isfinite(ref_loss) & np.isfinite(actual_loss), np.inf)
+    frame["passed"] = frame["rel_diff"] <= rtol
+    result = LossComparison(frame=frame, rtol=rtol, steps_compared=int(frame["step"].nunique()))
+    if len(frame):
+        finite = frame.loc[np.isfinite(frame["rel_diff"])]
+        result.max_abs_diff, result.mean_abs_diff = float(finite["abs_diff"].max()), float(finite["abs_diff"].mean())
+        result.max_rel_diff = float(frame["rel_diff"].max())
+        result.mean_rel_diff = float(finite["rel_diff"].mean())
+        failing = frame.loc[~frame["passed"], "step"]
+        result.first_step_past_tolerance = int(failing.iloc[0]) if len(failing) else None
+    return result
+
+
+def _hparam_text(value: Any) -> str:
+    try:
+        return json.dumps(json.loads(value), sort_keys=True)
+    except (TypeError, ValueError):
+        return "(absent)" if pd.isna(value) else str(value)
+
+
+def compare_hparams(ref: RunData, actual: RunData) -> pd.DataFrame:
+    """Every hyperparameter that differs, at the first step it differs: 'lr 0.1 vs 0.01 in group 0'."""
+    keys = ["step", "group", "name"]
+    merged = ref.hparams.astype({"group": "string"}).merge(
+        actual.hparams.astype({"group": "string"}), on=keys, how="outer", suffixes=("_ref", "_actual"))
+    merged["ref_value"] = merged["value_ref"].map(_hparam_text)
+    merged["actual_value"] = merged["value_actual"].map(_hparam_text)
+    differing = merged.loc[merged["ref_value"] != merged["actual_value"]].sort_values(["step", "group", "name"])
+    first = differing.drop_duplicates(["group", "name"]).reset_index(drop=True)
+    first_step = int(pd.concat([ref.hparams["step"], actual.hparams["step"]]).min()) if len(merged) else 0
+    where = np.where(first["group"].fillna("") == "", "", " in group " + first["group"].fillna("").astype(str))
+    since = np.where(first["step"] > first_step, " from step " + first["step"].astype(str), "")
+    first["message"] = first["name"].astype(str) + " " + first["ref_value"] + " vs " + first["actual_value"] + where + since
+    return first[["step", "group", "name", "ref_value", "actual_value", "message"]]
+
+
+def compare_grads(ref: RunData, actual: RunData, rtol: float) -> pd.DataFrame:
+    keys = ["step", "param"]
+    columns = [*keys, "dtype", "norm", "nan_count", "inf_count"]
+    merged = ref.grads[columns].merge(actual.grads[columns], on=keys, how="inner", suffixes=("_ref", "_actual"))
+    merged = merged.rename(columns=lambda c: f"{c.rsplit('_', 1)[1]}_{c.rsplit('_', 1)[0]}"
+                           if c.endswith(("_ref", "_actual")) else c)
+    ref_norm, actual_norm = merged["ref_norm"].to_numpy("float64"), merged["actual_norm"].to_numpy("float64")
+    scale = np.maximum(np.maximum(np.abs(ref_norm), np.abs(actual_norm)), tolerances.GRAD_NORM_ATOL)
+    merged["rel_diff"] = np.abs(actual_norm - ref_norm) / scale
+    nonfinite_agree = ((merged["ref_nan_count"] > 0) == (merged["actual_nan_count"] > 0)) & (
+        (merged["ref_inf_count"] > 0) == (merged["actual_inf_count"] > 0))
+    merged["passed"] = (merged["rel_diff"] <= rtol) & nonfinite_agree
+    return merged.sort_values(keys).reset_index(drop=True)
+
+
+def compare_outputs(ref: RunData, actual: RunData, policy: PrecisionPolicy, notes: list[str]) -> pd.DataFrame:
+    """Inference: the outermost module's outputs, by full tensors when saved, else by statistics."""
+    keys = ["step", "output"]
+    merged = ref.outputs.merge(actual.outputs, on=keys, how="inner", suffixes=("_ref", "_actual"))
+    merged = merged.rename(columns=lambda c: f"{c.rsplit('_', 1)[1]}_{c.rsplit('_', 1)[0]}"
+                           if c.endswith(("_ref", "_actual")) else c)
+    limits = tolerances.pair_tolerances(merged["ref_dtype"], merged["actual_dtype"], policy.op_widen)
+    merged["stats_error"] = metrics.stats_error(
+        {s: merged[f"ref_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES},
+        {s: merged[f"actual_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES})
+    values = {name: np.full(len(merged), np.nan) for name in metrics.OUTPUT_METRICS}
+    for row in range(len(merged)):  # one iteration per output tensor: a handful per step
+        ref_file, actual_file = merged["ref_tensor_file"].iloc[row], merged["actual_tensor_file"].iloc[row]
+        if pd.isna(ref_file) or pd.isna(actual_file) or not ref_file or not actual_file:
+            continue
+        try:
+            ref_tensor, actual_tensor = ref.load_array(ref_file), actual.load_array(actual_file)
+        except (OSError, ValueError, CompareError) as error:
+            notes.append(f"output {merged['output'].iloc[row]} at step {merged['step'].iloc[row]}: {error}")
+            continue
+        if ref_tensor.shape == actual_tensor.shape:
+            for name, metric in metrics.OUTPUT_METRICS.items():
+                values[name][row] = metric(ref_tensor, actual_tensor)
+    for name, column in values.items():
+        merged[name] = column
+    by_tensor = ~np.isnan(values["cosine"])
+    tensor_ok = (values["cosine"] >= limits["cosine_min"].to_numpy()) & ~(
+        values["top1_agreement"] < tolerances.OUTPUT_TOP1_MIN) & ~(values["top5_agreement"] < tolerances.OUTPUT_TOP5_MIN)
+    stats_ok = ~(merged["stats_error"].to_numpy() > limits["stats_rtol"].to_numpy())
+    merged["passed"] = np.where(by_tensor, tensor_ok, stats_ok)
+    return merged
+
+
+# --- overflow ------------------------------------------------------------------------------------------------------
+
+
+def _first_nonfinite(ops: pd.DataFrame) -> dict[str, Any] | None:
+    bad = ops.loc[(ops["nan_count"].fillna(0) > 0) | (ops["inf_count"].fillna(0) > 0)]
+    if bad.empty:
+        return None
+    first = bad.sort_values(["step", "seq"]).iloc[0]
+    return {key: _json_number(first[key]) for key in
+            ("step", "seq", "phase", "module", "op", "io", "dtype", "nan_count", "inf_count")}
+
+
+def _scale_trace(losses: pd.DataFrame) -> dict[str, Any]:
+    scale = pd.to_numeric(losses.groupby("step")["loss_scale"].last(), errors="coerce").dropna()
+    drops = int((scale.diff() < 0).sum())
+    return {
+        "scales": [float(v) for v in scale.to_numpy()],
+        "drops": drops,
+        "collapsed": bool(len(scale) and scale.min() <= tolerances.SCALE_COLLAPSE_FLOOR),
+        "frequent": bool(len(scale) > 1 and drops >= tolerances.FREQUENT_OVERFLOW_SHARE * (len(scale) - 1)),
+    }
+
+
+def compare_overflow(ref: RunData, actual: RunData) -> dict[str, Any]:
+    ref_first, actual_first = _first_nonfinite(ref.ops), _first_nonfinite(actual.ops)
+    same_op = bool(ref_first and actual_first and all(
+        ref_first[k] == actual_first[k] for k in ("step", "phase", "module", "op")))
+    return {"ref_first": ref_first, "actual_first": actual_first,
+            "one_sided": bool((ref_first is None) != (actual_first is None)) or (
+                bool(ref_first and actual_first) and not same_op),
+            "ref_scale": _scale_trace(ref.losses), "actual_scale": _scale_trace(actual.losses)}
+
+
+# --- findings and the verdict ----------------------------------------------------------------------------------------
+
+
+def _run_findings(ref: RunData, actual: RunData) -> list[Finding]:
+    findings = []
+    for side, run in (("ref", ref), ("actual", actual)):
+        status = run.manifest.status
+        if status not in (Status.OK.value, ""):
+            last_traceback_line = (run.manifest.traceback.strip().splitlines() or [status])[-1]
+            text = run.manifest.message or last_traceback_line
+            findings.append(Finding(FindingCode.RUN_FAILED, f"{side} run {status}: {text}",
+                                    {"side": side, "status": status}))
+    return findings
+
+
+def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
+    findings = []
+    for side in ("ref", "actual"):
+        first = overflow[f"{side}_first"]
+        if first and overflow["one_sided"]:
+            findings.append(Finding(FindingCode.OVERFLOW, (
+                f"{side} only: first inf/nan from {first['op']} ({first['module'] or 'top level'}, {first['phase']}, "
+                f"step {first['step']}, {first['dtype']}: {first['nan_count']} nan, {first['inf_count']} inf)"),
+                {"side": side, **first}))
+        trace = overflow[f"{side}_scale"]
+        if trace["collapsed"] or trace["frequent"]:
+            findings.append(Finding(FindingCode.SCALE_COLLAPSE, (
+                f"{side} loss scale fell {trace['drops']} times to {trace['scales'][-1]:g}"
+                + (" (collapsed)" if trace["collapsed"] else "")), {"side": side, **trace}))
+    return findings
+
+
+def _op_findings(first: dict[str, Any] | None, ref: RunData, actual: RunData) -> list[Finding]:
+    if first is None:
+        return []
+    same_script = bool(ref.manifest.script_sha256) and ref.manifest.script_sha256 == actual.manifest.script_sha256
+    same_device = ref.manifest.device == actual.manifest.device
+    code = FindingCode.NONDETERMINISM if same_script and same_device else FindingCode.OP_DIVERGES
+    message = (f"first divergent operator: {_op_label(first)}, stats error {first['stats_error']:.3g} > "
+               f"{first['tolerance']:.3g}; {first['inputs_evidence']}")
+    findings = [Finding(code, message, first)]
+    if first["step"] == 0 and first["first_of_step"]:
+        findings.append(Finding(FindingCode.DATA_ORDER, (
+            f"the first recorded op of step 0 already differs ({_op_label(first)}): the batch or the initial "
+            "weights differ"), first))
+    return findings
+
+
+def _loss_finding(loss: LossComparison) -> list[Finding]:
+    if loss.first_step_past_tolerance is None:
+        return []
+    row = loss.frame.loc[~loss.frame["passed"]].iloc[0]
+    return [Finding(FindingCode.LOSS_DIVERGES, (
+        f"loss differs by {row['rel_diff']:.2%} at step {int(row['step'])} ({row['ref_loss']:.6g} vs "
+        f"{row['actual_loss']:.6g}; tolerance {loss.rtol:.2%}); max {loss.max_rel_diff:.2%} over "
+        f"{loss.steps_compared} steps"), {"step": int(row["step"]), "rel_diff": float(row["rel_diff"])})]
+
+
+def _grad_finding(grads: pd.DataFrame, rtol: float) -> list[Finding]:
+    failing = grads.loc[~grads["passed"]]
+    if failing.empty:
+        return []
+    row = failing.iloc[0]
+    return [Finding(FindingCode.GRAD_DIVERGES, (
+        f"gradient norm of {row['param']} differs by {row['rel_diff']:.2%} at step {int(row['step'])} "
+        f"({row['ref_norm']:.6g} vs {row['actual_norm']:.6g}; tolerance {rtol:.2%}); "
+        f"{len(failing)} of {len(grads)} parameter-steps past tolerance"), {"param": row["param"]})]
+
+
+def _output_finding(outputs: pd.DataFrame) -> list[Finding]:
+    failing = outputs.loc[~outputs["passed"].astype(bool)]
+    if failing.empty:
+        return []
+    row = failing.iloc[0]
+    return [Finding(FindingCode.OUTPUT_DIVERGES, (
+        f"inference output {row['output']} differs at step {int(row['step'])}: cosine {row['cosine']:.6f}, "
+        f"max abs {row['max_abs_error']:.3g}, top-1 agreement {row['top1_agreement']:.2%}"), {})]
+
+
+def _match_finding(table: pd.DataFrame) -> list[Finding]:
+    if table.empty:
+        return []
+    share = float(table["status"].isin(MATCHED).mean())
+    if share >= LOW_MATCH_SHARE:
+        return []
+    return [Finding(FindingCode.LOW_MATCH, (
+        f"only {share:.0%} of operator records could be paired: the runs may come from different scripts or "
+        "models"), {"share": share})]
+
+
+def _verdict(findings: list[Finding], loss: LossComparison, table: pd.DataFrame, policy: PrecisionPolicy) -> Verdict:
+    failing = sorted((f for f in findings if f.code in FAILING), key=lambda f: FAILING.index(f.code))
+    if failing:
+        return Verdict(False, f"FAIL: {failing[0].message}")
+    if loss.steps_compared == 0 and table.empty:
+        return Verdict(False, "FAIL: nothing to compare (no common loss steps and no operator records)")
+    matched = int(table["status"].isin(MATCHED).sum()) if len(table) else 0
+    loss_text = (f"loss within {loss.rtol:.2%} at all {loss.steps_compared} steps (max {loss.max_rel_diff:.3%})"
+                 if loss.steps_compared else "no loss recorded")
+    return Verdict(True, f"PASS: {loss_text}; {matched} op records matched, all within tolerance "
+                         f"({policy.description.split(':')[0]})")
+
+
+def _step_notes(ref: RunData, actual: RunData) -> list[str]:
+    notes = []
+    ref_steps, actual_steps = set(ref.losses["step"].tolist()), set(actual.losses["step"].tolist())
+    if ref_steps != actual_steps and ref_steps and actual_steps:
+        notes.append(f"step counts differ: ref {len(ref_steps)}, actual {len(actual_steps)}; compared the "
+                     f"{len(ref_steps & actual_steps)} common steps")
+    if ref.manifest.seed != actual.manifest.seed:
+        notes.append(f"seeds differ: ref {ref.manifest.seed}, actual {actual.manifest.seed}")
+    return notes
+
+
+def compare_runs(ref: RunData, actual: RunData, options: CompareOptions = CompareOptions()) -> ComparisonResult:
+    notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual)]
+    policy = precision_policy(ref, actual, options)
+    table = op_metrics(align_ops(ref.ops, actual.ops), ref, actual, policy, notes)
+    first = first_divergent_op(table)
+    loss = compare_losses(ref, actual, policy.loss_rtol)
+    hparams = compare_hparams(ref, actual)
+    grads = compare_grads(ref, actual, policy.loss_rtol)
+    outputs = compare_outputs(ref, actual, policy, notes)
+    overflow = compare_overflow(ref, actual)
+    findings = [
+        *_run_findings(ref, actual),
+        *(Finding(FindingCode.HPARAM_MISMATCH, f"hyperparameter differs: {message}", {"name": name})
+          for message, name in zip(hparams["message"], hparams["name"])),
+        *_overflow_findings(overflow),
+        *_loss_finding(loss),
+        *_output_finding(outputs),
+        *_op_findings(first, ref, actual),
+        *_grad_finding(grads, policy.loss_rtol),
+        *_match_finding(table),
+    ]
+    if policy.mixed:
+        findings.append(Finding(FindingCode.AMP_ONE_SIDE, policy.description,
+                                {"ref_amp": policy.ref_amp, "actual_amp": policy.actual_amp}))
+    return ComparisonResult(
+        verdict=_verdict(findings, loss, table, policy), policy=policy, ref=ref, actual=actual, loss=loss,
+        ops=table, first_divergent=first, hparams=hparams, grads=grads, outputs=outputs, overflow=overflow,
+        findings=findings, notes=notes)

@@ -1,0 +1,94 @@
+"""Every threshold `verify compare` judges with, as data, each with the reason for its value.
+
+The reference point is msprobe (dump-and-compare.md §3): statistics warn at a relative error of 0.5, tensors fail at
+cosine < 0.99 with max abs error > 0.001, or max abs error > 1. Those are single numbers for every dtype; ours depend
+on the dtype, because a bf16 op is legitimately 50x noisier than an fp32 one and one threshold cannot fit both.
+
+An op whose two sides have different dtypes (fp32 reference against an fp16 port) is judged by the looser dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class OpTolerance:
+    stats_rtol: float  # largest accepted metrics.stats_error (max over min/max/mean/l2_norm, scaled by the tensor)
+    cosine_min: float  # tensor mode: smallest accepted cosine similarity
+    max_abs_error: float  # tensor mode: a larger max abs error fails unless nearly all elements are close...
+    within_5e3_min: float  # ...i.e. unless at least this share of elements is within 0.5% (msprobe's Five Thousandths)
+    looseness: int  # orders dtypes: a mixed pair is judged by the looser side
+
+
+OP_TOLERANCES: dict[str, OpTolerance] = {
+    # float64 only appears in reference code or losses; both sides should agree to rounding.
+    "float64": OpTolerance(stats_rtol=1e-6, cosine_min=0.999999, max_abs_error=1e-6, within_5e3_min=0.999, looseness=0),
+    # fp32: a GPU reference may run matmuls and convolutions in TF32 (10-bit mantissa, ~5e-4 per rounding) and the NPU
+    # accumulates in a different order, so 1e-3 leaves room for both; cosine 0.9999 is 100x stricter than msprobe's
+    # 0.99, which would let a visibly wrong fp32 op through; msprobe's max abs error 0.001 is kept.
+    "float32": OpTolerance(stats_rtol=1e-3, cosine_min=0.9999, max_abs_error=1e-3, within_5e3_min=0.99, looseness=1),
+    # fp16: machine epsilon 9.8e-4; a reduction over thousands of elements loses about ten of those.
+    "float16": OpTolerance(stats_rtol=1e-2, cosine_min=0.999, max_abs_error=1e-2, within_5e3_min=0.9, looseness=2),
+    # bf16: machine epsilon 7.8e-3, so one rounding alone can move an element by 0.4%: five of those in a reduction;
+    # cosine 0.99 is msprobe's own threshold, which was tuned on bf16 LLM training.
+    "bfloat16": OpTolerance(stats_rtol=4e-2, cosine_min=0.99, max_abs_error=5e-2, within_5e3_min=0.5, looseness=3),
+}
+# Integers and booleans (indices, masks, argmax) must be identical: any difference is a real divergence.
+EXACT = OpTolerance(stats_rtol=0.0, cosine_min=1.0, max_abs_error=0.0, within_5e3_min=1.0, looseness=-1)
+# A dtype we do not know (float8, complex, a dtype string from a newer writer) is judged like fp32 rather than skipped.
+UNKNOWN_DTYPE = OP_TOLERANCES["float32"]
+EXACT_DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64")
+
+# fp32 reference against an AMP port: every op tolerance is widened by this factor, because the half-precision errors
+# of each op add up through the layers and the first divergent op would otherwise be wherever the noise crosses the
+# line. The report says that this policy was used.
+AMP_VS_FP32_OP_FACTOR = 5.0
+
+# Loss: relative difference per step (README: "Default loss tolerance: 1% relative per step").
+LOSS_RTOL = 0.01
+# An fp32 reference against an fp16/bf16 port: the AMP noise alone moves early losses by a few tenths of a percent and
+# grows as the weights drift; 5% keeps "AMP noise" apart from "the port is wrong" for the short runs verify makes.
+AMP_VS_FP32_LOSS_RTOL = 0.05
+# Gradient norms per parameter: they follow the loss, so they get the loss's tolerance, widened for tiny gradients.
+GRAD_NORM_ATOL = 1e-8  # a norm below this is zero for every practical purpose (fp16 underflows at 6e-8)
+
+# Loss scaling (checklist workflow step 1): "loss scale collapsing, e.g. straight to 1".
+SCALE_COLLAPSE_FLOOR = 1.0  # a GradScaler scale at or below this no longer protects fp16 gradients from underflow
+FREQUENT_OVERFLOW_SHARE = 0.5  # the scale fell (an overflow skipped the step) in at least this share of the steps
+
+# Inference outputs: the criteria Ascend adaptation reports use.
+OUTPUT_TOP1_MIN = 0.99  # at most 1% of samples change their top-1 class
+OUTPUT_TOP5_MIN = 0.99  # top-5 sets overlap by 99% on average
+
+
+def op_tolerance(dtype: str) -> OpTolerance:
+    if dtype in EXACT_DTYPES:
+        return EXACT
+    return OP_TOLERANCES.get(dtype, UNKNOWN_DTYPE)
+
+
+def tolerance_frame() -> pd.DataFrame:
+    """One row per known dtype, one column per field: for vectorised lookups."""
+    table = {dtype: op_tolerance(dtype) for dtype in (*OP_TOLERANCES, *EXACT_DTYPES)}
+    return pd.DataFrame({f.name: [getattr(t, f.name) for t in table.values()] for f in fields(OpTolerance)},
+                        index=pd.Index(list(table), name="dtype"))
+
+
+def pair_tolerances(ref_dtype: pd.Series, actual_dtype: pd.Series, widen: float = 1.0) -> pd.DataFrame:
+    """Per aligned row, the tolerance of the looser of the two dtypes, widened by `widen` (AMP-vs-fp32 policy)."""
+    table = tolerance_frame()
+    unknown = pd.DataFrame([{f.name: getattr(UNKNOWN_DTYPE, f.name) for f in fields(OpTolerance)}])
+    ref_rows = table.reindex(ref_dtype.astype("object").to_numpy())
+    actual_rows = table.reindex(actual_dtype.astype("object").to_numpy())
+    ref_rows = ref_rows.fillna(unknown.iloc[0]).reset_index(drop=True)
+    actual_rows = actual_rows.fillna(unknown.iloc[0]).reset_index(drop=True)
+    looser = np.where((actual_rows["looseness"] > ref_rows["looseness"]).to_numpy()[:, None], actual_rows, ref_rows)
+    chosen = pd.DataFrame(looser, columns=table.columns, index=ref_dtype.index).astype("float64")
+    chosen["stats_rtol"] *= widen
+    chosen["max_abs_error"] *= widen
+    chosen["cosine_min"] = 1.0 - (1.0 - chosen["cosine_min"]) * widen
+    return chosen
