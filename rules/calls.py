@@ -78,3 +78,11 @@ def dotted_name(node: cst.BaseExpression) -> str:
 def attribute_chain(dotted: str) -> cst.BaseExpression:
     """The expression for `a.b.c`."""
     return cst.parse_expression(dotted)
+
+
+def under(names: Iterable[str], *prefixes: str) -> str | None:
+    """The first of the qualified `names` that is one of the dotted `prefixes` or lies below one, else None."""
+    for name in sorted(names):
+        if any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes):
+            return name
+    return None
