@@ -19,7 +19,8 @@ _NAME_HINTS = re.compile(
     r"^(lr|learning_rate|base_lr|max_lr|min_lr|batch_size|micro_batch_size|eval_batch_size|epochs|num_epochs|"
     r"max_iters|max_steps|train_steps|warmup\w*|lr_decay\w*|decay_lr|momentum|weight_decay|wd|beta\d?|betas|eps|"
     r"adam_\w+|grad_clip|clip\w*|max_grad_norm|gradient_accumulation_steps|grad_accum\w*|accum\w*|seed|dropout|"
-    r"step_size|gamma|label_smoothing|optimizer|optim|scheduler|lr_scheduler|block_size|n_layer|n_head|n_embd)$",
+    r"step_size|gamma|label_smoothing|optimizer|optim|scheduler|lr_scheduler|block_size|n_layer|n_head|n_embd|"
+    r"arch|model|image_size|img_size|seq_len|max_len|num_classes)$",
     re.IGNORECASE,
 )
 _OPTIMIZERS = {
@@ -123,7 +124,8 @@ def _argparse_default(call: cst.Call, line: int) -> Iterator[Hyperparameter]:
     if default is None or not flags or not _is_literal(default):
         return
     long = max(flags, key=len).lstrip("-").replace("-", "_")
-    yield Hyperparameter("argparse", long, _code(default), line)
+    if _NAME_HINTS.match(long):
+        yield Hyperparameter("argparse", long, _code(default), line)
 
 
 def _literal_arguments(

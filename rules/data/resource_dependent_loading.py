@@ -18,21 +18,24 @@ _RESOURCE_CALLS = {
     "psutil.cpu_count",
 }
 _LOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
-_WATCHED = ("num_workers", "shuffle", "batch_size", "prefetch_factor")
+# batch_size is left out on purpose: dividing a global batch by the device count is how DDP keeps the global batch
+# the same on any machine.
+_WATCHED = ("num_workers", "shuffle", "prefetch_factor")
 
 
 class ResourceDependentLoading(PortRule):
-    """Report DataLoader settings derived from the machine (CPU or device count).
+    """Report DataLoader worker counts or shuffling derived from the machine (CPU or device count).
 
     ## What it does
-    Reports a `DataLoader` whose `num_workers`, `shuffle`, `batch_size` or `prefetch_factor` is computed from
+    Reports a `DataLoader` whose `num_workers`, `shuffle` or `prefetch_factor` is computed from
     `os.cpu_count()`, `multiprocessing.cpu_count()`, `len(os.sched_getaffinity(0))` or a device count — directly or
     through a variable assigned from such an expression in the same file.
 
     ## Why
     The GPU and NPU machines have different CPU and device counts. Worker count changes which worker, and so which
-    random-augmentation stream, handles each sample; batch size changes the optimisation itself. The two trainings
-    then differ for reasons that have nothing to do with the port (checklist C6).
+    random-augmentation stream, handles each sample. The two trainings then differ for reasons that have nothing to
+    do with the port (checklist C6). A per-device batch size (global batch / device count) is not reported: it keeps
+    the global batch equal across machines.
 
     ## Safety
     Report-only: the right fixed value is the user's choice. Fix it to the same literal on both sides.
@@ -60,7 +63,7 @@ class ResourceDependentLoading(PortRule):
         Flag(
             """
             import torch
-            loader = torch.utils.data.DataLoader(ds, batch_size=32 * torch.cuda.device_count())
+            loader = torch.utils.data.DataLoader(ds, shuffle=torch.cuda.device_count() < 2)
             """,
             lines=[2],
         ),
@@ -70,6 +73,7 @@ class ResourceDependentLoading(PortRule):
             from torch.utils.data import DataLoader
             print(os.cpu_count())
             loader = DataLoader(ds, batch_size=64, num_workers=4)
+            per_device = DataLoader(ds, batch_size=256 // torch.cuda.device_count())
             """
         ),
     )
