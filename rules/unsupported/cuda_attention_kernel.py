@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
@@ -72,4 +73,4 @@ def _asks_for_flash_attention(arg: cst.Arg) -> bool:
         return False
     if arg.keyword.value == "attn_implementation":
         return string_value(arg.value) == "flash_attention_2"
-    return arg.keyword.value == "use_flash_attention_2" and isinstance(arg.value, cst.Name) and arg.value.value == "True"
+    return arg.keyword.value == "use_flash_attention_2" and m.matches(arg.value, m.Name("True"))
