@@ -1,23 +1,19 @@
 from __future__ import annotations
 
-import libcst as cst
-from libcst.helpers import get_full_name_for_node
+from typing import Mapping
 
 from migrate.types import Mode
-from rules.base import Case, Flag, PortRule, Unchanged
+from rules.base import Case, Unchanged
+from rules.device._api_rename import ApiRename
 from rules.device._cuda_api import MEMORY, SHARED
-from rules.device._rewrite import renamed_reference
 
 
-def _npu_counterpart(qualified: str) -> str | None:
-    """`torch.npu...` for a `torch.cuda...` name torch_npu provides, else None."""
-    head, _, name = qualified.rpartition(".")
-    if (head == "torch.cuda" and name in SHARED) or (head == "torch.cuda.memory" and name in MEMORY):
-        return "torch.npu" + qualified[len("torch.cuda") :]
-    return None
+_RENAMES = {f"torch.cuda.{name}": f"torch.npu.{name}" for name in SHARED} | {
+    f"torch.cuda.memory.{name}": f"torch.npu.memory.{name}" for name in MEMORY
+}
 
 
-class TorchCudaApi(PortRule):
+class TorchCudaApi(ApiRename):
     """Call `torch.npu.X` where the script calls `torch.cuda.X` and torch_npu provides X.
 
     ## What it does
@@ -25,7 +21,8 @@ class TorchCudaApi(PortRule):
     (`is_available`, `device_count`, `set_device`, `synchronize`, `empty_cache`, `memory_*`, `Stream`, `Event`,
     `manual_seed_all`, rng state, typed tensors ...), the memory-history tools of `torch.cuda.memory`, and
     `torch.cuda.default_generators`. The source's spelling of the package is kept (`th.cuda.X` -> `th.npu.X`);
-    `from torch.cuda import a, b` becomes `from torch.npu import a, b` when torch.npu has every name in it.
+    `from torch.cuda import a, b` becomes `from torch.npu import a, b` when torch.npu has every name in it;
+    otherwise each use of a name torch.npu has is written out (`torch.npu.a`).
 
     ## Why
     Without `transfer_to_npu`, `torch.cuda` is the CUDA runtime, which an NPU host does not have. torch_npu
@@ -33,8 +30,7 @@ class TorchCudaApi(PortRule):
 
     ## Safety
     Safe: the names are the same functions on the other device. `torch.cuda.amp` is left to the AMP rules, graphs to
-    DEV015, `get_device_capability` to DEV008, names without an NPU counterpart to DEV002. An import mixing both
-    kinds of names is reported for a person to split.
+    DEV014, `get_device_capability` to DEV008, names without an NPU counterpart to DEV002.
 
     ## References
     rules-catalogue DEV-01, DEV-18, DEV-21; torch_npu/npu/__init__.py `__all__`.
@@ -44,6 +40,7 @@ class TorchCudaApi(PortRule):
     CHECKLIST = ("C3",)
     MODES = frozenset({Mode.EXPLICIT})
     TRIGGERS = ("cuda",)
+    MODULES = {"torch.cuda": "torch.npu", "torch.cuda.memory": "torch.npu.memory"}
     EXAMPLES = (
         Case(
             """
@@ -112,11 +109,18 @@ class TorchCudaApi(PortRule):
             lines=[2],
             mode=Mode.EXPLICIT,
         ),
-        Flag(
+        Case(
             """
             from torch.cuda import synchronize, nvtx
+            synchronize()
             """,
-            lines=[1],
+            """
+            from torch.cuda import synchronize, nvtx
+            import torch
+
+            torch.npu.synchronize()
+            """,
+            lines=[2],
             mode=Mode.EXPLICIT,
         ),
         Unchanged(
@@ -146,40 +150,6 @@ class TorchCudaApi(PortRule):
         ),
     )
 
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        return False  # the module path of an import is handled as a whole in leave_ImportFrom
-
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
-        for qualified in sorted(self.qualified_names(original_node)):
-            target = _npu_counterpart(qualified)
-            if target:
-                new, imports = renamed_reference(original_node, qualified, target)
-                return self.replace(
-                    original_node, updated_node, new, f"`{qualified}` -> `{target}`", imports=imports
-                )
-        return updated_node
-
-    def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
-        module = get_full_name_for_node(original_node.module) if original_node.module else None
-        if module not in ("torch.cuda", "torch.cuda.memory") or original_node.relative:
-            return updated_node
-        if isinstance(original_node.names, cst.ImportStar):
-            return updated_node
-        names = [get_full_name_for_node(alias.name) or "" for alias in original_node.names]
-        portable = [name for name in names if _npu_counterpart(f"{module}.{name}")]
-        if not portable:
-            return updated_node
-        if len(portable) < len(names):
-            self.report(
-                original_node,
-                f"`{', '.join(portable)}` exist in `{module.replace('cuda', 'npu')}`, the other names do not",
-                f"import {', '.join(portable)} from `{module.replace('cuda', 'npu')}` in a separate statement",
-            )
-            return updated_node
-        target = module.replace("torch.cuda", "torch.npu")
-        return self.replace(
-            original_node,
-            updated_node,
-            updated_node.with_changes(module=cst.parse_expression(target)),
-            f"`from {module} import ...` -> `from {target} import ...`",
-        )
+    @classmethod
+    def renames(cls) -> Mapping[str, str]:
+        return _RENAMES
