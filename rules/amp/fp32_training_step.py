@@ -6,7 +6,7 @@ import libcst.matchers as m
 from migrate.types import AmpPolicy, Settings
 from rules.amp.loss_scaling import (
     Edit,
-    apply_edits,
+    StatementEdits,
     autocast,
     checkpoint_with_scaler,
     free_name,
@@ -14,14 +14,14 @@ from rules.amp.loss_scaling import (
     scaled,
     scaler_step,
     statement,
+    unscale_edits,
+    update_edits,
 )
 from rules.amp.step_analysis import Body, Step, analyse, code, plan_autocast, scopes
 from rules.base import Case, PortRule, Unchanged
 
-_TORCH = [("torch", None)]
 
-
-class Fp32TrainingStep(PortRule):
+class Fp32TrainingStep(StatementEdits, PortRule):
     """Train an fp32 training step under autocast, with a GradScaler around backward and the optimizer step.
 
     ## What it does
@@ -195,12 +195,14 @@ class Fp32TrainingStep(PortRule):
         self._scaler = ""
         self._dtype = "float16" if self.settings.amp is AmpPolicy.FP16 else "bfloat16"
         self._calls: dict[cst.Call, tuple[str, str]] = {}  # original call -> (message, kind)
-        self._edits: dict[Body, list[Edit]] = {}
         self._checkpoints: set[cst.Dict] = set()
 
     @classmethod
     def wants(cls, source: str, settings: Settings) -> bool:
         return settings.amp is not AmpPolicy.OFF and super().wants(source, settings) and not manages_precision(source)
+
+    def _autocast(self, statements):
+        return autocast(statements, self._dtype)
 
     @property
     def _scales(self) -> bool:
@@ -209,14 +211,16 @@ class Fp32TrainingStep(PortRule):
     # ----- planning, on the original tree -------------------------------------------------------------------
 
     def visit_Module(self, node: cst.Module) -> None:
-        steps = [step for step in (self._accepted(analyse(scope, self.qualified_names)) for scope in scopes(node)) if step]
+        analysed = (self._accepted(analyse(scope, self.qualified_names)) for scope in scopes(node))
+        steps = [step for step in analysed if step is not None]
         if not steps:
             return
+        message = f"forward and loss run under {self._dtype} autocast"
         for step in steps:
             for block, spans in step.regions.items():
                 for first, last in spans:
-                    self._edit(block, Edit(first, "forward and loss run under autocast", wrap_until=last,
-                                           wrapper=lambda body: autocast(body, self._dtype)))
+                    wrap = Edit(first, message, wrap_until=last, wrapper=self._autocast, needs_torch=True)
+                    self.edit(block, wrap)
         if self._scales:
             self._scaler = free_name(node, "scaler", "grad_scaler", "amp_scaler")
             self._plan_scaler(node, steps)
@@ -248,42 +252,19 @@ class Fp32TrainingStep(PortRule):
                 self._calls[site.call] = (f"backward of the scaled loss: {scaler}.scale(...).backward()", "scale")
             for site in step.steps:
                 self._calls[site.call] = (f"optimizer step through the scaler: {scaler}.step(...)", "step")
-            self._plan_updates(step)
-            self._plan_unscale(step)
+            for block, edit in unscale_edits(step, scaler) + update_edits(step, scaler):
+                self.edit(block, edit)
         home = _scaler_home(steps)
         create = statement(f'{scaler} = torch.amp.GradScaler("npu")')
         message = f'created one loss scaler, {scaler} = torch.amp.GradScaler("npu")'
         if home is not None:
             block, index = home
-            self._edit(block, Edit(index, message, insert_after=(create,)))
+            self.edit(block, Edit(index, message, insert_after=(create,), needs_torch=True))
             reach: cst.CSTNode = steps[0].scope
         else:
-            self._edit(module, _after_imports(module, create, message + " at module level"))
+            self.edit(module, _after_imports(module, create, message + " at module level"))
             reach = module
         self._checkpoints = {entries for entries in m.findall(reach, m.Dict())}  # type: ignore[misc]
-
-    def _plan_updates(self, step: Step) -> None:
-        last_in_block: dict[Body, int] = {}
-        for site in step.steps:
-            place = step.places[site.line]
-            last_in_block[place.block] = max(last_in_block.get(place.block, -1), place.index)
-        update = statement(f"{self._scaler}.update()")
-        for block, index in last_in_block.items():
-            self._edit(block, Edit(index, f"{self._scaler}.update() after the optimizer step", insert_after=(update,)))
-
-    def _plan_unscale(self, step: Step) -> None:
-        unscaled: set[tuple[Body, str]] = set()
-        for line in step.clips:
-            optimizer = step.optimizer_before(line)
-            place = step.places[line]
-            if optimizer is None or (place.block, code(optimizer)) in unscaled:
-                continue
-            unscaled.add((place.block, code(optimizer)))
-            unscale = statement(f"{self._scaler}.unscale_({code(optimizer)})")
-            self._edit(place.block, Edit(place.index, "gradients unscaled before clipping", insert_before=(unscale,)))
-
-    def _edit(self, block: Body, edit: Edit) -> None:
-        self._edits.setdefault(block, []).append(edit)
 
     # ----- rewriting, on the way back up ---------------------------------------------------------------------
 
@@ -302,22 +283,6 @@ class Fp32TrainingStep(PortRule):
         if new is None:
             return updated_node
         return self.replace(original_node, updated_node, new, "the scaler's state saved next to the optimizer's")
-
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        return self._apply(original_node, updated_node)
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        return self._apply(original_node, updated_node)
-
-    def _apply(self, original: Body, updated: Body) -> Body:
-        edits = self._edits.get(original)
-        if not edits:
-            return updated
-
-        def record(current: Body, new: Body, message: str, at: cst.CSTNode) -> Body:
-            return self.replace(original, current, new, message, imports=_TORCH, at=at)  # type: ignore[return-value]
-
-        return apply_edits(original, updated, edits, record)
 
 
 def _scaler_home(steps: list[Step]) -> tuple[Body, int] | None:
@@ -384,5 +349,5 @@ def _after_imports(module: cst.Module, create: cst.BaseStatement, message: str) 
         elif not m.matches(line, m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
             break
     if last is None:
-        return Edit(0, message, insert_before=(create,))
-    return Edit(last, message, insert_after=(create,))
+        return Edit(0, message, insert_before=(create,), needs_torch=True)
+    return Edit(last, message, insert_after=(create,), needs_torch=True)

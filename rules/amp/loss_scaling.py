@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from rules.amp.step_analysis import Body, code
+from rules.amp.step_analysis import Body, Step, code
 from rules.calls import same_quotes, string_value
 
 # A file mentioning one of these already manages its precision: mixed precision is not inserted a second time.
@@ -69,9 +69,10 @@ def checkpoint_with_scaler(entries: cst.Dict, scaler: str) -> cst.Dict | None:
     assert isinstance(anchor, cst.DictElement)
     key = anchor.key
     text = string_value(key) or "optimizer"
-    name = re.sub(r"^optimizer(?=_|$)", "scaler", text) if text.startswith("optimizer") else "scaler"
+    suffix = re.match(r"^optimizer(_\w*)?$", text)
+    name = "scaler" + (suffix.group(1) or "" if suffix else "")
     new_key = same_quotes(key, name) if isinstance(key, cst.SimpleString) else cst.SimpleString(f'"{name}"')
-    separator = _separator(elements)
+    separator = _separator(entries)
     entry = cst.DictElement(
         key=new_key,
         value=cst.parse_expression(f"{scaler}.state_dict()"),
@@ -93,12 +94,14 @@ def _is_optimizer_state(element: cst.BaseDictElement) -> bool:
     ).lower()
 
 
-def _separator(elements: Sequence[cst.BaseDictElement]) -> cst.Comma:
+def _separator(entries: cst.Dict) -> cst.Comma:
     """The comma between two entries as this dictionary writes it (one per line, or `, `)."""
-    for element in elements[:-1]:
+    for element in entries.elements[:-1]:
         if isinstance(element.comma, cst.Comma):
             return element.comma
-    return cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    opening = entries.lbrace.whitespace_after
+    multiline = isinstance(opening, cst.ParenthesizedWhitespace)
+    return cst.Comma(whitespace_after=opening if multiline else cst.SimpleWhitespace(" "))
 
 
 @dataclass(frozen=True)
@@ -115,15 +118,16 @@ class Edit:
     insert_after: tuple[cst.BaseStatement, ...] = ()
     wrap_until: int | None = None
     wrapper: Callable[[Sequence[cst.BaseStatement]], cst.BaseStatement] | None = None
+    needs_torch: bool = False  # the new code names `torch`
 
 
-Apply = Callable[[Body, Body, str, cst.CSTNode], Body]
+Apply = Callable[[Body, Body, Edit], Body]
 
 
 def apply_edits(original: Body, updated: Body, edits: Sequence[Edit], record: Apply) -> Body:
     """Apply `edits` to `updated` (whose statements match `original` one to one), last index first.
 
-    `record(updated, new, message, at)` keeps or refuses each change, as `PortRule.replace` does.
+    `record(updated, new, edit)` keeps or refuses each change, as `PortRule.replace` does.
     """
     if len(original.body) != len(updated.body):
         return updated  # another rule added or removed statements here: indexes no longer line up
@@ -133,5 +137,83 @@ def apply_edits(original: Body, updated: Body, edits: Sequence[Edit], record: Ap
             body[edit.index : edit.wrap_until + 1] = [edit.wrapper(body[edit.index : edit.wrap_until + 1])]
         body[edit.index + 1 : edit.index + 1] = edit.insert_after
         body[edit.index : edit.index] = edit.insert_before
-        updated = record(updated, updated.with_changes(body=body), edit.message, original.body[edit.index])
+        updated = record(updated, updated.with_changes(body=body), edit)
     return updated
+
+
+def update_edits(step: Step, scaler: str) -> list[tuple[Body, Edit]]:
+    """`scaler.update()` after the last optimizer step of each block: once per iteration, only where a step ran."""
+    last_in_block: dict[Body, int] = {}
+    for site in step.steps:
+        place = step.places[site.line]
+        last_in_block[place.block] = max(last_in_block.get(place.block, -1), place.index)
+    update = statement(f"{scaler}.update()")
+    message = f"{scaler}.update() after the optimizer step"
+    return [(block, Edit(index, message, insert_after=(update,))) for block, index in last_in_block.items()]
+
+
+def unscale_edits(step: Step, scaler: str) -> list[tuple[Body, Edit]]:
+    """`scaler.unscale_(optimizer)` before the first gradient clipping of each optimizer in a block."""
+    edits: dict[tuple[Body, str], Edit] = {}
+    for line in step.clips:
+        optimizer = step.optimizer_before(line)
+        place = step.places[line]
+        if optimizer is not None and (place.block, code(optimizer)) not in edits:
+            unscale = statement(f"{scaler}.unscale_({code(optimizer)})")
+            edit = Edit(place.index, "gradients unscaled before clipping", insert_before=(unscale,))
+            edits[(place.block, code(optimizer))] = edit
+    return [(block, edit) for (block, _), edit in edits.items()]
+
+
+class StatementEdits:
+    """Mixin for rules that plan `Edit`s on the original tree and apply them when leaving each statement list."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._edits: dict[Body, list[Edit]] = {}
+
+    def edit(self, block: Body, edit: Edit) -> None:
+        self._edits.setdefault(block, []).append(edit)
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return self._apply(original_node, updated_node)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return self._apply(original_node, updated_node)
+
+    def _apply(self, original: Body, updated: Body) -> Body:
+        edits = self._edits.get(original)
+        if not edits:
+            return updated
+
+        def record(current: Body, new: Body, edit: Edit) -> Body:
+            imports = [("torch", None)] if edit.needs_torch else []
+            at = original.body[edit.index]
+            return self.replace(original, current, new, edit.message, imports=imports, at=at)  # type: ignore
+
+        return apply_edits(original, updated, edits, record)
+
+
+GRAD_SCALERS = frozenset(
+    {
+        "torch.amp.GradScaler",
+        "torch.amp.grad_scaler.GradScaler",
+        "torch.cuda.amp.GradScaler",
+        "torch.cuda.amp.grad_scaler.GradScaler",
+        "torch.npu.amp.GradScaler",
+        "torch_npu.npu.amp.GradScaler",
+        "torch.cpu.amp.GradScaler",
+        "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
+    }
+)
+
+
+def existing_scaler(module: cst.Module, resolve: Callable[[cst.CSTNode], set]) -> str | None:
+    """The name (`scaler`, `self.scaler`) of the file's one GradScaler; None when there is none or several."""
+    names = {
+        code(target.target)
+        for assign in m.findall(module, m.Assign(value=m.Call()))
+        if not resolve(assign.value.func).isdisjoint(GRAD_SCALERS)  # type: ignore[attr-defined]
+        for target in assign.targets  # type: ignore[attr-defined]
+    }
+    return names.pop() if len(names) == 1 else None

@@ -26,8 +26,12 @@ CLIP_FUNCTIONS = frozenset(
     for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")
 )
 _CUSTOM_BACKWARD = frozenset({"torch.autograd.backward", "torch.autograd.grad"})
-# Method calls that only move or re-type data: a statement made of these alone is input preparation, not forward.
-_DATA_MOVES = frozenset({"to", "cuda", "npu", "cpu", "float", "long", "int", "half", "contiguous"})
+# Calls that only make, move or re-type data: a statement made of these alone prepares inputs, it is no forward.
+_DATA_MOVES = frozenset({"to", "cuda", "npu", "cpu", "float", "long", "int", "half", "contiguous", "fill_", "zero_"})
+_FACTORIES = frozenset(
+    {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "eye", "arange", "linspace", "rand",
+     "randn", "randint", "randperm", "normal", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"}
+)
 # Method calls that fill a container in place: `losses.append(l)` writes `losses` as far as the slice is concerned.
 _FILLS = frozenset({"append", "extend", "insert", "update", "add", "setdefault"})
 
@@ -306,8 +310,15 @@ def _method(call: cst.Call) -> str:
 
 
 def _computes(statement: cst.BaseStatement) -> bool:
-    """Whether `statement` calls something other than a data move (`x.to(device)`, `y.float()`)."""
-    return any(_method(call) not in _DATA_MOVES for call in m.findall(statement, m.Call()))  # type: ignore[arg-type]
+    """Whether `statement` calls something other than a data move (`x.to(device)`) or a tensor factory."""
+    return any(not _makes_data(call) for call in m.findall(statement, m.Call()))  # type: ignore[arg-type]
+
+
+def _makes_data(call: cst.Call) -> bool:
+    callee = dotted_name(call.func)
+    if callee.startswith("torch.") and callee.rsplit(".", 1)[-1] in _FACTORIES:
+        return True
+    return _method(call) in _DATA_MOVES
 
 
 def _writes(statement: cst.BaseStatement) -> set[str]:

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from rules.amp.loss_scaling import checkpoint_with_scaler, existing_scaler
+from rules.amp.step_analysis import code
+from rules.base import Case, PortRule, Unchanged
+
+
+class ScalerStateNotCheckpointed(PortRule):
+    """Save the GradScaler's state next to the optimizer's in checkpoint dictionaries.
+
+    ## What it does
+    In a file with one GradScaler (`scaler = ...GradScaler(...)`), a dictionary literal holding
+    `optimizer.state_dict()` and nothing of the scaler gets `"scaler": scaler.state_dict()` right after the
+    optimizer's entry (`"scaler_state_dict"` when the optimizer's key is `"optimizer_state_dict"`). Only
+    dictionaries the scaler's name reaches are changed: anywhere for a module-level scaler, else in the function
+    (or class, for `self.scaler`) that creates it.
+
+    ## Why
+    A run resumed without the scaler's state restarts at the initial scale of 65536: the first steps overflow and
+    are skipped, so a resumed run and an uninterrupted one (or the GPU and NPU sides) no longer take the same steps
+    (checklist C4).
+
+    ## Safety
+    Safe: it adds one key to what is saved; loading code that reads named keys is unaffected. Loading the scaler
+    back (`scaler.load_state_dict(ckpt["scaler"])`) is left to the author, since older checkpoints lack the key.
+
+    ## References
+    PyTorch AMP examples "Saving/Resuming"; torch/amp/grad_scaler.py `state_dict`.
+    """
+
+    CODE = "AMP104"
+    CHECKLIST = ("C4",)
+    TRIGGERS = ("GradScaler",)
+    EXAMPLES = (
+        Case(
+            """
+            import torch
+            scaler = torch.amp.GradScaler("npu")
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+            """,
+            """
+            import torch
+            scaler = torch.amp.GradScaler("npu")
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}, path)
+            """,
+            lines=[3],
+        ),
+        Case(
+            """
+            from torch.cuda.amp import GradScaler
+
+            class Trainer:
+                def __init__(self):
+                    self.scaler = GradScaler()
+
+                def save(self):
+                    return {
+                        "optimizer_state_dict": self.optimizer.state_dict(),
+                    }
+            """,
+            """
+            from torch.cuda.amp import GradScaler
+
+            class Trainer:
+                def __init__(self):
+                    self.scaler = GradScaler()
+
+                def save(self):
+                    return {
+                        "optimizer_state_dict": self.optimizer.state_dict(),
+                        "scaler_state_dict": self.scaler.state_dict(),
+                    }
+            """,
+            lines=[8],
+        ),
+        Unchanged(
+            """
+            import torch
+            def train():
+                scaler = torch.amp.GradScaler("npu")
+            def save():
+                torch.save({"optimizer": optimizer.state_dict()}, path)
+            """
+        ),
+        Unchanged(
+            """
+            import torch
+            scaler = torch.amp.GradScaler("npu")
+            state = {"optimizer": optimizer.state_dict(), "amp": scaler.state_dict()}
+            """
+        ),
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._scaler = ""
+        self._reached: set[cst.Dict] = set()
+
+    def visit_Module(self, node: cst.Module) -> None:
+        scaler = existing_scaler(node, self.qualified_names)
+        if scaler is None:
+            return
+        self._scaler = scaler
+        self._reached = set(m.findall(_home(node, scaler), m.Dict()))  # type: ignore[arg-type]
+
+    def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.BaseExpression:
+        if original_node not in self._reached:
+            return updated_node
+        new = checkpoint_with_scaler(updated_node, self._scaler)
+        if new is None:
+            return updated_node
+        return self.replace(original_node, updated_node, new, "the scaler's state saved next to the optimizer's")
+
+
+def _home(module: cst.Module, scaler: str) -> cst.CSTNode:
+    """The part of `module` where `scaler` names the scaler: the module, the creating function, or its class."""
+    if any(_assigns(line, scaler) for line in module.body if not isinstance(line, (cst.FunctionDef, cst.ClassDef))):
+        return module
+    holders = m.findall(module, m.ClassDef() if scaler.startswith("self.") else m.FunctionDef())
+    return next((holder for holder in holders if _assigns(holder, scaler)), cst.Module([]))
+
+
+def _assigns(node: cst.CSTNode, name: str) -> bool:
+    return any(code(target.target) == name for target in m.findall(node, m.AssignTarget()))  # type: ignore
