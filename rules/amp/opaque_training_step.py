@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from migrate.types import AmpPolicy, Safety, Settings, Severity
+from rules.amp.loss_scaling import manages_precision
+from rules.amp.step_analysis import Problem, analyse, plan_autocast, scopes
+from rules.base import Flag, PortRule, Unchanged
+
+
+class OpaqueTrainingStep(PortRule):
+    """Report fp32 training steps that mixed precision cannot be added to automatically.
+
+    ## What it does
+    In a file without mixed precision, with `--amp fp16|bf16`, reports each step AMP101 leaves alone, with what to do
+    instead: `optimizer.step(closure)` (GradScaler has no closure support), gradients taken with `torch.autograd`
+    (`backward`/`grad`, e.g. gradient penalties), non-scalar or `create_graph` backward calls, a backward whose loss
+    is computed in another function, and a backward with no optimizer step in the same function. With `--amp bf16`
+    only what blocks autocast is reported (no scaler is needed). A file that casts by hand (`.half()`, `float16`)
+    is reported once.
+
+    ## Why
+    Checklist C2 and C4 ask for mixed precision and loss scaling in the port; these shapes need a person to place
+    the scaler's calls, and a wrong guess would silently train differently.
+
+    ## Safety
+    Report-only.
+
+    ## References
+    PyTorch "Automatic Mixed Precision examples" (gradient penalty, closures); rules-catalogue AMP-08.
+    """
+
+    CODE = "AMP105"
+    SAFETY = Safety.REPORT
+    CHECKLIST = ("C2", "C4")
+    TRIGGERS = (".backward(", "autograd.grad(")
+    EXAMPLES = (
+        Flag(
+            """
+            def closure():
+                optimizer.zero_grad()
+                loss = criterion(model(x), y)
+                loss.backward()
+                return loss
+            optimizer.step(closure)
+            """,
+            lines=[4, 6],
+        ),
+        Flag(
+            """
+            import torch
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                grads = torch.autograd.grad(loss, model.parameters(), create_graph=True)
+                penalty = sum(g.pow(2).sum() for g in grads)
+                (loss + penalty).backward()
+                optimizer.step()
+            """,
+            lines=[4],
+        ),
+        Flag(
+            """
+            def apply(loss, optimizer):
+                loss.backward()
+                optimizer.step()
+            """,
+            lines=[2],
+        ),
+        Flag(
+            """
+            model = Net().half()
+            for x, y in loader:
+                loss = criterion(model(x.half()), y)
+                loss.backward()
+                optimizer.step()
+            """,
+            lines=[1],
+        ),
+        Unchanged(
+            """
+            def closure():
+                loss = criterion(model(x), y)
+                loss.backward()
+                return loss
+            optimizer.step(closure)
+            """,
+            amp=AmpPolicy.BF16,
+        ),
+        Unchanged(
+            """
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """
+        ),
+    )
+
+    @classmethod
+    def wants(cls, source: str, settings: Settings) -> bool:
+        if settings.amp is AmpPolicy.OFF or not super().wants(source, settings):
+            return False
+        marker = manages_precision(source)
+        return marker is None or marker in (".half()", "float16")
+
+    def visit_Module(self, node: cst.Module) -> None:
+        marker = manages_precision(self.file.source)
+        if marker is not None:
+            cast = m.Call(func=m.Attribute(attr=m.Name("half"))) | m.Attribute(attr=m.Name("float16"))
+            found = m.findall(node, cast)
+            self.report(
+                found[0] if found else node.body[0],
+                f"the script sets its own precision ({marker}): mixed precision not inserted",
+                "replace hand casts with `torch.autocast(device_type=\"npu\", dtype=torch.float16)` around the forward "
+                "and a `torch.amp.GradScaler(\"npu\")` around backward and step",
+                severity=Severity.WARNING,
+            )
+            return
+        for scope in scopes(node):
+            step = analyse(scope, self.qualified_names)
+            if step.backwards and not self._blocking(step.problems):
+                plan_autocast(step)
+            for problem in self._blocking(step.problems):
+                self.report(problem.node, problem.message, problem.suggestion)
+
+    def _blocking(self, problems: list[Problem]) -> list[Problem]:
+        """The problems that stop AMP101 under the policy: all with fp16, only autocast's with bf16."""
+        return [p for p in problems if self.settings.amp is AmpPolicy.FP16 or not p.scaling_only]
