@@ -1,0 +1,99 @@
+"""NPU autocast numerics on the CPU.
+
+CPU autocast runs convolutions and matrix products in the low-precision dtype, as the NPU does, but leaves most
+other ops in whatever dtype arrives: a softmax, layer_norm or sum after an fp16 linear stays fp16 on the CPU, while
+CUDA autocast (whose op lists the NPU's follow) computes them in float32. This module registers, for the CPU autocast
+dispatch key, the float32 and low-precision casts of the CUDA op lists (torch 2.13, aten/src/ATen/autocast_mode.h)
+on the ops that CPU autocast does not already handle. The CUDA target needs none of this: it has CUDA autocast.
+
+Difference that remains: CUDA's "promote" list (addcmul, index_put, ...) is left to CPU autocast's own handling.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_map
+
+# CUDA autocast's float32 list: (op, overloads); no overloads means every overload that is not an out= variant.
+FLOAT32_OPS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+    (name, ())
+    for name in (
+        "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+        "sinh", "tan", "softplus", "layer_norm", "native_layer_norm", "group_norm", "nuclear_norm",
+        "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
+        "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
+        "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
+        "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+        "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d", "_upsample_nearest_exact2d",
+        "upsample_nearest3d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+        "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
+        "prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm", "linalg_matrix_norm", "sum",
+    )
+) + (
+    ("pow", ("Tensor_Scalar", "Tensor_Tensor", "Scalar")),
+    ("frobenius_norm", ("dim",)),
+    ("norm", ("Scalar", "ScalarOpt_dim", "names_ScalarOpt_dim")),
+)
+
+# CUDA autocast's low-precision list.
+LOW_PRECISION_OPS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+    (name, ())
+    for name in (
+        "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d",
+        "conv_transpose3d", "convolution", "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv",
+        "linalg_vecdot", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot",
+        "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+        "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+    )
+)
+
+_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+def _to_float32(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dtype in _REDUCED:
+        return value.float()
+    return value
+
+
+def _to_low_precision(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dtype in (torch.float32, *_REDUCED):
+        return value.to(torch.get_autocast_dtype("cpu"))
+    return value
+
+
+def _casting_kernel(op: torch._ops.OpOverload, cast: Callable[[Any], Any]) -> Callable:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = tree_map(cast, (args, kwargs))
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _dispatched_overloads(name: str, chosen: tuple[str, ...], dispatched: set[str]) -> list[torch._ops.OpOverload]:
+    """The overloads of aten `name` (those `chosen`, or all but out= variants) that the dispatcher runs: this
+    leaves out TorchScript-only overloads (acos.int) and ops this torch does not have."""
+    packet = getattr(torch.ops.aten, name, None)
+    names = chosen or [overload for overload in getattr(packet, "overloads", list)() if "out" not in overload]
+    qualified = {overload: f"aten::{name}" + ("" if overload == "default" else f".{overload}") for overload in names}
+    return [getattr(packet, overload) for overload, op_name in qualified.items() if op_name in dispatched]
+
+
+def _register(library: torch.library.Library, ops: tuple, cast: Callable[[Any], Any]) -> None:
+    dispatched = set(torch._C._dispatch_get_all_op_names())
+    for name, chosen in ops:
+        for op in _dispatched_overloads(name, chosen, dispatched):
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "AutocastCPU"):  # else CPU has a policy
+                library.impl(op, _casting_kernel(op, cast), "AutocastCPU")
+
+
+def install_npu_autocast_policy() -> torch.library.Library:
+    """Registers the casts; the returned library must stay alive for them to stay registered."""
+    library = torch.library.Library("aten", "IMPL")
+    _register(library, FLOAT32_OPS, _to_float32)
+    _register(library, LOW_PRECISION_OPS, _to_low_precision)
+    return library

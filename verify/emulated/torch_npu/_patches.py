@@ -1,0 +1,211 @@
+"""What `import torch_npu` changes in torch for the emulated NPU.
+
+The "npu" device type is real to torch.device (privateuse1 renamed, as torch_npu does), but no tensor is ever placed
+on it: every torch function and method that takes a device is wrapped to send npu (and, after transfer_to_npu,
+cuda) devices to the emulation target. Consequences a script can see:
+- `tensor.device` is the target (cpu or cuda), so `x.device.type == "npu"` is False; `torch.device("npu").type`
+  is still "npu".
+- `tensor.is_npu` is True for every tensor on the target: on cpu that is every CPU tensor, since the emulation cannot
+  tell host memory from device memory.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.utils._device
+
+from ._target import TARGET, redirected_types, target_device, translate
+
+DEVICE_KEYWORDS = ("device", "device_type", "map_location", "device_id")
+
+FACTORIES = (
+    "tensor", "as_tensor", "asarray", "scalar_tensor", "zeros", "ones", "empty", "full", "empty_strided",
+    "zeros_like", "ones_like", "empty_like", "full_like", "rand", "randn", "randint", "rand_like", "randn_like",
+    "randint_like", "randperm", "normal", "arange", "range", "linspace", "logspace", "eye", "tril_indices",
+    "triu_indices", "bartlett_window", "blackman_window", "hamming_window", "hann_window", "kaiser_window",
+    "sparse_coo_tensor", "sparse_csr_tensor", "sparse_compressed_tensor", "frombuffer", "from_file", "load",
+    "set_default_device",
+)
+TENSOR_METHODS = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_tensor", "new_zeros")
+
+
+def _translate_map_location(value: object) -> object:
+    """map_location maps saved locations (keys, kept: they name what the checkpoint holds) to devices (values)."""
+    if isinstance(value, dict):
+        return {saved: translate(device) for saved, device in value.items()}
+    return translate(value)
+
+
+def _translate_arguments(args: tuple, kwargs: dict[str, Any], ints_are_devices: bool) -> tuple[tuple, dict]:
+    args = tuple(translate(arg, ints_are_devices) for arg in args)
+    for keyword in DEVICE_KEYWORDS:
+        if keyword in kwargs:
+            kwargs[keyword] = (
+                _translate_map_location(kwargs[keyword])
+                if keyword == "map_location"
+                else translate(kwargs[keyword], ints_are_devices=True)
+            )
+    return args, kwargs
+
+
+def accepting_npu(fn: Callable, ints_are_devices: bool = False) -> Callable:
+    """`fn`, with npu device arguments sent to the emulation target."""
+
+    @functools.wraps(fn)
+    def on_target(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = _translate_arguments(args, kwargs, ints_are_devices)
+        return fn(*args, **kwargs)
+
+    return on_target
+
+
+def _wrap_all(owner: object, names: tuple[str, ...], ints_are_devices: bool = False) -> None:
+    for name in names:
+        if hasattr(owner, name):
+            setattr(owner, name, accepting_npu(getattr(owner, name), ints_are_devices))
+
+
+def _tensor_npu(self: torch.Tensor, device: object = None, non_blocking: bool = False, **kwargs: Any) -> torch.Tensor:
+    return self.to(translate("npu" if device is None else device, ints_are_devices=True), non_blocking=non_blocking)
+
+
+def _module_npu(self: torch.nn.Module, device: object = None) -> torch.nn.Module:
+    return self.to(translate("npu" if device is None else device, ints_are_devices=True))
+
+
+def _is_npu(self: torch.Tensor) -> bool:
+    return self.device.type == TARGET
+
+
+def _pin_memory(original: Callable) -> Callable:
+    """Pinning is host-to-NPU transfer tuning, with nothing to pin on the cpu target: the tensor itself."""
+
+    @functools.wraps(original)
+    def pin_memory(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self if TARGET == "cpu" else original(self)
+
+    return pin_memory
+
+
+def _ddp_init(original: Callable) -> Callable:
+    """DDP's device_ids name GPUs (here NPUs); a module on the CPU takes none."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, module: torch.nn.Module, device_ids: Any = None, output_device: Any = None, *args, **kwargs):
+        if TARGET == "cpu":
+            device_ids = output_device = None
+        elif device_ids is not None:
+            device_ids = [translate(device, ints_are_devices=True) for device in device_ids]
+            output_device = translate(output_device, ints_are_devices=True)
+        original(self, module, device_ids, output_device, *args, **kwargs)
+
+    return __init__
+
+
+def install_device_patches() -> None:
+    _wrap_all(torch, FACTORIES)
+    _wrap_all(torch.Tensor, TENSOR_METHODS)
+    _wrap_all(torch.Tensor, ("to",), ints_are_devices=True)
+    _wrap_all(torch.nn.Module, ("to", "to_empty"), ints_are_devices=True)
+    _wrap_all(torch.fft, ("fftfreq", "rfftfreq"))
+    torch.utils._device.DeviceContext.__init__ = accepting_npu(torch.utils._device.DeviceContext.__init__)
+    torch.Tensor.pin_memory = _pin_memory(torch.Tensor.pin_memory)
+    torch.Tensor.npu = _tensor_npu
+    torch.Tensor.is_npu = property(_is_npu)
+    torch.nn.Module.npu = _module_npu
+    ddp = torch.nn.parallel.DistributedDataParallel
+    ddp.__init__ = _ddp_init(ddp.__init__)
+
+
+def _autocast_init(original: Callable) -> Callable:
+    """torch.autocast("npu") is autocast on the target, float16 unless told otherwise, as on the NPU."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, device_type: str, dtype: torch.dtype | None = None, *args: Any, **kwargs: Any) -> None:
+        translated = translate(device_type)
+        if translated != device_type and dtype is None:
+            dtype = torch.float16
+        original(self, translated, dtype, *args, **kwargs)
+
+    return __init__
+
+
+def _autocast_state_query(original: Callable) -> Callable:
+    """torch.is_autocast_enabled/get_autocast_dtype: "npu" asks the target; no argument asks the npu once cuda is
+    redirected (the real transfer_to_npu does the same)."""
+
+    @functools.wraps(original)
+    def query(device_type: str | None = None) -> Any:
+        if device_type is None:
+            return original(TARGET) if "cuda" in redirected_types else original()
+        return original(translate(device_type))
+
+    return query
+
+
+def _autocast_state_setter(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def setter(*args: Any) -> None:
+        if len(args) == 1 and "cuda" in redirected_types:  # the legacy one-argument form meant cuda
+            args = (TARGET, args[0])
+        original(*(translate(arg) for arg in args))
+
+    return setter
+
+
+def install_amp_patches() -> None:
+    autocast = torch.amp.autocast_mode.autocast
+    autocast.__init__ = _autocast_init(autocast.__init__)
+    torch.amp.GradScaler.__init__ = accepting_npu(torch.amp.GradScaler.__init__)
+    torch.amp.custom_fwd = accepting_npu(torch.amp.custom_fwd)
+    torch.amp.custom_bwd = accepting_npu(torch.amp.custom_bwd)
+    torch.is_autocast_enabled = _autocast_state_query(torch.is_autocast_enabled)
+    torch.get_autocast_dtype = _autocast_state_query(torch.get_autocast_dtype)
+    torch.set_autocast_enabled = _autocast_state_setter(torch.set_autocast_enabled)
+    torch.set_autocast_dtype = _autocast_state_setter(torch.set_autocast_dtype)
+    # The NPU's autocast default is float16; on the cpu target the default would be bfloat16.
+    torch.set_autocast_dtype(TARGET, torch.float16)
+
+
+def _hccl_stand_in(store: Any, rank: int, world_size: int, timeout: Any) -> Any:
+    """hccl runs as gloo: gloo handles CPU tensors, and the CUDA tensors of the collectives DDP uses."""
+    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+def _rewrite_backend(backend: str) -> str:
+    """"hccl", "npu:hccl", and with cuda redirected "nccl" / "cuda:nccl", as backends on the target's device."""
+    if "cuda" in redirected_types:
+        backend = backend.replace("nccl", "hccl")
+    per_device: dict[str, str] = {}
+    for part in backend.split(","):
+        device, _, name = part.rpartition(":")
+        device = translate(device).split(":")[0] if device else ""
+        per_device.setdefault(device, name)  # two devices that land on the same target: the first one wins
+    return ",".join(f"{device}:{name}" if device else name for device, name in per_device.items())
+
+
+def _init_process_group(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def init_process_group(backend: str | None = None, *args: Any, **kwargs: Any) -> None:
+        if isinstance(backend, str):
+            backend = _rewrite_backend(backend)
+        if "device_id" in kwargs:
+            kwargs["device_id"] = translate(kwargs["device_id"], ints_are_devices=True)
+            if TARGET == "cpu":
+                kwargs.pop("device_id")  # binding a process group to a device is for accelerators only
+        original(backend, *args, **kwargs)
+
+    return init_process_group
+
+
+def install_distributed_patches() -> None:
+    if not dist.is_available():
+        return
+    if "hccl" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("hccl", _hccl_stand_in, devices=[target_device().split(":")[0]])
+    dist.is_hccl_available = lambda: True
+    dist.init_process_group = _init_process_group(dist.init_process_group)
