@@ -119,9 +119,10 @@ LOSS_COLUMNS = ("step", "micro_step", "loss", "loss_scale", "wall_ms")
 """losses.csv: `loss` is the unscaled scalar backward() was called on; `loss_scale` the GradScaler scale at that
 moment (empty without a scaler); `micro_step` counts backward() calls within the step (gradient accumulation)."""
 
-HPARAM_COLUMNS = ("step", "group", "name", "value")
+HPARAM_COLUMNS = ("step", "group", "name", "value", "optimizer")
 """hparams.csv: `group` is the param_group index ("" for optimizer-wide facts such as name="optimizer" whose value
-is the class name); `value` is JSON (numbers, lists for betas, strings)."""
+is the class name); `value` is JSON (numbers, lists for betas, strings); `optimizer` numbers the optimizers in the
+order they first stepped (0: the one whose steps count the run's steps; GANs have 0 and 1)."""
 
 
 @dataclass
@@ -143,6 +144,8 @@ class RunManifest:
     emulated_on: str = ""  # the device the emulation ran on ("cpu" or "cuda")
     seed: int = 0
     dump_mode: str = DumpMode.STATS.value
+    ops_regex: str = ""  # tensor mode: tensors are saved for ops whose "phase/module/op" matches ("" all)
+    tensor_cap_mb: float = 0.0  # tensor mode: the budget for saved tensors
     no_dropout: bool = False
     autocast: str = ""  # autocast imposed from outside ("" none, "fp16", "bf16")
     inference: bool = False  # no optimizer: each forward of the outermost module is a step
@@ -152,10 +155,13 @@ class RunManifest:
     message: str = ""  # one line a person can act on ("loss is NaN at step 3", "timed out after 60 s")
     exit_code: int | None = None
     traceback: str = ""
+    verify_error: str = ""  # verify's own failure, not the script's (`verify run` exits 2)
     started_at: str = ""  # ISO 8601, UTC
     finished_at: str = ""
     wall_s: float = 0.0
     step_wall_s: list[float] = field(default_factory=list)
+    skipped_steps: list[int] = field(default_factory=list)  # steps whose optimizer.step() a GradScaler skipped (inf)
+    timeout_s: float | None = None  # --timeout, if any
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

@@ -1,0 +1,155 @@
+"""`verify run` end to end: real child processes running the tiny scripts in scripts/, read back with the reader."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from verify.runner import RunOptions, run_script
+from verify.schema import DumpMode, Status
+from verify.store import Run, read_run
+
+SCRIPTS = Path(__file__).parent / "scripts"
+pytestmark = pytest.mark.slow
+
+
+def run(tmp_path, script: str, *args: str, steps: int = 3, **options) -> Run:
+    run_dir = run_script(SCRIPTS / script, list(args), RunOptions(steps=steps, device="cpu", **options), tmp_path / "run")
+    return read_run(run_dir)
+
+
+def test_full_run_records_losses_hparams_grads_and_ops_with_modules(tmp_path):
+    result = run(tmp_path, "tiny_train.py", "--adam")
+    manifest = result.manifest
+    assert (manifest.status, manifest.steps_completed, manifest.exit_code) == (Status.OK.value, 3, 0)
+    assert manifest.device == "cpu" and not manifest.emulated and len(manifest.step_wall_s) == 3
+    assert result.losses["step"].tolist() == [0, 1, 2] and result.losses["loss"].notna().all()
+    hparams = result.hparams[result.hparams["step"] == 0].set_index("name")["value"]
+    assert hparams["optimizer"] == "Adam" and hparams["lr"] == 0.05 and hparams["betas"] == [0.9, 0.999]
+    assert set(result.grads["param"]) == {"conv.weight", "conv.bias", "head.weight", "head.bias"}
+    assert (result.grads["norm"] > 0).all() and (result.grads["nan_count"] == 0).all()
+    ops = result.ops
+    assert set(ops["step"]) == {0, 1, 2}
+    assert set(ops["phase"]) >= {"forward", "backward", "optimizer", "other"}
+    conv = ops[ops["op"] == "aten.convolution"]
+    assert set(conv["module"]) == {"Net.conv"} and conv["phase"].eq("forward").all()
+    conv_backward = ops[(ops["op"] == "aten.convolution_backward") & (ops["step"] == 1)]
+    assert set(conv_backward["module"]) == {"Net.conv"} and conv_backward["phase"].eq("backward").all()
+    assert ops["key"].is_unique or ops.duplicated(["key", "io"]).sum() == 0
+    first = ops[ops["op"] == "aten.convolution"].iloc[0]
+    assert first["key"] == "0/forward/Net.conv/aten.convolution#0" and first["shape"] == "8x4x8x8"
+    assert first["min"] <= first["mean"] <= first["max"] and first["l2_norm"] > 0
+    assert not (tmp_path / "run" / "output.log").read_text().count("Traceback")
+
+
+def test_capture_does_not_change_the_numbers(tmp_path):
+    captured = run(tmp_path / "stats", "tiny_train.py", steps=4)
+    plain = run(tmp_path / "off", "tiny_train.py", steps=4, dump=DumpMode.OFF)
+    assert captured.losses["loss"].tolist() == plain.losses["loss"].tolist()
+    assert plain.ops.empty and not plain.grads.empty
+
+
+def test_crash_keeps_the_steps_before_it_and_the_traceback(tmp_path):
+    result = run(tmp_path, "tiny_train.py", "--crash-at", "2", steps=5)
+    manifest = result.manifest
+    assert manifest.status == Status.CRASHED.value and manifest.steps_completed == 2
+    assert "RuntimeError: boom at step 2" in manifest.message
+    assert "tiny_train.py" in manifest.traceback and "bootstrap" not in manifest.traceback
+    assert result.losses["step"].tolist() == [0, 1] and set(result.ops["step"]) == {0, 1}
+
+
+def test_timeout_kills_the_run_and_keeps_its_steps(tmp_path):
+    result = run(tmp_path, "hang.py", steps=5, timeout=20)
+    assert result.manifest.status == Status.TIMEOUT.value
+    assert result.manifest.steps_completed == 2 and "timed out after 20 s" in result.manifest.message
+    assert "now hanging" in (tmp_path / "run" / "output.log").read_text()
+
+
+def test_nan_loss_stops_the_run(tmp_path):
+    result = run(tmp_path, "tiny_train.py", "--nan-at", "1", steps=5)
+    assert result.manifest.status == Status.NAN.value and result.manifest.steps_completed == 2
+    assert result.manifest.message == "loss is nan at step 1" and math.isnan(result.losses["loss"].iloc[-1])
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "steps_done", "message"),
+    [
+        (("--exit-after", "2"), Status.SHORT, 2, "ended by itself after 2 of 5 steps"),
+        (("--exit-after", "2", "--exit-code", "1"), Status.CRASHED, 2, "sys.exit(1) after 2 steps"),
+        (("--epochs", "3"), Status.SHORT, 3, "ended by itself after 3 of 5 steps"),
+    ],
+)
+def test_script_ending_early(tmp_path, args, status, steps_done, message):
+    manifest = run(tmp_path, "tiny_train.py", *args, steps=5).manifest
+    assert (manifest.status, manifest.steps_completed) == (status.value, steps_done)
+    assert message in manifest.message
+
+
+def test_no_steps(tmp_path):
+    manifest = run(tmp_path, "no_steps.py").manifest
+    assert manifest.status == Status.NO_STEPS.value and "without a step" in manifest.message
+
+
+def test_inference_script_records_each_forward_as_a_step(tmp_path):
+    result = run(tmp_path, "inference.py", steps=3)
+    assert result.manifest.inference and result.manifest.status == Status.OK.value
+    outputs = result.outputs
+    assert outputs["step"].tolist() == [0, 1, 2] and outputs["shape"].eq("3x5").all()
+    logits = result.load_array(outputs["tensor_file"].iloc[0])
+    assert logits.shape == (3, 5) and logits.dtype.name == "float32"
+    assert result.losses.empty and set(result.ops["phase"]) >= {"forward"}
+
+
+def test_dataloader_workers_do_not_record(tmp_path):
+    result = run(tmp_path, "dataloader_workers.py", steps=4)
+    assert result.manifest.status == Status.OK.value and result.manifest.steps_completed == 4
+    assert result.losses["step"].tolist() == [0, 1, 2, 3]  # a worker writing would add rows or break the CSV
+
+
+def test_ddp_with_one_process(tmp_path):
+    result = run(tmp_path, "ddp_one_process.py")
+    assert result.manifest.status == Status.OK.value, result.manifest.message
+    assert any(name.startswith("module.") for name in result.grads["param"])
+
+
+def test_gan_counts_one_step_per_iteration(tmp_path):
+    result = run(tmp_path, "gan.py", steps=3)
+    assert result.manifest.steps_completed == 3
+    optimizers = result.hparams[result.hparams["name"] == "optimizer"]
+    assert optimizers["optimizer"].tolist() == [0, 0, 1, 0, 1]  # the generator's third step is cut off
+    assert result.losses.groupby("step").size().tolist() == [1, 2, 2]
+
+
+def test_grad_scaler_loss_is_unscaled_and_accumulation_recorded_per_micro_step(tmp_path):
+    result = run(tmp_path, "tiny_train.py", "--scaler", "--accumulate", "2")
+    plain = run(tmp_path / "plain", "tiny_train.py", "--accumulate", "2", dump=DumpMode.OFF)
+    losses = result.losses
+    assert losses["micro_step"].tolist() == [0, 1] * 3 and losses["loss_scale"].eq(256.0).all()
+    assert losses["loss"].tolist() == pytest.approx(plain.losses["loss"].tolist(), rel=1e-6)
+
+
+def test_steps_skipped_by_grad_scaler_still_count(tmp_path):
+    result = run(tmp_path, "tiny_train.py", "--scaler", "--overflow")
+    assert result.manifest.status == Status.OK.value and result.manifest.skipped_steps == [0, 1, 2]
+    assert (result.grads["inf_count"] + result.grads["nan_count"] > 0).any()
+
+
+def test_autocast_no_dropout_and_md5(tmp_path):
+    result = run(tmp_path, "tiny_train.py", steps=2, autocast="bf16", no_dropout=True, dump=DumpMode.MD5)
+    assert result.manifest.autocast == "bf16" and result.manifest.no_dropout
+    ops = result.ops
+    assert "bfloat16" in set(ops.loc[ops["op"] == "aten.convolution", "dtype"])
+    assert not ops["op"].isin(["aten.bernoulli_", "aten.native_dropout"]).any()
+    assert ops["md5"].str.len().eq(32).all()
+
+
+def test_tensor_mode_saves_selected_ops_and_inputs(tmp_path):
+    result = run(tmp_path, "tiny_train.py", steps=1, dump=DumpMode.TENSOR, ops=r"^forward/Net\.conv/")
+    ops = result.ops
+    saved = ops[ops["tensor_file"] != ""]
+    assert set(saved["op"]) == {"aten.convolution"} and set(saved["io"]) >= {"in0", "out0"}
+    out = saved[saved["io"] == "out0"].iloc[0]
+    array = result.load_array(out["tensor_file"])
+    assert array.shape == (8, 4, 8, 8) and array.max() == pytest.approx(out["max"])

@@ -1,0 +1,462 @@
+"""Runs inside the child process that `verify run` starts: `python -P -m verify.bootstrap RUNDIR`.
+
+RUNDIR/manifest.json, written by the runner, is the whole configuration. The bootstrap seeds every generator,
+installs the instrumentation below, then runs the user's script unmodified with `runpy` as `__main__`.
+
+Steps. A step ends when the *lead* optimizer (the first one ever to call step()) finishes step(). With several
+optimizers (a GAN) the others' steps fall into whichever step they run in, identically on both sides of a
+comparison. A step that a GradScaler skips (inf/NaN gradients: optimizer.step() is never called) still counts, or
+the run would never end; it is listed in manifest.skipped_steps. A script that never creates an optimizer is run as
+inference: each completed forward of an outermost module is a step. After the requested steps `StopRun` (a
+BaseException, so the script's `except Exception` cannot swallow it) unwinds the script.
+
+Loss: the tensor backward() is called on, unscaled when GradScaler.scale() produced it; one losses.csv row per
+backward() (micro-steps of gradient accumulation). Hyperparameters of every optimizer and per-parameter gradient
+statistics are taken just before each optimizer step. Nothing is recorded in forked children (DataLoader workers).
+
+The child's own exit status means nothing: the final manifest says how the run ended (manifest.verify_error
+non-empty: verify itself failed, not the script).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import platform
+import random
+import runpy
+import sys
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils._pytree import tree_flatten
+
+from verify.capture import OpCapture, StatBatch, TensorSaver, has_readable_data, host_array, summarize, tensors_in
+from verify.schema import GRADS_DIR, OPS_DIR, OUTPUTS_DIR, DumpMode, RunManifest, Status, step_file
+from verify.store import RunWriter, now_iso, read_manifest, write_manifest
+
+OUTPUT_ARRAY_CAP_BYTES = 4 << 20  # inference outputs are saved for top-k agreement; logits of a batch fit easily
+_DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
+_AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+class StopRun(BaseException):
+    """Ends the script from inside a hook. A BaseException: `except Exception` in user code must not swallow it."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _json_value(value: Any) -> Any:
+    """Hyperparameters as JSON: numbers, strings, lists; tensors (a tensor lr) as numbers; anything else as text."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, (tuple, list)):
+        return [_json_value(item) for item in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+class StepRecorder:
+    """Counts steps and records losses, hyperparameters, gradient statistics, op records and inference outputs."""
+
+    def __init__(self, manifest: RunManifest, run_dir: Path, writer: RunWriter, capture, batch) -> None:
+        self.manifest = manifest
+        self.run_dir = run_dir
+        self.writer = writer
+        self.capture = capture  # OpCapture, or None with --dump off
+        self.batch = batch
+        self.enabled = True
+        self.steps_done = 0
+        self.training = False
+        self.optimizers_created = 0
+        self._optimizer_index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._optimizer_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._roots: list[weakref.ref] = []
+        self._root_depth = 0
+        self._in_backward = False
+        self._last_scaled: tuple[Any, Any, float] | None = None  # (scaled loss, loss, scale) from GradScaler.scale
+        self._step_started = time.perf_counter()
+        self._losses: list[tuple[int, Any, float | None, float]] = []
+        self._hparams: list[tuple[int, Any, str, Any, int]] = []
+        self._grads: list[tuple[str, Any]] = []
+        self._outputs: list[tuple[str, Any, str]] = []
+
+    # -- installation -------------------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        register_optimizer_step_pre_hook(self._before_optimizer_step)
+        register_optimizer_step_post_hook(self._after_optimizer_step)
+        register_module_forward_pre_hook(self._before_forward)
+        register_module_forward_hook(self._after_forward, always_call=True)
+        os.register_at_fork(after_in_child=self._disable)
+        self._wrap(torch.Tensor, "backward", self._backward)
+        self._wrap(torch.autograd, "backward", self._backward)
+        self._wrap(torch.amp.GradScaler, "scale", self._scale)
+        self._wrap(torch.amp.GradScaler, "step", self._scaler_step)
+        self._wrap(torch.optim.Optimizer, "__init__", self._optimizer_init)
+
+    @staticmethod
+    def _wrap(owner: Any, name: str, replacement: Callable[..., Any]) -> None:
+        """owner.name = a function calling replacement(original, *args); as a plain function it binds as a method."""
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return replacement(original, *args, **kwargs)
+
+        setattr(owner, name, wrapper)
+
+    def _disable(self) -> None:
+        self.enabled = False
+        if self.capture is not None:
+            self.capture.recording = False
+
+    @contextlib.contextmanager
+    def _own_work(self) -> Iterator[None]:
+        """The recorder's tensor work: not recorded as ops, no autograd graph."""
+        with torch.no_grad(), (self.capture.paused() if self.capture else contextlib.nullcontext()):
+            yield
+
+    # -- hooks ----------------------------------------------------------------------------------------------------
+
+    def _optimizer_init(self, original, optimizer, *args, **kwargs) -> None:
+        self.optimizers_created += 1
+        original(optimizer, *args, **kwargs)
+
+    def _backward(self, original, tensors, *args, **kwargs):
+        if self._in_backward or not self.enabled:  # Tensor.backward calls torch.autograd.backward
+            return original(tensors, *args, **kwargs)
+        self.training = True
+        with self._own_work():
+            self._record_loss(tensors)
+        self._in_backward = True
+        try:
+            return original(tensors, *args, **kwargs)
+        finally:
+            self._in_backward = False
+
+    def _record_loss(self, tensors) -> None:
+        scale = None
+        losses = tensors_in(tensors)
+        if self._last_scaled is not None and losses and losses[0] is self._last_scaled[0]:
+            _, unscaled, scale = self._last_scaled
+            losses = [unscaled]
+        value = torch.stack([loss.detach().float().mean() for loss in losses]).sum().reshape(1)
+        wall_ms = (time.perf_counter() - self._step_started) * 1e3
+        self._losses.append((len(self._losses), self.batch.add(value), scale, wall_ms))
+
+    def _scale(self, original, scaler, outputs):
+        scaled = original(scaler, outputs)
+        if self.enabled and hasattr(outputs, "detach"):
+            self._last_scaled = (scaled, outputs, scaler.get_scale())
+        return scaled
+
+    def _scaler_step(self, original, scaler, optimizer, *args, **kwargs):
+        steps_before = self._optimizer_steps.get(optimizer, 0)
+        result = original(scaler, optimizer, *args, **kwargs)
+        if self.enabled and self._optimizer_steps.get(optimizer, 0) == steps_before:  # skipped: inf/NaN gradients
+            self.manifest.skipped_steps.append(self.steps_done)
+            self._before_optimizer_step(optimizer, (), {})
+            self._after_optimizer_step(optimizer, (), {})
+        return result
+
+    def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if not self.enabled:
+            return
+        self.training = True
+        self._optimizer_steps[optimizer] = self._optimizer_steps.get(optimizer, 0) + 1
+        index = self._optimizer_index.setdefault(optimizer, len(self._optimizer_index))
+        with self._own_work():
+            self._record_hparams(optimizer, index)
+            self._record_grads(optimizer)
+        if self.capture is not None:
+            self.capture.in_optimizer = True
+
+    def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if not self.enabled:
+            return
+        if self.capture is not None:
+            self.capture.in_optimizer = False
+        if self._optimizer_index.get(optimizer) == 0:
+            self._end_step()
+
+    def _before_forward(self, module, args) -> None:
+        if self._root_depth == 0 and self.enabled and not any(ref() is module for ref in self._roots):
+            self._roots.append(weakref.ref(module))
+        self._root_depth += 1
+
+    def _after_forward(self, module, args, output) -> None:
+        self._root_depth -= 1
+        if self._root_depth or not self.enabled or self.training or self.optimizers_created:
+            return
+        self.manifest.inference = True
+        with self._own_work():
+            self._record_outputs(output)
+        self._end_step()
+
+    # -- records --------------------------------------------------------------------------------------------------
+
+    def _record_hparams(self, optimizer, index: int) -> None:
+        step = self.steps_done
+        self._hparams.append((step, "", "optimizer", type(optimizer).__name__, index))
+        for group_index, group in enumerate(optimizer.param_groups):
+            for name, value in group.items():
+                if name != "params":
+                    self._hparams.append((step, group_index, name, _json_value(value), index))
+
+    def _parameter_names(self) -> dict[int, str]:
+        names: dict[int, str] = {}
+        for ref in self._roots:
+            root = ref()
+            if root is None:
+                continue
+            for name, parameter in root.named_parameters():
+                if id(parameter) not in names:  # two models with the same layout: the later one gets its class name
+                    names[id(parameter)] = name if name not in names.values() else f"{type(root).__name__}.{name}"
+        return names
+
+    def _record_grads(self, optimizer) -> None:
+        names = self._parameter_names()
+        for group_index, group in enumerate(optimizer.param_groups):
+            for position, parameter in enumerate(group["params"]):
+                if parameter.grad is not None:
+                    name = names.get(id(parameter), f"group{group_index}.{position}")
+                    self._grads.append((name, summarize(parameter.grad, self.batch)))
+
+    def _record_outputs(self, output) -> None:
+        tensors = [leaf for leaf in tree_flatten(output)[0] if isinstance(leaf, torch.Tensor)]
+        for position, tensor in enumerate(tensors):
+            name = f"out{position}"
+            saved = ""
+            if has_readable_data(tensor) and tensor.numel() * tensor.element_size() <= OUTPUT_ARRAY_CAP_BYTES:
+                relative = f"{OUTPUTS_DIR}/{step_file(self.steps_done, f'-{name}.npy')}"
+                saved = self.writer.save_array(relative, host_array(tensor))
+            self._outputs.append((name, summarize(tensor, self.batch), saved))
+
+    def _end_step(self) -> None:
+        step = self.steps_done
+        with self._own_work():
+            fetched = self.batch.fetch()
+            ops = self.capture.take_step(step, fetched) if self.capture is not None else None
+        losses = [(step, micro, fetched(handle)[0], scale, round(wall_ms, 3)) for micro, handle, scale, wall_ms in self._losses]
+        self.writer.append_losses(losses)
+        self.writer.append_hparams(self._hparams)
+        self._write_stats(GRADS_DIR, step, [("param", name, stats) for name, stats in self._grads], fetched)
+        if self.manifest.inference:
+            self._write_stats(OUTPUTS_DIR, step, [("output", name, stats) for name, stats, _ in self._outputs],
+                              fetched, {"tensor_file": [saved for _, _, saved in self._outputs]})
+        if ops is not None:
+            self.writer.write_step_table(OPS_DIR, step, ops)
+        self._losses, self._hparams, self._grads, self._outputs = [], [], [], []
+        self.steps_done += 1
+        self.manifest.steps_completed = self.steps_done
+        self.manifest.step_wall_s.append(round(time.perf_counter() - self._step_started, 6))
+        write_manifest(self.run_dir, self.manifest)
+        self._step_started = time.perf_counter()
+        self._stop_if_done(step, [row[2] for row in losses])
+
+    def _write_stats(self, folder: str, step: int, rows, fetched, extra: dict[str, list[Any]] | None = None) -> None:
+        columns: dict[str, list[Any]] = {"step": [step] * len(rows), **(extra or {})}
+        for label, name, stats in rows:
+            columns.setdefault(label, []).append(name)
+            values = {"dtype": stats.dtype, "shape": stats.shape, "numel": stats.numel, **stats.resolve(fetched)}
+            values["norm"] = values["l2_norm"]
+            for column, value in values.items():
+                columns.setdefault(column, []).append(value)
+        self.writer.write_step_table(folder, step, columns)
+
+    def _stop_if_done(self, step: int, losses: list[float]) -> None:
+        bad = [loss for loss in losses if not math.isfinite(loss)]
+        if bad:
+            raise StopRun(Status.NAN, f"loss is {bad[0]} at step {step}")
+        if self.steps_done >= self.manifest.steps_requested:
+            raise StopRun(Status.OK, f"ran the {self.steps_done} requested steps")
+
+    def discard_partial_step(self) -> None:
+        """Work after the last completed step (a validation loop, say) belongs to no step."""
+        self.batch.fetch()
+        if self.capture is not None:
+            self.capture.discard_step(self.steps_done)
+
+# -- the child's main ---------------------------------------------------------------------------------------------
+
+
+def _prepare_device(manifest: RunManifest) -> None:
+    """Imports torch_npu where the run is on an NPU (the stand-in when emulated: the runner's environment makes
+    `import torch_npu` load it) and resolves `auto`, which the runner left to us, to cuda or cpu."""
+    if manifest.device in ("npu", "emulated-npu"):
+        import torch_npu
+
+        if not manifest.emulated:
+            manifest.torch_npu_version = getattr(torch_npu, "__version__", "")
+    if manifest.device == "auto":
+        manifest.device = "cuda" if torch.cuda.is_available() else "cpu"
+    manifest.device_name = _device_name(manifest)
+
+
+def _device_name(manifest: RunManifest) -> str:
+    if manifest.emulated:
+        return f"{manifest.emulated_on.upper()} (emulated NPU)"
+    if manifest.device == "cuda":
+        return torch.cuda.get_device_name(0)
+    if manifest.device == "npu":
+        return torch.npu.get_device_name(0)
+    return f"CPU ({platform.machine()})"
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # every device's generator, cuda and npu included
+
+
+def _autocast_device_type(manifest: RunManifest) -> str:
+    # the emulated NPU computes on `emulated_on`, whose autocast rules are the ones that apply
+    return manifest.emulated_on if manifest.emulated else manifest.device
+
+
+@contextlib.contextmanager
+def _dropout_disabled() -> Iterator[None]:
+    """Every dropout (modules call the functional ones) as in eval mode: device RNGs differ, so dropout masks
+    would hide real differences. RNN modules' internal dropout is not covered."""
+    originals = {name: getattr(F, name) for name in (*_DROPOUT_FUNCTIONS, "scaled_dot_product_attention")}
+
+    def no_dropout(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(input, p=0.5, training=True, inplace=False):
+            return original(input, p, False, inplace)
+
+        return wrapper
+
+    def attention_without_dropout(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > 4:  # (query, key, value, attn_mask, dropout_p, ...)
+            args = (*args[:4], 0.0, *args[5:])
+        else:
+            kwargs["dropout_p"] = 0.0
+        return originals["scaled_dot_product_attention"](*args, **kwargs)
+
+    for name in _DROPOUT_FUNCTIONS:
+        setattr(F, name, no_dropout(originals[name]))
+    F.scaled_dot_product_attention = attention_without_dropout
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(F, name, original)
+
+
+def _script_traceback(error: BaseException, script: str) -> str:
+    """The traceback from the script's first frame on: runpy and bootstrap frames are noise to the user."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(error), error, tb or error.__traceback__))
+
+
+def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCapture | None) -> None:
+    """Runs the script as `python SCRIPT ARGS` would, and sets the manifest's status, message and exit code."""
+    sys.argv = [manifest.script, *manifest.argv]
+    sys.path.insert(0, str(Path(manifest.script).parent))  # as `python SCRIPT` does (the bootstrap runs with -P)
+    with contextlib.ExitStack() as stack:
+        if manifest.no_dropout:
+            stack.enter_context(_dropout_disabled())
+        if manifest.autocast:
+            dtype = getattr(torch, _AUTOCAST_DTYPES[manifest.autocast])
+            stack.enter_context(torch.autocast(_autocast_device_type(manifest), dtype=dtype))
+        if capture is not None:
+            stack.enter_context(capture)
+        try:
+            runpy.run_path(manifest.script, run_name="__main__")
+            _ended_by_itself(manifest, recorder, 0)
+        except StopRun as stop:
+            manifest.status, manifest.message, manifest.exit_code = stop.status.value, stop.message, 0
+        except SystemExit as exit:
+            _ended_by_itself(manifest, recorder, exit.code)
+        except BaseException as error:  # everything the script raised, KeyboardInterrupt included
+            manifest.status, manifest.exit_code = Status.CRASHED.value, 1
+            manifest.message = f"{type(error).__name__}: {error} (after {recorder.steps_done} steps)"
+            manifest.traceback = _script_traceback(error, manifest.script)
+    if manifest.status == Status.NAN.value:
+        manifest.exit_code = 1
+
+
+def _ended_by_itself(manifest: RunManifest, recorder: StepRecorder, code: Any) -> None:
+    done = recorder.steps_done
+    manifest.exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+    if manifest.exit_code != 0:
+        manifest.status = Status.CRASHED.value
+        manifest.message = f"the script called sys.exit({code!r}) after {done} steps"
+    elif done == 0:
+        manifest.status = Status.NO_STEPS.value
+        manifest.message = "the script ended without a step: no optimizer.step(), and no module forward"
+    elif done < manifest.steps_requested:
+        manifest.status = Status.SHORT.value
+        manifest.message = f"the script ended by itself after {done} of {manifest.steps_requested} steps"
+    else:
+        manifest.status, manifest.message = Status.OK.value, f"ran the {done} requested steps"
+
+
+def _make_capture(manifest: RunManifest, writer: RunWriter, batch: StatBatch) -> OpCapture | None:
+    dump = DumpMode(manifest.dump_mode)
+    if dump == DumpMode.OFF:
+        return None
+    saver = None
+    if dump == DumpMode.TENSOR:
+        saver = TensorSaver(manifest.ops_regex or None, int(manifest.tensor_cap_mb * 2**20), writer.save_array)
+    return OpCapture(dump, batch, saver)
+
+
+def run(run_dir: Path) -> Status:
+    """The whole child: prepare, instrument, run the script, write the final manifest."""
+    manifest = read_manifest(run_dir)
+    manifest.python_version = platform.python_version()
+    manifest.torch_version = torch.__version__
+    try:
+        _prepare_device(manifest)
+    except Exception as error:  # torch_npu missing or broken: the environment's problem, not the script's
+        manifest.status, manifest.finished_at = Status.CRASHED.value, now_iso()
+        manifest.verify_error = manifest.message = f"cannot use device {manifest.device}: {type(error).__name__}: {error}"
+        write_manifest(run_dir, manifest)
+        return Status.CRASHED
+    _seed_everything(manifest.seed)
+    writer = RunWriter(run_dir)
+    batch = StatBatch()
+    capture = _make_capture(manifest, writer, batch)
+    recorder = StepRecorder(manifest, run_dir, writer, capture, batch)
+    recorder.install()
+    write_manifest(run_dir, manifest)
+    _run_script(manifest, recorder, capture)
+    recorder.discard_partial_step()
+    if capture is not None and capture.saver is not None and capture.saver.budget_exhausted:
+        manifest.extra["tensor_cap_reached"] = True
+    manifest.finished_at = now_iso()
+    writer.close()
+    write_manifest(run_dir, manifest)
+    return Status(manifest.status)
+
+
+def main() -> None:
+    status = run(Path(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The script was stopped mid-flight: its leftover threads and atexit handlers must not keep the process alive.
+    os._exit(0 if status in (Status.OK, Status.SHORT) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""`verify`: prove that a ported training script trains the same as the original.
+
+Exit codes of `verify run`: 0 the requested steps ran, or the script ended by itself after at least one step
+(status "short"); 1 the script failed: crashed, timed out, produced a NaN/inf loss, or made no step; 2 usage error
+or verify's own error (bad option, unusable device, run directory in the way).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from verify.runner import RunOptions, VerifyError, run_script
+from verify.schema import DumpMode, RunManifest, Status
+from verify.store import read_manifest
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+app = typer.Typer(
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_show_locals=False,
+    no_args_is_help=True,
+    help=__doc__,
+)
+
+EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+_SUCCESS = {Status.OK.value, Status.SHORT.value}
+_STYLES = {Status.OK.value: "bold green", Status.SHORT.value: "bold yellow"}
+
+
+class Device(str, Enum):
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+    NPU = "npu"
+    EMULATED_NPU = "emulated-npu"
+
+
+class EmulateOn(str, Enum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class Autocast(str, Enum):
+    OFF = "off"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+@app.callback()
+def verify() -> None:
+    """Run training scripts under instrumentation and compare the runs."""
+
+
+@app.command(no_args_is_help=True)
+def run(
+    script: Annotated[Path, typer.Argument(help="The training script, run unmodified.", show_default=False)],
+    script_args: Annotated[
+        Optional[list[str]], typer.Argument(help="The script's own arguments, after `--`.", show_default=False)
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps to run.")] = 20,
+    seed: Annotated[int, typer.Option(help="Seed for python, numpy, torch (every device) and PYTHONHASHSEED.")] = 1234,
+    device: Annotated[
+        Device, typer.Option(help="auto: npu (real, else emulated) for a script importing torch_npu, else cuda or cpu.")
+    ] = Device.AUTO,
+    emulate_on: Annotated[EmulateOn, typer.Option(help="Where the emulated NPU computes.")] = EmulateOn.CPU,
+    dump: Annotated[DumpMode, typer.Option(help="Per-op capture: statistics, +tensors, +md5 hashes, or none.")] = (
+        DumpMode.STATS
+    ),
+    ops: Annotated[
+        Optional[str], typer.Option(help="Tensor mode: save tensors of ops whose 'phase/module/op' matches this regex.")
+    ] = None,
+    tensor_cap_mb: Annotated[float, typer.Option(min=0, help="Tensor mode: total size of saved tensors.")] = 512.0,
+    no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off.")] = False,
+    autocast: Annotated[Autocast, typer.Option(help="Run the whole script under torch.autocast with this dtype.")] = (
+        Autocast.OFF
+    ),
+    timeout: Annotated[
+        Optional[float], typer.Option(min=0, help="Kill the run after this many seconds (status timeout).")
+    ] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Run directory (default: verify-runs/SCRIPT-DEVICE-TIME).")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the script's output.")] = False,
+) -> None:
+    """Run SCRIPT for N steps under instrumentation and write a run directory.
+
+    Exit codes: 0 ok or short (the script ended by itself after at least one step); 1 the script crashed, timed
+    out, produced a NaN loss or made no step; 2 usage or verify's own error.
+    """
+    options = RunOptions(
+        steps=steps, seed=seed, device=device.value, emulate_on=emulate_on.value, dump=dump, ops=ops,
+        no_dropout=no_dropout, autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb,
+    )
+    with Progress(
+        TextColumn("[bold]verify run[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=stderr, transient=True,
+    ) as progress:
+        task = progress.add_task(script.name, total=steps)
+        try:
+            run_dir = run_script(
+                script, list(script_args or []), options, run_dir=out,
+                on_output=None if quiet else lambda line: progress.console.print(line, markup=False, style="dim"),
+                on_progress=lambda done: progress.update(task, completed=done),
+            )
+        except VerifyError as error:
+            stderr.print(f"[bold red]error:[/] {error}")
+            raise typer.Exit(EXIT_ERROR) from None
+    manifest = read_manifest(run_dir)
+    _print_summary(manifest, run_dir)
+    if manifest.verify_error:
+        raise typer.Exit(EXIT_ERROR)
+    raise typer.Exit(EXIT_OK if manifest.status in _SUCCESS else EXIT_FAILED)
+
+
+def _final_loss(run_dir: Path) -> str:
+    from verify.store import read_run
+
+    losses = read_run(run_dir).losses
+    return f"{losses['loss'].iloc[-1]:.6g}" if len(losses) else "-"
+
+
+def _print_summary(manifest: RunManifest, run_dir: Path) -> None:
+    if manifest.emulated:
+        stderr.print(f"[bold black on yellow] EMULATED NPU [/] a test double on {manifest.emulated_on}, not an Ascend NPU")
+    table = Table.grid(padding=(0, 2))
+    style = _STYLES.get(manifest.status, "bold red")
+    table.add_row("status", f"[{style}]{manifest.status}[/]  {manifest.message}")
+    table.add_row("steps", f"{manifest.steps_completed} / {manifest.steps_requested}")
+    table.add_row("final loss", _final_loss(run_dir))
+    table.add_row("device", f"{manifest.device} ({manifest.device_name})" if manifest.device_name else manifest.device)
+    table.add_row("run dir", str(run_dir))
+    stderr.print(table)
+    if manifest.traceback:
+        stderr.print(manifest.traceback.rstrip(), markup=False, highlight=False, style="red")
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,239 @@
+"""Runs one training script under instrumentation in a child process and leaves a run directory.
+
+This is the only module of verify that starts processes. The parent never imports torch: it writes the initial
+manifest (which is the child's whole configuration), starts `python -P -m verify.bootstrap RUNDIR` in the script's
+folder in a new process group, streams the script's output into output.log and to a callback, reports progress
+from the manifest, enforces the timeout by killing the whole group, and finalises the manifest when the child
+could not (killed, timed out, died hard).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from verify.schema import LOG, DumpMode, RunManifest, Status
+from verify.store import RunDirError, now_iso, read_manifest, write_manifest
+
+DEVICES = ("auto", "cpu", "cuda", "npu", "emulated-npu")
+AUTOCAST = ("off", "fp16", "bf16")
+_IMPORTS_TORCH_NPU = re.compile(r"^\s*(import\s+torch_npu\b|from\s+torch_npu\b)", re.MULTILINE)
+_KILL_GRACE_S = 5.0
+_PROGRESS_POLL_S = 0.5
+
+
+class VerifyError(Exception):
+    """verify itself cannot do the run (bad options, unusable device, a run directory in the way): exit code 2."""
+
+
+@dataclass
+class RunOptions:
+    steps: int = 20
+    seed: int = 1234
+    device: str = "auto"
+    emulate_on: str = "cpu"
+    dump: DumpMode = DumpMode.STATS
+    ops: str | None = None
+    no_dropout: bool = False
+    autocast: str = "off"
+    timeout: float | None = None
+    tensor_cap_mb: float = 512.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def imports_torch_npu(script: Path) -> bool:
+    return _IMPORTS_TORCH_NPU.search(script.read_text(errors="replace")) is not None
+
+
+def resolve_device(script: Path, options: RunOptions) -> tuple[str, dict[str, str]]:
+    """The device to record and the environment the child needs for it. `auto` picks an NPU for a script that
+    imports torch_npu (the real one if it works here, else the emulated one); otherwise the child picks cuda or
+    cpu itself, so the parent never imports torch."""
+    device = options.device
+    if device == "auto" and imports_torch_npu(script):
+        device = "npu" if _npu_probe().available else "emulated-npu"
+    if device == "cpu":
+        return device, {"CUDA_VISIBLE_DEVICES": ""}
+    if device == "npu":
+        probe = _npu_probe()
+        if not probe.available:
+            raise VerifyError(f"--device npu: torch_npu does not work here ({probe.reason}); try --device emulated-npu")
+    if device == "emulated-npu":
+        return device, _emulation().emulation_env(options.emulate_on)
+    return device, {}
+
+
+def _emulation():
+    try:
+        from verify import emulate
+    except ImportError as error:
+        raise VerifyError(f"the emulated NPU is not available in this installation: {error}") from None
+    return emulate
+
+
+def _npu_probe():
+    return _emulation().probe_torch_npu()
+
+
+def _tool_version() -> str:
+    try:
+        return importlib.metadata.version("npu-port")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was not installed
+        return "0+unknown"
+
+
+def default_run_dir(script: Path, device: str) -> Path:
+    return Path("verify-runs") / f"{script.stem}-{device}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _check_inputs(script: Path, options: RunOptions, run_dir: Path) -> None:
+    if not script.is_file():
+        raise VerifyError(f"{script}: no such script")
+    if options.steps < 1:
+        raise VerifyError("--steps must be at least 1")
+    if options.device not in DEVICES:
+        raise VerifyError(f"--device must be one of {', '.join(DEVICES)}")
+    if options.autocast not in AUTOCAST:
+        raise VerifyError(f"--autocast must be one of {', '.join(AUTOCAST)}")
+    if options.ops:
+        try:
+            re.compile(options.ops)
+        except re.error as error:
+            raise VerifyError(f"--ops is not a valid regular expression: {error}") from None
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise VerifyError(f"{run_dir} already exists and is not an empty folder; choose another -o")
+
+
+def _initial_manifest(script: Path, args: list[str], options: RunOptions, device: str) -> RunManifest:
+    return RunManifest(
+        tool_version=_tool_version(),
+        script=str(script),
+        script_sha256=hashlib.sha256(script.read_bytes()).hexdigest(),
+        argv=list(args),
+        cwd=str(script.parent),
+        device=device,
+        emulated=device == "emulated-npu",
+        emulated_on=options.emulate_on if device == "emulated-npu" else "",
+        seed=options.seed,
+        dump_mode=options.dump.value,
+        ops_regex=options.ops or "",
+        tensor_cap_mb=options.tensor_cap_mb if options.dump == DumpMode.TENSOR else 0.0,
+        no_dropout=options.no_dropout,
+        autocast="" if options.autocast == "off" else options.autocast,
+        steps_requested=options.steps,
+        started_at=now_iso(),
+        timeout_s=options.timeout,
+    )
+
+
+def run_script(
+    script: Path,
+    args: list[str],
+    options: RunOptions,
+    run_dir: Path | None = None,
+    on_output: Callable[[str], None] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> Path:
+    """Runs `script args` for `options.steps` steps and returns the finished run directory (read its manifest for
+    the outcome). Raises VerifyError when verify cannot do the run; everything the script does ends up in the
+    manifest instead."""
+    script = Path(script).resolve()
+    device, device_env = resolve_device(script, options) if script.is_file() else (options.device, {})
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(script, device)
+    _check_inputs(script, options, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest = _initial_manifest(script, args, options, device)
+    write_manifest(run_dir, manifest)
+    env = {**os.environ, **device_env, **options.extra_env, "PYTHONHASHSEED": str(options.seed), "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    returncode, timed_out = _supervise(
+        [sys.executable, "-P", "-m", "verify.bootstrap", str(run_dir.resolve())],
+        script.parent, env, run_dir, options.timeout, on_output, on_progress,
+    )
+    _finalise(run_dir, returncode, timed_out, options.timeout, time.monotonic() - started)
+    return run_dir
+
+
+def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress) -> tuple[int, bool]:
+    with (run_dir / LOG).open("w", errors="replace") as log:
+        child = subprocess.Popen(
+            command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, errors="replace", bufsize=1, start_new_session=True,  # a group: the timeout kills workers too
+        )
+        reader = threading.Thread(target=_pump, args=(child.stdout, log, on_output), daemon=True)
+        reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        timed_out = False
+        last_steps = -1
+        while child.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                timed_out = True
+                _kill_group(child)
+                break
+            last_steps = _report_progress(run_dir, last_steps, on_progress)
+            try:
+                child.wait(timeout=_PROGRESS_POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+        reader.join(timeout=_KILL_GRACE_S)
+        _report_progress(run_dir, last_steps, on_progress)
+    return child.returncode, timed_out
+
+
+def _pump(stream, log, on_output) -> None:
+    for line in stream:
+        log.write(line)
+        log.flush()
+        if on_output is not None:
+            on_output(line.rstrip("\n"))
+
+
+def _report_progress(run_dir: Path, last_steps: int, on_progress) -> int:
+    if on_progress is None:
+        return last_steps
+    try:
+        steps = read_manifest(run_dir).steps_completed
+    except RunDirError:  # replaced atomically, so only a vanished folder gets here
+        return last_steps
+    if steps != last_steps:
+        on_progress(steps)
+    return steps
+
+
+def _kill_group(child: subprocess.Popen) -> None:
+    """SIGTERM to the child's whole group (DataLoader workers included), SIGKILL if it lingers."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=_KILL_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _finalise(run_dir: Path, returncode: int, timed_out: bool, timeout: float | None, wall_s: float) -> None:
+    """Completes the manifest when the child could not: timed out, killed, or dead before writing its end."""
+    manifest = read_manifest(run_dir)
+    manifest.wall_s = round(wall_s, 3)
+    if timed_out:
+        manifest.status, manifest.exit_code = Status.TIMEOUT.value, returncode
+        manifest.message = f"timed out after {timeout:g} s ({manifest.steps_completed} steps completed)"
+    elif manifest.status == Status.RUNNING.value:
+        manifest.status, manifest.exit_code = Status.CRASHED.value, returncode
+        cause = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+        manifest.message = f"the process {cause} before verify could record how it ended"
+    manifest.finished_at = manifest.finished_at or now_iso()
+    write_manifest(run_dir, manifest)

@@ -1,0 +1,226 @@
+"""Write and read run directories (the layout is in `verify.schema`). Never imports torch.
+
+The writer runs inside the instrumented child and receives plain Python numbers and numpy arrays: whatever touches
+tensors converts them first (`verify.capture`). The reader runs anywhere, including on a laptop without torch: it
+concatenates the per-step files, skips a step file truncated by a crash (with a warning), never unpickles anything
+and refuses names that would leave the run directory.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from verify.schema import (
+    GRAD_COLUMNS,
+    GRADS_DIR,
+    HPARAM_COLUMNS,
+    HPARAMS,
+    LOSS_COLUMNS,
+    LOSSES,
+    MANIFEST,
+    OP_COLUMNS,
+    OPS_DIR,
+    OUTPUT_COLUMNS,
+    OUTPUTS_DIR,
+    RunManifest,
+    step_file,
+)
+
+_STEP_FILE = re.compile(r"step-(\d{6})\.parquet")
+_ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
+TABLES: dict[str, dict[str, str]] = {OPS_DIR: OP_COLUMNS, GRADS_DIR: GRAD_COLUMNS, OUTPUTS_DIR: OUTPUT_COLUMNS}
+"""Folder of per-step parquet files -> its columns."""
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be read, or a name in it that points outside it."""
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    # A reader (or a parent finalising after a kill) must never see half a file: write beside it, then rename.
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+def now_iso() -> str:
+    """Manifest time stamps: ISO 8601, UTC, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_manifest(run_dir: Path, manifest: RunManifest) -> None:
+    _atomic_write_bytes(Path(run_dir) / MANIFEST, json.dumps(manifest.to_json(), indent=1).encode())
+
+
+def read_manifest(run_dir: Path) -> RunManifest:
+    path = Path(run_dir) / MANIFEST
+    try:
+        return RunManifest.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise RunDirError(f"{run_dir} is not a run directory: {MANIFEST} is missing") from None
+    except (json.JSONDecodeError, TypeError) as error:
+        raise RunDirError(f"{path} is not a valid manifest: {error}") from None
+
+
+def _arrow_schema(columns: Mapping[str, str]) -> pa.Schema:
+    return pa.schema([(name, _ARROW_TYPES[dtype]) for name, dtype in columns.items()])
+
+
+class RunWriter:
+    """Appends to a run directory as the run goes: CSV rows are flushed at once, step tables are renamed into
+    place whole, so everything written before a crash stays readable."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        for folder in TABLES:
+            (self.run_dir / folder).mkdir(parents=True, exist_ok=True)
+        self._csv = {name: self._open_csv(name, columns) for name, columns in ((LOSSES, LOSS_COLUMNS), (HPARAMS, HPARAM_COLUMNS))}
+
+    def _open_csv(self, name: str, columns: Sequence[str]) -> tuple[Any, Any]:
+        path = self.run_dir / name
+        handle = path.open("a", newline="")
+        writer = csv.writer(handle)
+        if path.stat().st_size == 0:
+            writer.writerow(columns)
+            handle.flush()
+        return handle, writer
+
+    def _append(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
+        handle, writer = self._csv[name]
+        writer.writerows(rows)
+        handle.flush()
+
+    def append_losses(self, rows: Iterable[Sequence[Any]]) -> None:
+        """Rows in LOSS_COLUMNS order; None becomes an empty cell."""
+        self._append(LOSSES, rows)
+
+    def append_hparams(self, rows: Iterable[tuple[int, int | str, str, Any, int]]) -> None:
+        """(step, group, name, value, optimizer) with any JSON-able value."""
+        self._append(HPARAMS, ((step, group, name, json.dumps(value), opt) for step, group, name, value, opt in rows))
+
+    def write_step_table(self, folder: str, step: int, columns: Mapping[str, Sequence[Any]]) -> None:
+        """One step of ops, grads or outputs, as column lists named as in the schema (missing columns: defaults)."""
+        expected = TABLES[folder]
+        length = len(next(iter(columns.values()))) if columns else 0
+        defaults = {"string": "", "int64": 0, "float64": None}
+        arrays = {
+            name: columns[name] if name in columns else [defaults[dtype]] * length for name, dtype in expected.items()
+        }
+        table = pa.table(arrays, schema=_arrow_schema(expected))
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        _atomic_write_bytes(self.run_dir / folder / step_file(step), sink.getvalue().to_pybytes())
+
+    def save_array(self, relative: str, array: np.ndarray) -> str:
+        """Saves a .npy under the run directory (no pickle) and returns its path relative to it."""
+        path = resolve_inside(self.run_dir, relative)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as handle:
+            np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
+        return relative
+
+    def close(self) -> None:
+        for handle, _ in self._csv.values():
+            handle.close()
+
+
+def resolve_inside(run_dir: Path, relative: str) -> Path:
+    """The file `relative` names inside `run_dir`; a name that is absolute or escapes the directory is refused."""
+    root = Path(run_dir).resolve()
+    if not relative or Path(relative).is_absolute():
+        raise RunDirError(f"refusing file name {relative!r}: not a relative path inside the run directory")
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root):
+        raise RunDirError(f"refusing file name {relative!r}: it points outside the run directory {root}")
+    return path
+
+
+@dataclass
+class Run:
+    """A run directory read into memory: the manifest and one frame per table (empty frames keep their columns)."""
+
+    path: Path
+    manifest: RunManifest
+    losses: pd.DataFrame
+    hparams: pd.DataFrame
+    ops: pd.DataFrame
+    grads: pd.DataFrame
+    outputs: pd.DataFrame
+    warnings: list[str] = field(default_factory=list)
+
+    def load_array(self, relative: str) -> np.ndarray:
+        """A tensor saved in the run (a `tensor_file` cell), loaded without pickle."""
+        return np.load(resolve_inside(self.path, relative), allow_pickle=False)
+
+
+def _empty(columns: Mapping[str, str]) -> pd.DataFrame:
+    return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in columns.items()})
+
+
+def _read_steps(run_dir: Path, folder: str, problems: list[str]) -> pd.DataFrame:
+    columns = TABLES[folder]
+    frames = []
+    directory = run_dir / folder
+    names = sorted(entry.name for entry in directory.iterdir() if _STEP_FILE.fullmatch(entry.name)) if directory.is_dir() else []
+    for name in names:
+        try:
+            frame = pq.read_table(directory / name).to_pandas()
+        except (pa.ArrowException, OSError) as error:  # a crash in the middle of a write: keep the other steps
+            problems.append(f"skipped unreadable {folder}/{name}: {error}")
+            continue
+        frames.append(frame.reindex(columns=list(columns)))
+    if not frames:
+        return _empty(columns)
+    return pd.concat(frames, ignore_index=True).astype(columns)
+
+
+def _read_csv(path: Path, columns: Sequence[str], numeric: Sequence[str], problems: list[str]) -> pd.DataFrame:
+    if not path.is_file():
+        return pd.DataFrame({name: pd.Series(dtype="float64" if name in numeric else "string") for name in columns})
+    frame = pd.read_csv(path, dtype="string", keep_default_na=False, on_bad_lines="skip").reindex(columns=list(columns))
+    for name in numeric:
+        frame[name] = pd.to_numeric(frame[name].replace("", None), errors="coerce")
+    complete = frame["step"].notna()
+    if not complete.all():  # the last line of a crashed run can be cut short
+        problems.append(f"skipped {int((~complete).sum())} incomplete row(s) of {path.name}")
+    frame = frame[complete].reset_index(drop=True)
+    frame["step"] = frame["step"].astype("int64")
+    return frame
+
+
+def read_run(run_dir: Path) -> Run:
+    """Reads a run directory written by `verify run` (or one cut short by a crash). Problems become `Run.warnings`
+    and Python warnings; only a missing or corrupt manifest is an error (RunDirError)."""
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    problems: list[str] = []
+    losses = _read_csv(run_dir / LOSSES, LOSS_COLUMNS, ("step", "micro_step", "loss", "loss_scale", "wall_ms"), problems)
+    if len(losses):
+        losses["micro_step"] = losses["micro_step"].astype("int64")
+    hparams = _read_csv(run_dir / HPARAMS, HPARAM_COLUMNS, ("step", "optimizer"), problems)
+    hparams["value"] = hparams["value"].map(_json_or_text, na_action="ignore").astype("object")
+    tables = {folder: _read_steps(run_dir, folder, problems) for folder in TABLES}
+    for problem in problems:
+        warnings.warn(f"{run_dir}: {problem}", stacklevel=2)
+    return Run(run_dir, manifest, losses, hparams, tables[OPS_DIR], tables[GRADS_DIR], tables[OUTPUTS_DIR], problems)
+
+
+def _json_or_text(cell: str) -> Any:
+    try:
+        return json.loads(cell)
+    except json.JSONDecodeError:
+        return cell
