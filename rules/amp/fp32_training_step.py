@@ -5,6 +5,7 @@ import libcst.matchers as m
 
 from migrate.types import AmpPolicy, Settings
 from rules.amp.loss_scaling import (
+    TORCH,
     Edit,
     StatementEdits,
     autocast,
@@ -219,7 +220,7 @@ class Fp32TrainingStep(StatementEdits, PortRule):
         for step in steps:
             for block, spans in step.regions.items():
                 for first, last in spans:
-                    wrap = Edit(first, message, wrap_until=last, wrapper=self._autocast, needs_torch=True)
+                    wrap = Edit(first, message, wrap_until=last, wrapper=self._autocast, imports=TORCH)
                     self.edit(block, wrap)
         if self._scales:
             self._scaler = free_name(node, "scaler", "grad_scaler", "amp_scaler")
@@ -259,7 +260,7 @@ class Fp32TrainingStep(StatementEdits, PortRule):
         message = f'created one loss scaler, {scaler} = torch.amp.GradScaler("npu")'
         if home is not None:
             block, index = home
-            self.edit(block, Edit(index, message, insert_after=(create,), needs_torch=True))
+            self.edit(block, Edit(index, message, insert_after=(create,), imports=TORCH))
             reach: cst.CSTNode = steps[0].scope
         else:
             self.edit(module, _after_imports(module, create, message + " at module level"))
@@ -349,5 +350,5 @@ def _after_imports(module: cst.Module, create: cst.BaseStatement, message: str) 
         elif not m.matches(line, m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
             break
     if last is None:
-        return Edit(0, message, insert_before=(create,), needs_torch=True)
-    return Edit(last, message, insert_after=(create,), needs_torch=True)
+        return Edit(0, message, insert_before=(create,), imports=TORCH)
+    return Edit(last, message, insert_after=(create,), imports=TORCH)

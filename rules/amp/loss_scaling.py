@@ -12,6 +12,7 @@ import libcst.matchers as m
 from rules.amp.step_analysis import Body, Step, code
 from rules.calls import same_quotes, string_value
 
+TORCH = (("torch", None),)
 # A file mentioning one of these already manages its precision: mixed precision is not inserted a second time.
 PRECISION_MARKERS = ("autocast", "GradScaler", "apex", "scale_loss", ".half()", "float16", "bfloat16", "deepspeed")
 # Libraries that run backward and the optimizer step themselves and bring their own mixed precision.
@@ -118,7 +119,7 @@ class Edit:
     insert_after: tuple[cst.BaseStatement, ...] = ()
     wrap_until: int | None = None
     wrapper: Callable[[Sequence[cst.BaseStatement]], cst.BaseStatement] | None = None
-    needs_torch: bool = False  # the new code names `torch`
+    imports: tuple[tuple[str, str | None], ...] = ()  # what the new code needs imported, as PortRule.replace takes
 
 
 Apply = Callable[[Body, Body, Edit], Body]
@@ -187,9 +188,8 @@ class StatementEdits:
             return updated
 
         def record(current: Body, new: Body, edit: Edit) -> Body:
-            imports = [("torch", None)] if edit.needs_torch else []
             at = original.body[edit.index]
-            return self.replace(original, current, new, edit.message, imports=imports, at=at)  # type: ignore
+            return self.replace(original, current, new, edit.message, imports=edit.imports, at=at)  # type: ignore
 
         return apply_edits(original, updated, edits, record)
 

@@ -1,0 +1,71 @@
+"""Where a training process starts, and how to put statements there (no rule lives here).
+
+Seeds and determinism switches must run in every process that trains: inside the function `mp.spawn` starts, else
+at the start of `main()`, else in the `if __name__ == "__main__":` block, else after the imports of a script.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence, Union
+
+import libcst as cst
+import libcst.matchers as m
+
+from rules.calls import dotted_name
+
+Entry = Union[cst.FunctionDef, cst.If, cst.Module]
+Resolver = Callable[[cst.CSTNode], "set[str]"]
+
+_SPAWN = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.start_processes"})
+_MAIN_GUARD = m.If(
+    test=m.Comparison(left=m.Name("__name__"), comparisons=[m.ComparisonTarget(comparator=m.SimpleString())])
+)
+
+
+def process_entry(module: cst.Module, resolve: Resolver) -> Entry:
+    """The node whose body each training process runs first."""
+    functions = {node.name.value: node for node in module.body if isinstance(node, cst.FunctionDef)}
+    for call in m.findall(module, m.Call(args=[m.AtLeastN(n=1)])):
+        if not resolve(call.func).isdisjoint(_SPAWN):  # type: ignore[attr-defined]
+            target = dotted_name(call.args[0].value)  # type: ignore[attr-defined]
+            if target in functions:
+                return functions[target]
+    if "main" in functions:
+        return functions["main"]
+    guard = next((node for node in module.body if m.matches(node, _MAIN_GUARD)), None)
+    return guard if guard is not None else module
+
+
+def numpy_alias(module: cst.Module) -> str | None:
+    """How the module names numpy (`np`, `numpy`), or None when it does not import it at the top."""
+    for line in module.body:
+        for alias in m.findall(line, m.ImportAlias(name=m.Name("numpy"))):
+            asname = alias.asname  # type: ignore[attr-defined]
+            return asname.name.value if asname is not None else "numpy"  # type: ignore[union-attr]
+    return None
+
+
+def at_start(entry: Entry, statements: Sequence[cst.BaseStatement]) -> Entry:
+    """`entry` with `statements` first in its body: after a docstring, or after a script's imports."""
+    if isinstance(entry, cst.Module):
+        body = list(entry.body)
+        index = _after_preamble(body, imports=True)
+        body[index:index] = statements
+        return entry.with_changes(body=body)
+    block = entry.body
+    if not isinstance(block, cst.IndentedBlock):
+        return entry
+    body = list(block.body)
+    index = _after_preamble(body, imports=False)
+    body[index:index] = statements
+    return entry.with_changes(body=block.with_changes(body=body))
+
+
+def _after_preamble(body: list[cst.BaseStatement], imports: bool) -> int:
+    preamble = m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])
+    if imports:
+        preamble = preamble | m.SimpleStatementLine(body=[m.AtLeastN(m.Import() | m.ImportFrom(), n=1)])
+    index = 0
+    while index < len(body) and m.matches(body[index], preamble):
+        index += 1
+    return index
