@@ -24,16 +24,29 @@ _MAIN_GUARD = m.If(
 
 def process_entry(module: cst.Module, resolve: Resolver) -> Entry:
     """The node whose body each training process runs first."""
-    functions = {node.name.value: node for node in module.body if isinstance(node, cst.FunctionDef)}
-    for call in m.findall(module, m.Call(args=[m.AtLeastN(n=1)])):
-        if not resolve(call.func).isdisjoint(_SPAWN):  # type: ignore[attr-defined]
-            target = dotted_name(call.args[0].value)  # type: ignore[attr-defined]
-            if target in functions:
-                return functions[target]
-    if "main" in functions:
-        return functions["main"]
+    target = spawn_target(module, resolve)
+    if target is not None:
+        return target
+    main = _functions(module).get("main")
+    if main is not None:
+        return main
     guard = next((node for node in module.body if m.matches(node, _MAIN_GUARD)), None)
     return guard if guard is not None else module
+
+
+def spawn_target(module: cst.Module, resolve: Resolver) -> cst.FunctionDef | None:
+    """The module-level function that `mp.spawn(fn, ...)` runs in each worker process, if any."""
+    functions = _functions(module)
+    for call in m.findall(module, m.Call(args=[m.AtLeastN(n=1)])):
+        if not resolve(call.func).isdisjoint(_SPAWN):  # type: ignore[attr-defined]
+            target = functions.get(dotted_name(call.args[0].value))  # type: ignore[attr-defined]
+            if target is not None:
+                return target
+    return None
+
+
+def _functions(module: cst.Module) -> dict[str, cst.FunctionDef]:
+    return {node.name.value: node for node in module.body if isinstance(node, cst.FunctionDef)}
 
 
 def numpy_alias(module: cst.Module) -> str | None:

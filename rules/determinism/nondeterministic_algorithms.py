@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from migrate.types import Settings
+from rules.amp.loss_scaling import statement
+from rules.base import Case, PortRule, Unchanged
+from rules.determinism.entry_points import Entry, at_start, process_entry, spawn_target
+
+_INIT = frozenset({"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"})
+
+
+class NondeterministicAlgorithms(PortRule):
+    """Switch on deterministic algorithms (and deterministic HCCL collectives) in each training process.
+
+    ## What it does
+    With `--deterministic`, in a file that does not call `torch.use_deterministic_algorithms` yet, inserts
+    `torch.use_deterministic_algorithms(True)` at the start of the training process: the function `mp.spawn`
+    starts, else the function that calls `init_process_group`, else `main()`, else the `if __name__ == "__main__":`
+    block, else the script after its imports. In a distributed script it also inserts
+    `os.environ["HCCL_DETERMINISTIC"] = "true"` there, before the process group exists.
+
+    ## Why
+    `torch.use_deterministic_algorithms(True)` is the NPU's determinism switch (the cudnn flags do nothing there);
+    it must run in the process that trains, and only the first setting counts. HCCL reduces in a fixed order only
+    with HCCL_DETERMINISTIC set before the communicator is created. Both make C1's run-twice check meaningful.
+
+    ## Safety
+    Safe: asked for with `--deterministic`. Operators without a deterministic kernel then raise an error that names
+    them; use `warn_only=True` to train anyway.
+
+    ## References
+    rules-catalogue DET-02, DET-03; torch_npu `npu/__init__.py` (set_deterministic_level note).
+    """
+
+    CODE = "DET003"
+    CHECKLIST = ("C1",)
+    TRIGGERS = ("torch",)
+    EXAMPLES = (
+        Case(
+            """
+            import torch
+            import torch.distributed as dist
+            import torch.multiprocessing as mp
+
+            def worker(rank, world):
+                dist.init_process_group("nccl", rank=rank, world_size=world)
+
+            if __name__ == "__main__":
+                mp.spawn(worker, args=(2,), nprocs=2)
+            """,
+            """
+            import torch
+            import torch.distributed as dist
+            import torch.multiprocessing as mp
+            import os
+
+            def worker(rank, world):
+                os.environ["HCCL_DETERMINISTIC"] = "true"
+                torch.use_deterministic_algorithms(True)
+                dist.init_process_group("nccl", rank=rank, world_size=world)
+
+            if __name__ == "__main__":
+                mp.spawn(worker, args=(2,), nprocs=2)
+            """,
+            lines=[5],
+            deterministic=True,
+        ),
+        Case(
+            """
+            import torch
+            model = Net()
+            """,
+            """
+            import torch
+            torch.use_deterministic_algorithms(True)
+            model = Net()
+            """,
+            lines=[1],
+            deterministic=True,
+        ),
+        Unchanged("import torch\ntorch.use_deterministic_algorithms(True)\n", deterministic=True),
+        Unchanged("import torch\nmodel = Net()\n"),
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._entry: Entry | None = None
+        self._distributed = False
+
+    @classmethod
+    def wants(cls, source: str, settings: Settings) -> bool:
+        return settings.deterministic and "use_deterministic_algorithms" not in source and super().wants(source, settings)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        worker = spawn_target(node, self.qualified_names)
+        inits = [call for call in m.findall(node, m.Call()) if not self.qualified_names(call.func).isdisjoint(_INIT)]  # type: ignore
+        self._distributed = worker is not None or bool(inits)
+        initialising = _function_holding(node, inits[0]) if inits else None
+        self._entry = worker or initialising or process_entry(node, self.qualified_names)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        return self._switch_on(original_node, updated_node)
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        return self._switch_on(original_node, updated_node)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return self._switch_on(original_node, updated_node)
+
+    def _switch_on(self, original: Entry, updated: Entry):
+        if original is not self._entry:
+            return updated
+        lines = ["torch.use_deterministic_algorithms(True)"]
+        if self._distributed and "HCCL_DETERMINISTIC" not in self.file.source:
+            lines.insert(0, 'os.environ["HCCL_DETERMINISTIC"] = "true"')
+        imports = [("torch", None)] + ([("os", None)] if len(lines) > 1 else [])
+        new = at_start(updated, [statement(line) for line in lines])
+        anchor = original.body[0] if isinstance(original, cst.Module) and original.body else original
+        message = "deterministic algorithms" + (" and HCCL collectives" if len(lines) > 1 else "") + " switched on"
+        return self.replace(original, updated, new, message, imports=imports, at=anchor)
+
+
+def _function_holding(module: cst.Module, call: cst.Call) -> cst.FunctionDef | None:
+    """The innermost function whose body holds `call`."""
+    holders = [f for f in m.findall(module, m.FunctionDef()) if any(c is call for c in m.findall(f, m.Call()))]
+    return holders[-1] if holders else None  # type: ignore[return-value]
