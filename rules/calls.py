@@ -80,8 +80,11 @@ def attribute_chain(dotted: str) -> cst.BaseExpression:
     return cst.parse_expression(dotted)
 
 
-def under(names: Iterable[str], *prefixes: str) -> str | None:
-    """The first of the qualified `names` that is one of the dotted `prefixes` or lies below one, else None."""
+def under(expression: cst.BaseExpression, names: Iterable[str], *prefixes: str) -> str | None:
+    """The first of `names` (the qualified names of `expression`) that is one of the dotted `prefixes` or lies below
+    one, else None. libcst names `f(x).decode` as `f.decode`, so only a plain dotted `expression` can match."""
+    if not dotted_name(expression):
+        return None
     for name in sorted(names):
         if any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes):
             return name

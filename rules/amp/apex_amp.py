@@ -4,7 +4,7 @@ import libcst as cst
 
 from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
-from rules.calls import argument, string_value
+from rules.calls import argument, string_value, under
 
 _INITIALIZE = "apex.amp.initialize"
 
@@ -55,7 +55,7 @@ class ApexAmp(PortRule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        name = next((name for name in self.qualified_names(node.func) if name.startswith("apex.amp.")), None)
+        name = under(node.func, self.qualified_names(node.func), "apex.amp")
         if name is None:
             return
         if name != _INITIALIZE:

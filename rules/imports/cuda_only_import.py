@@ -36,7 +36,9 @@ _CUDA_ONLY = {
         "CUDA attention kernels",
         "torch.nn.functional.scaled_dot_product_attention or torch_npu.npu_fusion_attention",
     ),
-    "xformers": _Verdict(Severity.WARNING, "CUDA attention kernels", "torch.nn.functional.scaled_dot_product_attention"),
+    "xformers": _Verdict(
+        Severity.WARNING, "CUDA attention kernels", "torch.nn.functional.scaled_dot_product_attention"
+    ),
     "bitsandbytes": _Verdict(Severity.ERROR, "CUDA quantization kernels", "bf16/fp16 weights and torch.optim"),
     "transformer_engine": _Verdict(Severity.ERROR, "NVIDIA's fp8 kernels", "torch.nn layers under torch.autocast"),
     "mamba_ssm": _Verdict(Severity.ERROR, "custom CUDA scan kernels", _KERNELS),

@@ -37,7 +37,7 @@ class BitsandbytesQuantization(PortRule):
             """
             import bitsandbytes as bnb
             from transformers import AutoModel, BitsAndBytesConfig
-            optimizer = bnb.optim.AdamW8bit(model.parameters(), lr=1e-4)
+            optimizer = bnb.optim.AdamW8bit(model.parameters(), lr=1e-4).step()
             config = BitsAndBytesConfig(load_in_4bit=True)
             model = AutoModel.from_pretrained(name, load_in_8bit=True)
             """,
@@ -52,7 +52,7 @@ class BitsandbytesQuantization(PortRule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        name = under(self.qualified_names(node.func), *_QUANTIZATION)
+        name = under(node.func, self.qualified_names(node.func), *_QUANTIZATION)
         switched = any(
             arg.keyword is not None and arg.keyword.value in _SWITCHES and _is_true(arg.value) for arg in node.args
         )

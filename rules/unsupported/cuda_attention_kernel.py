@@ -56,7 +56,7 @@ class CudaAttentionKernel(PortRule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        name = under(self.qualified_names(node.func), *_KERNELS)
+        name = under(node.func, self.qualified_names(node.func), *_KERNELS)
         if name is None and not any(_asks_for_flash_attention(arg) for arg in node.args):
             return
         self.report(

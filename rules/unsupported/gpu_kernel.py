@@ -86,7 +86,7 @@ class GpuKernel(PortRule):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         for decorator in node.decorators:
             target = decorator.decorator.func if isinstance(decorator.decorator, cst.Call) else decorator.decorator
-            name = under(self.qualified_names(target), *_KERNEL_DECORATORS)
+            name = under(target, self.qualified_names(target), *_KERNEL_DECORATORS)
             if name is not None:
                 self.report(
                     decorator,
@@ -97,7 +97,7 @@ class GpuKernel(PortRule):
                 return
 
     def visit_Call(self, node: cst.Call) -> None:
-        name = under(self.qualified_names(node.func), *_KERNEL_BUILDERS)
+        name = under(node.func, self.qualified_names(node.func), *_KERNEL_BUILDERS)
         if name is not None:
             self.report(
                 node,

@@ -36,7 +36,7 @@ class NvidiaSmi(PortRule):
         Flag(
             """
             import os, subprocess
-            out = subprocess.check_output(["nvidia-smi", "--query-gpu=memory.used", "--format=csv"])
+            out = subprocess.check_output(["nvidia-smi", "--query-gpu=memory.used", "--format=csv"]).decode()
             os.system("nvidia-smi -L")  # list GPUs
             """,
             lines=[2, 3],
@@ -51,7 +51,7 @@ class NvidiaSmi(PortRule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        if under(self.qualified_names(node.func), *_SHELL) is None:
+        if under(node.func, self.qualified_names(node.func), *_SHELL) is None:
             return
         if any("nvidia-smi" in (string_value(text) or "") for text in m.findall(node, m.SimpleString())):
             self.report(
