@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from migrate.types import Settings
+from rules.amp.loss_scaling import statement
+from rules.base import Case, PortRule, Unchanged
+from rules.calls import argument, keyword, keyword_names, with_args
+from rules.determinism.entry_points import numpy_alias
+
+_DATA_LOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+_HELPER = "seed_worker"
+
+
+class UnseededDataLoader(PortRule):
+    """Give each DataLoader a seeded generator, and seed its worker processes, when the port is seeded.
+
+    ## What it does
+    With `--seed N`, a `DataLoader(...)` without `generator=` gets `generator=torch.Generator().manual_seed(N)`,
+    and one with workers (`num_workers=` other than 0) and no `worker_init_fn=` gets `worker_init_fn=seed_worker`.
+    The `seed_worker` function (seeding python's and numpy's generators from the seed torch gives each worker) is
+    added once per file, before its first definition, unless the file already defines one.
+
+    ## Why
+    The shuffle order comes from the loader's generator and each worker's augmentations from its own generators:
+    without these, two seeded runs still see different batches (checklist C6).
+
+    ## Safety
+    Safe: asked for with `--seed`. The generator is a CPU generator, as the DataLoader's sampler needs.
+
+    ## References
+    rules-catalogue DET-04; PyTorch "Reproducibility" notes (DataLoader).
+    """
+
+    CODE = "DET004"
+    CHECKLIST = ("C6",)
+    TRIGGERS = ("DataLoader",)
+    EXAMPLES = (
+        Case(
+            """
+            import numpy as np
+            from torch.utils.data import DataLoader
+
+            def main():
+                loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4)
+            """,
+            """
+            import numpy as np
+            from torch.utils.data import DataLoader
+            import random
+            import torch
+
+            def seed_worker(worker_id):
+                \"\"\"Seed python's and numpy's generators in a DataLoader worker from the seed torch gave it.\"\"\"
+                worker_seed = torch.initial_seed() % 2**32
+                random.seed(worker_seed)
+                np.random.seed(worker_seed)
+
+            def main():
+                loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4, worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(7))
+            """,
+            lines=[4, 5],
+            seed=7,
+        ),
+        Case(
+            """
+            import torch
+            loader = torch.utils.data.DataLoader(dataset, shuffle=True)
+            """,
+            """
+            import torch
+            loader = torch.utils.data.DataLoader(dataset, shuffle=True, generator=torch.Generator().manual_seed(0))
+            """,
+            lines=[2],
+            seed=0,
+        ),
+        Unchanged(
+            """
+            from torch.utils.data import DataLoader
+            loader = DataLoader(dataset, shuffle=True)
+            """
+        ),
+        Unchanged(
+            """
+            from torch.utils.data import DataLoader
+            loader = DataLoader(dataset, num_workers=2, worker_init_fn=init, generator=g)
+            """,
+            seed=0,
+        ),
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._needs_helper = False
+        self._has_helper = False
+
+    @classmethod
+    def wants(cls, source: str, settings: Settings) -> bool:
+        return settings.seed is not None and super().wants(source, settings)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._has_helper = any(m.matches(line, m.FunctionDef(name=m.Name(_HELPER))) for line in node.body)
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if self.qualified_names(original_node.func).isdisjoint(_DATA_LOADER):
+            return updated_node
+        present = keyword_names(updated_node)
+        added = []
+        if "worker_init_fn" not in present and _has_workers(updated_node):
+            added.append(keyword("worker_init_fn", cst.Name(_HELPER)))
+        if "generator" not in present:
+            added.append(keyword("generator", cst.parse_expression(f"torch.Generator().manual_seed({self.settings.seed})")))
+        if not added:
+            return updated_node
+        new = with_args(updated_node, [*updated_node.args, *added])
+        names = " and ".join(arg.keyword.value for arg in added)  # type: ignore[union-attr]
+        self._needs_helper |= "worker_init_fn" in names
+        return self.replace(original_node, updated_node, new, f"seeded DataLoader: added {names}", imports=[("torch", None)])
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if not self._needs_helper or self._has_helper:
+            return updated_node
+        body = list(updated_node.body)
+        body.insert(_first_definition(body), _seed_worker(numpy_alias(original_node)))
+        new = updated_node.with_changes(body=body)
+        anchor = original_node.body[min(_first_definition(original_node.body), len(original_node.body) - 1)]
+        imports = [("random", None), ("torch", None)]
+        return self.replace(original_node, updated_node, new, f"added the {_HELPER} function", imports=imports, at=anchor)
+
+
+def _first_definition(body) -> int:
+    return next((i for i, line in enumerate(body) if isinstance(line, (cst.FunctionDef, cst.ClassDef))), len(body))
+
+
+def _has_workers(call: cst.Call) -> bool:
+    workers = argument(call, 5, "num_workers")
+    return workers is not None and not m.matches(workers.value, m.Integer("0"))
+
+
+def _seed_worker(numpy: str | None) -> cst.BaseStatement:
+    lines = [
+        f"def {_HELPER}(worker_id):",
+        '    """Seed python\'s and numpy\'s generators in a DataLoader worker from the seed torch gave it."""',
+        "    worker_seed = torch.initial_seed() % 2**32",
+        "    random.seed(worker_seed)",
+    ]
+    if numpy:
+        lines.append(f"    {numpy}.random.seed(worker_seed)")
+    helper = statement("\n".join(lines))
+    return helper.with_changes(leading_lines=[cst.EmptyLine()])
