@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from migrate.types import Safety, Severity
+from rules.base import Flag, PortRule, Unchanged
+from rules.calls import argument, string_value
+
+
+class SeedArgumentWithoutDefault(PortRule):
+    """Report a `--seed` command-line option whose default is None.
+
+    ## What it does
+    Reports `parser.add_argument("--seed", ...)` calls with no `default=` or `default=None`.
+
+    ## Why
+    Scripts usually seed only `if args.seed is not None`: run without the flag, the benchmark and the port train from
+    different random numbers and their losses cannot be compared step by step (checklist C1).
+
+    ## Safety
+    Report-only: the default is the author's choice.
+
+    ## References
+    rules-catalogue DET-01.
+    """
+
+    CODE = "DET009"
+    SAFETY = Safety.REPORT
+    CHECKLIST = ("C1",)
+    TRIGGERS = ("seed",)
+    METADATA_DEPENDENCIES = ()
+    EXAMPLES = (
+        Flag(
+            """
+            parser.add_argument("--seed", type=int, default=None, help="random seed")
+            parser.add_argument("--manual-seed", type=int)
+            """,
+            lines=[1, 2],
+        ),
+        Unchanged('parser.add_argument("--seed", type=int, default=42)\n'),
+    )
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not m.matches(node.func, m.Attribute(attr=m.Name("add_argument"))) or not node.args:
+            return
+        flag = string_value(node.args[0].value) or ""
+        if not flag.startswith("--") or "seed" not in flag:
+            return
+        default = argument(node, None, "default")
+        if default is None or m.matches(default.value, m.Name("None")):
+            self.report(
+                node,
+                f"{flag} defaults to None: runs without the flag are not seeded (C1)",
+                f"give {flag} a default (e.g. default=42), or port with migrate --seed N",
+                Severity.INFO,
+            )
