@@ -1,27 +1,26 @@
 """Pair the operator records of the reference run with those of the ported run. Nothing is dropped.
 
-Three passes, each over what the previous one left unpaired:
-
-1. exact: same key (step/phase/module/op#n) and io, and the same shape (a shape mismatch means the n-th call of
-   the op is not the same call on both sides: an extra call earlier in the module shifted the counter);
-2. related: ops that the NPU replaces by a different op (RELATED_OPS: aten op <-> fused NPU kernel), paired by their
-   order within (step, phase, module);
-3. sequence: within each (step, phase, module), difflib's longest matching blocks over op signatures, which survives
-   ops inserted or removed on one side.
+1. exact / related: the same call on both sides: step, phase, module, op#call_index, io and shape (a shape mismatch
+   means the n-th call is not the same call: an extra call earlier in the module shifted the counter). Ops that the
+   NPU replaces by another kernel (RELATED_OPS: aten op <-> fused NPU kernel) are identified by their family and
+   rank instead, and such a pair is `related`;
+2. sequence: within each (step, phase, module), difflib's longest matching blocks over op signatures (family, io,
+   shape) of what is left, which survives ops inserted or removed on one side.
 
 Whatever remains becomes an only_ref / only_actual row; ops that are expected on one side only (autocast casts) say so
-in `note`.
+in `note`. The work is done on integer codes (one vocabulary per string column, shared by both sides): a million
+records align in seconds.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from difflib import SequenceMatcher
 from enum import Enum
 
 import numpy as np
 import pandas as pd
 
-GROUP = ["step", "phase", "module"]
 
 
 class AlignStatus(str, Enum):
@@ -31,6 +30,9 @@ class AlignStatus(str, Enum):
     ONLY_REF = "only_ref"
     ONLY_ACTUAL = "only_actual"
 
+
+STATUS_CODES = {status: code for code, status in enumerate(AlignStatus)}
+MATCHED_STATUSES = (AlignStatus.EXACT.value, AlignStatus.RELATED.value, AlignStatus.SEQUENCE.value)
 
 # op -> family. Ops of one family compute the same thing with different kernels, so their outputs are comparable.
 RELATED_OPS: dict[str, str] = {
@@ -96,98 +98,205 @@ ONE_SIDED_OPS: dict[str, str] = {
 }
 
 
-def _family(op: pd.Series) -> pd.Series:
-    return op.map(RELATED_OPS).fillna(op)
+STRING_COLUMNS = ("phase", "module", "op", "io", "dtype", "shape", "md5", "tensor_file")
+NUMBER_COLUMNS = ("step", "seq", "call_index", "numel", "min", "max", "mean", "l2_norm", "nan_count", "inf_count")
+SHARED = ("step", "phase", "module", "io")  # identical on both sides of a pair (by construction of every pass)
+PER_SIDE = ("op", "seq", "call_index", "dtype", "shape", "numel", "min", "max", "mean", "l2_norm", "nan_count",
+            "inf_count", "md5", "tensor_file")
 
 
-def _exact_pairs(ref: pd.DataFrame, actual: pd.DataFrame) -> pd.DataFrame:
-    left = ref.loc[~ref.duplicated(["key", "io"], keep=False), ["key", "io", "shape", "ref_id"]]
-    right = actual.loc[~actual.duplicated(["key", "io"], keep=False), ["key", "io", "shape", "actual_id"]]
-    pairs = left.merge(right, on=["key", "io", "shape"], how="inner")
-    return pairs[["ref_id", "actual_id"]]
+@dataclass
+class _Side:
+    """One side as integer codes into vocabularies shared with the other side: passes work on ints, not strings."""
+
+    codes: dict[str, np.ndarray]  # string column -> codes (-1 = missing)
+    numbers: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.numbers["step"])
 
 
-def _related_pairs(ref: pd.DataFrame, actual: pd.DataFrame) -> pd.DataFrame:
-    """Pair related ops by their order within (step, phase, module, family, io)."""
-
-    def ranked(side: pd.DataFrame) -> pd.DataFrame:
-        side = side.loc[side["op"].isin(RELATED_OPS)].sort_values(["step", "seq"])
-        side = side.assign(family=side["op"].map(RELATED_OPS))
-        return side.assign(rank=side.groupby([*GROUP, "family", "io"], sort=False).cumcount())
-
-    keys = [*GROUP, "family", "io", "rank"]
-    pairs = ranked(ref)[[*keys, "ref_id"]].merge(ranked(actual)[[*keys, "actual_id"]], on=keys, how="inner")
-    return pairs[["ref_id", "actual_id"]]
+def _encode(ref: pd.DataFrame, actual: pd.DataFrame) -> tuple[_Side, _Side, dict[str, pd.Index]]:
+    vocab, ref_codes, actual_codes = {}, {}, {}
+    for column in STRING_COLUMNS:
+        codes, uniques = pd.factorize(pd.concat([ref[column], actual[column]], ignore_index=True))
+        ref_codes[column], actual_codes[column], vocab[column] = codes[:len(ref)], codes[len(ref):], uniques
+    numbers = [{c: side[c].to_numpy(dtype="float64" if c in ("min", "max", "mean", "l2_norm") else "int64",
+                                     na_value=np.nan if c in ("min", "max", "mean", "l2_norm") else 0)
+                for c in NUMBER_COLUMNS} for side in (ref, actual)]
+    return _Side(ref_codes, numbers[0]), _Side(actual_codes, numbers[1]), vocab
 
 
-def _sequence_pairs(ref: pd.DataFrame, actual: pd.DataFrame) -> pd.DataFrame:
-    """Longest matching blocks of op signatures (family|io) per (step, phase, module) present on both sides."""
-    ref = ref.sort_values(["step", "seq", "io"]).assign(signature=lambda f: _family(f["op"]) + "|" + f["io"])
-    actual = actual.sort_values(["step", "seq", "io"]).assign(signature=lambda f: _family(f["op"]) + "|" + f["io"])
-    actual_groups = {key: group for key, group in actual.groupby(GROUP, sort=False)}
+def _combined_key(columns: list[np.ndarray]) -> np.ndarray:
+    """One int64 per row that is equal exactly when all columns are: a mixed-radix number, re-factorised only when
+    the next digit would overflow int64."""
+    key, bound = np.zeros(len(columns[0]), dtype="int64"), 1
+    for column in columns:
+        column = column.astype("int64") + 1  # -1 (missing) becomes 0
+        radix = int(column.max(initial=0)) + 1
+        if bound * radix >= 2**62:
+            key = pd.factorize(key)[0]
+            bound = int(key.max(initial=0)) + 1
+        key, bound = key * radix + column, bound * radix
+    return key
+
+
+def _pairs_on(ref_key: np.ndarray, ref_ids: np.ndarray, actual_key: np.ndarray, actual_ids: np.ndarray) -> pd.DataFrame:
+    """Rows equal on their key; a key present twice on one side pairs nothing (no guessing between duplicates)."""
+    left = pd.DataFrame({"k": ref_key, "ref_id": ref_ids}).drop_duplicates("k", keep=False)
+    right = pd.DataFrame({"k": actual_key, "actual_id": actual_ids}).drop_duplicates("k", keep=False)
+    return left.merge(right, on="k", how="inner")[["ref_id", "actual_id"]]
+
+
+def _group_columns(side: _Side, rows: np.ndarray) -> list[np.ndarray]:
+    return [side.numbers["step"][rows], side.codes["phase"][rows], side.codes["module"][rows]]
+
+
+def _family_codes(vocab: dict[str, pd.Index]) -> tuple[np.ndarray, np.ndarray]:
+    """Per op in the vocabulary: its family code, and whether it is in RELATED_OPS."""
+    names = pd.Series(np.asarray(vocab["op"], dtype=object))
+    related = names.isin(RELATED_OPS).to_numpy()
+    family = pd.factorize(names.map(RELATED_OPS).fillna(names))[0]
+    return np.append(family, -1), np.append(related, False)  # index -1 (missing op) maps to the appended entry
+
+
+def _identities(ref: _Side, actual: _Side, vocab: dict[str, pd.Index]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per row: (step, phase, module, what, index, io, shape), equal on both sides for the same call.
+
+    `what` is the op and `index` its call_index, except for ops of a RELATED_OPS family in a (step, phase, module,
+    io) where both sides made the same number of that family's calls: there `what` is the family and `index` the
+    rank among its calls, so that an NPU kernel replacing some of the calls neither breaks nor shifts the pairing.
+    Where the counts differ, ranks would pair the wrong calls, so those rows keep op#call_index and whatever stays
+    unpaired goes to the sequence pass.
+    """
+    family, related = _family_codes(vocab)
+    sides = (ref, actual)
+    members = [np.flatnonzero(related[side.codes["op"]]) for side in sides]
+    group = _combined_key([np.concatenate(parts) for parts in zip(*(
+        [*_group_columns(side, rows), family[side.codes["op"][rows]], side.codes["io"][rows]]
+        for side, rows in zip(sides, members)))])
+    group = pd.factorize(group)[0] if len(group) else group
+    groups = np.split(group, [len(members[0])])
+    size = int(group.max(initial=-1)) + 1
+    balanced = np.bincount(groups[0], minlength=size) == np.bincount(groups[1], minlength=size)
+    identities = []
+    for side, rows, side_group in zip(sides, members, groups):
+        order = np.lexsort((side.numbers["seq"][rows], side.numbers["step"][rows]))
+        rank = np.empty(len(rows), dtype="int64")
+        rank[order] = pd.Series(side_group[order]).groupby(side_group[order]).cumcount().to_numpy()
+        use_family = rows[balanced[side_group]]
+        what = side.codes["op"].astype("int64")
+        what[use_family] = len(vocab["op"]) + family[side.codes["op"][use_family]]
+        index = side.numbers["call_index"].copy()
+        index[use_family] = rank[balanced[side_group]]
+        identities.append([*_group_columns(side, np.arange(len(side))), what, index, side.codes["io"],
+                           side.codes["shape"]])
+    return identities[0], identities[1]
+
+
+def _identity_pairs(ref: _Side, actual: _Side, vocab: dict[str, pd.Index]) -> pd.DataFrame:
+    """Pass 1: same identity; `exact` when the op names agree too, else `related`."""
+    ref_identity, actual_identity = _identities(ref, actual, vocab)
+    keys = _combined_key([np.concatenate(pair) for pair in zip(ref_identity, actual_identity)])
+    pairs = _pairs_on(keys[:len(ref)], np.arange(len(ref)), keys[len(ref):], np.arange(len(actual)))
+    same_op = ref.codes["op"][pairs["ref_id"].to_numpy()] == actual.codes["op"][pairs["actual_id"].to_numpy()]
+    return pairs.assign(status=np.where(same_op, STATUS_CODES[AlignStatus.EXACT], STATUS_CODES[AlignStatus.RELATED]))
+
+
+def _sequence_pairs(ref: _Side, actual: _Side, ref_rows: np.ndarray, actual_rows: np.ndarray,
+                    vocab: dict[str, pd.Index]) -> pd.DataFrame:
+    """Longest matching blocks of op signatures (family, io, shape) per (step, phase, module) on both sides."""
+    family, _ = _family_codes(vocab)
+    groups = _combined_key([np.concatenate(pair) for pair in zip(_group_columns(ref, ref_rows),
+                                                                   _group_columns(actual, actual_rows))])
+
+    def by_group(side: _Side, rows: np.ndarray, group: np.ndarray) -> dict[int, tuple[np.ndarray, list]]:
+        order = np.lexsort((side.codes["io"][rows], side.numbers["seq"][rows], group))
+        rows, group = rows[order], group[order]
+        signature = _combined_key([family[side.codes["op"][rows]], side.codes["io"][rows], side.codes["shape"][rows]])
+        bounds = np.flatnonzero(np.diff(group)) + 1
+        return {int(g[0]): (r, s.tolist()) for g, r, s in zip(np.split(group, bounds), np.split(rows, bounds),
+                                                              np.split(signature, bounds))}
+
+    ref_groups = by_group(ref, ref_rows, groups[:len(ref_rows)])
+    actual_groups = by_group(actual, actual_rows, groups[len(ref_rows):])
     ref_ids, actual_ids = [], []
-    for key, ref_group in ref.groupby(GROUP, sort=False):  # one iteration per module call group, not per row
-        actual_group = actual_groups.get(key)
-        if actual_group is None:
+    for group, (ref_group, ref_signature) in ref_groups.items():  # one iteration per module call, not per row
+        if group not in actual_groups:
             continue
-        matcher = SequenceMatcher(None, ref_group["signature"].tolist(), actual_group["signature"].tolist(),
-                                  autojunk=False)
+        actual_group, actual_signature = actual_groups[group]
+        matcher = SequenceMatcher(None, ref_signature, actual_signature, autojunk=False)
         for block in matcher.get_matching_blocks():
-            ref_ids.append(ref_group["ref_id"].to_numpy()[block.a:block.a + block.size])
-            actual_ids.append(actual_group["actual_id"].to_numpy()[block.b:block.b + block.size])
+            ref_ids.append(ref_group[block.a:block.a + block.size])
+            actual_ids.append(actual_group[block.b:block.b + block.size])
     if not ref_ids:
-        return pd.DataFrame({"ref_id": [], "actual_id": []}, dtype="int64")
-    return pd.DataFrame({"ref_id": np.concatenate(ref_ids), "actual_id": np.concatenate(actual_ids)})
-
-
-def _prefixed(side: pd.DataFrame, ids: np.ndarray, prefix: str) -> pd.DataFrame:
-    """Rows `ids` of `side` (-1 = missing: all NaN), columns renamed `prefix_column`."""
-    rows = side.drop(columns=[f"{prefix}_id"]).reindex(ids).reset_index(drop=True)
-    return rows.add_prefix(f"{prefix}_")
+        return pd.DataFrame({"ref_id": [], "actual_id": [], "status": []}, dtype="int64")
+    return pd.DataFrame({"ref_id": np.concatenate(ref_ids), "actual_id": np.concatenate(actual_ids),
+                         "status": STATUS_CODES[AlignStatus.SEQUENCE]})
 
 
 def align_ops(ref: pd.DataFrame, actual: pd.DataFrame) -> pd.DataFrame:
     """One row per pair or unpaired record: `status`, shared step/phase/module/io, then ref_* and actual_* columns.
 
-    Rows are in reference execution order, with actual-only rows placed at their own step and seq.
+    Rows are in reference execution order, with actual-only rows placed at their own step and seq. String columns
+    come back as categoricals sharing one vocabulary on both sides.
     """
-    ref = ref.reset_index(drop=True).assign(ref_id=np.arange(len(ref)))
-    actual = actual.reset_index(drop=True).assign(actual_id=np.arange(len(actual)))
-    found = []
-    for status, pairing in ((AlignStatus.EXACT, _exact_pairs), (AlignStatus.RELATED, _related_pairs),
-                            (AlignStatus.SEQUENCE, _sequence_pairs)):
-        ref_left = ref.loc[~ref["ref_id"].isin(_taken(found, "ref_id"))]
-        actual_left = actual.loc[~actual["actual_id"].isin(_taken(found, "actual_id"))]
-        if ref_left.empty or actual_left.empty:
-            break
-        found.append(pairing(ref_left, actual_left).assign(status=status.value))
-    only_ref = ref.loc[~ref["ref_id"].isin(_taken(found, "ref_id")), ["ref_id"]].assign(
-        actual_id=-1, status=AlignStatus.ONLY_REF.value)
-    only_actual = actual.loc[~actual["actual_id"].isin(_taken(found, "actual_id")), ["actual_id"]].assign(
-        ref_id=-1, status=AlignStatus.ONLY_ACTUAL.value)
-    pairs = pd.concat([*found, only_ref, only_actual], ignore_index=True)
-    return _assemble(ref, actual, pairs)
-
-
-def _taken(found: list[pd.DataFrame], column: str) -> np.ndarray:
-    return np.concatenate([pairs[column].to_numpy() for pairs in found]) if found else np.array([], dtype="int64")
-
-
-def _assemble(ref: pd.DataFrame, actual: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
-    ref_ids = pairs["ref_id"].to_numpy(dtype="int64")
-    actual_ids = pairs["actual_id"].to_numpy(dtype="int64")
-    ref_rows = _prefixed(ref, ref_ids, "ref")
-    actual_rows = _prefixed(actual, actual_ids, "actual")
+    ref_side, actual_side, vocab = _encode(ref, actual)
+    found = [_identity_pairs(ref_side, actual_side, vocab)]
+    ref_rows = np.setdiff1d(np.arange(len(ref_side)), found[0]["ref_id"].to_numpy())
+    actual_rows = np.setdiff1d(np.arange(len(actual_side)), found[0]["actual_id"].to_numpy())
+    if len(ref_rows) and len(actual_rows):
+        found.append(_sequence_pairs(ref_side, actual_side, ref_rows, actual_rows, vocab))
+        ref_rows = np.setdiff1d(ref_rows, found[-1]["ref_id"].to_numpy())
+        actual_rows = np.setdiff1d(actual_rows, found[-1]["actual_id"].to_numpy())
+    found.append(pd.DataFrame({"ref_id": ref_rows, "actual_id": -1, "status": STATUS_CODES[AlignStatus.ONLY_REF]}))
+    found.append(pd.DataFrame({"ref_id": -1, "actual_id": actual_rows,
+                               "status": STATUS_CODES[AlignStatus.ONLY_ACTUAL]}))
+    pairs = pd.concat(found, ignore_index=True)
+    ref_ids, actual_ids = pairs["ref_id"].to_numpy("int64"), pairs["actual_id"].to_numpy("int64")
+    statuses = pairs["status"].to_numpy("int64")
+    # Reference execution order; an actual-only row sorts at its own step and seq, close to where it ran.
     has_ref = ref_ids >= 0
-    shared = {column: ref_rows[f"ref_{column}"].where(has_ref, actual_rows[f"actual_{column}"])
-              for column in ("step", "phase", "module", "io")}
-    op = ref_rows["ref_op"].where(has_ref, actual_rows["actual_op"])
-    table = pd.concat([pd.DataFrame(shared), pairs[["status"]].reset_index(drop=True), ref_rows, actual_rows],
-                      axis=1)
-    table["step"] = table["step"].astype("int64")
-    # Order: ref execution order; an actual-only row sorts at its own seq, which is close to where it ran.
-    table["order"] = ref_rows["ref_seq"].where(has_ref, actual_rows["actual_seq"])
-    table["note"] = op.map(ONE_SIDED_OPS).where(~pairs["status"].isin(
-        [AlignStatus.EXACT.value, AlignStatus.RELATED.value, AlignStatus.SEQUENCE.value]).to_numpy(), pd.NA)
-    table = table.sort_values(["step", "order", "io"], kind="stable").drop(columns="order")
-    return table.reset_index(drop=True)
+    step = np.where(has_ref, _take(ref_side.numbers["step"], ref_ids, 0), _take(actual_side.numbers["step"], actual_ids, 0))
+    seq = np.where(has_ref, _take(ref_side.numbers["seq"], ref_ids, 0), _take(actual_side.numbers["seq"], actual_ids, 0))
+    io = np.where(has_ref, _take(ref_side.codes["io"], ref_ids, -1), _take(actual_side.codes["io"], actual_ids, -1))
+    order = np.lexsort((io, seq, step))
+    ref_ids, actual_ids, statuses = ref_ids[order], actual_ids[order], statuses[order]
+    return _assemble(ref_side, actual_side, vocab, ref_ids, actual_ids,
+                     pd.Categorical.from_codes(statuses, categories=[status.value for status in AlignStatus]))
+
+
+def _take(values: np.ndarray, ids: np.ndarray, missing: object) -> np.ndarray:
+    return np.where(ids >= 0, values[np.maximum(ids, 0)], missing) if len(values) else np.full(len(ids), missing)
+
+
+def _column(vocab: pd.Index, codes: np.ndarray) -> pd.Categorical:
+    return pd.Categorical.from_codes(codes, categories=vocab)
+
+
+def _assemble(ref: _Side, actual: _Side, vocab: dict[str, pd.Index], ref_ids: np.ndarray, actual_ids: np.ndarray,
+              status: pd.Categorical) -> pd.DataFrame:
+    has_ref = ref_ids >= 0
+    table: dict[str, object] = {}
+    for column in SHARED:
+        if column == "step":
+            table[column] = np.where(has_ref, _take(ref.numbers["step"], ref_ids, 0),
+                                     _take(actual.numbers["step"], actual_ids, 0))
+        else:
+            table[column] = _column(vocab[column], np.where(has_ref, _take(ref.codes[column], ref_ids, -1),
+                                                            _take(actual.codes[column], actual_ids, -1)))
+    table["status"] = status
+    for prefix, side, ids in (("ref", ref, ref_ids), ("actual", actual, actual_ids)):
+        for column in PER_SIDE:
+            if column in side.codes:
+                table[f"{prefix}_{column}"] = _column(vocab[column], _take(side.codes[column], ids, -1))
+            elif side.numbers[column].dtype.kind == "f":
+                table[f"{prefix}_{column}"] = _take(side.numbers[column], ids, np.nan)
+            else:
+                table[f"{prefix}_{column}"] = pd.arrays.IntegerArray(_take(side.numbers[column], ids, 0), ids < 0)
+    op_codes = np.where(has_ref, _take(ref.codes["op"], ref_ids, -1), _take(actual.codes["op"], actual_ids, -1))
+    notes = list(dict.fromkeys(ONE_SIDED_OPS.values()))
+    note_of_op = np.array([notes.index(ONE_SIDED_OPS[op]) if op in ONE_SIDED_OPS else -1 for op in vocab["op"]] + [-1])
+    one_sided = (ref_ids < 0) | (actual_ids < 0)
+    table["note"] = pd.Categorical.from_codes(np.where(one_sided, note_of_op[op_codes], -1), categories=notes)
+    return pd.DataFrame(table)

@@ -29,6 +29,7 @@ from verify.schema import GRAD_COLUMNS, HPARAM_COLUMNS, LOSS_COLUMNS, OP_COLUMNS
 HALF_DTYPES = ("float16", "bfloat16")
 AUTOCAST_DTYPES = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 MATCHED = (AlignStatus.EXACT.value, AlignStatus.RELATED.value, AlignStatus.SEQUENCE.value)
+JUDGED_BY = ["stats", "md5", "tensor"]  # which evidence decided a matched row's `passed`
 # How few matched ops make two runs look like different scripts rather than a port of one script.
 LOW_MATCH_SHARE = 0.5
 
@@ -249,12 +250,12 @@ def op_metrics(aligned: pd.DataFrame, ref: RunData, actual: RunData, policy: Pre
     nonfinite_agree = (_has(table, "ref_nan_count") == _has(table, "actual_nan_count")) & (
         _has(table, "ref_inf_count") == _has(table, "actual_inf_count"))
     stats_ok = ~(table["stats_error"].to_numpy() > table["tolerance"].to_numpy())  # NaN (no stats) is not a failure
-    table["judged_by"] = np.where(matched, "stats", "")
+    judged_by = np.where(matched, JUDGED_BY.index("stats"), -1)
     passed = stats_ok & nonfinite_agree
-    passed = _judge_md5(table, matched, passed, nonfinite_agree)
-    passed = _judge_tensors(table, matched, passed, nonfinite_agree, limits, ref, actual, notes)
-    table["passed"] = pd.array(np.where(matched, passed, False), dtype="boolean")
-    table.loc[~matched, "passed"] = pd.NA
+    passed = _judge_md5(table, matched, passed, nonfinite_agree, judged_by)
+    passed = _judge_tensors(table, matched, passed, nonfinite_agree, judged_by, limits, ref, actual, notes)
+    table["judged_by"] = pd.Categorical.from_codes(judged_by, categories=JUDGED_BY)
+    table["passed"] = pd.arrays.BooleanArray(passed & matched, ~matched)  # unmatched rows: NA, neither pass nor fail
     return table
 
 
@@ -262,32 +263,38 @@ def _has(table: pd.DataFrame, column: str) -> np.ndarray:
     return table[column].fillna(0).to_numpy("float64") > 0
 
 
-def _judge_md5(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray, nonfinite_agree: np.ndarray) -> np.ndarray:
-    ref_md5 = table["ref_md5"].fillna("").astype("object").to_numpy()
-    actual_md5 = table["actual_md5"].fillna("").astype("object").to_numpy()
-    both = matched & (ref_md5 != "") & (actual_md5 != "")
-    table["md5_equal"] = pd.array(np.where(both, metrics.md5_equal(ref_md5, actual_md5), False), dtype="boolean")
-    table.loc[~both, "md5_equal"] = pd.NA
-    table.loc[both, "judged_by"] = "md5"
-    return np.where(both, table["md5_equal"].fillna(False).to_numpy(bool) & nonfinite_agree, passed)
+def _filled(column: pd.Series) -> np.ndarray:
+    """Rows of a categorical string column (align_ops' output) that hold a non-empty value, without touching strings."""
+    codes = column.cat.codes.to_numpy()
+    non_empty = np.append(np.asarray(column.cat.categories != ""), False)
+    return non_empty[codes]  # code -1 (missing) takes the appended False
+
+
+def _judge_md5(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray, nonfinite_agree: np.ndarray,
+               judged_by: np.ndarray) -> np.ndarray:
+    both = matched & _filled(table["ref_md5"]) & _filled(table["actual_md5"])
+    # Both sides' columns share one vocabulary (align_ops), so equal codes are equal fingerprints.
+    equal = metrics.md5_equal(table["ref_md5"].cat.codes.to_numpy(), table["actual_md5"].cat.codes.to_numpy())
+    table["md5_equal"] = pd.arrays.BooleanArray(equal & both, ~both)
+    judged_by[both] = JUDGED_BY.index("md5")
+    return np.where(both, equal & nonfinite_agree, passed)
 
 
 def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray, nonfinite_agree: np.ndarray,
-                   limits: pd.DataFrame, ref: RunData, actual: RunData, notes: list[str]) -> np.ndarray:
+                   judged_by: np.ndarray, limits: pd.DataFrame, ref: RunData, actual: RunData, notes: list[str]) -> np.ndarray:
     """Tensor mode: full-tensor metrics for the (few) rows whose both sides saved their tensor."""
-    ref_files = table["ref_tensor_file"].fillna("").astype("object").to_numpy()
-    actual_files = table["actual_tensor_file"].fillna("").astype("object").to_numpy()
-    rows = np.flatnonzero(matched & (ref_files != "") & (actual_files != ""))
+    rows = np.flatnonzero(matched & _filled(table["ref_tensor_file"]) & _filled(table["actual_tensor_file"]))
+    ref_files, actual_files = table["ref_tensor_file"].to_numpy()[rows], table["actual_tensor_file"].to_numpy()[rows]
     values = {name: np.full(len(table), np.nan) for name in metrics.TENSOR_METRICS}
     unreadable = []
-    for row in rows:  # one iteration per saved tensor pair: each needs two file reads anyway
+    for row, ref_file, actual_file in zip(rows, ref_files, actual_files):  # one per saved tensor pair: file reads
         try:
-            ref_tensor, actual_tensor = ref.load_array(ref_files[row]), actual.load_array(actual_files[row])
+            ref_tensor, actual_tensor = ref.load_array(ref_file), actual.load_array(actual_file)
         except (OSError, ValueError, CompareError) as error:
-            unreadable.append(f"{ref_files[row]} / {actual_files[row]}: {error}")
+            unreadable.append(f"{ref_file} / {actual_file}: {error}")
             continue
         if ref_tensor.shape != actual_tensor.shape:
-            unreadable.append(f"{ref_files[row]}: shape {ref_tensor.shape} vs {actual_tensor.shape}")
+            unreadable.append(f"{ref_file}: shape {ref_tensor.shape} vs {actual_tensor.shape}")
             continue
         for name, metric in metrics.TENSOR_METRICS.items():
             values[name][row] = metric(ref_tensor, actual_tensor)
@@ -304,45 +311,51 @@ def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray,
     tensor_ok = (values["cosine"] >= limits["cosine_min"].to_numpy()) & ~(
         (values["max_abs_error"] > limits["max_abs_error"].to_numpy())
         & (values["within_5e3"] < limits["within_5e3_min"].to_numpy()))
-    table.loc[judged, "judged_by"] = "tensor"
+    judged_by[judged] = JUDGED_BY.index("tensor")
     return np.where(judged, tensor_ok & nonfinite_agree, passed)
 
 
 def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
     """The earliest op (ref step, seq) whose outputs break tolerance while its inputs agree (see module doc)."""
-    matched = table.loc[table["status"].isin(MATCHED)]
-    if matched.empty:
+    matched = np.flatnonzero(table["status"].isin(MATCHED).to_numpy())
+    if not len(matched):
         return None
-    is_input = matched["io"].str.startswith("in").to_numpy(bool)
-    ops = matched.assign(is_input=is_input, ok=matched["passed"].fillna(True).astype(bool))
-    per_op = ops.groupby(["step", "ref_seq"], sort=True).agg(inputs_recorded=("is_input", "any"))
-    outputs = ops.loc[~ops["is_input"]].groupby(["step", "ref_seq"])["ok"].all()
-    inputs = ops.loc[ops["is_input"]].groupby(["step", "ref_seq"])["ok"].all()
-    per_op["outputs_ok"] = outputs.reindex(per_op.index, fill_value=True)
-    previous_ok = per_op.groupby(level="step")["outputs_ok"].shift(1)
-    per_op["first_of_step"] = previous_ok.isna()
-    per_op["inputs_ok"] = np.where(per_op["inputs_recorded"], inputs.reindex(per_op.index, fill_value=True),
-                                   previous_ok.fillna(True).astype(bool))
-    candidates = per_op.loc[~per_op["outputs_ok"] & per_op["inputs_ok"]]
-    if candidates.empty:
+    step = table["step"].to_numpy()[matched]
+    seq = table["ref_seq"].to_numpy(dtype="int64", na_value=0)[matched]
+    is_input = table["io"].iloc[matched].str.startswith("in").to_numpy(dtype=bool, na_value=False)
+    failed = (table["passed"].iloc[matched] == False).to_numpy(dtype=bool, na_value=False)  # noqa: E712
+    # One id per op call, increasing in execution order (the table is sorted by step, then ref seq).
+    op_id = pd.factorize(step * (int(seq.max()) + 1) + seq, sort=True)[0]
+    n_ops = int(op_id.max()) + 1
+    output_failed = np.bincount(op_id, weights=failed & ~is_input, minlength=n_ops) > 0
+    input_failed = np.bincount(op_id, weights=failed & is_input, minlength=n_ops) > 0
+    inputs_recorded = np.bincount(op_id, weights=is_input, minlength=n_ops) > 0
+    op_step = np.zeros(n_ops, dtype="int64")
+    op_step[op_id] = step
+    first_of_step = np.r_[True, op_step[1:] != op_step[:-1]]
+    previous_ok = np.r_[True, ~output_failed[:-1]] | first_of_step
+    inputs_ok = np.where(inputs_recorded, ~input_failed, previous_ok)
+    candidates = np.flatnonzero(output_failed & inputs_ok)
+    if not len(candidates):
         return None
-    step, seq = candidates.index[0]
-    evidence = candidates.iloc[0]
-    rows = ops.loc[(ops["step"] == step) & (ops["ref_seq"] == seq) & ~ops["is_input"] & ~ops["ok"]]
+    chosen = candidates[0]
+    rows = table.iloc[matched[(op_id == chosen) & failed & ~is_input]]
     worst = rows.sort_values("stats_error", ascending=False, na_position="last").iloc[0]
+    stats = (*metrics.STAT_NAMES, "nan_count", "inf_count")
     return {
-        "step": int(step), "seq": int(seq), "phase": worst["phase"], "module": worst["module"],
-        "op": worst["ref_op"], "actual_op": worst["actual_op"], "io": worst["io"], "status": worst["status"],
-        "judged_by": worst["judged_by"], "dtype": worst["ref_dtype"], "actual_dtype": worst["actual_dtype"],
+        "step": int(worst["step"]), "seq": int(worst["ref_seq"]), "phase": str(worst["phase"]),
+        "module": str(worst["module"]), "op": str(worst["ref_op"]), "actual_op": str(worst["actual_op"]),
+        "io": str(worst["io"]), "status": str(worst["status"]), "judged_by": str(worst["judged_by"]),
+        "dtype": str(worst["ref_dtype"]), "actual_dtype": str(worst["actual_dtype"]),
         "stats_error": float(worst["stats_error"]), "tolerance": float(worst["tolerance"]),
-        "ref": {stat: float(worst[f"ref_{stat}"]) for stat in (*metrics.STAT_NAMES, "nan_count", "inf_count")},
-        "actual": {stat: float(worst[f"actual_{stat}"]) for stat in (*metrics.STAT_NAMES, "nan_count", "inf_count")},
+        "ref": {stat: float(worst[f"ref_{stat}"]) for stat in stats},
+        "actual": {stat: float(worst[f"actual_{stat}"]) for stat in stats},
         "cosine": float(worst.get("cosine", np.nan)),
-        "inputs_evidence": ("its recorded inputs agree" if evidence["inputs_recorded"]
+        "inputs_evidence": ("its recorded inputs agree" if inputs_recorded[chosen]
                             else "first recorded op of the step (inputs: batch and weights, not recorded)"
-                            if evidence["first_of_step"] else "the previous matched op of the step agrees"),
-        "first_of_step": bool(evidence["first_of_step"]) and not bool(evidence["inputs_recorded"]),
-        "ops_past_tolerance": int((~ops["ok"]).sum()),
+                            if first_of_step[chosen] else "the previous matched op of the step agrees"),
+        "first_of_step": bool(first_of_step[chosen] and not inputs_recorded[chosen]),
+        "ops_past_tolerance": int(failed.sum()),
     }
 
 

@@ -41,7 +41,12 @@ STATUS_COLOURS = {"exact": "FFFFFF", "related": "DDEBF7", "sequence": "FFF2CC", 
 
 
 def op_report_frame(result: ComparisonResult) -> pd.DataFrame:
-    return result.ops.reindex(columns=OP_REPORT_COLUMNS)
+    """The ops table as written to ops.csv/xlsx, with each side's key (verify.schema's key format) rebuilt."""
+    ops = result.ops
+    prefix = ops["step"].astype(str) + "/" + ops["phase"].astype(str) + "/" + ops["module"].astype(str) + "/"
+    keys = {f"{side}_key": (prefix + ops[f"{side}_op"].astype(str) + "#" + ops[f"{side}_call_index"].astype(str))
+            .where(ops[f"{side}_op"].notna()) for side in ("ref", "actual")}
+    return ops.assign(**keys).reindex(columns=OP_REPORT_COLUMNS)
 
 
 def _row_colour(status: str, passed: Any) -> str:

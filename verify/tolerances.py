@@ -9,7 +9,7 @@ An op whose two sides have different dtypes (fp32 reference against an fp16 port
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import astuple, dataclass, fields
 
 import numpy as np
 import pandas as pd
@@ -65,29 +65,28 @@ OUTPUT_TOP1_MIN = 0.99  # at most 1% of samples change their top-1 class
 OUTPUT_TOP5_MIN = 0.99  # top-5 sets overlap by 99% on average
 
 
+FIELDS = [f.name for f in fields(OpTolerance)]
+
+
 def op_tolerance(dtype: str) -> OpTolerance:
     if dtype in EXACT_DTYPES:
         return EXACT
     return OP_TOLERANCES.get(dtype, UNKNOWN_DTYPE)
 
 
-def tolerance_frame() -> pd.DataFrame:
-    """One row per known dtype, one column per field: for vectorised lookups."""
-    table = {dtype: op_tolerance(dtype) for dtype in (*OP_TOLERANCES, *EXACT_DTYPES)}
-    return pd.DataFrame({f.name: [getattr(t, f.name) for t in table.values()] for f in fields(OpTolerance)},
-                        index=pd.Index(list(table), name="dtype"))
+def _per_row(dtypes: pd.Series) -> np.ndarray:
+    """rows x OpTolerance fields, looked up once per distinct dtype."""
+    codes, uniques = pd.factorize(dtypes)
+    table = np.array([astuple(op_tolerance(str(dtype))) for dtype in uniques] + [astuple(UNKNOWN_DTYPE)], float)
+    return table[codes]  # code -1 (missing dtype) takes the appended UNKNOWN_DTYPE row
 
 
 def pair_tolerances(ref_dtype: pd.Series, actual_dtype: pd.Series, widen: float = 1.0) -> pd.DataFrame:
     """Per aligned row, the tolerance of the looser of the two dtypes, widened by `widen` (AMP-vs-fp32 policy)."""
-    table = tolerance_frame()
-    unknown = pd.DataFrame([{f.name: getattr(UNKNOWN_DTYPE, f.name) for f in fields(OpTolerance)}])
-    ref_rows = table.reindex(ref_dtype.astype("object").to_numpy())
-    actual_rows = table.reindex(actual_dtype.astype("object").to_numpy())
-    ref_rows = ref_rows.fillna(unknown.iloc[0]).reset_index(drop=True)
-    actual_rows = actual_rows.fillna(unknown.iloc[0]).reset_index(drop=True)
-    looser = np.where((actual_rows["looseness"] > ref_rows["looseness"]).to_numpy()[:, None], actual_rows, ref_rows)
-    chosen = pd.DataFrame(looser, columns=table.columns, index=ref_dtype.index).astype("float64")
+    ref_rows, actual_rows = _per_row(ref_dtype), _per_row(actual_dtype)
+    looseness = FIELDS.index("looseness")
+    looser = np.where((actual_rows[:, looseness] > ref_rows[:, looseness])[:, None], actual_rows, ref_rows)
+    chosen = pd.DataFrame(looser, columns=FIELDS, index=ref_dtype.index)
     chosen["stats_rtol"] *= widen
     chosen["max_abs_error"] *= widen
     chosen["cosine_min"] = 1.0 - (1.0 - chosen["cosine_min"]) * widen

@@ -1,0 +1,78 @@
+"""align_ops: exact, related and sequence passes, and nothing dropped."""
+
+import pandas as pd
+
+from verify.align import ONE_SIDED_OPS, align_ops
+from verify.schema import OP_COLUMNS
+
+
+def ops(calls: list[tuple[str, str]], step: int = 0, phase: str = "forward", shape: str = "4x4") -> pd.DataFrame:
+    """(module, op) calls in execution order, one out0 record each, statistics numbering the call."""
+    frame = pd.DataFrame(calls, columns=["module", "op"]).assign(step=step, phase=phase, io="out0", dtype="float32",
+                                                                  shape=shape, numel=16, nan_count=0, inf_count=0,
+                                                                  md5="", tensor_file="")
+    frame["seq"] = range(len(frame))
+    frame["call_index"] = frame.groupby(["module", "op"]).cumcount()
+    frame["key"] = (f"{step}/{phase}/" + frame["module"] + "/" + frame["op"] + "#" + frame["call_index"].astype(str))
+    frame = frame.assign(min=-1.0, max=1.0, mean=0.0, l2_norm=4.0)
+    return frame[list(OP_COLUMNS)].astype(OP_COLUMNS)
+
+
+def pairs(table: pd.DataFrame) -> list[tuple]:
+    return list(zip(table["status"].astype(str), table["ref_op"].astype(object).where(table["ref_op"].notna(), None),
+                    table["actual_op"].astype(object).where(table["actual_op"].notna(), None)))
+
+
+def test_exact_keys_pair_and_keep_reference_order():
+    calls = [("m", "aten.mm"), ("m", "aten.add"), ("m", "aten.mm")]
+    table = align_ops(ops(calls), ops(calls))
+    assert pairs(table) == [("exact", "aten.mm", "aten.mm"), ("exact", "aten.add", "aten.add"),
+                            ("exact", "aten.mm", "aten.mm")]
+    assert table["ref_seq"].tolist() == table["actual_seq"].tolist() == [0, 1, 2]
+
+
+def test_related_ops_pair_when_both_sides_have_the_same_number_of_calls():
+    ref = ops([("m", "aten.gelu"), ("m", "aten.mm"), ("m", "aten.gelu")])
+    actual = ops([("m", "npu.npu_fast_gelu"), ("m", "aten.mm"), ("m", "aten.gelu")])
+    table = align_ops(ref, actual)
+    assert sorted(pairs(table)) == [("exact", "aten.gelu", "aten.gelu"), ("exact", "aten.mm", "aten.mm"),
+                                    ("related", "aten.gelu", "npu.npu_fast_gelu")]
+
+
+def test_a_missing_call_leaves_the_rest_to_sequence_matching():
+    # The port drops the first add: exact keys now pair add#0 with the ref's add#1, whose shapes differ.
+    ref = pd.concat([ops([("m", "aten.add")], shape="2x2"), ops([("m", "aten.mul"), ("m", "aten.add")])])
+    ref = ref.assign(seq=range(3), call_index=[0, 0, 1], key=["0/forward/m/aten.add#0", "0/forward/m/aten.mul#0",
+                                                              "0/forward/m/aten.add#1"])
+    actual = ops([("m", "aten.mul"), ("m", "aten.add")])
+    table = align_ops(ref.astype(OP_COLUMNS), actual)
+    assert pairs(table) == [("only_ref", "aten.add", None), ("exact", "aten.mul", "aten.mul"),
+                            ("sequence", "aten.add", "aten.add")]
+
+
+def test_unmatched_ops_stay_as_rows_with_notes_for_expected_ones():
+    ref = ops([("m", "aten.mm"), ("m", "aten.relu")])
+    actual = ops([("m", "aten._to_copy"), ("m", "aten.mm"), ("other", "aten.sum")])
+    table = align_ops(ref, actual)
+    assert len(table) == 4
+    assert sorted(pairs(table), key=str) == sorted([("exact", "aten.mm", "aten.mm"), ("only_ref", "aten.relu", None),
+                                                    ("only_actual", None, "aten._to_copy"),
+                                                    ("only_actual", None, "aten.sum")], key=str)
+    notes = dict(zip(table["actual_op"].astype(str), table["note"].astype(object)))
+    assert notes["aten._to_copy"] == ONE_SIDED_OPS["aten._to_copy"]
+    assert pd.isna(notes["aten.sum"])
+
+
+def test_steps_and_phases_never_pair_across():
+    ref = pd.concat([ops([("m", "aten.mm")], step=0), ops([("m", "aten.mm")], step=1, phase="backward")])
+    actual = pd.concat([ops([("m", "aten.mm")], step=1), ops([("m", "aten.mm")], step=0, phase="backward")])
+    table = align_ops(ref, actual)
+    assert sorted(table["status"].astype(str)) == ["only_actual", "only_actual", "only_ref", "only_ref"]
+
+
+def test_empty_sides():
+    empty = ops([])
+    assert align_ops(empty, empty).empty
+    table = align_ops(ops([("m", "aten.mm")]), empty)
+    assert pairs(table) == [("only_ref", "aten.mm", None)]
+
