@@ -15,14 +15,16 @@ TINY = 1e-30  # guards divisions; far below any fp16/bf16 subnormal, so it never
 
 
 def difference(ref: np.ndarray, actual: np.ndarray) -> np.ndarray:
-    return actual - ref
+    with np.errstate(invalid="ignore"):  # inf - inf is nan: both overflowed, judged by the nan/inf counts
+        return actual - ref
 
 
 def relative_difference(ref: np.ndarray, actual: np.ndarray) -> np.ndarray:
     """|actual - ref| / |ref|; 0 where both are equal (zeros included), inf where only ref is zero."""
     with np.errstate(divide="ignore", invalid="ignore"):
         result = np.abs(actual - ref) / np.abs(ref)
-    return np.where(actual == ref, 0.0, result)
+        equal = actual == ref
+    return np.where(equal, 0.0, result)
 
 
 def stats_error(ref: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> np.ndarray:
