@@ -60,6 +60,12 @@ def flag_value(call: cst.Call, positions: dict[str, int], name: str) -> cst.Base
     return passed.value if passed is not None else None
 
 
+def description(call: cst.Call, positions: dict[str, int], assigned: str, *parameters: str) -> str:
+    """What says which split a call serves: the names it is assigned to, and the source of the given arguments."""
+    values = (flag_value(call, positions, name) for name in parameters)
+    return " ".join([assigned, *(source(value) for value in values if value is not None)])
+
+
 def is_true(value: cst.BaseExpression | None) -> bool:
     return value is not None and m.matches(value, m.Name("True"))
 

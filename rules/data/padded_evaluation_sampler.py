@@ -12,9 +12,9 @@ from rules.data._loaders import (
     LOADER_POSITIONS,
     SAMPLER_POSITIONS,
     assigned_calls,
+    description,
     flag_value,
     names_evaluation_split,
-    source,
 )
 
 
@@ -101,9 +101,7 @@ class PaddedEvaluationSampler(PortRule):
 
     def _serves_evaluation(self, call: cst.Call, positions: dict[str, int]) -> bool:
         """The call's dataset argument or the name its value is assigned to says val/eval/test."""
-        dataset = flag_value(call, positions, "dataset")
-        text = self._assigned_to.get(call, "") + " " + (source(dataset) if dataset is not None else "")
-        return names_evaluation_split(text)
+        return names_evaluation_split(description(call, positions, self._assigned_to.get(call, ""), "dataset"))
 
 
 def _pads(sampler: cst.Call) -> bool:

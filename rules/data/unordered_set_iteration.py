@@ -95,7 +95,7 @@ class UnorderedSetIteration(PortRule):
     def visit_Call(self, node: cst.Call) -> None:
         if self.refers_to(node.func, *_ORDER_FREE):
             self._order_free.update(arg.value for arg in node.args)
-        elif node not in self._order_free and self.refers_to(node.func, "builtins.tuple") and self._listed_strings(node):
+        elif self.refers_to(node.func, "builtins.tuple") and self._orders_strings(node):
             self._report_iteration(node, "tuple(...) of a set")
 
     def visit_For(self, node: cst.For) -> None:
@@ -111,8 +111,7 @@ class UnorderedSetIteration(PortRule):
         self._check_comprehension(node)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        listing = original_node not in self._order_free and self.refers_to(original_node.func, "builtins.list")
-        if not listing or not self._listed_strings(original_node):
+        if not self.refers_to(original_node.func, "builtins.list") or not self._orders_strings(original_node):
             return updated_node
         return self.replace(
             original_node,
@@ -145,9 +144,9 @@ class UnorderedSetIteration(PortRule):
             Severity.WARNING,
         )
 
-    def _listed_strings(self, call: cst.Call) -> bool:
-        """`list(S)` / `tuple(S)` where S, the only argument, is a set of what its names say are strings."""
-        if len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
+    def _orders_strings(self, call: cst.Call) -> bool:
+        """`list(S)` / `tuple(S)`, whose order is used, where S is a set of what its names say are strings."""
+        if call in self._order_free or len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
             return False
         listed = call.args[0].value
         return self._is_set(listed) and _holds_strings(listed, self._assigned_to.get(call, ""))
