@@ -24,6 +24,7 @@ import pandas as pd
 
 from verify import metrics, tolerances
 from verify.align import AlignStatus, align_ops
+from verify.store import RunDirError, resolve_inside
 from verify.schema import GRAD_COLUMNS, HPARAM_COLUMNS, LOSS_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS, RunManifest, Status
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -60,15 +61,7 @@ class RunData:
 
     def load_array(self, relative: str) -> np.ndarray:
         """A .npy file named by the run itself, confined to the run directory and never unpickled."""
-        return np.load(safe_path(self.root, relative), allow_pickle=False)
-
-
-def safe_path(root: Path, relative: str) -> Path:
-    """`root / relative`, refusing names that are absolute or climb out of `root` (names come from a dump)."""
-    candidate = (root / relative).resolve()
-    if Path(relative).is_absolute() or not candidate.is_relative_to(root.resolve()):
-        raise CompareError(f"refusing file name {relative!r}: it points outside {root}")
-    return candidate
+        return np.load(resolve_inside(self.root, relative), allow_pickle=False)
 
 
 @dataclass(frozen=True)
@@ -290,7 +283,7 @@ def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray,
     for row, ref_file, actual_file in zip(rows, ref_files, actual_files):  # one per saved tensor pair: file reads
         try:
             ref_tensor, actual_tensor = ref.load_array(ref_file), actual.load_array(actual_file)
-        except (OSError, ValueError, CompareError) as error:
+        except (OSError, ValueError, RunDirError) as error:
             unreadable.append(f"{ref_file} / {actual_file}: {error}")
             continue
         if ref_tensor.shape != actual_tensor.shape:
@@ -393,23 +386,33 @@ def compare_losses(ref: RunData, actual: RunData, rtol: float) -> LossComparison
 
 
 def _hparam_text(value: Any) -> str:
-    try:
-        return json.dumps(json.loads(value), sort_keys=True)
-    except (TypeError, ValueError):
-        return "(absent)" if pd.isna(value) else str(value)
+    """A canonical text for comparing and showing a value, whether the reader parsed its JSON or not."""
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+        return "(absent)"
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value, sort_keys=True)
 
 
 def compare_hparams(ref: RunData, actual: RunData) -> pd.DataFrame:
     """Every hyperparameter that differs, at the first step it differs: 'lr 0.1 vs 0.01 in group 0'."""
-    keys = ["step", "group", "name"]
-    merged = ref.hparams.astype({"group": "string"}).merge(
-        actual.hparams.astype({"group": "string"}), on=keys, how="outer", suffixes=("_ref", "_actual"))
-    merged["ref_value"] = merged["value_ref"].map(_hparam_text)
-    merged["actual_value"] = merged["value_actual"].map(_hparam_text)
-    differing = merged.loc[merged["ref_value"] != merged["actual_value"]].sort_values(["step", "group", "name"])
-    first = differing.drop_duplicates(["group", "name"]).reset_index(drop=True)
-    first_step = int(pd.concat([ref.hparams["step"], actual.hparams["step"]]).min()) if len(merged) else 0
-    where = np.where(first["group"].fillna("") == "", "", " in group " + first["group"].fillna("").astype(str))
+    keys = [key for key in ("step", "optimizer", "group", "name") if key in ref.hparams and key in actual.hparams]
+    sides = [frame.astype({"group": "string"}).assign(text=frame["value"].map(_hparam_text))[[*keys, "text"]]
+             for frame in (ref.hparams, actual.hparams)]
+    merged = sides[0].merge(sides[1], on=keys, how="outer", suffixes=("_ref", "_actual"))
+    merged["ref_value"] = merged["text_ref"].fillna("(absent)")
+    merged["actual_value"] = merged["text_actual"].fillna("(absent)")
+    differing = merged.loc[merged["ref_value"] != merged["actual_value"]].sort_values(keys)
+    first = differing.drop_duplicates([k for k in keys if k != "step"]).reset_index(drop=True)
+    first_step = int(merged["step"].min()) if len(merged) else 0
+    group = first["group"].fillna("").astype(str)
+    where = np.where(group == "", "", " in group " + group)
+    if "optimizer" in first:
+        optimizer = pd.to_numeric(first["optimizer"], errors="coerce").fillna(0).astype(int)
+        where = where + np.where(optimizer > 0, " of optimizer " + optimizer.astype(str), "")
     since = np.where(first["step"] > first_step, " from step " + first["step"].astype(str), "")
     first["message"] = first["name"].astype(str) + " " + first["ref_value"] + " vs " + first["actual_value"] + where + since
     return first[["step", "group", "name", "ref_value", "actual_value", "message"]]
@@ -447,7 +450,7 @@ def compare_outputs(ref: RunData, actual: RunData, policy: PrecisionPolicy, note
             continue
         try:
             ref_tensor, actual_tensor = ref.load_array(ref_file), actual.load_array(actual_file)
-        except (OSError, ValueError, CompareError) as error:
+        except (OSError, ValueError, RunDirError) as error:
             notes.append(f"output {merged['output'].iloc[row]} at step {merged['step'].iloc[row]}: {error}")
             continue
         if ref_tensor.shape == actual_tensor.shape:

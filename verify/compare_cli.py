@@ -10,17 +10,16 @@ Exit codes: 0 PASS, 1 FAIL, 2 the inputs could not be read. None of this imports
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
-import pandas as pd
 import typer
 from rich.console import Console
 
 from verify import msprobe, report as reports
-from verify.compare import CompareError, CompareOptions, RunData, compare_runs, empty_frame
-from verify.schema import (GRAD_COLUMNS, GRADS_DIR, HPARAMS, HPARAM_COLUMNS, LOSS_COLUMNS, LOSSES, MANIFEST,
-                           OP_COLUMNS, OPS_DIR, OUTPUT_COLUMNS, OUTPUTS_DIR, RunManifest)
+from verify.compare import CompareError, CompareOptions, RunData, compare_runs
+from verify.store import RunDirError, read_run
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -28,54 +27,19 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 ERROR_EXIT = 2
 
 
-def _read_step_tables(root: Path, folder: str, columns: dict[str, str], notes: list[str]) -> pd.DataFrame:
-    files = sorted((root / folder).glob("step-*.parquet")) if (root / folder).is_dir() else []
-    frames = []
-    for file in files:
-        try:
-            frames.append(pd.read_parquet(file))
-        except (OSError, ValueError) as error:  # a step file cut short by a crash: keep the others
-            notes.append(f"{folder}/{file.name} unreadable ({type(error).__name__}); its step is skipped")
-    if not frames:
-        return empty_frame(columns)
-    frame = pd.concat(frames, ignore_index=True)
-    missing = [name for name in columns if name not in frame.columns]
-    frame = frame.assign(**{name: pd.Series(pd.NA, index=frame.index, dtype=columns[name]) for name in missing})
-    return frame.astype({name: dtype for name, dtype in columns.items()})
-
-
-def _read_csv(root: Path, name: str, columns: tuple[str, ...], notes: list[str]) -> pd.DataFrame:
-    try:
-        frame = pd.read_csv(root / name, dtype={"group": "string", "value": "string"}, keep_default_na=False,
-                            na_values=[""])
-    except FileNotFoundError:
-        notes.append(f"no {name}")
-        return empty_frame(columns)
-    except (OSError, ValueError) as error:
-        notes.append(f"{name} unreadable: {error}")
-        return empty_frame(columns)
-    return frame.reindex(columns=list(columns))
-
-
 def read_run_directory(root: Path) -> RunData:
-    """A run directory per verify/schema.py. Missing pieces become notes; only a missing manifest is an error."""
+    """A run directory via verify.store; what it had to skip becomes notes (shown in every report)."""
     try:
-        manifest = RunManifest.from_json(json.loads((root / MANIFEST).read_text(encoding="utf-8")))
-    except FileNotFoundError:
-        raise CompareError(f"{root}: no {MANIFEST}: neither a verify run directory nor an msprobe dump") from None
-    except (OSError, ValueError, TypeError) as error:
-        raise CompareError(f"{root / MANIFEST} is unreadable: {error}") from None
-    notes: list[str] = []
-    losses = _read_csv(root, LOSSES, LOSS_COLUMNS, notes)
-    losses = losses.astype({"step": "int64", "micro_step": "int64"}).assign(
-        loss=pd.to_numeric(losses["loss"], errors="coerce"), loss_scale=pd.to_numeric(losses["loss_scale"],
-                                                                                   errors="coerce"))
-    hparams = _read_csv(root, HPARAMS, HPARAM_COLUMNS, notes)
-    return RunData(
-        root=root, manifest=manifest, losses=losses, hparams=hparams,
-        ops=_read_step_tables(root, OPS_DIR, OP_COLUMNS, notes),
-        grads=_read_step_tables(root, GRADS_DIR, GRAD_COLUMNS, notes),
-        outputs=_read_step_tables(root, OUTPUTS_DIR, OUTPUT_COLUMNS, notes), notes=notes)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the same problems come back as Run.warnings and are reported as notes
+            run = read_run(root)
+    except RunDirError as error:
+        raise CompareError(f"{error} (and it is not an msprobe dump either)") from None
+    notes = list(run.warnings)
+    if run.losses.empty and not run.manifest.inference:
+        notes.append("no loss recorded")
+    return RunData(root=run.path, manifest=run.manifest, ops=run.ops, losses=run.losses, hparams=run.hparams,
+                   grads=run.grads, outputs=run.outputs, notes=notes)
 
 
 def read_side(path: Path) -> RunData:
