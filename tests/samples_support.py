@@ -4,7 +4,7 @@ Each sample is a folder `samples/<name>/` with
     train_gpu.py            the original GPU script
     expected_transfer.py    golden `migrate` output in transfer mode
     expected_explicit.py    golden `migrate` output in explicit mode
-    verify.toml             the short CPU run verify uses: args, steps, seed, timeout_s, [tolerances]
+    verify.toml             the short CPU run verify uses: args, steps, seed, [tolerances]
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import resource
 import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,8 +67,21 @@ def assert_matches_golden(actual: str, golden: Path) -> None:
         raise AssertionError(f"migrate output differs from the golden file (intended? UPDATE_GOLDEN=1):\n{diff}")
 
 
-def run_on_cpu(script: Path, args: list[str], workdir: Path, timeout_s: float) -> subprocess.CompletedProcess:
-    """Run a training script as verify's CPU run does: no GPU visible, outputs and temp files under `workdir`."""
+@dataclass(frozen=True)
+class CpuRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    cpu_s: float  # user + system time of the script and its children (data loader workers)
+    wall_s: float
+
+
+def run_on_cpu(script: Path, args: list[str], workdir: Path, hang_guard_s: float) -> CpuRun:
+    """Run a training script as verify's CPU run does: no GPU visible, outputs and temp files under `workdir`.
+
+    Killed after `hang_guard_s` of wall time (subprocess.TimeoutExpired): that only catches hangs, because on a
+    shared machine wall time depends on the neighbours; the script's own cost is `cpu_s`.
+    """
     env = {
         **os.environ,
         "CUDA_VISIBLE_DEVICES": "",
@@ -75,11 +90,17 @@ def run_on_cpu(script: Path, args: list[str], workdir: Path, timeout_s: float) -
         "OMP_NUM_THREADS": "1",
         "PYTHONWARNINGS": "ignore",
     }
-    return subprocess.run(
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    result = subprocess.run(
         [sys.executable, str(script), *args],
         cwd=workdir,
         env=env,
         capture_output=True,
         text=True,
-        timeout=timeout_s,
+        timeout=hang_guard_s,
     )
+    wall_s = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return CpuRun(result.returncode, result.stdout, result.stderr, cpu_s, wall_s)
