@@ -18,6 +18,7 @@ _SETTINGS = frozenset({"self", "args", "opt", "opts", "config", "cfg", "conf", "
 class _Origin(Enum):
     TENSOR = "the device of a tensor or model"  # torch reports "npu" for it on an NPU, whatever the mode
     SETTING = "a device setting of the script"  # "cuda" still, under transfer_to_npu; "npu" once ported
+    DEVICE = "a device"  # named like one, but which of the two kinds is unknown
 
 
 class CudaDeviceComparison(PortRule):
@@ -27,8 +28,9 @@ class CudaDeviceComparison(PortRule):
     Rewrites the `"cuda"` literal (`"cuda:N"`, or in a tuple) in `==`, `!=`, `in`, `not in` and `.startswith(...)`
     when the other side is clearly a device: the device of a tensor or model (`x.device.type == "cuda"`,
     `"cuda" in str(batch.device)`), or, in explicit mode, a device setting of the script (`args.device == "cuda"`,
-    a variable assigned from `torch.device(...)`, a device string or `args.device`). Comparisons whose other side has
-    an unknown origin are reported.
+    a variable or parameter whose values are `torch.device(...)`, device strings or `args.device`), or a variable
+    named like a device whose values cannot be traced (explicit mode; reported in transfer mode, where it matters
+    which kind it is). Other comparisons with "cuda" are reported.
 
     ## Why
     `transfer_to_npu` translates device arguments, not comparisons: on an NPU `x.device.type` is "npu", so a
@@ -71,6 +73,9 @@ class CudaDeviceComparison(PortRule):
             use_amp = args.device == "cuda"
             if device.type != "cuda:0":
                 pass
+
+            def run(dev="cuda"):
+                return dev in ("cuda", "mps")
             """,
             """
             import torch
@@ -78,8 +83,11 @@ class CudaDeviceComparison(PortRule):
             use_amp = args.device == "npu"
             if device.type != "npu:0":
                 pass
+
+            def run(dev="cuda"):
+                return dev in ("npu", "mps")
             """,
-            lines=[3, 4],
+            lines=[3, 4, 8],
             mode=Mode.EXPLICIT,
         ),
         Unchanged(
@@ -99,6 +107,18 @@ class CudaDeviceComparison(PortRule):
                 return name.startswith("cuda")
             """,
             lines=[2, 4],
+        ),
+        Case(
+            """
+            def step(dev, name):
+                return dev.type == "cuda" or name.startswith("cuda")
+            """,
+            """
+            def step(dev, name):
+                return dev.type == "npu" or name.startswith("cuda")
+            """,
+            lines=[2],
+            mode=Mode.EXPLICIT,
         ),
         Unchanged(
             """
@@ -146,7 +166,13 @@ class CudaDeviceComparison(PortRule):
                 severity=Severity.WARNING,
             )
             return updated
-        if origin is _Origin.SETTING and self.settings.mode is Mode.TRANSFER:
+        if self.settings.mode is Mode.TRANSFER and origin is not _Origin.TENSOR:
+            if origin is _Origin.DEVICE:
+                self.report(
+                    original,
+                    'compares a device with "cuda": a tensor\'s device says "npu" under transfer_to_npu, a setting not',
+                    'compare with "npu" where the value is the device of a tensor or model',
+                )
             return updated
         return self.replace(original, updated, new, f'"cuda" -> "npu" in a comparison with {origin.value}')
 
@@ -154,6 +180,11 @@ class CudaDeviceComparison(PortRule):
         """Where the compared value comes from, when that is clearly a device; None when unknown."""
         if depth > 4:
             return None
+        if retarget(subject) is not None or _is_string(subject):
+            return _Origin.SETTING
+        if isinstance(subject, cst.IfExp):
+            branches = {self._origin(subject.body, depth + 1), self._origin(subject.orelse, depth + 1)}
+            return branches.pop() if len(branches) == 1 else None
         if isinstance(subject, cst.Call):
             if self.refers_to(subject.func, "torch.device"):
                 return _Origin.SETTING
@@ -168,7 +199,8 @@ class CudaDeviceComparison(PortRule):
                 return _Origin.SETTING if receiver in _SETTINGS else _Origin.TENSOR
             return _Origin.SETTING if is_device_name(subject.attr.value) else None
         if isinstance(subject, cst.Name):
-            return self._assigned_origin(subject, depth)
+            origin = self._assigned_origin(subject, depth)
+            return _Origin.DEVICE if origin is None and is_device_name(subject.value) else origin
         return None
 
     def _assigned_origin(self, name: cst.Name, depth: int) -> _Origin | None:
@@ -182,11 +214,12 @@ class CudaDeviceComparison(PortRule):
                 value = self._assigned_value(referent) if isinstance(referent, Assignment) else None
                 if value is None:
                     return None
-                is_device_text = retarget(value) is not None or _is_string(value)
-                origins.add(_Origin.SETTING if is_device_text else self._origin(value, depth + 1))
+                origins.add(self._origin(value, depth + 1))
         return origins.pop() if len(origins) == 1 else None
 
     def _assigned_value(self, assignment: Assignment) -> cst.BaseExpression | None:
+        if isinstance(assignment.node, cst.Param):
+            return assignment.node.default  # `def f(device="cuda")`: a caller may pass another, of the same kind
         parent = self.get_metadata(ParentNodeProvider, assignment.node, None)
         if isinstance(parent, cst.AssignTarget):
             statement = self.get_metadata(ParentNodeProvider, parent, None)
