@@ -126,20 +126,48 @@ Apply = Callable[[Body, Body, Edit], Body]
 
 
 def apply_edits(original: Body, updated: Body, edits: Sequence[Edit], record: Apply) -> Body:
-    """Apply `edits` to `updated` (whose statements match `original` one to one), last index first.
+    """Apply `edits` to `updated`, last index first, finding each original statement in it.
 
-    `record(updated, new, edit)` keeps or refuses each change, as `PortRule.replace` does.
+    `record(updated, new, edit)` keeps or refuses each change, as `PortRule.replace` does. An edit whose statements
+    cannot be found for sure (another rule restructured the list around them) is dropped.
     """
-    if len(original.body) != len(updated.body):
-        return updated  # another rule added or removed statements here: indexes no longer line up
+    where = _align(original.body, updated.body)
     for edit in sorted(edits, key=lambda e: e.index, reverse=True):
+        first = where[edit.index]
+        last = where[edit.wrap_until] if edit.wrap_until is not None else first
+        if first is None or last is None:
+            continue
         body = list(updated.body)
-        if edit.wrap_until is not None and edit.wrapper is not None:
-            body[edit.index : edit.wrap_until + 1] = [edit.wrapper(body[edit.index : edit.wrap_until + 1])]
-        body[edit.index + 1 : edit.index + 1] = edit.insert_after
-        body[edit.index : edit.index] = edit.insert_before
+        if edit.wrapper is not None:
+            body[first : last + 1] = [edit.wrapper(body[first : last + 1])]
+        body[first + 1 : first + 1] = edit.insert_after
+        body[first:first] = edit.insert_before
         updated = record(updated, updated.with_changes(body=body), edit)
     return updated
+
+
+def _align(original: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]) -> list[int | None]:
+    """For each original statement, its index in `updated`, when other rules only inserted statements there.
+
+    An unchanged statement is found as an equal node no further than the number of insertions away; a changed one
+    only when it is alone between two found ones.
+    """
+    extra = len(updated) - len(original)
+    if extra == 0:
+        return list(range(len(original)))
+    where: list[int | None] = []
+    start = 0
+    for index, node in enumerate(original):
+        window = range(start, min(index + extra, len(updated) - 1) + 1) if extra > 0 else range(0)
+        found = next((k for k in window if updated[k] is node or updated[k].deep_equals(node)), None)
+        where.append(found)
+        start = found + 1 if found is not None else start
+    for index, position in enumerate(where):
+        if position is None:
+            before = max((w for w in where[:index] if w is not None), default=-1)
+            after = min((w for w in where[index + 1 :] if w is not None), default=len(updated))
+            where[index] = before + 1 if after - before == 2 else None
+    return where
 
 
 def update_edits(step: Step, scaler: str) -> list[tuple[Body, Edit]]:

@@ -1,0 +1,132 @@
+"""Whole scripts through every AMP rule: autocast around forward and loss only, one scaler wired everywhere."""
+
+import ast
+import textwrap
+
+from migrate.engine import migrate_source
+from migrate.types import AmpPolicy, Settings
+from rules import select_rules
+
+AMP = select_rules(["AMP"])
+
+GAN = textwrap.dedent(
+    """
+    import torch
+    import torch.optim as optim
+
+    optimizerD = optim.Adam(netD.parameters())
+    optimizerG = optim.Adam(netG.parameters())
+    for epoch in range(2):
+        for real in loader:
+            label = torch.full((4, 1), 1.0)
+            netD.zero_grad()
+            output = netD(real)
+            errD_real = criterion(output, label)
+            errD_real.backward()
+            noise = torch.randn(4, 8)
+            fake = netG(noise)
+            output = netD(fake.detach())
+            errD_fake = criterion(output, label)
+            errD_fake.backward()
+            optimizerD.step()
+            netG.zero_grad()
+            output = netD(fake)
+            errG = criterion(output, label)
+            errG.backward()
+            optimizerG.step()
+        torch.save({"G": netG.state_dict(), "optimizerG": optimizerG.state_dict()}, "gan.pt")
+    """
+)
+
+SPLIT_TRAINER = textwrap.dedent(
+    """
+    import torch
+
+    def train(model, loader, optimizer):
+        for x, y in loader:
+            x = x.to("cuda")
+            out = model(x)
+            loss = criterion(out, y)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_value_(model.parameters(), 0.5)
+            optimizer.step()
+
+    def evaluate(model, loader):
+        with torch.no_grad():
+            for x, y in loader:
+                print(criterion(model(x), y).item())
+
+    def main():
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        train(model, loader, optimizer)
+        evaluate(model, loader)
+    """
+)
+
+
+def port(source: str, **settings) -> str:
+    result = migrate_source(source, "train.py", Settings(**settings), AMP)
+    ast.parse(result.code)
+    assert migrate_source(result.code, "train.py", Settings(**settings), AMP).code == result.code, "not idempotent"
+    return result.code
+
+
+def test_gan_gets_one_scaler_each_loss_scaled_each_optimizer_stepped_one_update():
+    code = port(GAN)
+    assert code.count("GradScaler(") == 1
+    assert code.count("with torch.autocast(") == 3
+    for loss in ("errD_real", "errD_fake", "errG"):
+        assert f"scaler.scale({loss}).backward()" in code
+    assert "scaler.step(optimizerD)" in code and "scaler.step(optimizerG)" in code
+    assert code.count("scaler.update()") == 1
+    assert code.index("scaler.step(optimizerG)") < code.index("scaler.update()")
+    assert '"optimizerG": optimizerG.state_dict(), "scaler": scaler.state_dict()' in code
+
+
+def test_autocast_holds_forward_and_loss_but_not_data_backward_or_step():
+    code = port(GAN)
+    blocks = [node for node in ast.walk(ast.parse(code)) if isinstance(node, ast.With)]
+    inside = {ast.unparse(statement) for block in blocks for statement in block.body}
+    assert "errD_real = criterion(output, label)" in inside and "fake = netG(noise)" in inside
+    assert not any("backward" in text or ".step(" in text or "torch.full" in text for text in inside)
+    assert "netG.zero_grad()" not in inside and "label = torch.full((4, 1), 1.0)" not in inside
+
+
+def test_scaler_reaches_a_loop_in_another_function_without_changing_signatures():
+    code = port(SPLIT_TRAINER)
+    tree = ast.parse(code)
+    module_level = [ast.unparse(node) for node in tree.body if isinstance(node, ast.Assign)]
+    assert module_level == ["scaler = torch.amp.GradScaler('npu')"]
+    assert "def train(model, loader, optimizer):" in code
+    assert code.index("scaler.unscale_(optimizer)") < code.index("clip_grad_value_")
+    assert "with torch.no_grad():\n        for x, y in loader:\n            print(" in code  # evaluation left alone
+
+
+def test_bf16_autocasts_without_any_scaler():
+    code = port(SPLIT_TRAINER, amp=AmpPolicy.BF16)
+    assert "dtype=torch.bfloat16" in code and "scaler" not in code
+
+
+def test_script_with_amp_keeps_its_one_scaler_and_gets_update_and_unscale():
+    source = textwrap.dedent(
+        """
+        import torch
+        scaler = torch.cuda.amp.GradScaler()
+        for x, y in loader:
+            with torch.cuda.amp.autocast():
+                loss = criterion(model(x), y)
+            scaler.scale(loss).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)
+        """
+    )
+    code = port(source)
+    assert code.count("GradScaler(") == 1 and code.count("autocast(") == 1
+    assert code.index("scaler.unscale_(optimizer)") < code.index("clip_grad_norm_")
+    assert code.index("scaler.step(optimizer)") < code.index("scaler.update()")
+
+
+def test_off_changes_nothing():
+    assert port(GAN, amp=AmpPolicy.OFF) == GAN

@@ -1,0 +1,63 @@
+"""Whole scripts through the determinism rules: seeds and switches land in the process that trains."""
+
+import ast
+import textwrap
+
+from migrate.engine import migrate_source
+from migrate.types import Mode, Settings
+from rules import select_rules
+
+DET = select_rules(["DET"])
+
+SPAWN = textwrap.dedent(
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from torch.utils.data import DataLoader
+
+    def worker(rank, world_size):
+        dist.init_process_group("nccl", rank=rank, world_size=world_size)
+        loader = DataLoader(dataset, batch_size=8, num_workers=2)
+        for x in loader:
+            model(x).sum().backward()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(2,), nprocs=2)
+    """
+)
+
+
+def port(source: str, **settings) -> str:
+    result = migrate_source(source, "train.py", Settings(**settings), DET)
+    ast.parse(result.code)
+    assert migrate_source(result.code, "train.py", Settings(**settings), DET).code == result.code, "not idempotent"
+    return result.code
+
+
+def function_body(code: str, name: str) -> list[str]:
+    function = next(n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.FunctionDef) and n.name == name)
+    return [ast.unparse(statement) for statement in function.body]
+
+
+def test_spawned_worker_is_seeded_and_deterministic_before_the_process_group():
+    code = port(SPAWN, seed=3, deterministic=True, mode=Mode.EXPLICIT)
+    body = function_body(code, "worker")
+    init = next(i for i, text in enumerate(body) if "init_process_group" in text)
+    for line in ("os.environ['HCCL_DETERMINISTIC'] = 'true'", "torch.use_deterministic_algorithms(True)",
+                 "random.seed(3)", "torch.manual_seed(3)", "torch.npu.manual_seed_all(3)"):
+        assert body.index(line) < init
+    main_guard = code[code.index('if __name__'):]
+    assert "seed" not in main_guard and "deterministic" not in main_guard
+
+
+def test_loader_gets_generator_and_worker_seeding_once():
+    code = port(SPAWN, seed=3)
+    assert "worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(3)" in code
+    assert code.count("def seed_worker(") == 1
+
+
+def test_without_seed_an_unseeded_trainer_is_reported_and_left_alone():
+    result = migrate_source(SPAWN, "train.py", Settings(), DET)
+    assert result.code == SPAWN
+    assert [f.code for f in result.findings] == ["DET001"]
