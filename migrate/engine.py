@@ -14,6 +14,7 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper
 
 from migrate.types import MigrationResult, Settings
+from migrate.walk import TRIVIA, Walk
 from rules import FileState, PortRule, all_rules
 
 
@@ -51,7 +52,7 @@ def migrate_source(
     with ExitStack() as stack:
         for instance in instances:
             stack.enter_context(instance.resolve(wrapper))
-        ported = wrapper.module.visit(_RuleSet(instances))
+        ported = _RuleSet(instances).transform(wrapper.module)
     if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
         ported = AddImportsVisitor(context).transform_module(ported)
     if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):  # imports a rewrite left unused (apex.parallel, say)
@@ -60,7 +61,7 @@ def migrate_source(
     return MigrationResult(original=code, code=ported.code, findings=tuple(findings))
 
 
-class _RuleSet(cst.CSTTransformer):
+class _RuleSet:
     """Runs several rules in one walk: each node is offered only to the rules that handle its type.
 
     Each rule sees the tree as if it ran alone, except that `updated_node` already holds the rewrites of the rules
@@ -68,11 +69,16 @@ class _RuleSet(cst.CSTTransformer):
     """
 
     def __init__(self, rules: Sequence[PortRule]):
-        super().__init__()
         self._rules = rules
         self._wide = [rule for rule in rules if _handled_types(rule) is None]
         self._by_type: dict[type, list[PortRule]] = {}
         self._skipping: dict[int, cst.CSTNode] = {}  # id(rule) -> node whose subtree that rule skips
+
+    def transform(self, module: cst.Module) -> cst.Module:
+        handled = set().union(*(_handled_types(rule) or () for rule in self._rules))
+        trivia_wanted = self._wide or any(kind.__name__ in handled for kind in TRIVIA)
+        walk = Walk(self.on_visit, self.on_leave, self._rules_for, skip=frozenset() if trivia_wanted else TRIVIA)
+        return walk.run(module)
 
     def _rules_for(self, node_type: type) -> list[PortRule]:
         rules = self._by_type.get(node_type)
@@ -88,7 +94,7 @@ class _RuleSet(cst.CSTTransformer):
                 self._skipping[id(rule)] = node
         return True
 
-    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> object:
         result: object = updated_node
         for rule in self._rules_for(type(original_node)):
             skipped_at = self._skipping.get(id(rule))

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import re
 import textwrap
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import ClassVar, Iterable, Sequence
+from typing import ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameProvider
 
+from migrate.names import QualifiedNames
 from migrate.types import Action, Finding, Mode, Safety, Settings, Severity
 
 # `# npu-port: ignore` or `# npu-port: ignore[NPU101, DIST001]` on a line silences rules there.
@@ -78,14 +80,20 @@ class FileState:
         self.settings = settings
         self.wrapper = wrapper
         self.findings: list[Finding] = []
-        self._positions: object | None = None
+        self.qualified_names = QualifiedNames(wrapper.module)
+        self.positions = _LazyPositions(wrapper)
         self._suppressed = _suppressions(source)
 
     def position(self, node: cst.CSTNode) -> CodeRange:
-        # Positions cost a full code generation, so they are computed only once something is recorded.
-        if self._positions is None:
-            self._positions = self.wrapper.resolve(PositionProvider)
-        return self._positions[node]  # type: ignore[index]
+        return self.positions[node]
+
+    def metadata(self, providers: Iterable[type]) -> dict[type, Mapping[cst.CSTNode, object]]:
+        """The metadata a rule declared; names and positions are the shared, lazily computed ones."""
+        shared = {QualifiedNameProvider: self.qualified_names, PositionProvider: self.positions}
+        return {
+            provider: shared[provider] if provider in shared else self.wrapper.resolve(provider)
+            for provider in providers
+        }
 
     def is_suppressed(self, code: str, span: CodeRange) -> bool:
         for line in {span.start.line, span.end.line}:
@@ -96,6 +104,29 @@ class FileState:
 
     def code_for(self, node: cst.CSTNode) -> str:
         return self.wrapper.module.code_for_node(node)
+
+
+class _LazyPositions(Mapping[cst.CSTNode, CodeRange]):
+    """PositionProvider's mapping, computed on first use: it costs a full code generation."""
+
+    def __init__(self, wrapper: MetadataWrapper):
+        self._wrapper = wrapper
+        self._positions: Mapping[cst.CSTNode, CodeRange] | None = None
+
+    @property
+    def _resolved(self) -> Mapping[cst.CSTNode, CodeRange]:
+        if self._positions is None:
+            self._positions = self._wrapper.resolve(PositionProvider)
+        return self._positions
+
+    def __getitem__(self, node: cst.CSTNode) -> CodeRange:
+        return self._resolved[node]
+
+    def __iter__(self) -> Iterator[cst.CSTNode]:
+        return iter(self._resolved)
+
+    def __len__(self) -> int:
+        return len(self._resolved)
 
 
 def _suppressions(source: str) -> dict[int, frozenset[str]]:
@@ -144,6 +175,15 @@ class PortRule(VisitorBasedCodemodCommand):
         if settings.mode not in cls.MODES:
             return False
         return not cls.TRIGGERS or any(trigger in source for trigger in cls.TRIGGERS)
+
+    @contextmanager
+    def resolve(self, wrapper: MetadataWrapper) -> Iterator[None]:
+        """As libcst's, but qualified names and positions come from the file's shared, lazy providers."""
+        self.metadata = self.file.metadata(self.get_inherited_dependencies())
+        try:
+            yield
+        finally:
+            self.metadata = {}
 
     # ----- name resolution ----------------------------------------------------------------------------------
 

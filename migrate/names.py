@@ -1,0 +1,248 @@
+"""Qualified names at the cost of one light walk: what libcst's QualifiedNameProvider answers, about 10x cheaper.
+
+libcst's provider runs the full ScopeProvider (a rebuilding walk that also records every access) and then computes
+names for every node of the file. Rules ask about a few dozen nodes. So this module records only what name
+resolution needs, the scopes and the assignments in them (imports, assignments, parameters, definitions, `global`
+and `nonlocal`), in libcst's own Scope classes, and answers a node when it is asked, through libcst's own
+`Scope.get_qualified_names_for`. Import aliases, shadowing by assignments and parameters, class scopes that
+methods do not see, and comprehension scopes therefore resolve exactly as libcst resolves them
+(tests/test_engine.py compares the two on every rule example and sample).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Mapping
+
+import libcst as cst
+from libcst import CSTNode
+from libcst.metadata import QualifiedName
+from libcst.metadata.scope_provider import (
+    AnnotationScope,
+    ClassScope,
+    ComprehensionScope,
+    FunctionScope,
+    GlobalScope,
+    Scope,
+)
+
+from migrate.walk import TRIVIA, child_fields
+
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
+    """node -> the QualifiedName set libcst's QualifiedNameProvider gives it; scopes are found on first use."""
+
+    def __init__(self, module: cst.Module):
+        self._module = module
+        self._scopes: dict[CSTNode, Scope] | None = None
+        self._names: dict[CSTNode, set[QualifiedName]] = {}
+
+    @property
+    def scopes(self) -> dict[CSTNode, Scope]:
+        if self._scopes is None:
+            self._scopes = _ScopeRecorder().record(self._module)
+        return self._scopes
+
+    def __getitem__(self, node: CSTNode) -> set[QualifiedName]:
+        names = self._names.get(node)
+        if names is None:
+            names = self._names[node] = set(self.scopes[node].get_qualified_names_for(node))
+        return names
+
+    def __iter__(self) -> Iterator[CSTNode]:
+        return iter(self.scopes)
+
+    def __len__(self) -> int:
+        return len(self.scopes)
+
+
+class _ScopeRecorder:
+    """One walk that records scopes and assignments the way libcst's ScopeVisitor does, and nothing else."""
+
+    def __init__(self) -> None:
+        self.scope_of: dict[CSTNode, Scope] = {}
+        self._special: dict[type, Callable[[CSTNode, Scope], None]] = {
+            cst.Import: self._import,
+            cst.ImportFrom: self._import,
+            cst.FunctionDef: self._function,
+            cst.Lambda: self._lambda,
+            cst.Param: self._param,
+            cst.Arg: self._arg,
+            cst.ClassDef: self._class,
+            cst.Global: self._global,
+            cst.Nonlocal: self._nonlocal,
+            cst.Attribute: self._attribute,
+            cst.Assign: self._assign,
+            cst.AnnAssign: self._annotated_assign,
+            cst.AugAssign: self._augmented_assign,
+            cst.For: self._for,
+            cst.CompFor: self._comp_for,
+            cst.WithItem: self._with_item,
+            cst.ExceptHandler: self._except,
+            cst.ExceptStarHandler: self._except,
+            cst.NamedExpr: self._named_expr,
+            cst.MatchAs: self._match_capture,
+            cst.MatchStar: self._match_capture,
+            **{kind: self._comprehension for kind in _COMPREHENSIONS},
+        }
+
+    def record(self, module: cst.Module) -> dict[CSTNode, Scope]:
+        self._visit(module, GlobalScope())
+        return self.scope_of
+
+    def _visit(self, node: CSTNode | None, scope: Scope) -> None:
+        if node is None or isinstance(node, cst.MaybeSentinel) or type(node) in TRIVIA:
+            return
+        self.scope_of[node] = scope
+        special = self._special.get(type(node))
+        if special is not None:
+            special(node, scope)
+            return
+        for name, _ in child_fields(type(node)):
+            value = getattr(node, name)
+            if isinstance(value, CSTNode):
+                self._visit(value, scope)
+            elif isinstance(value, (tuple, list)):
+                for child in value:
+                    self._visit(child, scope)
+
+    def _visit_all(self, nodes, scope: Scope) -> None:
+        for node in nodes:
+            self._visit(node, scope)
+
+    def _bind(self, target: CSTNode, scope: Scope) -> None:
+        """A store target: names in it are assigned; attributes and subscripts in it are read."""
+        if isinstance(target, cst.Name):
+            self.scope_of[target] = scope
+            scope.record_assignment(target.value, target)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            self.scope_of[target] = scope
+            for element in target.elements:
+                self.scope_of[element] = scope
+                self._bind(element.value, scope)
+        elif isinstance(target, cst.StarredElement):
+            self.scope_of[target] = scope
+            self._bind(target.value, scope)
+        else:
+            self._visit(target, scope)
+
+    def _import(self, node: cst.Import | cst.ImportFrom, scope: Scope) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            return
+        for alias in node.names:
+            self.scope_of[alias] = scope
+            as_name = alias.asname.name if alias.asname is not None else alias.name
+            dotted = cst.helpers.get_full_name_for_node_or_raise(as_name)
+            parts = dotted.split(".")
+            for end in range(len(parts), 0, -1):
+                scope.record_import_assignment(".".join(parts[:end]), node, as_name)
+
+    def _function(self, node: cst.FunctionDef, scope: Scope) -> None:
+        scope.record_assignment(node.name.value, node)
+        self.scope_of[node.name] = scope
+        outer = self._type_parameters(node, scope)
+        inner = FunctionScope(outer, node, node.name.value)
+        self._visit(node.params, inner)
+        self._visit(node.body, inner)
+        self._visit_all(node.decorators, outer)
+        self._visit(node.returns, outer)
+
+    def _type_parameters(self, node: cst.FunctionDef | cst.ClassDef, scope: Scope) -> Scope:
+        if node.type_parameters is None:
+            return scope
+        annotation_scope = AnnotationScope(scope, node, None)
+        self._visit(node.type_parameters, annotation_scope)
+        return annotation_scope
+
+    def _lambda(self, node: cst.Lambda, scope: Scope) -> None:
+        inner = FunctionScope(scope, node)
+        self._visit(node.params, inner)
+        self._visit(node.body, inner)
+
+    def _param(self, node: cst.Param, scope: Scope) -> None:
+        scope.record_assignment(node.name.value, node)
+        self.scope_of[node.name] = scope
+        self._visit(node.default, scope.parent)
+        self._visit(node.annotation, scope.parent)
+
+    def _arg(self, node: cst.Arg, scope: Scope) -> None:
+        self._visit(node.value, scope)
+
+    def _class(self, node: cst.ClassDef, scope: Scope) -> None:
+        scope.record_assignment(node.name.value, node)
+        self.scope_of[node.name] = scope
+        self._visit_all(node.decorators, scope)
+        outer = self._type_parameters(node, scope)
+        self._visit_all(node.bases, outer)
+        self._visit_all(node.keywords, outer)
+        self._visit_all(node.body.body, ClassScope(outer, node, node.name.value))
+
+    def _global(self, node: cst.Global, scope: Scope) -> None:
+        for item in node.names:
+            scope.record_global_overwrite(item.name.value)
+
+    def _nonlocal(self, node: cst.Nonlocal, scope: Scope) -> None:
+        for item in node.names:
+            scope.record_nonlocal_overwrite(item.name.value)
+
+    def _attribute(self, node: cst.Attribute, scope: Scope) -> None:
+        self._visit(node.value, scope)  # `.attr` is not a name in any scope
+
+    def _assign(self, node: cst.Assign, scope: Scope) -> None:
+        for target in node.targets:
+            self.scope_of[target] = scope
+            self._bind(target.target, scope)
+        self._visit(node.value, scope)
+
+    def _annotated_assign(self, node: cst.AnnAssign, scope: Scope) -> None:
+        self._bind(node.target, scope)
+        self._visit(node.annotation, scope)
+        self._visit(node.value, scope)
+
+    def _augmented_assign(self, node: cst.AugAssign, scope: Scope) -> None:
+        self._bind(node.target, scope)
+        self._visit(node.value, scope)
+
+    def _for(self, node: cst.For, scope: Scope) -> None:
+        self._bind(node.target, scope)
+        self._visit_all((node.iter, node.body, node.orelse), scope)
+
+    def _comp_for(self, node: cst.CompFor, scope: Scope) -> None:
+        self._bind(node.target, scope)
+        self._visit(node.iter, scope)
+        self._visit_all(node.ifs, scope)
+        self._visit(node.inner_for_in, scope)
+
+    def _comprehension(self, node, scope: Scope) -> None:
+        # The first iterable is evaluated outside the comprehension's scope, everything else inside it.
+        first = node.for_in
+        self._visit(first.iter, scope)
+        self.scope_of[first] = scope
+        inner = ComprehensionScope(scope, node)
+        self._bind(first.target, inner)
+        self._visit_all(first.ifs, inner)
+        self._visit(first.inner_for_in, inner)
+        elements = (node.key, node.value) if isinstance(node, cst.DictComp) else (node.elt,)
+        self._visit_all(elements, inner)
+
+    def _with_item(self, node: cst.WithItem, scope: Scope) -> None:
+        self._visit(node.item, scope)
+        if node.asname is not None:
+            self._bind(node.asname.name, scope)
+
+    def _except(self, node: cst.ExceptHandler | cst.ExceptStarHandler, scope: Scope) -> None:
+        self._visit(node.type, scope)
+        if node.name is not None:
+            self._bind(node.name.name, scope)
+        self._visit(node.body, scope)
+
+    def _named_expr(self, node: cst.NamedExpr, scope: Scope) -> None:
+        self._bind(node.target, scope)
+        self._visit(node.value, scope)
+
+    def _match_capture(self, node: cst.MatchAs | cst.MatchStar, scope: Scope) -> None:
+        if isinstance(node, cst.MatchAs):
+            self._visit(node.pattern, scope)
+        if node.name is not None:
+            self._bind(node.name, scope)
