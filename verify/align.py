@@ -207,28 +207,39 @@ def _sequence_pairs(ref: _Side, actual: _Side, ref_rows: np.ndarray, actual_rows
                     vocab: dict[str, pd.Index]) -> pd.DataFrame:
     """Longest matching blocks of op signatures (family, io, shape) per (step, phase, module) on both sides."""
     family, _ = _family_codes(vocab)
+    one_sided = np.append(pd.Index(vocab["op"]).isin(list(ONE_SIDED_OPS)), False)  # index -1: a missing op
     groups = _combined_key([np.concatenate(pair) for pair in zip(_group_columns(ref, ref_rows),
                                                                    _group_columns(actual, actual_rows))])
 
-    def by_group(side: _Side, rows: np.ndarray, group: np.ndarray) -> dict[int, tuple[np.ndarray, list]]:
+    def by_group(side: _Side, rows: np.ndarray, group: np.ndarray) -> dict[int, tuple[np.ndarray, list, np.ndarray]]:
         order = np.lexsort((side.codes["io"][rows], side.numbers["seq"][rows], group))
         rows, group = rows[order], group[order]
-        signature = _combined_key([family[side.codes["op"][rows]], side.codes["io"][rows], side.codes["shape"][rows]])
+        slot = _combined_key([side.codes["io"][rows], side.codes["shape"][rows]])
+        signature = _combined_key([family[side.codes["op"][rows]], slot])
+        slot[one_sided[side.codes["op"][rows]]] = -1  # an expected one-sided op (a cast) never stands in for another
         bounds = np.flatnonzero(np.diff(group)) + 1
-        return {int(g[0]): (r, s.tolist()) for g, r, s in zip(np.split(group, bounds), np.split(rows, bounds),
-                                                              np.split(signature, bounds))}
+        return {int(g[0]): (r, s.tolist(), t) for g, r, s, t in zip(
+            np.split(group, bounds), np.split(rows, bounds), np.split(signature, bounds), np.split(slot, bounds))}
 
     ref_groups = by_group(ref, ref_rows, groups[:len(ref_rows)])
     actual_groups = by_group(actual, actual_rows, groups[len(ref_rows):])
     ref_ids, actual_ids = [], []
-    for group, (ref_group, ref_signature) in ref_groups.items():  # one iteration per module call, not per row
+    for group, (ref_group, ref_signature, ref_slot) in ref_groups.items():  # one iteration per module call, not row
         if group not in actual_groups:
             continue
-        actual_group, actual_signature = actual_groups[group]
+        actual_group, actual_signature, actual_slot = actual_groups[group]
         matcher = SequenceMatcher(None, ref_signature, actual_signature, autojunk=False)
-        for block in matcher.get_matching_blocks():
-            ref_ids.append(ref_group[block.a:block.a + block.size])
-            actual_ids.append(actual_group[block.b:block.b + block.size])
+        for tag, a_start, a_end, b_start, b_end in matcher.get_opcodes():
+            # Equal runs pair; so do other ops of the same io and shape in a run of the same length in the same place:
+            # a port that swapped an op (ReLU for GELU) is compared op for op, and the swapped op is the divergence.
+            if tag == "equal":
+                keep = np.ones(a_end - a_start, dtype=bool)
+            elif tag == "replace" and a_end - a_start == b_end - b_start:
+                keep = (ref_slot[a_start:a_end] == actual_slot[b_start:b_end]) & (ref_slot[a_start:a_end] >= 0)
+            else:
+                continue
+            ref_ids.append(ref_group[a_start:a_end][keep])
+            actual_ids.append(actual_group[b_start:b_end][keep])
     if not ref_ids:
         return pd.DataFrame({"ref_id": [], "actual_id": [], "status": []}, dtype="int64")
     return pd.DataFrame({"ref_id": np.concatenate(ref_ids), "actual_id": np.concatenate(actual_ids),

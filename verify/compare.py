@@ -398,9 +398,12 @@ def _hparam_text(value: Any) -> str:
 
 
 def compare_hparams(ref: RunData, actual: RunData) -> pd.DataFrame:
-    """Every hyperparameter that differs, at the first step it differs: 'lr 0.1 vs 0.01 in group 0'."""
+    """Every hyperparameter that differs, at the first step it differs: 'lr 0.1 vs 0.01 in group 0'. Only steps both
+    runs made count: a run that stopped early (a crash, a NaN loss) has not lost its optimizer."""
     keys = [key for key in ("step", "optimizer", "group", "name") if key in ref.hparams and key in actual.hparams]
-    sides = [frame.astype({"group": "string"}).assign(text=frame["value"].map(_hparam_text))[[*keys, "text"]]
+    common_steps = set(ref.hparams["step"]) & set(actual.hparams["step"])
+    sides = [frame.loc[frame["step"].isin(common_steps)].astype({"group": "string"})
+             .assign(text=lambda rows: rows["value"].map(_hparam_text))[[*keys, "text"]]
              for frame in (ref.hparams, actual.hparams)]
     merged = sides[0].merge(sides[1], on=keys, how="outer", suffixes=("_ref", "_actual"))
     merged["ref_value"] = merged["text_ref"].fillna("(absent)")
@@ -540,11 +543,18 @@ def _op_findings(first: dict[str, Any] | None, ref: RunData, actual: RunData) ->
     message = (f"first divergent operator: {_op_label(first)}, stats error {first['stats_error']:.3g} > "
                f"{first['tolerance']:.3g}; {first['inputs_evidence']}")
     findings = [Finding(code, message, first)]
-    if first["step"] == 0 and first["first_of_step"]:
+    if first["step"] == 0 and (first["first_of_step"] or _before_first_forward(first, ref.ops)):
         findings.append(Finding(FindingCode.DATA_ORDER, (
-            f"the first recorded op of step 0 already differs ({_op_label(first)}): the batch or the initial "
-            "weights differ"), first))
+            f"{_op_label(first)} runs before the first forward of step 0 and already differs: the batch or the "
+            "initial weights differ"), first))
     return findings
+
+
+def _before_first_forward(op: dict[str, Any], ops: pd.DataFrame) -> bool:
+    """A top-level op of step 0 that runs before any module's forward: data loading, preprocessing, weight init.
+    Model construction usually comes first, so the batch is rarely the first recorded op itself."""
+    forward = ops.loc[(ops["step"] == 0) & (ops["phase"] == "forward"), "seq"]
+    return op["phase"] == "other" and (forward.empty or op["seq"] < forward.min())
 
 
 def _loss_finding(loss: LossComparison) -> list[Finding]:
@@ -579,6 +589,9 @@ def _output_finding(outputs: pd.DataFrame) -> list[Finding]:
 
 
 def _match_finding(table: pd.DataFrame) -> list[Finding]:
+    # Only steps both runs recorded: the steps after one side stopped early (a crash, a NaN) pair nothing by nature.
+    common = set(table.loc[table["ref_op"].notna(), "step"]) & set(table.loc[table["actual_op"].notna(), "step"])
+    table = table.loc[table["step"].isin(common)]
     if table.empty:
         return []
     share = float(table["status"].isin(MATCHED).mean())

@@ -63,6 +63,15 @@ def test_unmatched_ops_stay_as_rows_with_notes_for_expected_ones():
     assert pd.isna(notes["aten.sum"])
 
 
+
+def test_a_swapped_op_pairs_with_the_op_it_replaced_but_a_one_sided_cast_does_not():
+    ref = ops([("m", "aten.mm"), ("act", "aten.relu"), ("act", "aten.relu")])
+    actual = ops([("m", "aten.mm"), ("act", "aten.gelu"), ("act", "aten._to_copy")])
+    assert sorted(pairs(align_ops(ref, actual)), key=str) == sorted([
+        ("exact", "aten.mm", "aten.mm"), ("sequence", "aten.relu", "aten.gelu"), ("only_ref", "aten.relu", None),
+        ("only_actual", None, "aten._to_copy")], key=str)
+
+
 def test_steps_and_phases_never_pair_across():
     ref = pd.concat([ops([("m", "aten.mm")], step=0), ops([("m", "aten.mm")], step=1, phase="backward")])
     actual = pd.concat([ops([("m", "aten.mm")], step=1), ops([("m", "aten.mm")], step=0, phase="backward")])
