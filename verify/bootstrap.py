@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import math
 import os
 import platform
@@ -43,6 +44,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._pytree import tree_flatten
 
 from verify.capture import OpCapture, StatBatch, TensorSaver, has_readable_data, host_array, summarize, tensors_in
+from verify.emulate import STAND_IN_DIR
 from verify.schema import GRADS_DIR, OPS_DIR, OUTPUTS_DIR, DumpMode, RunManifest, Status, step_file
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
 
@@ -360,6 +362,20 @@ def _dropout_disabled() -> Iterator[None]:
             setattr(F, name, original)
 
 
+@contextlib.contextmanager
+def _npu_autocast_casts_on_cpu() -> Iterator[None]:
+    """CPU autocast leaves softmax, sums, norms and most losses in the low dtype, where CUDA autocast, and the NPU that
+    follows its op lists, computes them in float32. A CPU run under an imposed autocast (the reference of an AMP
+    port) takes the emulated NPU's casts instead, so that the port is the only difference between the two runs."""
+    path = STAND_IN_DIR / "torch_npu" / "_autocast_policy.py"  # plain torch code; the package itself stays unloaded
+    spec = importlib.util.spec_from_file_location("npu_port_autocast_policy", path)
+    policy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(policy)
+    library = policy.install_npu_autocast_policy()  # the casts stay registered while `library` lives
+    yield
+    del library  # unregisters them
+
+
 def _script_traceback(error: BaseException, script: str) -> str:
     """The traceback from the script's first frame on: runpy and bootstrap frames are noise to the user."""
     tb = error.__traceback__
@@ -376,6 +392,9 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
         if manifest.no_dropout:
             stack.enter_context(_dropout_disabled())
         if manifest.autocast:
+            if manifest.device == "cpu":
+                stack.enter_context(_npu_autocast_casts_on_cpu())
+                manifest.extra["autocast_casts"] = "CUDA/NPU op lists (as the emulated NPU), not CPU autocast's own"
             dtype = getattr(torch, _AUTOCAST_DTYPES[manifest.autocast])
             stack.enter_context(torch.autocast(_autocast_device_type(manifest), dtype=dtype))
         if capture is not None:
