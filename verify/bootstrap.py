@@ -158,7 +158,7 @@ class StepRecorder:
         if self._last_scaled is not None and losses and losses[0] is self._last_scaled[0]:
             _, unscaled, scale = self._last_scaled
             losses = [unscaled]
-        value = torch.stack([loss.detach().float().mean() for loss in losses]).sum().reshape(1)
+        value = torch.stack([loss.detach().float().mean() for loss in losses]).sum()
         wall_ms = (time.perf_counter() - self._step_started) * 1e3
         self._losses.append((len(self._losses), self.batch.add(value), scale, wall_ms))
 
@@ -328,8 +328,8 @@ def _seed_everything(seed: int) -> None:
 
 
 def _autocast_device_type(manifest: RunManifest) -> str:
-    # the emulated NPU computes on `emulated_on`, whose autocast rules are the ones that apply
-    return manifest.emulated_on if manifest.emulated else manifest.device
+    # the emulated NPU takes autocast("npu") and applies the NPU's numerics on the device it computes on
+    return "npu" if manifest.device in ("npu", "emulated-npu") else manifest.device
 
 
 @contextlib.contextmanager

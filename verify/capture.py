@@ -41,26 +41,26 @@ _NOT_RECORDED = {
     aten.set_,
 }
 
-Handle = tuple[tuple[Any, ...], int]
+Handle = tuple[tuple[Any, ...], int, int]
 
 
 class StatBatch:
-    """Small statistic tensors left on their device until the step ends, then fetched in one stack per
-    (device, dtype, length): one transfer per step instead of one per tensor."""
+    """0-d statistic tensors left on their device until the step ends, then fetched with one stack per
+    (device, dtype): one transfer per step instead of one per tensor, and no per-tensor stack either."""
 
     def __init__(self) -> None:
         self._groups: dict[tuple[Any, ...], list[torch.Tensor]] = {}
 
-    def add(self, vector: torch.Tensor) -> Handle:
-        key = (vector.device, vector.dtype, vector.shape[0])
+    def add(self, *scalars: torch.Tensor) -> Handle:
+        key = (scalars[0].device, scalars[0].dtype)
         group = self._groups.setdefault(key, [])
-        group.append(vector)
-        return key, len(group) - 1
+        group.extend(scalars)
+        return key, len(group) - len(scalars), len(scalars)
 
     def fetch(self) -> Callable[[Handle], list[float]]:
-        values = {key: torch.stack(group).tolist() for key, group in self._groups.items()}
-        self._groups = {}
-        return lambda handle: values[handle[0]][handle[1]]
+        groups, self._groups = self._groups, {}
+        values = {key: torch.stack(group).tolist() for key, group in groups.items()}
+        return lambda handle: values[handle[0]][handle[1] : handle[1] + handle[2]]
 
 
 @dataclass(slots=True)
@@ -78,7 +78,7 @@ class PendingStats:
         low = high = mean = norm = None
         if self.extremes_and_sums is not None:
             values = fetched(self.extremes_and_sums)
-            low, high = values[0], values[1]
+            low, high = float(values[0]), float(values[1])
             if len(values) == 4:
                 mean, norm = values[2] / self.numel, values[3]
         nan, inf = (int(count) for count in fetched(self.nonfinite_counts)) if self.nonfinite_counts else (0, 0)
@@ -96,28 +96,26 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def has_readable_data(tensor: torch.Tensor) -> bool:
-    return tensor.layout == torch.strided and tensor.device.type != "meta" and tensor.numel() > 0
+    return tensor.layout == torch.strided and not tensor.is_meta and tensor.numel() > 0
 
 
-@torch.no_grad()
 def summarize(tensor: torch.Tensor, batch: StatBatch) -> PendingStats:
     """Queues a tensor's statistics on its device. Sparse, meta, empty and complex tensors get dtype, shape and
-    numel only; integer and bool tensors min and max."""
+    numel only; integer and bool tensors min and max. Callers outside the dispatch mode hold torch.no_grad()."""
     stats = PendingStats(dtype_name(tensor.dtype), "x".join(map(str, tensor.shape)), tensor.numel())
     if not has_readable_data(tensor) or tensor.is_complex():
         return stats
     if not tensor.is_floating_point():
-        stats.extremes_and_sums = batch.add(torch.stack(torch.aminmax(tensor)).to(torch.float64))
+        stats.extremes_and_sums = batch.add(*torch.aminmax(tensor))
         return stats
     accumulate = torch.float64 if tensor.dtype == torch.float64 else torch.float32
     low, high = torch.aminmax(tensor)
-    vector = torch.stack(
-        (low.to(accumulate), high.to(accumulate), tensor.sum(dtype=accumulate),
-         torch.linalg.vector_norm(tensor, dtype=accumulate))
-    )
-    stats.extremes_and_sums = batch.add(vector)
+    if tensor.dtype != accumulate:
+        low, high = low.to(accumulate), high.to(accumulate)
+    total, norm = tensor.sum(dtype=accumulate), torch.linalg.vector_norm(tensor, dtype=accumulate)
+    stats.extremes_and_sums = batch.add(low, high, total, norm)
     if tensor.device.type != "cpu" or not (math.isfinite(low.item()) and math.isfinite(high.item())):
-        stats.nonfinite_counts = batch.add(torch.stack((tensor.isnan().sum(), tensor.isinf().sum())))
+        stats.nonfinite_counts = batch.add(tensor.isnan().sum(), tensor.isinf().sum())
     return stats
 
 

@@ -1,5 +1,9 @@
 """`verify`: prove that a ported training script trains the same as the original.
 
+`verify ORIGINAL [PORTED] [OPTIONS] [-- SCRIPT ARGS]` (no command name: the hidden `pair` command, see
+`verify pair --help`) runs the original (cuda, else cpu) and the port (npu, else the EMULATED NPU) for a few steps
+with the same seed and args, compares them and prints the verdict: exit 0 PASS, 1 FAIL, 2 error.
+
 Exit codes of `verify run`: 0 the requested steps ran, or the script ended by itself after at least one step
 (status "short"); 1 the script failed: crashed, timed out, produced a NaN/inf loss, or made no step; 2 usage error
 or verify's own error (bad option, unusable device, run directory in the way).
@@ -7,6 +11,7 @@ or verify's own error (bad option, unusable device, run directory in the way).
 
 from __future__ import annotations
 
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -16,9 +21,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from verify import compare_cli, pair
 from verify.runner import RunOptions, VerifyError, run_script
 from verify.schema import DumpMode, RunManifest, Status
-from verify.store import read_manifest
+from verify.store import read_losses, read_manifest
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -122,9 +128,7 @@ def run(
 
 
 def _final_loss(run_dir: Path) -> str:
-    from verify.store import read_run
-
-    losses = read_run(run_dir).losses
+    losses = read_losses(run_dir)
     return f"{losses['loss'].iloc[-1]:.6g}" if len(losses) else "-"
 
 
@@ -143,8 +147,17 @@ def _print_summary(manifest: RunManifest, run_dir: Path) -> None:
         stderr.print(manifest.traceback.rstrip(), markup=False, highlight=False, style="red")
 
 
+# The offline commands: no torch needed (verify/compare_cli.py).
+app.command("compare")(compare_cli.compare)
+app.command("report")(compare_cli.report)
+app.command("export")(compare_cli.export)
+# The paired commands (verify/pair.py); `pair` is what `verify ORIGINAL [PORTED]` runs (see main).
+app.command(pair.PAIR_COMMAND, hidden=True, no_args_is_help=True)(pair.pair)
+app.command("determinism", no_args_is_help=True)(pair.determinism)
+
+
 def main() -> None:
-    app()
+    app(args=pair.route(sys.argv[1:], typer.main.get_command(app)))
 
 
 __all__ = ["app", "main"]

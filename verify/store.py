@@ -188,18 +188,28 @@ def _read_steps(run_dir: Path, folder: str, problems: list[str]) -> pd.DataFrame
     return pd.concat(frames, ignore_index=True).astype(columns)
 
 
-def _read_csv(path: Path, columns: Sequence[str], numeric: Sequence[str], problems: list[str]) -> pd.DataFrame:
-    if not path.is_file():
-        return pd.DataFrame({name: pd.Series(dtype="float64" if name in numeric else "string") for name in columns})
-    frame = pd.read_csv(path, dtype="string", keep_default_na=False, on_bad_lines="skip").reindex(columns=list(columns))
-    for name in numeric:
-        frame[name] = pd.to_numeric(frame[name].replace("", None), errors="coerce")
-    complete = frame["step"].notna()
-    if not complete.all():  # the last line of a crashed run can be cut short
+def _read_csv(
+    path: Path, columns: Sequence[str], floats: Sequence[str], integers: Sequence[str], problems: list[str]
+) -> pd.DataFrame:
+    """A CSV of ours; a row whose integer cells do not parse (cut short by a crash) is dropped and reported."""
+    if path.is_file():
+        frame = pd.read_csv(path, dtype="string", keep_default_na=False, on_bad_lines="skip")
+    else:
+        frame = pd.DataFrame({name: pd.Series(dtype="string") for name in columns})
+    frame = frame.reindex(columns=list(columns))
+    for name in (*floats, *integers):
+        frame[name] = pd.to_numeric(frame[name].replace("", None), errors="coerce").astype("float64")
+    complete = frame[list(integers)].notna().all(axis=1)
+    if not complete.all():
         problems.append(f"skipped {int((~complete).sum())} incomplete row(s) of {path.name}")
     frame = frame[complete].reset_index(drop=True)
-    frame["step"] = frame["step"].astype("int64")
-    return frame
+    return frame.astype({name: "int64" for name in integers})
+
+
+def read_losses(run_dir: Path, problems: list[str] | None = None) -> pd.DataFrame:
+    """losses.csv alone (the loss curve is small; the op tables need not be read for it)."""
+    problems = [] if problems is None else problems
+    return _read_csv(Path(run_dir) / LOSSES, LOSS_COLUMNS, ("loss", "loss_scale", "wall_ms"), ("step", "micro_step"), problems)
 
 
 def read_run(run_dir: Path) -> Run:
@@ -208,10 +218,8 @@ def read_run(run_dir: Path) -> Run:
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
     problems: list[str] = []
-    losses = _read_csv(run_dir / LOSSES, LOSS_COLUMNS, ("step", "micro_step", "loss", "loss_scale", "wall_ms"), problems)
-    if len(losses):
-        losses["micro_step"] = losses["micro_step"].astype("int64")
-    hparams = _read_csv(run_dir / HPARAMS, HPARAM_COLUMNS, ("step", "optimizer"), problems)
+    losses = read_losses(run_dir, problems)
+    hparams = _read_csv(run_dir / HPARAMS, HPARAM_COLUMNS, (), ("step", "optimizer"), problems)
     hparams["value"] = hparams["value"].map(_json_or_text, na_action="ignore").astype("object")
     tables = {folder: _read_steps(run_dir, folder, problems) for folder in TABLES}
     for problem in problems:

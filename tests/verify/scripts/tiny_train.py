@@ -14,7 +14,7 @@ parser.add_argument("--exit-after", type=int, default=-1, help="sys.exit(EXIT_CO
 parser.add_argument("--exit-code", type=int, default=0)
 parser.add_argument("--crash-at", type=int, default=-1, help="raise at this step")
 parser.add_argument("--scaler", action="store_true", help="use a GradScaler")
-parser.add_argument("--overflow", action="store_true", help="a GradScaler scale so large that steps are skipped")
+parser.add_argument("--overflow", action="store_true", help="an infinite GradScaler scale: every step is skipped")
 parser.add_argument("--adam", action="store_true")
 args = parser.parse_args()
 
@@ -33,7 +33,7 @@ class Net(nn.Module):
 
 model = Net()
 optimizer = (torch.optim.Adam if args.adam else torch.optim.SGD)(model.parameters(), lr=0.05, weight_decay=1e-4)
-scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127 if args.overflow else 2.0**8) if args.scaler else None
+scaler = torch.amp.GradScaler("cpu", init_scale=float("inf") if args.overflow else 2.0**8) if args.scaler else None
 inputs, targets = torch.randn(8, 1, 8, 8), torch.randint(0, 3, (8,))
 step = 0
 for epoch in range(args.epochs):

@@ -1,0 +1,184 @@
+"""Cost of per-op capture on one training step of a small CNN on CPU: plain, with verify's statistics capture, and
+with Huawei msprobe's statistics dump (L1), measured in one run and printed as ratios.
+
+    python tests/perf/bench_capture.py [--steps 20] [--rounds 5] [--msprobe-python /path/to/venv/bin/python]
+
+msprobe runs in its own virtualenv (it pins other numpy/pandas versions and must never go into the project's):
+    python -m venv /tmp/msprobe-venv && /tmp/msprobe-venv/bin/pip install torch==2.13.0 mindstudio-probe
+The msprobe part is skipped, with a message, when that interpreter is missing or cannot import msprobe. It reruns
+this file there with --worker msprobe, so the model, data and step are the same code on both sides.
+
+The model and step are those of dump-and-compare.md §5-6 (conv 3->16 + BN + ReLU + pool, conv 16->32 + ReLU + pool,
+fc 2048->64->10, SGD with momentum, batch 32x3x32x32, one torch thread). Times are CPU seconds of the process;
+plain and instrumented blocks of steps are interleaved and the medians compared, as the machine is shared.
+Targets: ours <= 1.5x plain, and our overhead <= 1/3 of msprobe's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+TARGET_RATIO = 1.5
+TARGET_SHARE_OF_MSPROBE = 1 / 3
+
+
+class SmallCnn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 8 * 8, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def make_step() -> tuple[nn.Module, Callable[[], float]]:
+    torch.manual_seed(0)
+    model = SmallCnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    inputs, targets = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+
+    def step() -> float:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return model, step
+
+
+def seconds_per_step(run_steps: Callable[[int], None], steps: int) -> float:
+    """CPU seconds of this process per step: with one torch thread that is the work done, while wall time on a
+    shared machine mostly measures the neighbours."""
+    started = time.process_time()
+    run_steps(steps)
+    return (time.process_time() - started) / steps
+
+
+def plain_runner() -> Callable[[int], None]:
+    _, step = make_step()
+    return lambda steps: [step() for _ in range(steps)] and None
+
+
+def ours_runner(out_dir: Path) -> Callable[[int], None]:
+    """verify's capture as the bootstrap uses it: ops recorded during the step, one fetch and one parquet per step."""
+    from verify.capture import OpCapture, StatBatch
+    from verify.schema import OPS_DIR, DumpMode
+    from verify.store import RunWriter
+
+    _, step = make_step()
+    writer = RunWriter(out_dir)
+    batch = StatBatch()
+    capture = OpCapture(DumpMode.STATS, batch)
+    counter = iter(range(10**9))
+
+    def run(steps: int) -> None:
+        with capture:
+            for _ in range(steps):
+                step()
+                index = next(counter)
+                with capture.paused():
+                    writer.write_step_table(OPS_DIR, index, capture.take_step(index, batch.fetch()))
+
+    return run
+
+
+def msprobe_runner(out_dir: Path) -> Callable[[int], None]:
+    """msprobe's documented usage (dump-and-compare.md §1): start/stop/step around each step, statistics task, L1."""
+    from msprobe.pytorch import PrecisionDebugger
+
+    config = out_dir / "config.json"
+    config.write_text(json.dumps({
+        "task": "statistics", "dump_path": str(out_dir / "dump"), "rank": [], "step": [], "level": "L1",
+        "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
+    }))
+    model, step = make_step()
+    debugger = PrecisionDebugger(config_path=str(config))
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            debugger.start(model=model)
+            step()
+            debugger.stop()
+            debugger.step()
+
+    return run
+
+
+def interleaved_medians(runners: dict[str, Callable[[int], None]], steps: int, rounds: int) -> dict[str, float]:
+    for run in runners.values():  # warm-up: lazy imports, allocator, first-call caches
+        run(3)
+    samples: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, run in runners.items():
+            samples[name].append(seconds_per_step(run, steps))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def measure_msprobe(python: str, steps: int, rounds: int) -> dict[str, float] | str:
+    """Medians from the msprobe virtualenv, or the reason it could not run."""
+    if not Path(python).exists():
+        return f"no interpreter at {python}"
+    command = [python, __file__, "--worker", "msprobe", "--steps", str(steps), "--rounds", str(rounds)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "MSPROBE_LOG_LEVEL": "3"})
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    return json.loads(lines[-1])
+
+
+def worker_msprobe(steps: int, rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as out_dir:
+        medians = interleaved_medians({"plain": plain_runner(), "msprobe": msprobe_runner(Path(out_dir))}, steps, rounds)
+    print(json.dumps(medians))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="steps per timed block")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved blocks per variant")
+    parser.add_argument("--msprobe-python", default=os.environ.get("MSPROBE_PYTHON", "/tmp/msprobe-venv/bin/python"))
+    parser.add_argument("--worker", choices=["msprobe"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.worker:
+        worker_msprobe(args.steps, args.rounds)
+        return
+    with tempfile.TemporaryDirectory() as out_dir:
+        ours = interleaved_medians({"plain": plain_runner(), "ours": ours_runner(Path(out_dir))}, args.steps, args.rounds)
+    ratio = ours["ours"] / ours["plain"]
+    print(f"CPU time per step, median of {args.rounds} interleaved blocks of {args.steps} steps")
+    print(f"plain step            {ours['plain'] * 1e3:8.2f} ms")
+    print(f"verify stats capture  {ours['ours'] * 1e3:8.2f} ms  {ratio:5.2f}x plain  (target <= {TARGET_RATIO}x)")
+    msprobe = measure_msprobe(args.msprobe_python, args.steps, args.rounds)
+    if isinstance(msprobe, str):
+        print(f"msprobe statistics    skipped: {msprobe}")
+        return
+    msprobe_ratio = msprobe["msprobe"] / msprobe["plain"]
+    share = (ratio - 1) / (msprobe_ratio - 1)
+    print(f"msprobe plain step    {msprobe['plain'] * 1e3:8.2f} ms  (its own process)")
+    print(f"msprobe statistics    {msprobe['msprobe'] * 1e3:8.2f} ms  {msprobe_ratio:5.2f}x plain")
+    print(f"our overhead / msprobe's: {share:.2f}  (target <= {TARGET_SHARE_OF_MSPROBE:.2f})")
+
+
+if __name__ == "__main__":
+    main()

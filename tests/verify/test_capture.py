@@ -1,0 +1,98 @@
+"""Op capture in this process, on a tiny model: what each op record holds, and odd tensors that must not crash it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from verify.capture import OpCapture, StatBatch, md5_of, summarize
+from verify.schema import DumpMode
+
+
+def capture_one_step(model, inputs, dump=DumpMode.STATS):
+    batch = StatBatch()
+    with OpCapture(dump, batch) as capture:
+        model(inputs).sum().backward()
+    return capture.take_step(0, batch.fetch())
+
+
+def rows(columns):
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+
+def test_forward_and_backward_ops_carry_module_paths_and_phases():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    records = rows(capture_one_step(model, torch.randn(5, 3)))
+    seen = {(row["phase"], row["module"], row["op"]) for row in records}
+    assert ("forward", "Sequential.0", "aten.addmm") in seen and ("forward", "Sequential.1", "aten.relu") in seen
+    assert ("backward", "Sequential.2", "aten.mm") in seen and ("backward", "Sequential.1", "aten.threshold_backward") in seen
+    assert ("other", "", "aten.sum") in seen
+    assert not any(row["op"] in ("aten.t", "aten.view", "aten.detach") for row in records)  # views are not recorded
+    assert [row["seq"] for row in records] == sorted(row["seq"] for row in records)
+    addmm = next(row for row in records if row["op"] == "aten.addmm")
+    assert addmm["key"] == "0/forward/Sequential.0/aten.addmm#0" and addmm["shape"] == "5x4"
+
+
+def test_capture_does_not_change_results():
+    torch.manual_seed(0)
+    model, inputs = torch.nn.Linear(6, 3), torch.randn(4, 6)
+    plain = model(inputs).softmax(dim=1)
+    batch = StatBatch()
+    with OpCapture(DumpMode.MD5, batch):
+        captured = model(inputs).softmax(dim=1)
+    assert torch.equal(plain, captured)
+
+
+def test_statistics_match_numpy_and_count_nan_and_inf():
+    batch = StatBatch()
+    values = torch.tensor([1.0, -2.0, float("nan"), float("inf"), 4.0, float("nan")])
+    pending = [summarize(values, batch), summarize(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), batch)]
+    fetched = batch.fetch()
+    nonfinite, finite = (stats.resolve(fetched) for stats in pending)
+    assert (nonfinite["nan_count"], nonfinite["inf_count"]) == (2, 1) and math.isnan(nonfinite["max"])
+    assert finite == {"min": 1.0, "max": 4.0, "mean": 2.5, "l2_norm": pytest.approx(math.sqrt(30)), "nan_count": 0,
+                      "inf_count": 0}
+    assert pending[1].shape == "2x2" and pending[1].dtype == "float32"
+
+
+@pytest.mark.parametrize(
+    ("tensor", "expected"),
+    [
+        (torch.tensor([True, False]), {"min": 0.0, "max": 1.0, "mean": None}),
+        (torch.tensor([3, -7, 5]), {"min": -7.0, "max": 5.0, "mean": None}),
+        (torch.tensor([1 + 2j]), {"min": None}),
+        (torch.empty(0, 3), {"min": None}),
+        (torch.ones(2, dtype=torch.bfloat16), {"min": 1.0, "mean": 1.0}),
+        (torch.eye(3).to_sparse(), {"min": None}),
+        (torch.empty(4, device="meta"), {"min": None}),
+    ],
+    ids=["bool", "int", "complex", "empty", "bfloat16", "sparse", "meta"],
+)
+def test_odd_tensors_get_what_makes_sense(tensor, expected):
+    batch = StatBatch()
+    stats = summarize(tensor, batch)
+    resolved = stats.resolve(batch.fetch())
+    assert {name: resolved[name] for name in expected} == expected
+    assert stats.numel == tensor.numel() and md5_of(tensor) in ("", md5_of(tensor.clone()))
+
+
+def test_ops_on_odd_tensors_are_recorded_without_crashing():
+    batch = StatBatch()
+    with OpCapture(DumpMode.MD5, batch) as capture:
+        mask = torch.arange(6) > 2
+        (mask & mask).sum()
+        torch.view_as_complex(torch.randn(3, 2)) * 2
+        torch.zeros(0, 4).sum(dim=0)
+        (torch.eye(3).to_sparse() * 2).coalesce()
+        torch.randn(2, device="meta") + 1
+    columns = capture.take_step(0, batch.fetch())
+    assert {"bool", "int64", "complex64", "float32"} <= set(columns["dtype"])
+    assert len(columns["md5"]) == len(columns["op"]) > 5
+
+
+def test_md5_equal_exactly_for_equal_bits():
+    tensor = torch.randn(3, 3)
+    assert md5_of(tensor) == md5_of(tensor.clone()) != md5_of(tensor + 1e-7)
+    assert md5_of(tensor.t()) == md5_of(tensor.t().contiguous())

@@ -1,0 +1,68 @@
+"""`verify run` through the CLI: exit codes, the summary, usage errors, the emulated NPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from verify.cli import app
+from verify.store import read_manifest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def verify(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_help_documents_the_exit_codes():
+    result = verify("run", "--help")
+    assert result.exit_code == 0
+    assert "Exit codes" in result.output and "2 usage" in result.output
+
+
+def test_missing_script_is_a_usage_error(tmp_path):
+    result = verify("run", str(tmp_path / "nope.py"), "-o", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "no such script" in result.output
+
+
+def test_run_directory_in_the_way_is_a_usage_error(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "keep.txt").write_text("mine")
+    result = verify("run", str(SCRIPTS / "no_steps.py"), "-o", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "not an empty folder" in result.output
+    assert (tmp_path / "run" / "keep.txt").read_text() == "mine"
+
+
+def test_script_options_without_double_dash_are_refused(tmp_path):
+    result = verify("run", str(SCRIPTS / "tiny_train.py"), "--epochs", "2")
+    assert result.exit_code == 2 and "No such option" in result.output
+
+
+@pytest.mark.slow
+def test_run_passes_script_arguments_and_prints_a_summary(tmp_path):
+    result = verify("run", str(SCRIPTS / "tiny_train.py"), "--steps", "5", "--device", "cpu",
+                    "-o", str(tmp_path / "run"), "--", "--epochs", "2")
+    assert result.exit_code == 0, result.output
+    assert "short" in result.output and "2 / 5" in result.output and "final loss" in result.output
+    assert "step 2 loss" in result.output  # the script's own output is echoed
+    assert read_manifest(tmp_path / "run").argv == ["--epochs", "2"]
+
+
+@pytest.mark.slow
+def test_failed_run_exits_1(tmp_path):
+    result = verify("run", str(SCRIPTS / "no_steps.py"), "--device", "cpu", "-o", str(tmp_path / "run"))
+    assert result.exit_code == 1 and "no-steps" in result.output
+
+
+@pytest.mark.slow
+def test_auto_device_emulates_the_npu_for_a_script_importing_torch_npu(tmp_path):
+    result = verify("run", str(SCRIPTS / "npu_train.py"), "--steps", "2", "-o", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    assert "EMULATED NPU" in result.output
+    manifest = read_manifest(tmp_path / "run")
+    assert (manifest.device, manifest.emulated, manifest.emulated_on) == ("emulated-npu", True, "cpu")
+    assert manifest.torch_npu_version == "" and "emulated" in manifest.device_name.lower()
+    assert manifest.title.endswith("EMULATED NPU (a test double on cpu)")
