@@ -87,6 +87,8 @@ class UnsortedFileListing(PortRule):
             count = len(glob.glob("*.py"))
             exists = "train" in os.listdir(root)
             unique = set(os.listdir(root))
+            images = sorted(os.path.join(root, n) for n in os.listdir(root) if n.endswith(".jpg"))
+            names = {entry.name for entry in os.scandir(root)}
             matches = pattern.glob("x")  # a regex-like object, not a call on a Path we can see
             """
         ),
@@ -98,7 +100,13 @@ class UnsortedFileListing(PortRule):
 
     def visit_Call(self, node: cst.Call) -> None:
         if dotted_name(node.func) in _ORDER_FREE or self.refers_to(node.func, "collections.Counter"):
-            self._order_free.update(arg.value for arg in node.args)
+            for arg in node.args:
+                self._order_free.add(arg.value)
+                if isinstance(arg.value, (cst.GeneratorExp, cst.ListComp, cst.SetComp)):
+                    self._order_free.update(_iterated(arg.value))
+
+    def visit_SetComp(self, node: cst.SetComp) -> None:
+        self._order_free.update(_iterated(node))
 
     def visit_Comparison(self, node: cst.Comparison) -> None:
         for target in node.comparisons:
@@ -149,3 +157,12 @@ class UnsortedFileListing(PortRule):
             )
         text = cst.Module([]).code_for_node(receiver).lower()
         return any(hint in text for hint in ("path", "dir", "root", "folder"))
+
+
+def _iterated(comprehension: cst.BaseComp) -> list[cst.BaseExpression]:
+    """What the `for ... in X` clauses of a comprehension iterate over."""
+    iterated, clause = [], comprehension.for_in
+    while clause is not None:
+        iterated.append(clause.iter)
+        clause = clause.inner_for_in
+    return iterated
