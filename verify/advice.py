@@ -10,6 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
+from verify.align import RELATED_OPS
 from verify.compare import Finding, FindingCode
 
 HALF_DTYPES = ("float16", "bfloat16")
@@ -35,6 +36,12 @@ class AdviceRule:
 
 def _half(finding: Finding) -> bool:
     return finding.detail.get("dtype") in HALF_DTYPES
+
+
+def _swapped(finding: Finding) -> bool:
+    """The port calls another op where the original called this one, not another kernel of it (RELATED_OPS)."""
+    op, actual_op = finding.detail.get("op"), finding.detail.get("actual_op")
+    return bool(op and actual_op) and RELATED_OPS.get(op, op) != RELATED_OPS.get(actual_op, actual_op)
 
 
 ADVICE_RULES: tuple[AdviceRule, ...] = (
@@ -64,7 +71,11 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "{op} in {module} diverges although its inputs agree: an operator accuracy issue. Run it in fp32 (exclude it "
         "from autocast), disable fusion (call the unfused eager ops instead of a torch_npu fused kernel; "
         "torch_npu.npu.set_compile_mode(jit_compile=False)), and dump it in tensor mode for cosine/error figures."),
-        ()),
+        (), lambda finding: not _swapped(finding)),
+    AdviceRule(FindingCode.OP_DIVERGES, (
+        "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
+        "layer or function, not a numerical issue. Port the original's op unless the change is intended."), (),
+        _swapped),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} is nondeterministic on GPUs (atomic accumulation): first check that the reference is constant "
         "(`verify determinism`), with torch.use_deterministic_algorithms(True) on both sides."), ("C1",),
