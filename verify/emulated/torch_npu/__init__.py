@@ -37,6 +37,10 @@ if EMULATED_ON == "cpu":
     from ._autocast_policy import install_npu_autocast_policy
 
     _autocast_policy_library = install_npu_autocast_policy()
+    # torch.accelerator asks the PrivateUse1 backend's C++ hooks, which this Python stand-in has none of; on the cpu
+    # target the npu is the only accelerator torch sees (a DataLoader's pin-memory thread asks for its index).
+    torch.accelerator.current_device_index = npu.current_device
+    torch.accelerator.set_device_index = npu.set_device
 globals().update(SUPPORTED)
 
 
