@@ -1,0 +1,435 @@
+"""The paired commands of `verify`: both runs and their comparison in one go.
+
+    verify ORIGINAL [PORTED] [options] [-- SCRIPT ARGS]   the original (cuda, else cpu) against the port (npu, else the
+                                                          EMULATED NPU): same seed, steps and args; verdict; reports
+    verify determinism SCRIPT [options] [-- SCRIPT ARGS]  the same script twice: is it a usable reference (C1)?
+
+Typer cannot mix a default command with subcommands, so `route()` (called by verify/cli.py's main) sends a command
+line whose first word is neither a command nor an option to the hidden `pair` command.
+
+Each side is a `verify run` (verify/runner.py) and the comparison is `verify compare`'s (verify/compare.py,
+verify/report.py): this module only decides what to run, runs it with progress, and adds what the pair knows to the
+reports: how the precision of the two sides was matched, and the AMP effect when asked.
+
+Mixed precision on one side only: `migrate` usually gives the port an fp16 autocast that the original lacks. When
+the port's forward computes in fp16/bf16, the reference runs under the same autocast imposed from outside (on the
+CPU with the emulated NPU's op casts, see bootstrap), so the comparison isolates the port. `--amp-effect` also runs
+the reference in fp32 and compares it with the reference under autocast: the AMP effect alone, judged with the
+documented fp32-vs-AMP tolerances (verify/tolerances.py). `--no-match-amp` compares fp32 with AMP directly, with the
+same wider tolerances.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import pandas as pd
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from verify import report as reports
+from verify.compare import AUTOCAST_DTYPES, CompareError, CompareOptions, ComparisonResult, RunData, amp_dtype, \
+    compare_runs
+from verify.compare_cli import read_side
+from verify.emulate import probe_torch_npu
+from verify.runner import DEVICES, RunOptions, VerifyError, run_script
+from verify.schema import DumpMode, Status
+
+PAIR_COMMAND = "pair"
+DETERMINISM_JSON = "determinism.json"
+AMP_EFFECT_DIR = "amp-effect"
+EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+_RUN_ENDED_WELL = (Status.OK.value, Status.SHORT.value)
+_AUTOCAST_FLAGS = {dtype: flag for flag, dtype in AUTOCAST_DTYPES.items() if len(flag) == 4}  # float16 -> fp16
+DIFFERING_OPS_SHOWN = 15
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class PairError(Exception):
+    """The pair cannot be run as asked (a missing port, a folder in the way, a failed side of verify's own): exit 2."""
+
+
+# --- command-line routing ----------------------------------------------------------------------------------------
+
+
+def route(argv: Sequence[str], group: Any) -> list[str]:
+    """`verify ORIGINAL ...` -> `verify pair ORIGINAL ...`; and where `--` follows ORIGINAL alone, the default PORTED is
+    spelled out, since the parser would otherwise take the first script argument for PORTED. `group` is the click
+    group Typer built for the app (its commands and their options)."""
+    argv = list(argv)
+    if not argv or argv[0].startswith("-"):
+        return argv
+    if argv[0] not in group.commands:
+        argv.insert(0, PAIR_COMMAND)
+    if argv[0] == PAIR_COMMAND and "--" in argv:
+        before = argv[1:argv.index("--")]
+        positions = _positional_indexes(before, _options_with_values(group.commands[PAIR_COMMAND]))
+        if len(positions) == 1:
+            argv.insert(argv.index("--"), str(default_port(Path(before[positions[0]]))))
+    return argv
+
+
+def _options_with_values(command: Any) -> set[str]:
+    return {name for param in command.params if param.param_type_name == "option" and not param.is_flag
+            for name in param.opts}
+
+
+def _positional_indexes(tokens: list[str], valued: set[str]) -> list[int]:
+    positions, skip = [], False
+    for index, token in enumerate(tokens):
+        if skip:
+            skip = False
+        elif token.startswith("-"):
+            skip = token in valued  # `--steps 3`; `--steps=3` carries its value
+        else:
+            positions.append(index)
+    return positions
+
+
+# --- shared pieces -----------------------------------------------------------------------------------------------
+
+
+def default_port(original: Path) -> Path:
+    """What `migrate ORIGINAL` writes: <stem>_npu.py beside it."""
+    return original.with_name(f"{original.stem}_npu{original.suffix}")
+
+
+def default_out(script: Path) -> Path:
+    return script.parent / "verify-out" / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _fresh_folder(out: Path) -> Path:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise PairError(f"{out} already exists and is not an empty folder; choose another -o")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+class SideRunner:
+    """Runs the sides one after the other under one rich progress display (stderr), echoing their output."""
+
+    def __init__(self, progress: Progress, quiet: bool) -> None:
+        self.progress = progress
+        self.quiet = quiet
+
+    def run(self, label: str, script: Path, args: list[str], options: RunOptions, run_dir: Path) -> RunData:
+        task = self.progress.add_task(f"{label}: {script.name}", total=options.steps)
+        echo = None if self.quiet else (
+            lambda line: self.progress.console.print(f"[{label}] {line}", markup=False, style="dim"))
+        run_script(script, args, options, run_dir, on_output=echo,
+                   on_progress=lambda done: self.progress.update(task, completed=done))
+        run = read_side(run_dir)
+        if run.manifest.verify_error:
+            raise PairError(f"{label} run: {run.manifest.verify_error}")
+        self.progress.update(task, description=f"{label}: {script.name} on {_device_words(run)} "
+                                               f"({run.manifest.status})")
+        return run
+
+
+@contextlib.contextmanager
+def side_runner(quiet: bool) -> Iterator[SideRunner]:
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=stderr) as progress:
+        yield SideRunner(progress, quiet)
+
+
+def _device_words(run: RunData) -> str:
+    return f"EMULATED NPU on {run.manifest.emulated_on}" if run.manifest.emulated else run.manifest.device
+
+
+def _write_reports(result: ComparisonResult, out: Path, *checklist_places: Path) -> None:
+    """The reports `verify compare -o` writes, with migrate's checklist when one lies beside the scripts."""
+    reports.write_reports(result, out, checklist=reports.find_checklist(*checklist_places))
+
+
+def _extend_summary(out: Path, **sections: Any) -> None:
+    """Adds what only the pair knows to the summary.json that verify/report.py wrote."""
+    path = out / reports.SUMMARY_JSON
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps(summary | sections, indent=1, allow_nan=False), encoding="utf-8")
+
+
+def _fail_on_errors(command):
+    """Runs a command body; verify's own failures become one red line and exit code 2."""
+
+    def guarded(*args: Any, **kwargs: Any) -> None:
+        try:
+            code = command(*args, **kwargs)
+        except (PairError, VerifyError, CompareError, OSError) as error:
+            stderr.print(f"[bold red]error:[/] {error}")
+            raise typer.Exit(EXIT_ERROR) from None
+        raise typer.Exit(code)
+
+    return guarded
+
+
+# --- the pair ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairPlan:
+    original: Path
+    ported: Path
+    args: list[str]
+    options: RunOptions  # what both sides share: steps, seed, dump, dropout, timeout
+    device_ref: str
+    device_actual: str
+    match_amp: bool
+    amp_effect: bool
+    ref_run: Path | None
+    loss_rtol: float | None
+    out: Path
+
+
+def actual_device(choice: str) -> str:
+    """auto: the real NPU when torch_npu works here, else the emulated one (whatever the port imports)."""
+    if choice != "auto":
+        return choice
+    return "npu" if probe_torch_npu().available else "emulated-npu"
+
+
+@dataclass
+class PairRuns:
+    actual: RunData
+    ref: RunData
+    imposed: str  # the autocast the reference ran under: "off", "fp16", "bf16"
+    port_amp: str  # the half dtype the port computed its forward in, "" for fp32
+    ref_fp32: RunData | None = None  # --amp-effect
+
+
+def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
+    """The port first: its precision decides the reference's autocast."""
+    actual = sides.run("actual", plan.ported, plan.args, replace(plan.options, device=plan.device_actual),
+                       plan.out / "actual")
+    port_amp = amp_dtype(actual)
+    if plan.ref_run is not None:
+        return PairRuns(actual, read_side(plan.ref_run), "off", port_amp)
+    imposed = _AUTOCAST_FLAGS.get(port_amp, "off") if plan.match_amp else "off"
+    ref = sides.run("ref", plan.original, plan.args, replace(plan.options, device=plan.device_ref, autocast=imposed),
+                    plan.out / "ref")
+    ref_fp32 = None
+    if plan.amp_effect and imposed != "off":
+        ref_fp32 = sides.run("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
+                             plan.out / "ref-fp32")
+    return PairRuns(actual, ref, imposed, port_amp, ref_fp32)
+
+
+def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
+    """Compares and reports as `verify compare -o` does, plus the comparison made and the AMP effect."""
+    result = compare_runs(runs.ref, runs.actual, CompareOptions(loss_rtol=plan.loss_rtol))
+    how = _comparison_made(plan, runs)
+    result.notes.insert(0, how["description"])
+    if plan.amp_effect and runs.ref_fp32 is None:
+        result.notes.append("--amp-effect: nothing to measure, the port computes in fp32")
+    amp_effect = _amp_effect(runs.ref_fp32, runs.ref, plan.out / AMP_EFFECT_DIR) if runs.ref_fp32 else None
+    _write_reports(result, plan.out, plan.out, plan.original.parent)
+    _extend_summary(plan.out, pair=how | {"amp_effect": amp_effect})
+    reports.print_summary(result, stdout)
+    if amp_effect is not None:
+        colour = "green" if amp_effect["passed"] else "yellow"
+        stdout.print(f"[bold {colour}]AMP effect (fp32 vs {runs.imposed} reference, not part of the verdict): "
+                     f"{amp_effect['reason']}[/]")
+    stderr.print(f"reports in {plan.out}")
+    return result.verdict.exit_code
+
+
+def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
+    """Which comparison the pair made, for summary.json and the notes of every report."""
+    if runs.imposed != "off":
+        mode = "same-amp-imposed"
+        description = (f"the port computes in {runs.port_amp}, so the reference ran under {runs.imposed} autocast "
+                       "imposed from outside (on the CPU with the NPU's op casts): the comparison isolates the port")
+    elif plan.ref_run is not None:
+        mode = "given-reference"
+        description = f"the reference is the given run {plan.ref_run}, compared as it is"
+    elif runs.port_amp:
+        mode = "amp-vs-fp32"
+        description = (f"--no-match-amp: the reference ran as written against a port computing in {runs.port_amp}; "
+                       "AMP noise and porting errors are judged together with the wider fp32-vs-AMP tolerances")
+    else:
+        mode = "as-written"
+        description = "both scripts ran as written (the port computes in fp32)"
+    return {"mode": mode, "description": description, "ref_autocast": "" if runs.imposed == "off" else runs.imposed}
+
+
+def _amp_effect(ref_fp32: RunData, ref_amp: RunData, out: Path) -> dict[str, Any]:
+    """The reference in fp32 against the reference under autocast: what AMP alone does to the loss curve, judged by
+    compare's documented fp32-vs-AMP tolerances (verify/tolerances.py), since one side computes in half precision."""
+    effect = compare_runs(ref_fp32, ref_amp)
+    _write_reports(effect, out)
+    loss = effect.summary()["loss"]
+    return {"passed": effect.verdict.passed, "reason": effect.verdict.reason, "comparison": effect.policy.description,
+            "loss_rtol": effect.loss.rtol, "max_rel_diff": loss["max_rel_diff"], "mean_rel_diff": loss["mean_rel_diff"],
+            "reports": out.name}
+
+
+def pair(
+    original: Annotated[Path, typer.Argument(help="The original GPU script (the reference).", show_default=False)],
+    ported: Annotated[Optional[Path], typer.Argument(
+        help="The ported script (default: <stem>_npu.py beside ORIGINAL).", show_default=False)] = None,
+    script_args: Annotated[Optional[list[str]], typer.Argument(
+        help="Both scripts' own arguments, after `--`.", show_default=False)] = None,
+    steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps each side runs.")] = 20,
+    seed: Annotated[int, typer.Option(help="The seed both sides get.")] = 1234,
+    device_ref: Annotated[str, typer.Option(help="auto: cuda when available, else cpu.")] = "auto",
+    device_actual: Annotated[str, typer.Option(
+        help="auto: the real npu when torch_npu works here, else emulated-npu.")] = "auto",
+    dump: Annotated[DumpMode, typer.Option(help="Per-op capture on both sides.")] = DumpMode.STATS,
+    no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off on both sides.")] = False,
+    timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a side after this many seconds.")] = None,
+    loss_rtol: Annotated[Optional[float], typer.Option(
+        help="Relative loss tolerance per step (default 0.01; 0.05 for fp32 against AMP).")] = None,
+    match_amp: Annotated[bool, typer.Option(
+        help="When the port computes in fp16/bf16, run the reference under the same autocast.")] = True,
+    amp_effect: Annotated[bool, typer.Option(
+        "--amp-effect", help="Also run the reference in fp32 and report the AMP effect (not part of the verdict).")] = (
+        False),
+    ref_run: Annotated[Optional[Path], typer.Option(
+        help="A reference run directory (`verify run`, an earlier pair) to use instead of running ORIGINAL.")] = (
+        None),
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", "-o", help="Folder for the runs and the reports (default: verify-out/STEM-TIME beside ORIGINAL).")] = (
+        None),
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the scripts' output.")] = False,
+) -> None:
+    """Run ORIGINAL and PORTED for N steps each and compare them: `verify ORIGINAL [PORTED] [OPTIONS] [-- ARGS]`.
+
+    Exit codes: 0 PASS, 1 FAIL (the reason is the verdict line), 2 usage or verify's own error.
+    """
+    _fail_on_errors(_pair)(original, ported, script_args, RunOptions(
+        steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, timeout=timeout), device_ref, device_actual,
+        loss_rtol, match_amp, amp_effect, ref_run, out, quiet)
+
+
+def _pair(original: Path, ported: Path | None, script_args: list[str] | None, options: RunOptions, device_ref: str,
+          device_actual: str, loss_rtol: float | None, match_amp: bool, amp_effect: bool, ref_run: Path | None,
+          out: Path | None, quiet: bool) -> int:
+    ported = ported or default_port(original)
+    for role, script in (("ORIGINAL", original), ("PORTED", ported)):
+        if not script.is_file():
+            raise PairError(f"{role} {script}: no such file" + (" (run `migrate` first)" if role == "PORTED" else ""))
+    if amp_effect and (not match_amp or ref_run is not None):
+        raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
+                        + ("--no-match-amp" if not match_amp else "--ref-run"))
+    plan = PairPlan(original, ported, list(script_args or []), options, device_ref, actual_device(device_actual),
+                    match_amp, amp_effect, ref_run, loss_rtol, _fresh_folder(out or default_out(original)))
+    with side_runner(quiet) as sides:
+        runs = run_sides(plan, sides)
+    return judge_pair(plan, runs)
+
+
+# --- determinism (checklist C1) ------------------------------------------------------------------------------------
+
+
+def differing_ops(result: ComparisonResult) -> pd.DataFrame:
+    """The ops whose results differ between the two runs, in execution order (the first is the first divergent one)."""
+    ops = result.ops
+    differing = ops.loc[(ops["passed"] == False)]  # noqa: E712 (nullable boolean: NA rows are unmatched)
+    columns = ["step", "phase", "module", "ref_op", "io", "ref_dtype", "ref_seq", "judged_by"]
+    return differing[columns].rename(columns={"ref_op": "op", "ref_dtype": "dtype", "ref_seq": "seq"}).astype(
+        {"phase": str, "module": str, "op": str, "io": str, "dtype": str, "judged_by": str}).reset_index(drop=True)
+
+
+def determinism_record(result: ComparisonResult, differing: pd.DataFrame, deterministic: bool) -> dict[str, Any]:
+    """determinism.json: the verdict, the loss difference, the differing ops, and checklist item C1 in the shape
+    migrate's checklist.json uses (id, title, status, evidence, action)."""
+    from migrate.checklist import TITLES, Status as ChecklistStatus  # the item must match migrate's exactly
+
+    summary = result.summary()
+    manifest = result.ref.manifest
+    evidence = [result.verdict.reason.replace("PASS: ", "").replace("FAIL: ", "")]
+    evidence += [f"step {row.step} {row.phase} {row.module or 'top level'}: {row.op} {row.io}"
+                 for row in differing.head(DIFFERING_OPS_SHOWN).itertuples()]
+    action = "" if deterministic else (
+        "Make the original constant before comparing a port with it: seed every generator, "
+        "torch.use_deterministic_algorithms(True), cudnn.deterministic=True, and no dropout for the comparison "
+        "(verify --no-dropout); start from the first operator listed.")
+    return {
+        "deterministic": deterministic,
+        "script": manifest.script, "argv": manifest.argv, "seed": manifest.seed, "device": manifest.device,
+        "dump": manifest.dump_mode, "steps": summary["loss"]["steps_compared"],
+        "loss": summary["loss"],
+        "first_divergent": summary["first_divergent"],
+        "differing_ops": json.loads(differing.to_json(orient="records")),
+        "checklist": {"id": "C1", "title": TITLES["C1"],
+                      "status": (ChecklistStatus.PASSED if deterministic else ChecklistStatus.FAILED).value,
+                      "evidence": evidence, "action": action},
+    }
+
+
+def print_determinism(result: ComparisonResult, differing: pd.DataFrame, deterministic: bool) -> None:
+    if result.ref.manifest.emulated:
+        stdout.print(f"[bold black on yellow] EMULATED NPU: {result.ref.manifest.title} [/]")
+    verdict = "DETERMINISTIC" if deterministic else "NOT DETERMINISTIC"
+    stdout.print(f"[bold {'green' if deterministic else 'red'}]{verdict}[/]: two runs of {result.ref.manifest.title}, "
+                 f"seed {result.ref.manifest.seed}, {result.ref.manifest.dump_mode} dump")
+    loss = result.loss
+    stdout.print(f"loss: {loss.steps_compared} steps, max abs diff {loss.max_abs_diff:.6g}, max rel diff "
+                 f"{loss.max_rel_diff:.3g}, first step that differs: "
+                 f"{'none' if loss.first_step_past_tolerance is None else loss.first_step_past_tolerance}")
+    if len(differing):
+        table = Table(title=f"{len(differing)} op results differ; the first is where the randomness enters",
+                      title_justify="left")
+        for column in ("step", "phase", "module", "op", "io", "dtype"):
+            table.add_column(column)
+        for row in differing.head(DIFFERING_OPS_SHOWN).itertuples():
+            table.add_row(str(row.step), row.phase, row.module or "(top level)", row.op, row.io, row.dtype)
+        stdout.print(table)
+    for note in result.notes:
+        stdout.print(f"[dim]note: {note}[/]")
+
+
+def determinism(
+    script: Annotated[Path, typer.Argument(help="The script to run twice, unmodified.", show_default=False)],
+    script_args: Annotated[Optional[list[str]], typer.Argument(
+        help="The script's own arguments, after `--`.", show_default=False)] = None,
+    steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps per run.")] = 5,
+    seed: Annotated[int, typer.Option(help="The seed both runs get.")] = 1234,
+    device: Annotated[str, typer.Option(help=f"One of {', '.join(DEVICES)} (as `verify run`).")] = "auto",
+    dump: Annotated[DumpMode, typer.Option(
+        help="md5: bit-exact per op; stats: equal within the dtype tolerances.")] = DumpMode.MD5,
+    no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off.")] = False,
+    timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a run after this many seconds.")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", "-o", help="Folder for the runs and the reports (default: verify-out/STEM-TIME beside SCRIPT).")] = (
+        None),
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the script's output.")] = False,
+) -> None:
+    """Run SCRIPT twice with the same seed and list the operators whose results differ (checklist C1).
+
+    Exit codes: 0 deterministic, 1 not deterministic, 2 error (also when a run did not end well: there is nothing
+    to judge). Writes determinism.json (with checklist item C1 for migrate) beside the usual reports.
+    """
+    options = RunOptions(steps=steps, seed=seed, device=device, dump=dump, no_dropout=no_dropout, timeout=timeout)
+    _fail_on_errors(_determinism)(script, list(script_args or []), options, out, quiet)
+
+
+def _determinism(script: Path, args: list[str], options: RunOptions, out: Path | None, quiet: bool) -> int:
+    if not script.is_file():
+        raise PairError(f"{script}: no such script")
+    out = _fresh_folder(out or default_out(script))
+    with side_runner(quiet) as sides:
+        first, second = (sides.run(f"run {n}", script, args, options, out / f"run-{n}") for n in (1, 2))
+    for run in (first, second):
+        if run.manifest.status not in _RUN_ENDED_WELL:
+            raise PairError(f"{run.root.name} ended '{run.manifest.status}': {run.manifest.message}")
+    # Exact: the loss and the gradients of two runs of one script on one device must agree to the last bit.
+    result = compare_runs(first, second, CompareOptions(loss_rtol=0.0))
+    deterministic = result.verdict.passed
+    differing = differing_ops(result)
+    _write_reports(result, out, out, script.parent)
+    record = determinism_record(result, differing, deterministic)
+    (out / DETERMINISM_JSON).write_text(json.dumps(record, indent=1, allow_nan=False), encoding="utf-8")
+    print_determinism(result, differing, deterministic)
+    stderr.print(f"reports in {out}")
+    return EXIT_OK if deterministic else EXIT_FAILED
