@@ -42,7 +42,9 @@ class NcclBackend(PortRule):
     names a process-group backend: the `backend` argument of `init_process_group`, `new_group`, `new_subgroups*`,
     `is_backend_available` and `Backend(...)`; the default and choices of an argparse flag whose name contains
     "backend" (`--backend`, `--dist-backend`) and `set_defaults(backend=...)`; a variable assigned `"nccl"` whose every
-    use is one of those arguments or a comparison with `"nccl"`. `Backend.NCCL` becomes `Backend.HCCL`.
+    use is one of those arguments or a comparison with `"nccl"`. `Backend.NCCL` becomes `Backend.HCCL`. A value
+    that chooses its backend, `"nccl" if cuda else "gloo"` or `args.backend or "nccl"`, gets its literals ported
+    (not its condition).
 
     ## Why
     Ascend has no NCCL; HCCL is its collective library. `transfer_to_npu` swaps the string only inside
@@ -129,6 +131,30 @@ class NcclBackend(PortRule):
                     dist.init_process_group(backend=BACKEND)
             """,
             lines=[2, 5],
+        ),
+        Case(
+            """
+            import torch.distributed as dist
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+            dist.init_process_group(args.backend or "nccl", rank=rank)
+            fallback = "gloo" if args.cpu else ("nccl" if args.fast else "mpi")
+            dist.new_group(ranks, backend=fallback)
+            """,
+            """
+            import torch.distributed as dist
+            dist.init_process_group(backend="hccl" if device.type == "cuda" else "gloo")
+            dist.init_process_group(args.backend or "hccl", rank=rank)
+            fallback = "gloo" if args.cpu else ("hccl" if args.fast else "mpi")
+            dist.new_group(ranks, backend=fallback)
+            """,
+            lines=[2, 3, 4],
+        ),
+        Unchanged(
+            """
+            import torch.distributed as dist
+            dist.init_process_group(backend="gloo" if args.cpu else os.environ["BACKEND"])
+            dist.init_process_group(args.backend or "gloo")
+            """
         ),
         Unchanged(
             """
@@ -222,7 +248,12 @@ def _is_backend_flag(call: cst.Call) -> bool:
 
 
 def _ported_literals(node: cst.BaseExpression) -> cst.BaseExpression | None:
-    """`node` with its backend literal(s) ported: a string, or a list/tuple/set of strings (argparse choices)."""
+    """`node` with its backend literal(s) ported: a string, a list/tuple/set of strings (argparse choices), or the
+    value branches of `a if test else b` and `a or b` (the test itself is left alone: DIST002 ports comparisons)."""
+    if isinstance(node, cst.IfExp):
+        return _ported_parts(node, "body", "orelse")
+    if isinstance(node, cst.BooleanOperation):
+        return _ported_parts(node, "left", "right")
     if isinstance(node, cst.SimpleString):
         text = string_value(node)
         ported = _port_backend(text) if text is not None else None
@@ -235,3 +266,10 @@ def _ported_literals(node: cst.BaseExpression) -> cst.BaseExpression | None:
             elements=[element.with_changes(value=new) if new else element for element, new in elements]
         )
     return None
+
+
+def _ported_parts(node: cst.BaseExpression, *fields: str) -> cst.BaseExpression | None:
+    """`node` with the backend literals of its value `fields` ported; None when none of them names nccl."""
+    ported = {field: _ported_literals(getattr(node, field)) for field in fields}
+    changes = {field: value for field, value in ported.items() if value is not None}
+    return node.with_changes(**changes) if changes else None
