@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from functools import partial
+from typing import Callable
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -10,16 +13,26 @@ from rules.amp.loss_scaling import (
     StatementEdits,
     autocast,
     checkpoint_with_scaler,
+    float32_inputs,
     free_name,
     manages_precision,
+    resume_edits,
     scaled,
     scaler_step,
     statement,
     unscale_edits,
     update_edits,
 )
-from rules.amp.step_analysis import Body, Step, analyse, code, plan_autocast, scopes
+from rules.amp.step_analysis import AutocastBans, Body, Step, analyse, autocast_bans, code, plan_autocast, scopes
 from rules.base import Case, PortRule, Unchanged
+
+
+Rewrite = Callable[[cst.Call], cst.Call]
+_FLOAT32_LOSS = (
+    "binary_cross_entropy raises under autocast: this loss runs after it, on float32 inputs (or use BCEWithLogitsLoss)"
+)
+# Above a scaler created at module level, so that a reader sees why it is there.
+_MODULE_SCALER_COMMENT = "# Mixed precision (AMP101): one loss scaler for the script, reached by every training function"
 
 
 class Fp32TrainingStep(StatementEdits, PortRule):
@@ -31,19 +44,28 @@ class Fp32TrainingStep(StatementEdits, PortRule):
     - the statements of the iteration that compute the model output and the loss (the backward slice of the loss,
       starting at its first real computation, never the backward or the step) run under
       `with torch.autocast(device_type="npu", dtype=torch.float16)` (`bfloat16` with `--amp bf16`);
-    - with fp16, one `torch.amp.GradScaler("npu")` is created: right after the optimizer when the same function
-      creates the optimizer before training, otherwise at module level after the imports, so that every training
-      function reaches it without a change of signature; `loss.backward()` becomes `scaler.scale(loss).backward()`,
-      `optimizer.step()` becomes `scaler.step(optimizer)` followed by `scaler.update()` (after the last step of a
-      block, so once per iteration for several optimizers), `scaler.unscale_(optimizer)` goes before gradient
-      clipping, and a checkpoint dictionary holding `optimizer.state_dict()` gets `"scaler": scaler.state_dict()`.
+    - a loss through `binary_cross_entropy` (`F.binary_cross_entropy`, `nn.BCELoss`), which CUDA and NPU autocast
+      refuse to run at all, stays after the autocast block on float32 inputs: `criterion(output.float(),
+      target.float())`; when its statement also computes its inputs (`criterion(model(x), y)`), the step is left
+      to AMP105, which suggests `BCEWithLogitsLoss`;
+    - with fp16, one `torch.amp.GradScaler("npu")` is created, in one of two places, always the same way: right
+      after the last optimizer creation when the function that creates the optimizers also runs the training
+      loop; otherwise (the loop is in a function of its own, as in `train(model, loader, optimizer)`) at module
+      level, after the imports and the UPPER_CASE constants that follow them, under a comment saying why, so that
+      every training function reaches it without a change of signature;
+    - `loss.backward()` becomes `scaler.scale(loss).backward()`, `optimizer.step()` becomes
+      `scaler.step(optimizer)` followed by `scaler.update()` (after the last step of a block, so once per iteration
+      for several optimizers), and `scaler.unscale_(optimizer)` goes before gradient clipping;
+    - a checkpoint dictionary holding `optimizer.state_dict()` gets `"scaler": scaler.state_dict()`, and where the
+      scaler is reachable, `optimizer.load_state_dict(checkpoint["optimizer"])` is followed by
+      `if "scaler" in checkpoint: scaler.load_state_dict(checkpoint["scaler"])` (older checkpoints lack the key).
     Gradient accumulation stays correct: every micro-step's backward is scaled, and step/update happen only where
     the optimizer steps. Steps it cannot rewrite with confidence are left alone and reported by AMP105.
 
     ## Why
     The NPU is built for mixed precision: without it training may be slow, fail on Atlas training series, or miss
     accuracy (checklist C2). fp16 gradients underflow without loss scaling (checklist C4), and clipping scaled
-    gradients clips at the wrong threshold.
+    gradients clips at the wrong threshold. A binary_cross_entropy left under autocast raises at the first step.
 
     ## Safety
     Safe: applied by default (`--amp off` disables it). It rewrites only steps whose backward, optimizer step and
@@ -53,7 +75,8 @@ class Fp32TrainingStep(StatementEdits, PortRule):
 
     ## References
     rules-catalogue AMP-06, AMP-07, AMP-08; PyTorch "Automatic Mixed Precision examples" (typical use, gradient
-    clipping, accumulation, multiple models/losses/optimizers); torch/amp/grad_scaler.py.
+    clipping, accumulation, multiple models/losses/optimizers, saving/resuming); torch/amp/grad_scaler.py; the
+    banned binary_cross_entropy kernel of torch's aten/src/ATen/autocast_mode.cpp (torch_npu registers the same).
     """
 
     CODE = "AMP101"
@@ -99,47 +122,61 @@ class Fp32TrainingStep(StatementEdits, PortRule):
             import torch
             from torch import nn
 
-            def train(model, loader, optimizer, accum):
+            ACCUM = 4
+
+            def train(model, loader, optimizer):
                 for i, (x, y) in enumerate(loader):
-                    loss = nn.functional.mse_loss(model(x), y) / accum
+                    loss = nn.functional.mse_loss(model(x), y) / ACCUM
                     loss.backward()
-                    if (i + 1) % accum == 0:
+                    if (i + 1) % ACCUM == 0:
                         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                         optimizer.step()
                         optimizer.zero_grad()
 
-            def main():
+            def main(resume):
                 model = Net()
                 optimizer = torch.optim.AdamW(model.parameters())
+                if resume:
+                    checkpoint = torch.load(resume)
+                    optimizer.load_state_dict(checkpoint["optimizer"])
                 for epoch in range(3):
-                    train(model, loader, optimizer, 4)
+                    train(model, loader, optimizer)
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "ckpt.pt")
             """,
             """
             import torch
             from torch import nn
+
+            ACCUM = 4
+
+            # Mixed precision (AMP101): one loss scaler for the script, reached by every training function
             scaler = torch.amp.GradScaler("npu")
 
-            def train(model, loader, optimizer, accum):
+            def train(model, loader, optimizer):
                 for i, (x, y) in enumerate(loader):
                     with torch.autocast(device_type="npu", dtype=torch.float16):
-                        loss = nn.functional.mse_loss(model(x), y) / accum
+                        loss = nn.functional.mse_loss(model(x), y) / ACCUM
                     scaler.scale(loss).backward()
-                    if (i + 1) % accum == 0:
+                    if (i + 1) % ACCUM == 0:
                         scaler.unscale_(optimizer)
                         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                         scaler.step(optimizer)
                         scaler.update()
                         optimizer.zero_grad()
 
-            def main():
+            def main(resume):
                 model = Net()
                 optimizer = torch.optim.AdamW(model.parameters())
+                if resume:
+                    checkpoint = torch.load(resume)
+                    optimizer.load_state_dict(checkpoint["optimizer"])
+                    if "scaler" in checkpoint:  # checkpoints saved before mixed precision have no scaler state
+                        scaler.load_state_dict(checkpoint["scaler"])
                 for epoch in range(3):
-                    train(model, loader, optimizer, 4)
+                    train(model, loader, optimizer)
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}, "ckpt.pt")
             """,
-            lines=[2, 6, 7, 9, 10, 18],
+            lines=[4, 8, 9, 11, 12, 20, 23],
         ),
         Case(
             """
@@ -159,6 +196,40 @@ class Fp32TrainingStep(StatementEdits, PortRule):
             """,
             lines=[2],
             amp=AmpPolicy.BF16,
+        ),
+        Case(
+            """
+            import torch.nn.functional as F
+
+            for x, y in loader:
+                output = model(x)
+                loss = F.binary_cross_entropy(output, y)
+                loss.backward()
+                optimizer.step()
+            """,
+            """
+            import torch.nn.functional as F
+            import torch
+
+            for x, y in loader:
+                with torch.autocast(device_type="npu", dtype=torch.bfloat16):
+                    output = model(x)
+                loss = F.binary_cross_entropy(output.float(), y.float())
+                loss.backward()
+                optimizer.step()
+            """,
+            lines=[4, 5],
+            amp=AmpPolicy.BF16,
+        ),
+        Unchanged(
+            """
+            import torch
+            criterion = torch.nn.BCELoss().to("cuda")
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """
         ),
         Unchanged(
             """
@@ -195,7 +266,7 @@ class Fp32TrainingStep(StatementEdits, PortRule):
         super().__init__(*args, **kwargs)
         self._scaler = ""
         self._dtype = "float16" if self.settings.amp is AmpPolicy.FP16 else "bfloat16"
-        self._calls: dict[cst.Call, tuple[str, str]] = {}  # original call -> (message, kind)
+        self._calls: dict[cst.Call, tuple[str, Rewrite]] = {}  # original call -> (message, its rewrite)
         self._checkpoints: set[cst.Dict] = set()
 
     @classmethod
@@ -212,7 +283,8 @@ class Fp32TrainingStep(StatementEdits, PortRule):
     # ----- planning, on the original tree -------------------------------------------------------------------
 
     def visit_Module(self, node: cst.Module) -> None:
-        analysed = (self._accepted(analyse(scope, self.qualified_names)) for scope in scopes(node))
+        bans = autocast_bans(node, self.qualified_names)
+        analysed = (self._accepted(analyse(scope, self.qualified_names), bans) for scope in scopes(node))
         steps = [step for step in analysed if step is not None]
         if not steps:
             return
@@ -222,16 +294,18 @@ class Fp32TrainingStep(StatementEdits, PortRule):
                 for first, last in spans:
                     wrap = Edit(first, message, wrap_until=last, wrapper=self._autocast, imports=TORCH)
                     self.edit(block, wrap)
+            for call in step.float32_losses:
+                self._calls[call] = (_FLOAT32_LOSS, float32_inputs)
         if self._scales:
             self._scaler = free_name(node, "scaler", "grad_scaler", "amp_scaler")
             self._plan_scaler(node, steps)
 
-    def _accepted(self, step: Step) -> Step | None:
+    def _accepted(self, step: Step, bans: AutocastBans) -> Step | None:
         """`step` when every site of it can be rewritten under the policy, else None (AMP105 says why)."""
         wanted = step.trains if self._scales else bool(step.backwards)
         if not wanted or any(self._blocks(problem) for problem in step.problems):
             return None
-        plan_autocast(step)
+        plan_autocast(step, bans)
         if any(self._blocks(problem) for problem in step.problems) or not step.regions:
             return None
         return None if self._suppressed(step) else step
@@ -250,9 +324,9 @@ class Fp32TrainingStep(StatementEdits, PortRule):
         scaler = self._scaler
         for step in steps:
             for site in step.backwards:
-                self._calls[site.call] = (f"backward of the scaled loss: {scaler}.scale(...).backward()", "scale")
+                self._calls[site.call] = (f"backward of the scaled loss: {scaler}.scale(...).backward()", partial(scaled, scaler=scaler))
             for site in step.steps:
-                self._calls[site.call] = (f"optimizer step through the scaler: {scaler}.step(...)", "step")
+                self._calls[site.call] = (f"optimizer step through the scaler: {scaler}.step(...)", partial(scaler_step, scaler=scaler))
             for block, edit in unscale_edits(step, scaler) + update_edits(step, scaler):
                 self.edit(block, edit)
         home = _scaler_home(steps)
@@ -263,9 +337,11 @@ class Fp32TrainingStep(StatementEdits, PortRule):
             self.edit(block, Edit(index, message, insert_after=(create,), imports=TORCH))
             reach: cst.CSTNode = steps[0].scope
         else:
-            self.edit(module, _after_imports(module, create, message + " at module level"))
+            self.edit(module, _after_imports_and_constants(module, create, message + " at module level"))
             reach = module
         self._checkpoints = {entries for entries in m.findall(reach, m.Dict())}  # type: ignore[misc]
+        for block, edit in resume_edits(reach, scaler):
+            self.edit(block, edit)
 
     # ----- rewriting, on the way back up ---------------------------------------------------------------------
 
@@ -273,9 +349,8 @@ class Fp32TrainingStep(StatementEdits, PortRule):
         planned = self._calls.get(original_node)
         if planned is None:
             return updated_node
-        message, kind = planned
-        new = scaled(updated_node, self._scaler) if kind == "scale" else scaler_step(updated_node, self._scaler)
-        return self.replace(original_node, updated_node, new, message)
+        message, rewrite = planned
+        return self.replace(original_node, updated_node, rewrite(updated_node), message)
 
     def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.BaseExpression:
         if original_node not in self._checkpoints:
@@ -341,14 +416,41 @@ def _blocks_of(statement: cst.BaseStatement) -> list[cst.IndentedBlock]:
     return [node for node in statement.children if isinstance(node, cst.IndentedBlock)]
 
 
-def _after_imports(module: cst.Module, create: cst.BaseStatement, message: str) -> Edit:
-    """Put `create` after the imports at the top of `module` (before the first definition or other code)."""
+def _after_imports_and_constants(module: cst.Module, create: cst.BaseStatement, message: str) -> Edit:
+    """Put `create` after the imports at the top of `module` and the constants that follow them, under a comment."""
     last = None
     for index, line in enumerate(module.body):
-        if m.matches(line, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])):
+        if m.matches(line, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) or (
+            last is not None and _defines_constants(line)
+        ):
             last = index
         elif not m.matches(line, m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
             break
+    comment = cst.EmptyLine(comment=cst.Comment(_MODULE_SCALER_COMMENT))
     if last is None:
-        return Edit(0, message, insert_before=(create,), imports=TORCH)
-    return Edit(last, message, insert_after=(create,), imports=TORCH)
+        return Edit(0, message, insert_before=(create.with_changes(leading_lines=(comment,)),), imports=TORCH)
+    commented = create.with_changes(leading_lines=(cst.EmptyLine(), comment))
+    return Edit(last, message, insert_after=(commented,), imports=TORCH)
+
+
+_CONSTANT = m.Name(value=m.MatchIfTrue(str.isupper))
+# `MEAN, STD = 0.1307, 0.3081`, `EPOCHS: int = 10`: a line that only binds UPPER_CASE names.
+_CONSTANTS = m.SimpleStatementLine(
+    body=[
+        m.AtLeastN(
+            m.Assign(
+                targets=[
+                    m.AtLeastN(
+                        m.AssignTarget(_CONSTANT | m.Tuple(elements=[m.AtLeastN(m.Element(_CONSTANT), n=1)])), n=1
+                    )
+                ]
+            )
+            | m.AnnAssign(target=_CONSTANT),
+            n=1,
+        )
+    ]
+)
+
+
+def _defines_constants(line: cst.BaseStatement) -> bool:
+    return m.matches(line, _CONSTANTS)

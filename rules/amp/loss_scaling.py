@@ -10,7 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.amp.step_analysis import Body, Step, code
-from rules.calls import same_quotes, string_value
+from rules.calls import argument, same_quotes, string_value
 
 TORCH = (("torch", None),)
 # A file mentioning one of these already manages its precision: mixed precision is not inserted a second time.
@@ -56,22 +56,39 @@ def scaler_step(call: cst.Call, scaler: str) -> cst.Call:
     return call.with_changes(func=cst.Attribute(cst.Name(scaler), cst.Name("step")), args=[cst.Arg(optimizer)])
 
 
+def float32_inputs(call: cst.Call) -> cst.Call:
+    """`criterion(output, target)` -> `criterion(output.float(), target.float())`: a loss left after autocast may get
+    a float16 output, and binary_cross_entropy wants its input and target of one dtype."""
+    inputs = {argument(call, 0, "input"), argument(call, 1, "target")}
+    return call.with_changes(
+        args=[arg.with_changes(value=_as_float(arg.value)) if arg in inputs else arg for arg in call.args]
+    )
+
+
+def _as_float(value: cst.BaseExpression) -> cst.BaseExpression:
+    if m.matches(value, m.Call(func=m.Attribute(attr=m.Name("float")), args=[])):
+        return value
+    receiver = value if isinstance(value, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)) else _parenthesized(value)
+    return cst.Call(func=cst.Attribute(receiver, cst.Name("float")))
+
+
+def _parenthesized(value: cst.BaseExpression) -> cst.BaseExpression:
+    return value if value.lpar else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
 def checkpoint_with_scaler(entries: cst.Dict, scaler: str) -> cst.Dict | None:
     """`{..., "optimizer": opt.state_dict(), ...}` with `"scaler": scaler.state_dict()` after the optimizer's entry.
 
     None when the dictionary holds no optimizer state or already holds a scaler's.
     """
-    elements = list(entries.elements)
-    optimizers = [i for i, element in enumerate(elements) if _is_optimizer_state(element)]
-    if not optimizers or any("scaler" in code(element).lower() for element in elements):
+    last = _optimizer_entry(entries)
+    if last is None:
         return None
-    last = optimizers[-1]
+    elements = list(entries.elements)
     anchor = elements[last]
     assert isinstance(anchor, cst.DictElement)
     key = anchor.key
-    text = string_value(key) or "optimizer"
-    suffix = re.match(r"^optimizer(_\w*)?$", text)
-    name = "scaler" + (suffix.group(1) or "" if suffix else "")
+    name = _scaler_key(string_value(key) or "optimizer")
     new_key = same_quotes(key, name) if isinstance(key, cst.SimpleString) else cst.SimpleString(f'"{name}"')
     separator = _separator(entries)
     entry = cst.DictElement(
@@ -84,6 +101,83 @@ def checkpoint_with_scaler(entries: cst.Dict, scaler: str) -> cst.Dict | None:
     elements[last] = anchor.with_changes(comma=separator)
     elements.insert(last + 1, entry)
     return entries.with_changes(elements=elements)
+
+
+def _optimizer_entry(entries: cst.Dict) -> int | None:
+    """Index of the last optimizer state in a checkpoint dictionary that holds nothing of a scaler, else None."""
+    elements = entries.elements
+    optimizers = [i for i, element in enumerate(elements) if _is_optimizer_state(element)]
+    if not optimizers or any("scaler" in code(element).lower() for element in elements):
+        return None
+    return optimizers[-1]
+
+
+def _scaler_key(optimizer_key: str) -> str:
+    """The key of the scaler's state beside the optimizer's: "scaler", "scaler_state_dict" for "optimizer_state_dict"."""
+    suffix = re.match(r"^optimizer(_\w*)?$", optimizer_key)
+    return "scaler" + (suffix.group(1) or "" if suffix else "")
+
+
+def resume_edits(reach: cst.CSTNode, scaler: str) -> list[tuple[Body, Edit]]:
+    """After each `optimizer.load_state_dict(checkpoint["optimizer"])` in `reach` whose key names the optimizer in a
+    checkpoint that `checkpoint_with_scaler` completes: the scaler's state loaded back, when the checkpoint has it.
+
+    The guard keeps checkpoints saved before mixed precision loadable. Nothing when `reach` loads the scaler already.
+    """
+    if _loads_scaler(reach, scaler):
+        return []
+    keys = set()
+    for entries in m.findall(reach, m.Dict()):
+        last = _optimizer_entry(entries)  # type: ignore[arg-type]
+        if last is not None:
+            keys.add(string_value(entries.elements[last].key) or "optimizer")  # type: ignore[attr-defined]
+    edits = []
+    for block in _blocks(reach):
+        for index, line in enumerate(block.body):
+            loaded = _loaded_optimizer_state(line, keys)
+            if loaded is not None:
+                checkpoint, key = loaded
+                edits.append((block, Edit(index, _RESUMED, insert_after=(_load_scaler(checkpoint, key, scaler),))))
+    return edits
+
+
+_RESUMED = "the scaler's state loaded back next to the optimizer's, when the checkpoint has it"
+
+
+def _loads_scaler(reach: cst.CSTNode, scaler: str) -> bool:
+    loads = m.findall(reach, m.Call(func=m.Attribute(attr=m.Name("load_state_dict"))))
+    return any(code(call.func.value) == scaler for call in loads)  # type: ignore[attr-defined]
+
+
+def _blocks(reach: cst.CSTNode) -> list[Body]:
+    inner: list[Body] = m.findall(reach, m.IndentedBlock())  # type: ignore[assignment]
+    return [reach, *inner] if isinstance(reach, cst.Module) else inner
+
+
+def _loaded_optimizer_state(line: cst.BaseStatement, keys: set[str]) -> tuple[cst.BaseExpression, cst.SimpleString] | None:
+    """(checkpoint, key) for a line `<optimizer>.load_state_dict(<checkpoint>[<key>])` with a key of `keys`."""
+    key = m.SaveMatchedNode(m.SimpleString(), "key")
+    checkpoint = m.SaveMatchedNode(m.Name() | m.Attribute(), "checkpoint")
+    load = m.Call(
+        func=m.Attribute(attr=m.Name("load_state_dict")),
+        args=[m.Arg(m.Subscript(value=checkpoint, slice=[m.SubscriptElement(m.Index(key))]))],
+    )
+    found = m.extract(line, m.SimpleStatementLine(body=[m.Expr(load)]))
+    if found is None or string_value(found["key"]) not in keys:  # type: ignore[arg-type]
+        return None
+    optimizer = line.body[0].value.func.value  # type: ignore[attr-defined]
+    if "optim" not in code(optimizer).lower():
+        return None
+    return found["checkpoint"], found["key"]  # type: ignore[return-value]
+
+
+def _load_scaler(checkpoint: cst.BaseExpression, optimizer_key: cst.SimpleString, scaler: str) -> cst.BaseStatement:
+    key = code(same_quotes(optimizer_key, _scaler_key(string_value(optimizer_key) or "")))
+    source = code(checkpoint)
+    return statement(
+        f"if {key} in {source}:  # checkpoints saved before mixed precision have no scaler state\n"
+        f"    {scaler}.load_state_dict({source}[{key}])"
+    )
 
 
 def _is_optimizer_state(element: cst.BaseDictElement) -> bool:

@@ -5,7 +5,7 @@ import libcst.matchers as m
 
 from migrate.types import AmpPolicy, Safety, Settings, Severity
 from rules.amp.loss_scaling import manages_precision
-from rules.amp.step_analysis import Problem, analyse, plan_autocast, scopes
+from rules.amp.step_analysis import Problem, analyse, autocast_bans, plan_autocast, scopes
 from rules.base import Flag, PortRule, Unchanged
 
 
@@ -16,7 +16,9 @@ class OpaqueTrainingStep(PortRule):
     In a file without mixed precision, with `--amp fp16|bf16`, reports each step AMP101 leaves alone, with what to do
     instead: `optimizer.step(closure)` (GradScaler has no closure support), gradients taken with `torch.autograd`
     (`backward`/`grad`, e.g. gradient penalties), non-scalar or `create_graph` backward calls, a backward whose loss
-    is computed in another function, and a backward with no optimizer step in the same function. With `--amp bf16`
+    is computed in another function, a backward with no optimizer step in the same function, and a loss through
+    `binary_cross_entropy`/`nn.BCELoss` (which autocast refuses to run) computed in the same expression as its inputs
+    or inside a helper function, where AMP101 cannot move it after autocast. With `--amp bf16`
     only what blocks autocast is reported (no scaler is needed). A file that casts by hand (`.half()`, `float16`)
     is reported once.
 
@@ -77,6 +79,18 @@ class OpaqueTrainingStep(PortRule):
             """,
             lines=[1],
         ),
+        Flag(
+            """
+            import torch
+            criterion = torch.nn.BCELoss().to("cuda")
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """,
+            lines=[4],
+            amp=AmpPolicy.BF16,
+        ),
         Unchanged(
             """
             def closure():
@@ -117,10 +131,11 @@ class OpaqueTrainingStep(PortRule):
                 severity=Severity.WARNING,
             )
             return
+        bans = autocast_bans(node, self.qualified_names)
         for scope in scopes(node):
             step = analyse(scope, self.qualified_names)
             if step.backwards and not self._blocking(step.problems):
-                plan_autocast(step)
+                plan_autocast(step, bans)
             for problem in self._blocking(step.problems):
                 self.report(problem.node, problem.message, problem.suggestion)
 

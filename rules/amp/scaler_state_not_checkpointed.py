@@ -3,20 +3,22 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.amp.loss_scaling import checkpoint_with_scaler, existing_scaler
+from rules.amp.loss_scaling import StatementEdits, checkpoint_with_scaler, existing_scaler, resume_edits
 from rules.amp.step_analysis import code
 from rules.base import Case, PortRule, Unchanged
 
 
-class ScalerStateNotCheckpointed(PortRule):
-    """Save the GradScaler's state next to the optimizer's in checkpoint dictionaries.
+class ScalerStateNotCheckpointed(StatementEdits, PortRule):
+    """Save the GradScaler's state next to the optimizer's in checkpoint dictionaries, and load it back on resume.
 
     ## What it does
     In a file with one GradScaler (`scaler = ...GradScaler(...)`), a dictionary literal holding
     `optimizer.state_dict()` and nothing of the scaler gets `"scaler": scaler.state_dict()` right after the
     optimizer's entry (`"scaler_state_dict"` when the optimizer's key is `"optimizer_state_dict"`). Only
     dictionaries the scaler's name reaches are changed: anywhere for a module-level scaler, else in the function
-    (or class, for `self.scaler`) that creates it.
+    (or class, for `self.scaler`) that creates it. There too, unless the script loads the scaler's state already,
+    `optimizer.load_state_dict(checkpoint["optimizer"])` (the key the optimizer is saved under) is followed by
+    `if "scaler" in checkpoint: scaler.load_state_dict(checkpoint["scaler"])`.
 
     ## Why
     A run resumed without the scaler's state restarts at the initial scale of 65536: the first steps overflow and
@@ -24,8 +26,8 @@ class ScalerStateNotCheckpointed(PortRule):
     (checklist C4).
 
     ## Safety
-    Safe: it adds one key to what is saved; loading code that reads named keys is unaffected. Loading the scaler
-    back (`scaler.load_state_dict(ckpt["scaler"])`) is left to the author, since older checkpoints lack the key.
+    Safe: it adds one key to what is saved; loading code that reads named keys is unaffected. The scaler is loaded
+    back only when the checkpoint has its key, so checkpoints saved before the port still resume.
 
     ## References
     PyTorch AMP examples "Saving/Resuming"; torch/amp/grad_scaler.py `state_dict`.
@@ -76,6 +78,46 @@ class ScalerStateNotCheckpointed(PortRule):
             """,
             lines=[8],
         ),
+        Case(
+            """
+            import torch
+            def main(path):
+                scaler = torch.amp.GradScaler("npu")
+                state = torch.load(path)
+                optimizer.load_state_dict(state['optimizer_state_dict'])
+                train(model, optimizer, scaler)
+                torch.save({'optimizer_state_dict': optimizer.state_dict()}, path)
+            """,
+            """
+            import torch
+            def main(path):
+                scaler = torch.amp.GradScaler("npu")
+                state = torch.load(path)
+                optimizer.load_state_dict(state['optimizer_state_dict'])
+                if 'scaler_state_dict' in state:  # checkpoints saved before mixed precision have no scaler state
+                    scaler.load_state_dict(state['scaler_state_dict'])
+                train(model, optimizer, scaler)
+                torch.save({'optimizer_state_dict': optimizer.state_dict(), 'scaler_state_dict': scaler.state_dict()}, path)
+            """,
+            lines=[5, 7],
+        ),
+        Case(
+            """
+            import torch
+            scaler = torch.amp.GradScaler("npu")
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            scaler.load_state_dict(torch.load("scaler.pt"))
+            torch.save({"optimizer": optimizer.state_dict()}, path)
+            """,
+            """
+            import torch
+            scaler = torch.amp.GradScaler("npu")
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            scaler.load_state_dict(torch.load("scaler.pt"))
+            torch.save({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}, path)
+            """,
+            lines=[5],
+        ),
         Unchanged(
             """
             import torch
@@ -104,7 +146,10 @@ class ScalerStateNotCheckpointed(PortRule):
         if scaler is None:
             return
         self._scaler = scaler
-        self._reached = set(m.findall(_home(node, scaler), m.Dict()))  # type: ignore[arg-type]
+        home = _home(node, scaler)
+        self._reached = set(m.findall(home, m.Dict()))  # type: ignore[arg-type]
+        for block, edit in resume_edits(home, scaler):
+            self.edit(block, edit)
 
     def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.BaseExpression:
         if original_node not in self._reached:

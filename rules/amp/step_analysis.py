@@ -34,6 +34,11 @@ _FACTORIES = frozenset(
 )
 # Method calls that fill a container in place: `losses.append(l)` writes `losses` as far as the slice is concerned.
 _FILLS = frozenset({"append", "extend", "insert", "update", "add", "setdefault"})
+# Ops that CUDA autocast, and torch_npu's after it, refuse outright: their autocast kernel raises "unsafe to
+# autocast" whatever the dtypes it gets (torch 2.13 aten/src/ATen/autocast_mode.cpp; torch_npu 2.13 has the same
+# kernel). Only leaving autocast avoids the error; the loss modules that call them count too.
+AUTOCAST_BANNED = frozenset({"torch.nn.functional.binary_cross_entropy"})
+_BANNED_LOSS_MODULES = frozenset({"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"})
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class Step:
     clips: list[cst.SimpleStatementLine] = field(default_factory=list)
     # Per block, the (first, last) statement indexes to run under autocast.
     regions: dict[Body, list[tuple[int, int]]] = field(default_factory=dict)
+    # Calls of an op autocast bans, left after the autocast region: they must get float32 inputs.
+    float32_losses: list[cst.Call] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -91,6 +98,49 @@ class Step:
             if step_place.block is place.block and step_place.index > place.index:
                 return site.subject
         return None
+
+
+@dataclass(frozen=True)
+class AutocastBans:
+    """What in one module runs an op that autocast bans (AUTOCAST_BANNED)."""
+
+    resolve: Resolver
+    losses: frozenset[str]  # names bound to a loss module that runs one: `criterion` for `criterion = nn.BCELoss()`
+    helpers: frozenset[str]  # the module's functions that call one of those, whose inputs a step cannot see
+
+    def runs_banned_op(self, call: cst.Call) -> bool:
+        """Whether `call` itself runs a banned op on its arguments: `F.binary_cross_entropy(...)`, `criterion(...)`."""
+        func = call.func
+        if isinstance(func, cst.Call):  # nn.BCELoss()(output, target)
+            return not self.resolve(func.func).isdisjoint(_BANNED_LOSS_MODULES)
+        return not self.resolve(func).isdisjoint(AUTOCAST_BANNED) or dotted_name(func) in self.losses
+
+    def reaches_banned_op(self, call: cst.Call) -> bool:
+        name = dotted_name(call.func)
+        return self.runs_banned_op(call) or name.removeprefix("self.") in self.helpers
+
+
+def autocast_bans(module: cst.Module, resolve: Resolver) -> AutocastBans:
+    losses = frozenset(
+        dotted_name(target.target)
+        for assign in m.findall(module, m.Assign(value=m.Call()))
+        if not resolve(_without_moves(assign.value).func).isdisjoint(_BANNED_LOSS_MODULES)  # type: ignore
+        for target in assign.targets  # type: ignore[attr-defined]
+    )
+    direct = AutocastBans(resolve, losses, frozenset())
+    helpers = frozenset(
+        function.name.value  # type: ignore[attr-defined]
+        for function in m.findall(module, m.FunctionDef())
+        if any(direct.runs_banned_op(call) for call in m.findall(function, m.Call()))  # type: ignore[arg-type]
+    )
+    return AutocastBans(resolve, losses, helpers)
+
+
+def _without_moves(call: cst.Call) -> cst.Call:
+    """`nn.BCELoss()` for `nn.BCELoss().to(device)`."""
+    while _method(call) in _DATA_MOVES and isinstance(call.func.value, cst.Call):  # type: ignore[attr-defined]
+        call = call.func.value  # type: ignore[attr-defined]
+    return call
 
 
 def code(node: cst.CSTNode) -> str:
@@ -125,8 +175,9 @@ _NO_STEP = (
 )
 
 
-def plan_autocast(step: Step) -> None:
-    """Fill `step.regions`: for each backward, the statements of its iteration that compute its loss."""
+def plan_autocast(step: Step, bans: AutocastBans) -> None:
+    """Fill `step.regions`: for each backward, the statements of its iteration that compute its loss, less those
+    that compute a loss autocast bans (they follow the region in float32: `step.float32_losses`)."""
     barriers = _ancestors(step, [site.line for site in step.backwards + step.steps])
     sliced: dict[Body, set[int]] = {}
     computes: set[cst.BaseStatement] = set()
@@ -146,7 +197,52 @@ def plan_autocast(step: Step) -> None:
             )
         computes.update(statement for statement in found if _computes(statement))
     for block, indexes in sliced.items():
-        step.regions[block] = list(_runs(block, sorted(indexes), barriers, computes))
+        runs = _runs(block, sorted(indexes), barriers, computes)
+        step.regions[block] = list(_without_banned_ops(step, block, runs, computes, bans))
+
+
+def _without_banned_ops(
+    step: Step, block: Body, runs: Iterator[tuple[int, int]], computes: set, bans: AutocastBans
+) -> Iterator[tuple[int, int]]:
+    """`runs` split around each statement that computes a banned loss from outputs already computed, which then
+    runs after autocast on float32 inputs; a banned op reached any other way is a problem."""
+    for first, last in runs:
+        start = first
+        for index in range(first, last + 1):
+            statement = block.body[index]
+            banned = [call for call in m.findall(statement, m.Call()) if bans.reaches_banned_op(call)]  # type: ignore
+            if not banned:
+                continue
+            if not _loss_of_outputs(statement, banned, bans):  # type: ignore[arg-type]
+                step.problems.append(Problem(banned[0], *_BANNED))
+                continue
+            step.float32_losses.extend(banned)  # type: ignore[arg-type]
+            yield from _computing_span(block, start, index - 1, computes)
+            start = index + 1
+        yield from _computing_span(block, start, last, computes)
+
+
+_BANNED = (
+    "binary_cross_entropy (nn.BCELoss) raises under autocast and its inputs are computed in the same expression "
+    "(or in a function called here): autocast not inserted",
+    "compute the loss on the logits with `nn.BCEWithLogitsLoss()` / `F.binary_cross_entropy_with_logits` (drop "
+    "the final sigmoid): it is safe under autocast; or run the forward under autocast and the loss after it on "
+    "float32 inputs, `criterion(output.float(), target.float())`",
+)
+
+
+def _loss_of_outputs(statement: cst.BaseStatement, banned: list[cst.Call], bans: AutocastBans) -> bool:
+    """Whether `statement` is one line whose banned calls take only computed values (no forward of their own)."""
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        bans.runs_banned_op(call) and not any(_computes(arg.value) for arg in call.args) for call in banned
+    )
+
+
+def _computing_span(block: Body, first: int, last: int, computes: set) -> Iterator[tuple[int, int]]:
+    """(start, last) from the first statement in `first..last` that computes something, if one does."""
+    start = next((index for index in range(first, last + 1) if block.body[index] in computes), None)
+    if start is not None:
+        yield start, last
 
 
 def _runs(block: Body, indexes: list[int], barriers: set, computes: set) -> Iterator[tuple[int, int]]:
@@ -309,9 +405,9 @@ def _method(call: cst.Call) -> str:
     return call.func.attr.value if isinstance(call.func, cst.Attribute) else ""
 
 
-def _computes(statement: cst.BaseStatement) -> bool:
-    """Whether `statement` calls something other than a data move (`x.to(device)`) or a tensor factory."""
-    return any(not _makes_data(call) for call in m.findall(statement, m.Call()))  # type: ignore[arg-type]
+def _computes(node: cst.CSTNode) -> bool:
+    """Whether `node` calls something other than a data move (`x.to(device)`) or a tensor factory."""
+    return any(not _makes_data(call) for call in m.findall(node, m.Call()))  # type: ignore[arg-type]
 
 
 def _makes_data(call: cst.Call) -> bool:
