@@ -86,9 +86,8 @@ class PaddedEvaluationSampler(PortRule):
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         for sampler in self._padding:
-            if self._serves_evaluation(sampler, SAMPLER_POSITIONS) or self._assigned_to.get(sampler) in (
-                self._evaluation_samplers
-            ):
+            passed_to_evaluation = self._assigned_to.get(sampler) in self._evaluation_samplers
+            if passed_to_evaluation or self._serves_evaluation(sampler, SAMPLER_POSITIONS):
                 self.report(
                     sampler,
                     "DistributedSampler on an evaluation set pads it with repeated samples (drop_last=False): "
