@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -23,7 +24,7 @@ from migrate.types import Action, AmpPolicy, FileResult, FileStatus, Mode, Setti
 from rules import RuleError, all_rules, rule_by_code, select_rules
 
 stdout = Console(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # one error, one line: grep-able
 
 app = typer.Typer(
     add_completion=False,
@@ -99,14 +100,18 @@ def migrate(
     if diff:
         for result in results:
             stdout.out(result.diff, end="")
+    report = None
     if writes and results:
         directory = report_dir or _default_report_dir(paths[0], out, in_place)
         items = checklist.build(results, settings, rules, _verify_command(results))
-        written = write_reports(results, directory, f"npu-port migrate report ({mode.value} mode)", items)
+        try:
+            report = write_reports(results, directory, f"npu-port migrate report ({mode.value} mode)", items)[0]
+        except OSError as error:
+            stderr.print(f"[red]error:[/] cannot write the report: {error.filename or directory}: {error.strerror}")
+            raise typer.Exit(ExitCode.ERROR) from None
         if not quiet:
             _print_checklist(items)
-            stderr.print(f"Report: {written[0]}")
-    raise typer.Exit(_exit_code(results, writes, quiet))
+    raise typer.Exit(_exit_code(results, writes, quiet, report))
 
 
 def _run(planned, rules, workers: int, quiet: bool) -> list[FileResult]:
@@ -126,14 +131,16 @@ def _default_report_dir(first: Path, out: Optional[Path], in_place: bool) -> Pat
     return base.with_name(f"{base.name}_report")
 
 
-def _exit_code(results: list[FileResult], writes: bool, quiet: bool) -> int:
+def _exit_code(results: list[FileResult], writes: bool, quiet: bool, report: Optional[Path]) -> int:
     summary = Summary.of(results)
     for result in results:
         if result.error:
             stderr.print(f"[red]error:[/] {result.error}")
     if not quiet:
         _print_findings(results)
-        _print_summary(summary, writes)
+        stderr.print(_summary_line(summary, writes))
+        if report is not None:
+            stderr.print(f"Report: {report}")
     if summary.errors:
         return ExitCode.ERROR
     return ExitCode.PENDING if not writes and summary.changed else ExitCode.OK
@@ -144,25 +151,35 @@ def _print_findings(results: list[FileResult]) -> None:
         for finding in result.findings:
             if finding.action is not Action.CHANGED and finding.severity is not Severity.INFO:
                 colour = "red" if finding.severity is Severity.ERROR else "yellow"
-                stderr.print(f"[{colour}]{finding_text(finding)}[/]")
+                stderr.print(f"[{colour}]{escape(finding_text(finding))}[/]")
                 if finding.suggestion:
-                    stderr.print(f"    {finding.suggestion}", style="dim")
+                    stderr.print(f"    {escape(finding.suggestion)}", style="dim")
 
 
-def _print_summary(summary: Summary, writes: bool) -> None:
-    verb = "ported" if writes else "would port"
-    table = Table(title=f"npu-port: {summary.changed} file(s) {verb}", title_justify="left")
-    for column in ("files", "changed", "unchanged", "errors", *summary.by_severity, "unsafe held back"):
-        table.add_column(column, justify="right")
-    table.add_row(
-        str(summary.files),
-        str(summary.changed),
-        str(summary.unchanged),
-        str(summary.errors),
-        *(str(count) for count in summary.by_severity.values()),
-        str(summary.pending),
-    )
-    stderr.print(table)
+_SEVERITY_COLOURS = {Severity.ERROR.value: "red", Severity.WARNING.value: "yellow", Severity.INFO.value: "cyan"}
+
+
+def _summary_line(summary: Summary, writes: bool) -> str:
+    """One line: `npu-port: 3 files: 1 ported, 1 unchanged, 1 error | findings: 2 errors, 5 warnings, 9 info`."""
+    files = [f"{summary.changed} {'ported' if writes else 'would be ported'}", f"{summary.unchanged} unchanged"]
+    if summary.errors:
+        files.append(f"[red]{_plural(summary.errors, 'error')}[/]")
+    if summary.skipped:
+        files.append(f"{summary.skipped} copied")
+    findings = [
+        f"[{_SEVERITY_COLOURS[severity]}]{count} {severity if count == 1 or severity == 'info' else severity + 's'}[/]"
+        for severity, count in reversed(summary.by_severity.items())
+        if count
+    ]
+    line = f"[bold]npu-port:[/] {_plural(summary.files, 'file')}: {', '.join(files)}"
+    line += f" | findings: {', '.join(findings) or 'none'}"
+    if summary.pending:
+        line += f" | {_plural(summary.pending, 'unsafe fix', 'unsafe fixes')} held back (--unsafe-fixes)"
+    return line
+
+
+def _plural(count: int, word: str, words: str = "") -> str:
+    return f"{count} {word if count == 1 else words or word + 's'}"
 
 
 def _verify_command(results: list[FileResult]) -> str:
@@ -173,15 +190,19 @@ def _verify_command(results: list[FileResult]) -> str:
 
 
 def _print_checklist(items: list[checklist.Item]) -> None:
-    table = Table(title="Accuracy checklist", title_justify="left", show_lines=False)
-    for column in ("id", "item", "status", "evidence"):
-        table.add_column(column)
+    """One line per item, the first piece of evidence cut to the terminal's width."""
     colours = {checklist.Status.PASSED: "green", checklist.Status.FAILED: "red", checklist.Status.NOT_CHECKED: "yellow"}
+    grid = Table.grid(padding=(0, 1), expand=True)
+    grid.add_column(no_wrap=True, min_width=2)
+    grid.add_column(no_wrap=True, min_width=11)
+    grid.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
     for item in items:
         evidence = item.evidence[0] if item.evidence else item.action
         more = f" (+{len(item.evidence) - 1} more)" if len(item.evidence) > 1 else ""
-        table.add_row(item.id, item.title, f"[{colours[item.status]}]{item.status.value}[/]", evidence + more)
-    stderr.print(table)
+        status = f"[{colours[item.status]}]{item.status.value.lower()}[/]"
+        grid.add_row(item.id, status, escape(f"{item.title}: {evidence}{more}"))
+    stderr.print("[bold]Accuracy checklist[/]")
+    stderr.print(grid)
 
 
 def _list_rules() -> None:

@@ -5,6 +5,7 @@ Pure: no file system, no printing. `migrate.files` does the I/O around it.
 
 from __future__ import annotations
 
+import re
 from contextlib import ExitStack
 from typing import Sequence
 
@@ -30,8 +31,26 @@ def parse(code: str, path: str) -> cst.Module:
     try:
         return cst.parse_module(code)
     except cst.ParserSyntaxError as error:
-        message = error.message.strip().splitlines()[0] if error.message.strip() else "invalid syntax"
-        raise SourceError(path, error.raw_line, error.raw_column + 1, f"syntax error: {message}") from None
+        raise _syntax_error(error, code, path) from None
+
+
+def _syntax_error(error: cst.ParserSyntaxError, code: str, path: str) -> SourceError:
+    """`path:line:col: syntax error: ...`; libcst's native parser puts the real position only in its message."""
+    text = error.message.strip() or "invalid syntax"
+    where = _ERROR_AT.search(text)
+    line, column = (int(where[1]), int(where[2]) + 1) if where else (error.raw_line, error.raw_column + 1)
+    text = _ERROR_AT.sub("", text).split(": ", 1)[-1].strip()
+    if text.startswith("expected one of") and text.count(",") > 5:
+        text = "invalid syntax"  # the parser's list of every acceptable token helps nobody
+    lines = code.splitlines()
+    source_line = lines[line - 1] if 0 < line <= len(lines) else ""
+    hint = "; this looks like Python 2, port it to Python 3 first" if _PYTHON2.search(source_line) else ""
+    return SourceError(path, line, column, f"syntax error: {text}{hint}")
+
+
+_ERROR_AT = re.compile(r"error at (\d+):(\d+):?")
+# Statements only Python 2 accepts: `print "x"`, `exec code`, `except E, e:`, `raise E, "m"`, `<>`, backquotes.
+_PYTHON2 = re.compile(r"^\s*(print|exec)\s+[^\s(=.,)]|^\s*except\s+[\w.]+\s*,\s*\w+\s*:|^\s*raise\s+\w+\s*,|<>|`")
 
 
 def migrate_source(

@@ -16,9 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
-from libcst.codemod import diff_code
-
 from migrate.checklist import file_facts
+from migrate.diff import unified_diff
 from migrate.engine import SourceError, migrate_source
 from migrate.types import FileResult, FileStatus, Settings
 from rules import PortRule
@@ -30,14 +29,20 @@ class PlanError(Exception):
     """The paths asked for cannot be ported (missing input, output over input, ...)."""
 
 
+OUTPUT_SUFFIX = "_npu"
+REPORT_SUFFIX = "_report"
+
+
 @dataclass(frozen=True)
 class Job:
     """One file to port (`port`) or copy as is (`port` False) from `source` to `target`."""
 
     source: Path
-    target: Path | None  # None: do not write (check / diff)
+    target: Path  # where the output goes, or would go (named in the diff) when `write` is off
     port: bool
     settings: Settings
+    write: bool = True  # False under --check and --diff
+    is_own_output: bool = False  # NAME_npu.py from an earlier run: written only if porting it changes something
 
 
 def plan(
@@ -53,52 +58,69 @@ def plan(
         if not path.exists():
             raise PlanError(f"{path}: no such file or directory")
         if path.is_dir():
-            target_root = None if not write else path if in_place else out or _sibling(path)
-            jobs.extend(_plan_folder(path, target_root, settings))
+            target_root = path if in_place else out or _sibling(path)
+            _refuse_overwrite(path, target_root, in_place)
+            jobs.extend(replace(job, write=write) for job in _plan_folder(path, target_root, settings))
         else:
-            target = None if not write else path if in_place else _file_target(path, out)
-            jobs.append(Job(path, target, port=True, settings=replace(settings, is_entry=True)))
+            target = path if in_place else _file_target(path, out)
+            _refuse_overwrite(path, target, in_place)
+            own_output = out is None and not in_place and path.stem.endswith(OUTPUT_SUFFIX)
+            entry = replace(settings, is_entry=True)
+            jobs.append(Job(path, target, port=True, settings=entry, write=write, is_own_output=own_output))
     return jobs
+
+
+def _refuse_overwrite(source: Path, target: Path, in_place: bool) -> None:
+    if not in_place and target.resolve() == source.resolve():
+        raise PlanError(f"{target}: the output would overwrite the input; pass --in-place to mean that")
 
 
 def _sibling(folder: Path) -> Path:
     folder = folder.resolve()
-    return folder.with_name(f"{folder.name}_npu")
+    return folder.with_name(f"{folder.name}{OUTPUT_SUFFIX}")
 
 
 def _file_target(path: Path, out: Path | None) -> Path:
     if out is None:
-        return path.with_name(f"{path.stem}_npu{path.suffix}")
+        return path.with_name(f"{path.stem}{OUTPUT_SUFFIX}{path.suffix}")
     return out / path.name if out.is_dir() or out.suffix != ".py" else out
 
 
-def _plan_folder(root: Path, target_root: Path | None, settings: Settings) -> Iterator[Job]:
-    resolved_target = target_root.resolve() if target_root is not None else None
-    for source in _walk(root, skip=resolved_target if resolved_target != root.resolve() else None):
-        relative = source.relative_to(root)
-        target = target_root / relative if target_root is not None else None
+def _plan_folder(root: Path, target_root: Path, settings: Settings) -> Iterator[Job]:
+    in_place = target_root.resolve() == root.resolve()
+    for source in _walk(root, skip=None if in_place else target_root.resolve()):
+        target = target_root / source.relative_to(root)
         if source.suffix == ".py":
             is_entry = _has_main_guard(source)
             yield Job(source, target, port=True, settings=replace(settings, is_entry=is_entry))
-        elif target is not None and target_root != root:
+        elif not in_place:
             yield Job(source, target, port=False, settings=settings)
 
 
 def _walk(root: Path, skip: Path | None) -> Iterator[Path]:
-    """Files under root in a stable order; symlinked folders are not followed (no loops), hidden folders skipped."""
+    """Files under root in a stable order, without migrate's own outputs from earlier runs.
+
+    Symlinked folders are not followed (no loops), dangling links are left out, and so are hidden and tool folders,
+    the output folder itself, report folders (NAME_npu_report/) and NAME_npu.py files that sit beside their NAME.py.
+    """
     for folder, dirs, files in os.walk(root, followlinks=False):
         dirs[:] = sorted(
             d
             for d in dirs
             if d not in SKIPPED_DIRS
             and not d.startswith(".")
-            and not d.endswith(".egg-info")
+            and not d.endswith((".egg-info", OUTPUT_SUFFIX + REPORT_SUFFIX))
             and (skip is None or (Path(folder) / d).resolve() != skip)
         )
         for name in sorted(files):
             path = Path(folder) / name
-            if path.is_file():  # a dangling link is not
+            if path.is_file() and not _is_earlier_output(path, files):  # a dangling link is not a file
                 yield path
+
+
+def _is_earlier_output(path: Path, siblings: Sequence[str]) -> bool:
+    stem = path.stem.removesuffix(OUTPUT_SUFFIX)
+    return path.suffix == ".py" and stem != path.stem and f"{stem}{path.suffix}" in siblings
 
 
 def _has_main_guard(path: Path) -> bool:
@@ -140,35 +162,42 @@ def encode(text: str, decoded: Decoded) -> bytes:
 
 
 def run_job(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
-    """Port or copy one file; every failure becomes a FileResult with status ERROR, never an exception."""
+    """Port or copy one file; every failure becomes a FileResult with status ERROR, never an exception.
+
+    This is the per-file boundary: a bug in one rule on one file is reported as that file's internal error, and the
+    other files of the run are still ported.
+    """
+    target = str(job.target) if job.write else None
     try:
         if not job.port:
-            _copy(job.source, job.target)
-            return FileResult(str(job.source), _str(job.target), FileStatus.SKIPPED)
+            if job.write:
+                write_atomic(job.target, job.source.read_bytes(), like=job.source)
+            return FileResult(str(job.source), target, FileStatus.SKIPPED)
         return _port(job, rules)
     except SourceError as error:
-        return FileResult(str(job.source), _str(job.target), FileStatus.ERROR, error=str(error))
+        return FileResult(str(job.source), target, FileStatus.ERROR, error=str(error))
     except OSError as error:
-        where = error.filename or job.target or job.source
-        return FileResult(str(job.source), _str(job.target), FileStatus.ERROR, error=f"{where}: {error.strerror}")
+        where = error.filename or job.target
+        return FileResult(str(job.source), target, FileStatus.ERROR, error=f"{where}: {error.strerror or error}")
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        message = f"{job.source}:1:1: internal error: {type(error).__name__}: {error} (please report this bug)"
+        return FileResult(str(job.source), target, FileStatus.ERROR, error=message)
 
 
 def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     data = job.source.read_bytes()
     decoded = decode(data, job.source)
     result = migrate_source(decoded.text, str(job.source), job.settings, rules)
-    diff = diff_code(result.original, result.code, 3, filename=str(job.source)) if result.changed else ""
-    if job.target is not None and (result.changed or job.target != job.source):
+    diff = unified_diff(result.original, result.code, str(job.source), str(job.target))
+    # An earlier run's NAME_npu.py that needs nothing more is not copied to NAME_npu_npu.py.
+    writes = job.write and (result.changed or not job.is_own_output) and (result.changed or job.target != job.source)
+    if writes:
         write_atomic(job.target, encode(result.code, decoded), like=job.source)
     status = FileStatus.CHANGED if result.changed else FileStatus.UNCHANGED
     # The checklist's facts cost two more parses: only a run that writes its reports needs them.
-    facts = file_facts(result.original, result.code) if job.target is not None else None
-    return FileResult(str(job.source), _str(job.target), status, findings=result.findings, diff=diff, facts=facts)
-
-
-def _copy(source: Path, target: Path | None) -> None:
-    if target is not None:
-        write_atomic(target, source.read_bytes(), like=source)
+    facts = file_facts(result.original, result.code) if job.write else None
+    target = str(job.target) if writes else None
+    return FileResult(str(job.source), target, status, findings=result.findings, diff=diff, facts=facts)
 
 
 def write_atomic(target: Path, data: bytes, like: Path | None = None) -> None:
@@ -184,10 +213,6 @@ def write_atomic(target: Path, data: bytes, like: Path | None = None) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-
-
-def _str(path: Path | None) -> str | None:
-    return str(path) if path is not None else None
 
 
 # ----- many files -------------------------------------------------------------------------------------------

@@ -81,19 +81,16 @@ class FileState:
         self.wrapper = wrapper
         self.findings: list[Finding] = []
         self.qualified_names = QualifiedNames(wrapper.module)
-        self.positions = _LazyPositions(wrapper)
+        self.positions = _LazyMetadata(wrapper, PositionProvider)
         self._suppressed = _suppressions(source)
 
     def position(self, node: cst.CSTNode) -> CodeRange:
         return self.positions[node]
 
     def metadata(self, providers: Iterable[type]) -> dict[type, Mapping[cst.CSTNode, object]]:
-        """The metadata a rule declared; names and positions are the shared, lazily computed ones."""
+        """The metadata a rule declared, each computed when first asked for: most rules on most files never ask."""
         shared = {QualifiedNameProvider: self.qualified_names, PositionProvider: self.positions}
-        return {
-            provider: shared[provider] if provider in shared else self.wrapper.resolve(provider)
-            for provider in providers
-        }
+        return {provider: shared.get(provider, _LazyMetadata(self.wrapper, provider)) for provider in providers}
 
     def is_suppressed(self, code: str, span: CodeRange) -> bool:
         for line in {span.start.line, span.end.line}:
@@ -106,20 +103,18 @@ class FileState:
         return self.wrapper.module.code_for_node(node)
 
 
-class _LazyPositions(Mapping[cst.CSTNode, CodeRange]):
-    """PositionProvider's mapping, computed on first use: it costs a full code generation."""
+class _LazyMetadata(Mapping[cst.CSTNode, object]):
+    """A provider's mapping, resolved on first use (the wrapper caches it, so rules share one resolution)."""
 
-    def __init__(self, wrapper: MetadataWrapper):
+    def __init__(self, wrapper: MetadataWrapper, provider: type):
         self._wrapper = wrapper
-        self._positions: Mapping[cst.CSTNode, CodeRange] | None = None
+        self._provider = provider
 
     @property
-    def _resolved(self) -> Mapping[cst.CSTNode, CodeRange]:
-        if self._positions is None:
-            self._positions = self._wrapper.resolve(PositionProvider)
-        return self._positions
+    def _resolved(self) -> Mapping[cst.CSTNode, object]:
+        return self._wrapper.resolve(self._provider)
 
-    def __getitem__(self, node: cst.CSTNode) -> CodeRange:
+    def __getitem__(self, node: cst.CSTNode) -> object:
         return self._resolved[node]
 
     def __iter__(self) -> Iterator[cst.CSTNode]:
