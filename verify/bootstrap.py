@@ -51,6 +51,10 @@ from verify.store import RunWriter, now_iso, read_manifest, write_manifest
 OUTPUT_ARRAY_CAP_BYTES = 4 << 20  # inference outputs are saved for top-k agreement; logits of a batch fit easily
 _DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
 _AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+# An imposed fp16 autocast scales the loss as a fresh GradScaler does (its initial scale), so that the backward ops
+# and the gradients' underflow match those of an AMP port with a GradScaler.
+IMPOSED_LOSS_SCALE = 2.0**16
+_VERIFY_DIR = str(Path(__file__).resolve().parent) + os.sep
 
 
 class StopRun(BaseException):
@@ -110,6 +114,8 @@ class StepRecorder:
         self._wrap(torch.autograd, "backward", self._backward)
         self._wrap(torch.amp.GradScaler, "scale", self._scale)
         self._wrap(torch.amp.GradScaler, "step", self._scaler_step)
+        self._wrap(torch.amp.GradScaler, "unscale_", self._scaler_bookkeeping)
+        self._wrap(torch.amp.GradScaler, "update", self._scaler_bookkeeping)
         self._wrap(torch.optim.Optimizer, "__init__", self._optimizer_init)
 
     @staticmethod
@@ -148,9 +154,36 @@ class StepRecorder:
             self._record_loss(tensors)
         self._in_backward = True
         try:
+            if self._imposes_loss_scale(tensors, args, kwargs):
+                return self._scaled_backward(original, tensors, *args, **kwargs)
             return original(tensors, *args, **kwargs)
         finally:
             self._in_backward = False
+
+    def _imposes_loss_scale(self, tensors, args, kwargs) -> bool:
+        """fp16 autocast imposed on a script that does not scale this loss itself (a scalar, no gradient given)."""
+        scaled_by_script = self._last_scaled is not None and tensors is self._last_scaled[0]
+        return (self.manifest.autocast == "fp16" and isinstance(tensors, torch.Tensor) and tensors.numel() == 1
+                and not scaled_by_script and not args and kwargs.get("gradient") is None)
+
+    def _scaled_backward(self, original, loss, *args, **kwargs):
+        """Backward of loss * IMPOSED_LOSS_SCALE, with the gradients unscaled right after, so that the script's own
+        clipping and optimizer see true gradients (as after a GradScaler's unscale_)."""
+        parameters = list({id(p): p for ref in self._roots if ref() is not None for p in ref().parameters()}.values())
+        kept = [parameter.grad for parameter in parameters]
+        for parameter in parameters:
+            parameter.grad = None
+        with self._paused_capture():  # as a GradScaler's scale() is
+            scaled = loss * IMPOSED_LOSS_SCALE
+        result = original(scaled, *args, **kwargs)
+        with self._own_work():
+            for parameter, earlier in zip(parameters, kept):
+                if parameter.grad is not None:
+                    unscaled = parameter.grad / IMPOSED_LOSS_SCALE
+                    parameter.grad = unscaled if earlier is None else earlier + unscaled
+                else:
+                    parameter.grad = earlier
+        return result
 
     def _record_loss(self, tensors) -> None:
         scale = None
@@ -162,8 +195,18 @@ class StepRecorder:
         wall_ms = (time.perf_counter() - self._step_started) * 1e3
         self._losses.append((len(self._losses), self.batch.add(value), scale, wall_ms))
 
+    def _paused_capture(self):
+        return self.capture.paused() if self.capture else contextlib.nullcontext()
+
+    def _scaler_bookkeeping(self, original, scaler, *args, **kwargs):
+        """A GradScaler's own arithmetic (unscaling, inf checks, scale updates) is not the model's: unrecorded, or a
+        port that gained a GradScaler would show ops that its reference cannot have."""
+        with self._paused_capture():
+            return original(scaler, *args, **kwargs)
+
     def _scale(self, original, scaler, outputs):
-        scaled = original(scaler, outputs)
+        with self._paused_capture():
+            scaled = original(scaler, outputs)
         if self.enabled and hasattr(outputs, "detach"):
             self._last_scaled = (scaled, outputs, scaler.get_scale())
         return scaled
@@ -377,11 +420,16 @@ def _npu_autocast_casts_on_cpu() -> Iterator[None]:
 
 
 def _script_traceback(error: BaseException, script: str) -> str:
-    """The traceback from the script's first frame on: runpy and bootstrap frames are noise to the user."""
+    """The traceback from the script's first frame on, without verify's own frames: runpy, the bootstrap and the
+    capture hooks that a failing call passed through are noise to the user."""
     tb = error.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != script:
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(error), error, tb or error.__traceback__))
+    report = traceback.TracebackException(type(error), error, tb or error.__traceback__)
+    report.stack = traceback.StackSummary.from_list(
+        [frame for frame in report.stack if not frame.filename.startswith(_VERIFY_DIR)]
+    )
+    return "".join(report.format())
 
 
 def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCapture | None) -> None:
@@ -395,8 +443,12 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
             if manifest.device == "cpu":
                 stack.enter_context(_npu_autocast_casts_on_cpu())
                 manifest.extra["autocast_casts"] = "CUDA/NPU op lists (as the emulated NPU), not CPU autocast's own"
+            if manifest.autocast == "fp16":
+                manifest.extra["imposed_loss_scale"] = IMPOSED_LOSS_SCALE
             dtype = getattr(torch, _AUTOCAST_DTYPES[manifest.autocast])
-            stack.enter_context(torch.autocast(_autocast_device_type(manifest), dtype=dtype))
+            # No cast cache: it lives until the outermost autocast exits, which here is the end of the script, so the
+            # weights' half-precision copies would stay those of step 0 while the optimizer updates the weights.
+            stack.enter_context(torch.autocast(_autocast_device_type(manifest), dtype=dtype, cache_enabled=False))
         if capture is not None:
             stack.enter_context(capture)
         try:

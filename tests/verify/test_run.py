@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,17 @@ def test_full_run_records_losses_hparams_grads_and_ops_with_modules(tmp_path):
     assert first["key"] == "0/forward/Net.conv/aten.convolution#0" and first["shape"] == "8x4x8x8"
     assert first["min"] <= first["mean"] <= first["max"] and first["l2_norm"] > 0
     assert not (tmp_path / "run" / "output.log").read_text().count("Traceback")
+    assert_readable_without_torch(tmp_path / "run", len(ops))
+
+
+def assert_readable_without_torch(run_dir, op_rows: int) -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
+        "from verify.store import read_run\n"
+        f"print(len(read_run({str(run_dir)!r}).ops))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == str(op_rows)
 
 
 def test_capture_does_not_change_the_numbers(tmp_path):
@@ -56,7 +69,8 @@ def test_crash_keeps_the_steps_before_it_and_the_traceback(tmp_path):
     manifest = result.manifest
     assert manifest.status == Status.CRASHED.value and manifest.steps_completed == 2
     assert "RuntimeError: boom at step 2" in manifest.message
-    assert "tiny_train.py" in manifest.traceback and "bootstrap" not in manifest.traceback
+    assert "tiny_train.py" in manifest.traceback
+    assert "bootstrap.py" not in manifest.traceback and "runpy" not in manifest.traceback
     assert result.losses["step"].tolist() == [0, 1] and set(result.ops["step"]) == {0, 1}
 
 
