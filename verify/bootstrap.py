@@ -55,6 +55,11 @@ _AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 # and the gradients' underflow match those of an AMP port with a GradScaler.
 IMPOSED_LOSS_SCALE = 2.0**16
 _VERIFY_DIR = str(Path(__file__).resolve().parent) + os.sep
+# Frames that an op passes through only because the capture's TorchDispatchMode is active: a traceback without them
+# reads as it would in a plain run.
+_DISPATCH_PLUMBING = tuple(
+    str(Path(torch.__file__).parent / name) for name in ("_compile.py", "_dynamo/eval_frame.py", "_ops.py")
+)
 
 
 class StopRun(BaseException):
@@ -420,14 +425,14 @@ def _npu_autocast_casts_on_cpu() -> Iterator[None]:
 
 
 def _script_traceback(error: BaseException, script: str) -> str:
-    """The traceback from the script's first frame on, without verify's own frames: runpy, the bootstrap and the
-    capture hooks that a failing call passed through are noise to the user."""
+    """The traceback from the script's first frame on, without verify's own frames (runpy, the bootstrap, the
+    capture hooks and torch's dispatch-mode plumbing that a failing call passed through): noise to the user."""
     tb = error.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != script:
         tb = tb.tb_next
     report = traceback.TracebackException(type(error), error, tb or error.__traceback__)
     report.stack = traceback.StackSummary.from_list(
-        [frame for frame in report.stack if not frame.filename.startswith(_VERIFY_DIR)]
+        [frame for frame in report.stack if not frame.filename.startswith((_VERIFY_DIR, *_DISPATCH_PLUMBING))]
     )
     return "".join(report.format())
 
@@ -460,10 +465,14 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
             _ended_by_itself(manifest, recorder, exit.code)
         except BaseException as error:  # everything the script raised, KeyboardInterrupt included
             manifest.status, manifest.exit_code = Status.CRASHED.value, 1
-            manifest.message = f"{type(error).__name__}: {error} (after {recorder.steps_done} steps)"
+            manifest.message = f"{type(error).__name__}: {error} (after {_steps(recorder.steps_done)})"
             manifest.traceback = _script_traceback(error, manifest.script)
     if manifest.status == Status.NAN.value:
         manifest.exit_code = 1
+
+
+def _steps(count: int) -> str:
+    return f"{count} step" if count == 1 else f"{count} steps"
 
 
 def _ended_by_itself(manifest: RunManifest, recorder: StepRecorder, code: Any) -> None:
@@ -471,7 +480,7 @@ def _ended_by_itself(manifest: RunManifest, recorder: StepRecorder, code: Any) -
     manifest.exit_code = code if isinstance(code, int) else (0 if code is None else 1)
     if manifest.exit_code != 0:
         manifest.status = Status.CRASHED.value
-        manifest.message = f"the script called sys.exit({code!r}) after {done} steps"
+        manifest.message = f"the script called sys.exit({code!r}) after {_steps(done)}"
     elif done == 0:
         manifest.status = Status.NO_STEPS.value
         manifest.message = "the script ended without a step: no optimizer.step(), and no module forward"
