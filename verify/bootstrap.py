@@ -356,6 +356,8 @@ def _prepare_device(manifest: RunManifest) -> None:
             manifest.torch_npu_version = getattr(torch_npu, "__version__", "")
     if manifest.device == "auto":
         manifest.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if manifest.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("torch.cuda.is_available() is False in this environment")
     manifest.device_name = _device_name(manifest)
 
 

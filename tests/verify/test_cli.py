@@ -66,3 +66,10 @@ def test_auto_device_emulates_the_npu_for_a_script_importing_torch_npu(tmp_path)
     assert (manifest.device, manifest.emulated, manifest.emulated_on) == ("emulated-npu", True, "cpu")
     assert manifest.torch_npu_version == "" and "emulated" in manifest.device_name.lower()
     assert manifest.title.endswith("EMULATED NPU (a test double on cpu)")
+
+
+@pytest.mark.slow
+def test_unusable_device_is_verify_error_not_a_script_failure(tmp_path):
+    result = verify("run", str(SCRIPTS / "no_steps.py"), "--device", "cuda", "-o", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "cannot use device cuda" in result.output
+    assert read_manifest(tmp_path / "run").verify_error
