@@ -112,6 +112,36 @@ print("RESULT", json.dumps({
 }))
 """
 
+# binary_cross_entropy under the emulated NPU's autocast, and after it as AMP101 ports a BCELoss step; CUDA
+# autocast's own refusal (its kernel runs on any tensors, so the CPU build can call it) is the reference.
+BCE_UNDER_AUTOCAST = """
+import json
+import torch, torch.nn as nn
+import torch_npu
+
+def error_of(call):
+    try:
+        call()
+    except RuntimeError as error:
+        return str(error)
+    return ""
+
+model = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid()).npu()
+inputs, target = torch.randn(8, 4).npu(), torch.rand(8, 1).npu()
+criterion = nn.BCELoss()
+with torch.autocast("npu", dtype=torch.float16):
+    output = model(inputs)
+    under_autocast = error_of(lambda: criterion(output.float(), target))
+loss = criterion(output.float(), target.float())
+loss.backward()
+cuda_autocast = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)
+print("RESULT", json.dumps({
+    "under_autocast": under_autocast, "output_dtype": str(output.dtype), "loss": loss.item(),
+    "grad_dtype": str(model[0].weight.grad.dtype),
+    "cuda": error_of(lambda: torch.ops.aten.binary_cross_entropy.default.redispatch(cuda_autocast, target, target)),
+}))
+"""
+
 
 def run_emulated(script: str, tmp_path, **extra_env: str) -> tuple[dict, str]:
     path = tmp_path / "train_npu.py"
@@ -161,6 +191,14 @@ def test_explicit_mode_mlp_trains_and_unemulated_features_fail_clearly(tmp_path)
     assert "npu:1 does not exist" in result["missing_npu"]
 
 
+@pytest.mark.slow
+def test_autocast_refuses_binary_cross_entropy_as_cuda_and_npu_do_and_the_float32_loss_after_it_trains(tmp_path):
+    result, _ = run_emulated(BCE_UNDER_AUTOCAST, tmp_path)
+
+    assert "unsafe to autocast" in result["cuda"]
+    assert result["under_autocast"].splitlines()[0] == result["cuda"].splitlines()[0]
+    assert result["output_dtype"] == "torch.float16"
+    assert math.isfinite(result["loss"]) and result["grad_dtype"] == "torch.float32"
 def test_the_stand_in_refuses_to_load_without_the_emulation_env(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(emulate.STAND_IN_DIR)}
     env.pop(emulate.EMULATE_ON_VAR, None)

@@ -6,11 +6,16 @@ CUDA autocast (whose op lists the NPU's follow) computes them in float32. This m
 dispatch key, the float32 and low-precision casts of the CUDA op lists (torch 2.13, aten/src/ATen/autocast_mode.h)
 on the ops that CPU autocast does not already handle. The CUDA target needs none of this: it has CUDA autocast.
 
+CUDA autocast also bans ops outright: binary_cross_entropy raises "unsafe to autocast" whatever its input dtypes
+(torch_npu's autocast registers the same refusal), where CPU autocast would run it in float32. The emulated NPU
+raises as they do, so that a port computing BCELoss under autocast fails here as it would on the NPU.
+
 Difference that remains: CUDA's "promote" list (addcmul, index_put, ...) is left to CPU autocast's own handling.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -48,6 +53,16 @@ LOW_PRECISION_OPS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
         "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
     )
 )
+
+# CUDA autocast's banned ops (the NPU's too), with the advice their refusal gives.
+BANNED_OPS: dict[str, str] = {
+    "binary_cross_entropy": (
+        "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+        "Many models use a sigmoid layer right before the binary cross entropy layer. In this case, combine the two "
+        "layers using torch.nn.functional.binary_cross_entropy_with_logits or torch.nn.BCEWithLogitsLoss, which are "
+        "safe to autocast. (Raised by npu-port's emulated NPU, as CUDA and NPU autocast raise it.)"
+    ),
+}
 
 _AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 _REDUCED = (torch.float16, torch.bfloat16)
@@ -91,9 +106,27 @@ def _register(library: torch.library.Library, ops: tuple, cast: Callable[[Any], 
                 library.impl(op, _casting_kernel(op, cast), "AutocastCPU")
 
 
+def _refusing_kernel(message: str) -> Callable:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(message)
+
+    return kernel
+
+
+def _ban(library: torch.library.Library) -> None:
+    """Replace CPU autocast's own policy for the banned ops (float32 for binary_cross_entropy) with a refusal."""
+    dispatched = set(torch._C._dispatch_get_all_op_names())
+    for name, message in BANNED_OPS.items():
+        for op in _dispatched_overloads(name, (), dispatched):
+            with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
+                warnings.simplefilter("ignore", UserWarning)
+                library.impl(op, _refusing_kernel(message), "AutocastCPU")
+
+
 def install_npu_autocast_policy() -> torch.library.Library:
-    """Registers the casts; the returned library must stay alive for them to stay registered."""
+    """Registers the casts and the bans; the returned library must stay alive for them to stay registered."""
     library = torch.library.Library("aten", "IMPL")
     _register(library, FLOAT32_OPS, _to_float32)
     _register(library, LOW_PRECISION_OPS, _to_low_precision)
+    _ban(library)
     return library
