@@ -130,3 +130,91 @@ def test_script_with_amp_keeps_its_one_scaler_and_gets_update_and_unscale():
 
 def test_off_changes_nothing():
     assert port(GAN, amp=AmpPolicy.OFF) == GAN
+
+
+BCE_GAN = GAN.replace("import torch.optim as optim\n", "import torch.optim as optim\n\ncriterion = torch.nn.BCELoss()\n")
+
+
+def test_a_bce_loss_runs_after_autocast_on_float32_inputs_while_the_forward_stays_under_it():
+    code = port(BCE_GAN)
+    blocks = [node for node in ast.walk(ast.parse(code)) if isinstance(node, ast.With)]
+    inside = {ast.unparse(statement) for block in blocks for statement in block.body}
+    assert len(blocks) == 3 and "fake = netG(noise)" in inside and "output = netD(fake.detach())" in inside
+    assert not any("criterion(" in text for text in inside)  # binary_cross_entropy raises under autocast
+    for loss in ("errD_real", "errD_fake", "errG"):
+        assert f"{loss} = criterion(output.float(), label.float())\n" in code
+        assert f"scaler.scale({loss}).backward()" in code
+
+
+def test_a_bce_loss_computed_with_its_forward_is_reported_not_wrapped():
+    source = textwrap.dedent(
+        """
+        import torch
+        import torch.nn.functional as F
+
+        def train(model, loader, optimizer):
+            for x, y in loader:
+                loss = F.binary_cross_entropy(torch.sigmoid(model(x)), y)
+                loss.backward()
+                optimizer.step()
+        """
+    )
+    result = migrate_source(source, "train.py", Settings(), AMP)
+    assert result.code == source
+    [finding] = [f for f in result.findings if f.code == "AMP105"]
+    assert finding.line == 7 and "BCEWithLogitsLoss" in finding.suggestion
+
+
+def test_a_module_level_scaler_follows_the_imports_and_constants_under_a_comment():
+    source = SPLIT_TRAINER.replace("import torch\n", "import torch\n\nLR = 0.1\nEPOCHS, CLIP = 3, 0.5\n", 1)
+    lines = port(source).splitlines()
+    at = lines.index('scaler = torch.amp.GradScaler("npu")')
+    assert lines[at - 3 : at] == ["EPOCHS, CLIP = 3, 0.5", "", lines[at - 1]]
+    assert lines[at - 1].startswith("# Mixed precision (AMP101): one loss scaler")
+
+
+def test_a_scaler_next_to_the_optimizer_comes_without_a_comment():
+    code = port(GAN)
+    assert 'optimizerG = optim.Adam(netG.parameters())\nscaler = torch.amp.GradScaler("npu")\n' in code
+
+
+def test_resume_loads_the_scaler_after_the_optimizer_when_the_checkpoint_has_it():
+    source = SPLIT_TRAINER.replace(
+        "    train(model, loader, optimizer)\n",
+        "    if resume:\n"
+        "        ckpt = torch.load(resume)\n"
+        "        model.load_state_dict(ckpt['model'])\n"
+        "        optimizer.load_state_dict(ckpt['optim'])\n"
+        "    train(model, loader, optimizer)\n"
+        "    torch.save({'model': model.state_dict(), 'optim': optimizer.state_dict()}, 'ckpt.pt')\n",
+    ).replace("def main():", "def main(resume):")
+    code = port(source)
+    assert (
+        "        optimizer.load_state_dict(ckpt['optim'])\n"
+        "        if 'scaler' in ckpt:  # checkpoints saved before mixed precision have no scaler state\n"
+        "            scaler.load_state_dict(ckpt['scaler'])\n"
+    ) in code
+    assert "'optim': optimizer.state_dict(), 'scaler': scaler.state_dict()}" in code
+
+
+def test_resume_is_left_alone_where_the_scaler_does_not_reach():
+    source = textwrap.dedent(
+        """
+        import torch
+
+        def resume(optimizer, path):
+            checkpoint = torch.load(path)
+            optimizer.load_state_dict(checkpoint["optimizer"])
+
+        def main():
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            torch.save({"optimizer": optimizer.state_dict()}, "ckpt.pt")
+        """
+    )
+    code = port(source)
+    assert '"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()' in code
+    assert "scaler.load_state_dict" not in code  # the scaler lives in main(); resume() cannot see it
