@@ -135,6 +135,11 @@ def md5_of(tensor: torch.Tensor) -> str:
     return hashlib.md5(raw.numpy().tobytes()).hexdigest()
 
 
+STAT_COLUMNS = ("min", "max", "mean", "l2_norm", "nan_count", "inf_count")
+_ROW_COLUMNS = ("seq", "phase", "module", "op", "call_index", "io", "md5", "tensor_file")
+_PENDING_COLUMNS = ("dtype", "shape", "numel")
+
+
 @dataclass(slots=True)
 class OpRow:
     seq: int
@@ -303,17 +308,15 @@ class OpCapture:
 
     def take_step(self, step: int, fetched: Callable[[Handle], list[float]]) -> dict[str, list[Any]]:
         """The rows of `step` as OP_COLUMNS lists (statistics resolved from `fetched`); starts the next step."""
-        columns: dict[str, list[Any]] = {}
-        for row in self.rows:
-            values = {
-                "step": step, "seq": row.seq, "phase": row.phase, "module": row.module, "op": row.op,
-                "call_index": row.call_index, "io": row.io,
-                "key": f"{step}/{row.phase}/{row.module}/{row.op}#{row.call_index}",
-                "dtype": row.stats.dtype, "shape": row.stats.shape, "numel": row.stats.numel,
-                **row.stats.resolve(fetched), "md5": row.md5, "tensor_file": row.tensor_file,
-            }
-            for name, value in values.items():
-                columns.setdefault(name, []).append(value)
+        rows = self.rows
+        statistics = [row.stats.resolve(fetched) for row in rows]
+        columns: dict[str, list[Any]] = {
+            "step": [step] * len(rows),
+            "key": [f"{step}/{row.phase}/{row.module}/{row.op}#{row.call_index}" for row in rows],
+            **{name: [getattr(row, name) for row in rows] for name in _ROW_COLUMNS},
+            **{name: [getattr(row.stats, name) for row in rows] for name in _PENDING_COLUMNS},
+            **{name: [values[name] for values in statistics] for name in STAT_COLUMNS},
+        }
         self.discard_step(step + 1)
         return columns
 
