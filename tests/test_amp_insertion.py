@@ -132,7 +132,7 @@ def test_off_changes_nothing():
     assert port(GAN, amp=AmpPolicy.OFF) == GAN
 
 
-BCE_GAN = GAN.replace("import torch.optim as optim\n", "import torch.optim as optim\n\ncriterion = torch.nn.BCELoss()\n")
+BCE_GAN = GAN.replace("import torch.optim as optim\n", "import torch.optim as optim\ncriterion = torch.nn.BCELoss()\n")
 
 
 def test_a_bce_loss_runs_after_autocast_on_float32_inputs_while_the_forward_stays_under_it():
@@ -170,7 +170,7 @@ def test_a_module_level_scaler_follows_the_imports_and_constants_under_a_comment
     lines = port(source).splitlines()
     at = lines.index('scaler = torch.amp.GradScaler("npu")')
     assert lines[at - 3 : at] == ["EPOCHS, CLIP = 3, 0.5", "", lines[at - 1]]
-    assert lines[at - 1].startswith("# Mixed precision (AMP101): one loss scaler")
+    assert lines[at - 1].startswith("# AMP101 mixed precision: one loss scaler")
 
 
 def test_a_scaler_next_to_the_optimizer_comes_without_a_comment():

@@ -32,7 +32,9 @@ _FLOAT32_LOSS = (
     "binary_cross_entropy raises under autocast: this loss runs after it, on float32 inputs (or use BCEWithLogitsLoss)"
 )
 # Above a scaler created at module level, so that a reader sees why it is there.
-_MODULE_SCALER_COMMENT = "# Mixed precision (AMP101): one loss scaler for the script, reached by every training function"
+_MODULE_SCALER_COMMENT = (
+    "# AMP101 mixed precision: one loss scaler for the script, so every training function reaches it"
+)
 
 
 class Fp32TrainingStep(StatementEdits, PortRule):
@@ -149,7 +151,7 @@ class Fp32TrainingStep(StatementEdits, PortRule):
 
             ACCUM = 4
 
-            # Mixed precision (AMP101): one loss scaler for the script, reached by every training function
+            # AMP101 mixed precision: one loss scaler for the script, so every training function reaches it
             scaler = torch.amp.GradScaler("npu")
 
             def train(model, loader, optimizer):
@@ -324,9 +326,11 @@ class Fp32TrainingStep(StatementEdits, PortRule):
         scaler = self._scaler
         for step in steps:
             for site in step.backwards:
-                self._calls[site.call] = (f"backward of the scaled loss: {scaler}.scale(...).backward()", partial(scaled, scaler=scaler))
+                message = f"backward of the scaled loss: {scaler}.scale(...).backward()"
+                self._calls[site.call] = (message, partial(scaled, scaler=scaler))
             for site in step.steps:
-                self._calls[site.call] = (f"optimizer step through the scaler: {scaler}.step(...)", partial(scaler_step, scaler=scaler))
+                message = f"optimizer step through the scaler: {scaler}.step(...)"
+                self._calls[site.call] = (message, partial(scaler_step, scaler=scaler))
             for block, edit in unscale_edits(step, scaler) + update_edits(step, scaler):
                 self.edit(block, edit)
         home = _scaler_home(steps)

@@ -113,7 +113,7 @@ def _optimizer_entry(entries: cst.Dict) -> int | None:
 
 
 def _scaler_key(optimizer_key: str) -> str:
-    """The key of the scaler's state beside the optimizer's: "scaler", "scaler_state_dict" for "optimizer_state_dict"."""
+    """The key of the scaler's state beside the optimizer's ("scaler_state_dict" for "optimizer_state_dict")."""
     suffix = re.match(r"^optimizer(_\w*)?$", optimizer_key)
     return "scaler" + (suffix.group(1) or "" if suffix else "")
 
@@ -154,7 +154,9 @@ def _blocks(reach: cst.CSTNode) -> list[Body]:
     return [reach, *inner] if isinstance(reach, cst.Module) else inner
 
 
-def _loaded_optimizer_state(line: cst.BaseStatement, keys: set[str]) -> tuple[cst.BaseExpression, cst.SimpleString] | None:
+def _loaded_optimizer_state(
+    line: cst.BaseStatement, keys: set[str]
+) -> tuple[cst.BaseExpression, cst.SimpleString] | None:
     """(checkpoint, key) for a line `<optimizer>.load_state_dict(<checkpoint>[<key>])` with a key of `keys`."""
     key = m.SaveMatchedNode(m.SimpleString(), "key")
     checkpoint = m.SaveMatchedNode(m.Name() | m.Attribute(), "checkpoint")
