@@ -194,10 +194,26 @@ def _identities(ref: _Side, actual: _Side, vocab: dict[str, pd.Index]) -> tuple[
     return identities[0], identities[1]
 
 
+def _uneven_one_sided(ref: _Side, actual: _Side, vocab: dict[str, pd.Index]) -> np.ndarray:
+    """Rows (ref rows, then actual rows) of expected one-sided ops (casts) whose (step, phase, module, op, io) has a
+    different count on each side: there the n-th cast is not the same cast (autocast caches casts on one side, not on
+    the other), so they pair by shape and order in the sequence pass rather than by call_index."""
+    one_sided = np.append(pd.Index(vocab["op"]).isin(list(ONE_SIDED_OPS)), False)
+    columns = ([*_group_columns(side, np.arange(len(side))), side.codes["op"], side.codes["io"]]
+               for side in (ref, actual))
+    group = _combined_key([np.concatenate(pair) for pair in zip(*columns)])
+    group = pd.factorize(group)[0] if len(group) else group
+    counts = [np.bincount(part, minlength=int(group.max(initial=-1)) + 1) for part in np.split(group, [len(ref)])]
+    op = np.concatenate([ref.codes["op"], actual.codes["op"]])
+    return one_sided[op] & (counts[0] != counts[1])[group]
+
+
 def _identity_pairs(ref: _Side, actual: _Side, vocab: dict[str, pd.Index]) -> pd.DataFrame:
     """Pass 1: same identity; `exact` when the op names agree too, else `related`."""
     ref_identity, actual_identity = _identities(ref, actual, vocab)
     keys = _combined_key([np.concatenate(pair) for pair in zip(ref_identity, actual_identity)])
+    uneven = _uneven_one_sided(ref, actual, vocab)
+    keys[uneven] = -1 - np.flatnonzero(uneven)  # a key of its own: pairs with nothing here
     pairs = _pairs_on(keys[:len(ref)], np.arange(len(ref)), keys[len(ref):], np.arange(len(actual)))
     same_op = ref.codes["op"][pairs["ref_id"].to_numpy()] == actual.codes["op"][pairs["actual_id"].to_numpy()]
     return pairs.assign(status=np.where(same_op, STATUS_CODES[AlignStatus.EXACT], STATUS_CODES[AlignStatus.RELATED]))

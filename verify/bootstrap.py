@@ -45,15 +45,12 @@ from torch.utils._pytree import tree_flatten
 
 from verify.capture import OpCapture, StatBatch, TensorSaver, has_readable_data, host_array, summarize, tensors_in
 from verify.emulate import STAND_IN_DIR
-from verify.schema import GRADS_DIR, OPS_DIR, OUTPUTS_DIR, DumpMode, RunManifest, Status, step_file
+from verify.schema import GRADS_DIR, LOSS_SCALE_ENV, OPS_DIR, OUTPUTS_DIR, DumpMode, RunManifest, Status, step_file
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
 
 OUTPUT_ARRAY_CAP_BYTES = 4 << 20  # inference outputs are saved for top-k agreement; logits of a batch fit easily
 _DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
 _AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
-# An imposed fp16 autocast scales the loss as a fresh GradScaler does (its initial scale), so that the backward ops
-# and the gradients' underflow match those of an AMP port with a GradScaler.
-IMPOSED_LOSS_SCALE = 2.0**16
 _VERIFY_DIR = str(Path(__file__).resolve().parent) + os.sep
 # Frames that an op passes through only because the capture's TorchDispatchMode is active: a traceback without them
 # reads as it would in a plain run.
@@ -101,6 +98,8 @@ class StepRecorder:
         self._root_depth = 0
         self._in_backward = False
         self._last_scaled: tuple[Any, Any, float] | None = None  # (scaled loss, loss, scale) from GradScaler.scale
+        # a reference under an imposed autocast scales its loss as the port's GradScaler does (schema.LOSS_SCALE_ENV)
+        self.loss_scale = float(os.environ.get(LOSS_SCALE_ENV) or 0) if manifest.autocast else 0.0
         self._step_started = time.perf_counter()
         self._losses: list[tuple[int, Any, float | None, float]] = []
         self._hparams: list[tuple[int, Any, str, Any, int]] = []
@@ -166,25 +165,26 @@ class StepRecorder:
             self._in_backward = False
 
     def _imposes_loss_scale(self, tensors, args, kwargs) -> bool:
-        """fp16 autocast imposed on a script that does not scale this loss itself (a scalar, no gradient given)."""
+        """A loss scale imposed on a script that does not scale this loss itself (a scalar, no gradient given)."""
         scaled_by_script = self._last_scaled is not None and tensors is self._last_scaled[0]
-        return (self.manifest.autocast == "fp16" and isinstance(tensors, torch.Tensor) and tensors.numel() == 1
+        return (bool(self.loss_scale) and isinstance(tensors, torch.Tensor) and tensors.numel() == 1
                 and not scaled_by_script and not args and kwargs.get("gradient") is None)
 
     def _scaled_backward(self, original, loss, *args, **kwargs):
-        """Backward of loss * IMPOSED_LOSS_SCALE, with the gradients unscaled right after, so that the script's own
-        clipping and optimizer see true gradients (as after a GradScaler's unscale_)."""
+        """Backward of loss * loss_scale, with the gradients unscaled right after, so that the script's own clipping and
+        optimizer see true gradients (as after a GradScaler's unscale_). The scale is static: where the port's
+        GradScaler skips a step and backs off, the two runs part, and the comparison shows it."""
         parameters = list({id(p): p for ref in self._roots if ref() is not None for p in ref().parameters()}.values())
         kept = [parameter.grad for parameter in parameters]
         for parameter in parameters:
             parameter.grad = None
         with self._paused_capture():  # as a GradScaler's scale() is
-            scaled = loss * IMPOSED_LOSS_SCALE
+            scaled = loss * self.loss_scale
         result = original(scaled, *args, **kwargs)
         with self._own_work():
             for parameter, earlier in zip(parameters, kept):
                 if parameter.grad is not None:
-                    unscaled = parameter.grad / IMPOSED_LOSS_SCALE
+                    unscaled = parameter.grad / self.loss_scale
                     parameter.grad = unscaled if earlier is None else earlier + unscaled
                 else:
                     parameter.grad = earlier
@@ -450,8 +450,8 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
             if manifest.device == "cpu":
                 stack.enter_context(_npu_autocast_casts_on_cpu())
                 manifest.extra["autocast_casts"] = "CUDA/NPU op lists (as the emulated NPU), not CPU autocast's own"
-            if manifest.autocast == "fp16":
-                manifest.extra["imposed_loss_scale"] = IMPOSED_LOSS_SCALE
+            if recorder.loss_scale:
+                manifest.extra["imposed_loss_scale"] = recorder.loss_scale
             dtype = getattr(torch, _AUTOCAST_DTYPES[manifest.autocast])
             # No cast cache: it lives until the outermost autocast exits, which here is the end of the script, so the
             # weights' half-precision copies would stay those of step 0 while the optimizer updates the weights.

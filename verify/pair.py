@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -41,7 +41,7 @@ from verify.compare import AUTOCAST_DTYPES, CompareError, CompareOptions, Compar
 from verify.compare_cli import read_side
 from verify.emulate import probe_torch_npu
 from verify.runner import DEVICES, RunOptions, VerifyError, run_script
-from verify.schema import DumpMode, Status
+from verify.schema import LOSS_SCALE_ENV, DumpMode, Status
 
 PAIR_COMMAND = "pair"
 DETERMINISM_JSON = "determinism.json"
@@ -159,8 +159,8 @@ def _extend_summary(out: Path, **sections: Any) -> None:
     path.write_text(json.dumps(summary | sections, indent=1, allow_nan=False), encoding="utf-8")
 
 
-def _fail_on_errors(command):
-    """Runs a command body; verify's own failures become one red line and exit code 2."""
+def _fail_on_errors(command: Callable[..., int]) -> Callable[..., None]:
+    """A command body returning its exit code, with verify's own failures as one red line and exit code 2."""
 
     def guarded(*args: Any, **kwargs: Any) -> None:
         try:
@@ -215,13 +215,21 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
     if plan.ref_run is not None:
         return PairRuns(actual, read_side(plan.ref_run), "off", port_amp)
     imposed = _AUTOCAST_FLAGS.get(port_amp, "off") if plan.match_amp else "off"
-    ref = sides.run("ref", plan.original, plan.args, replace(plan.options, device=plan.device_ref, autocast=imposed),
-                    plan.out / "ref")
+    ref_options = replace(plan.options, device=plan.device_ref, autocast=imposed,
+                          extra_env={**plan.options.extra_env, **_port_loss_scale(actual, imposed)})
+    ref = sides.run("ref", plan.original, plan.args, ref_options, plan.out / "ref")
     ref_fp32 = None
     if plan.amp_effect and imposed != "off":
         ref_fp32 = sides.run("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
                              plan.out / "ref-fp32")
     return PairRuns(actual, ref, imposed, port_amp, ref_fp32)
+
+
+def _port_loss_scale(actual: RunData, imposed: str) -> dict[str, str]:
+    """A reference under the port's autocast also scales its loss as the port's GradScaler first did: backward ops
+    are then comparable, and fp16 gradients underflow alike. Without a GradScaler in the port, nothing is scaled."""
+    scales = pd.to_numeric(actual.losses["loss_scale"], errors="coerce").dropna()
+    return {LOSS_SCALE_ENV: repr(float(scales.iloc[0]))} if imposed != "off" and len(scales) else {}
 
 
 def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
@@ -247,8 +255,11 @@ def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
     """Which comparison the pair made, for summary.json and the notes of every report."""
     if runs.imposed != "off":
         mode = "same-amp-imposed"
+        scale = runs.ref.manifest.extra.get("imposed_loss_scale")
+        scaled = f", its loss scaled by {scale:g} as the port's GradScaler does" if scale else ""
         description = (f"the port computes in {runs.port_amp}, so the reference ran under {runs.imposed} autocast "
-                       "imposed from outside (on the CPU with the NPU's op casts): the comparison isolates the port")
+                       f"imposed from outside (on the CPU with the NPU's op casts){scaled}: the comparison isolates "
+                       "the port")
     elif plan.ref_run is not None:
         mode = "given-reference"
         description = f"the reference is the given run {plan.ref_run}, compared as it is"

@@ -32,6 +32,9 @@ GRADS_DIR = "grads"
 OUTPUTS_DIR = "outputs"
 TENSORS_DIR = "tensors"
 LOG = "output.log"
+# The child's environment, not the run directory: a loss scale the bootstrap imposes on a run under --autocast (set
+# by `verify ORIGINAL PORTED` to the port's GradScaler scale); recorded as manifest.extra["imposed_loss_scale"].
+LOSS_SCALE_ENV = "NPU_PORT_LOSS_SCALE"
 
 
 def step_file(step: int, suffix: str = ".parquet") -> str:

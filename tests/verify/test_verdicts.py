@@ -1,0 +1,165 @@
+"""The verdicts of `verify ORIGINAL [PORTED]` and `verify determinism` on real runs (child processes, CPU, the
+EMULATED NPU): a faithful port passes; ports broken one way at a time fail with the right diagnosis.
+
+Runs are the expensive part (a child imports torch): the broken ports of verdict_mlp.py share one reference run
+(--ref-run), and every run makes 3 steps of a tiny model.
+"""
+
+import json
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from migrate import Settings, migrate_source
+from verify import tolerances
+from verify.cli import app
+from verify.pair import AMP_EFFECT_DIR, DETERMINISM_JSON, route
+from verify.runner import RunOptions, run_script
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+# Not mnist_cnn: its original shuffles only when CUDA is available, so a CPU reference reads batches in another order
+# than its port on the (emulated) NPU, where transfer_to_npu makes CUDA available.
+SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "grad_accum_clip"
+ORIGINAL, PORT = SCRIPTS / "verdict_mlp.py", SCRIPTS / "verdict_mlp_npu.py"
+STEPS = 3
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the autouse fixture is per test; the shared reference runs before any
+
+
+def verify(*args: str | Path) -> tuple[int, dict, Path]:
+    """`verify ...` in-process; the exit code, summary.json and the output folder (the -o among args)."""
+    argv = [str(arg) for arg in args]
+    result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
+    out = Path(argv[argv.index("-o") + 1])
+    summary_file = out / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, summary, out
+
+
+def codes(summary: dict) -> list[str]:
+    return [finding["code"] for finding in summary["findings"]]
+
+
+def finding(summary: dict, code: str) -> dict:
+    return next(item for item in summary["findings"] if item["code"] == code)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """verdict_mlp.py on the CPU, once for all the fp32 broken ports."""
+    run_dir = tmp_path_factory.mktemp("reference") / "ref"
+    run_script(ORIGINAL, [], RunOptions(steps=STEPS, device="cpu", extra_env=ONE_THREAD), run_dir)
+    return run_dir
+
+
+def broken_port(tmp_path: Path, old: str, new: str) -> Path:
+    """verdict_mlp_npu.py with one deliberate bug."""
+    code = PORT.read_text()
+    assert code.count(old) == 1, old
+    path = tmp_path / "broken_npu.py"
+    path.write_text(code.replace(old, new))
+    return path
+
+
+def against_reference(tmp_path: Path, reference: Path, old: str, new: str) -> tuple[int, dict, Path]:
+    return verify(ORIGINAL, broken_port(tmp_path, old, new), "-n", STEPS, "--ref-run", reference, "-q",
+                  "-o", tmp_path / "out")
+
+
+def test_faithful_port_of_a_sample_passes_and_reports_the_amp_effect(tmp_path):
+    """migrate's port gains fp16 autocast and a GradScaler: the reference runs under the same autocast, so the
+    comparison isolates the port; --amp-effect adds fp32 against AMP with its wider tolerance."""
+    config = tomllib.loads((SAMPLE / "verify.toml").read_text())
+    code = (SAMPLE / "train_gpu.py").read_text()
+    (tmp_path / "train.py").write_text(code)
+    (tmp_path / "train_npu.py").write_text(migrate_source(code, "train.py", Settings(is_entry=True)).code)
+    exit_code, summary, out = verify(tmp_path / "train.py", "-n", STEPS, "--seed", config["seed"], "--amp-effect",
+                                     "-q", "-o", tmp_path / "out", "--", *config["args"])
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    assert summary["actual"]["emulated"] and "EMULATED NPU" in summary["actual"]["title"]
+    assert summary["pair"]["mode"] == "same-amp-imposed" and summary["pair"]["ref_autocast"] == "fp16"
+    assert "loss scaled by 65536" in summary["pair"]["description"]  # as the port's GradScaler
+    assert summary["comparison"].startswith("same-AMP policy")
+    assert summary["loss"]["steps_compared"] == STEPS
+    effect = summary["pair"]["amp_effect"]
+    assert effect["loss_rtol"] == tolerances.AMP_VS_FP32_LOSS_RTOL and effect["comparison"].startswith("fp32-vs-AMP")
+    assert (out / AMP_EFFECT_DIR / "summary.json").is_file() and (out / "ref-fp32" / "manifest.json").is_file()
+    assert "imposed from outside" in (out / "report.html").read_text()
+
+
+def test_a_changed_learning_rate_is_named_a_hyperparameter_difference(tmp_path, reference):
+    exit_code, summary, out = against_reference(tmp_path, reference, "default=1e-4", "default=2e-4")
+    assert exit_code == 1
+    assert summary["hparam_differences"] == ["lr 0.0001 vs 0.0002 in group 0"]
+    assert codes(summary)[0] == "hparam_mismatch" and summary["reason"].startswith("FAIL: hyperparameter differs: lr")
+    assert "[checklist C9]" in (out / "advice.txt").read_text()
+
+
+def test_a_swapped_activation_is_the_first_divergent_op(tmp_path, reference):
+    exit_code, summary, out = against_reference(tmp_path, reference, "nn.ReLU()", "nn.GELU()")
+    assert exit_code == 1
+    first = summary["first_divergent"]
+    assert (first["op"], first["actual_op"], first["module"], first["phase"], first["step"]) == (
+        "aten.relu", "aten.gelu", "Net.act", "forward", 0)
+    assert any("aten.gelu where the original computes aten.relu" in text for text in summary["advice"])
+
+
+def test_fp16_without_loss_scaling_overflows_and_is_told_to_scale(tmp_path):
+    """A port that trains in pure fp16 (no autocast, no GradScaler): its sum-reduced loss overflows. The reference
+    runs under fp16 autocast, which keeps the loss in fp32, so the overflow is the port's alone."""
+    port = broken_port(tmp_path, "dtype = torch.float32", "dtype = torch.float16")
+    exit_code, summary, out = verify(ORIGINAL, port, "-n", STEPS, "-q", "-o", tmp_path / "out")
+    assert exit_code == 1
+    assert summary["pair"]["mode"] == "same-amp-imposed" and "loss scaled" not in summary["pair"]["description"]
+    overflow = finding(summary, "overflow")["detail"]
+    assert (overflow["side"], overflow["op"], overflow["dtype"]) == ("actual", "aten.mse_loss", "float16")
+    assert "hparam_mismatch" not in codes(summary) and "low_match" not in codes(summary)
+    advice = (out / "advice.txt").read_text()
+    assert "GradScaler" in advice and "C4" in advice
+
+
+def test_a_removed_zero_grad_diverges_in_the_gradients_of_the_second_step(tmp_path, reference):
+    exit_code, summary, out = against_reference(tmp_path, reference, "        optimizer.zero_grad()\n", "")
+    assert exit_code == 1
+    # step 0 is identical; from step 1 the gradients accumulate: the optimizer's update is the first op to differ
+    assert (summary["first_divergent"]["step"], summary["first_divergent"]["phase"]) == (1, "optimizer")
+    assert "at step 1" in finding(summary, "grad_diverges")["message"]
+    losses = pd.read_csv(out / "losses.csv")
+    assert losses.loc[losses["step"] <= 1, "passed"].all()  # the losses only follow a step later
+
+
+def test_shuffled_data_order_is_a_data_order_finding(tmp_path, reference):
+    exit_code, summary, out = against_reference(tmp_path, reference, "shuffle=False", "shuffle=True")
+    assert exit_code == 1
+    assert "data_order" in codes(summary)
+    first = summary["first_divergent"]
+    assert (first["step"], first["phase"], first["module"]) == (0, "other", "")
+    assert "[checklist C6, C7]" in (out / "advice.txt").read_text()
+
+
+def determinism(tmp_path: Path, script: Path) -> tuple[int, dict]:
+    result = CliRunner().invoke(app, ["determinism", str(script), "-n", "2", "-q", "-o", str(tmp_path / "out")])
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads((tmp_path / "out" / DETERMINISM_JSON).read_text())
+
+
+def test_determinism_of_a_seeded_script(tmp_path):
+    exit_code, record = determinism(tmp_path, ORIGINAL)
+    assert exit_code == 0 and record["deterministic"] and record["differing_ops"] == []
+    assert record["loss"]["max_abs_diff"] == 0 and record["dump"] == "md5"
+    assert (record["checklist"]["id"], record["checklist"]["status"]) == ("C1", "Passed")
+
+
+def test_determinism_names_the_op_drawing_from_an_unseeded_generator(tmp_path):
+    exit_code, record = determinism(tmp_path, SCRIPTS / "verdict_unseeded.py")
+    assert exit_code == 1 and not record["deterministic"]
+    first = record["differing_ops"][0]
+    assert (first["op"], first["module"], first["phase"], first["step"]) == ("aten.randn", "Noisy", "forward", 0)
+    assert record["loss"]["max_abs_diff"] > 0
+    assert record["checklist"]["status"] == "Failed" and "aten.randn" in " ".join(record["checklist"]["evidence"])
