@@ -43,7 +43,16 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_flatten
 
-from verify.capture import OpCapture, StatBatch, TensorSaver, has_readable_data, host_array, summarize, tensors_in
+from verify.capture import (
+    STAT_COLUMNS,
+    OpCapture,
+    StatBatch,
+    TensorSaver,
+    has_readable_data,
+    host_array,
+    summarize,
+    tensors_in,
+)
 from verify.emulate import STAND_IN_DIR
 from verify.schema import GRADS_DIR, LOSS_SCALE_ENV, OPS_DIR, OUTPUTS_DIR, DumpMode, RunManifest, Status, step_file
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
@@ -303,13 +312,17 @@ class StepRecorder:
         with self._own_work():
             fetched = self.batch.fetch()
             ops = self.capture.take_step(step, fetched) if self.capture is not None else None
-        losses = [(step, micro, fetched(handle)[0], scale, round(wall_ms, 3)) for micro, handle, scale, wall_ms in self._losses]
+        losses = [
+            (step, micro, fetched(handle)[0], scale, round(wall_ms, 3))
+            for micro, handle, scale, wall_ms in self._losses
+        ]
         self.writer.append_losses(losses)
         self.writer.append_hparams(self._hparams)
-        self._write_stats(GRADS_DIR, step, [("param", name, stats) for name, stats in self._grads], fetched)
+        self._write_stats(GRADS_DIR, step, "param", self._grads, fetched)
         if self.manifest.inference:
-            self._write_stats(OUTPUTS_DIR, step, [("output", name, stats) for name, stats, _ in self._outputs],
-                              fetched, {"tensor_file": [saved for _, _, saved in self._outputs]})
+            named = [(name, stats) for name, stats, _ in self._outputs]
+            saved = [saved for _, _, saved in self._outputs]
+            self._write_stats(OUTPUTS_DIR, step, "output", named, fetched, tensor_file=saved)
         if ops is not None:
             self.writer.write_step_table(OPS_DIR, step, ops)
         self._losses, self._hparams, self._grads, self._outputs = [], [], [], []
@@ -320,14 +333,18 @@ class StepRecorder:
         self._step_started = time.perf_counter()
         self._stop_if_done(step, [row[2] for row in losses])
 
-    def _write_stats(self, folder: str, step: int, rows, fetched, extra: dict[str, list[Any]] | None = None) -> None:
-        columns: dict[str, list[Any]] = {"step": [step] * len(rows), **(extra or {})}
-        for label, name, stats in rows:
-            columns.setdefault(label, []).append(name)
-            values = {"dtype": stats.dtype, "shape": stats.shape, "numel": stats.numel, **stats.resolve(fetched)}
-            values["norm"] = values["l2_norm"]
-            for column, value in values.items():
-                columns.setdefault(column, []).append(value)
+    def _write_stats(self, folder: str, step: int, label: str, named, fetched, **extra: list[Any]) -> None:
+        """One row per (name, PendingStats) of `named`, the name in column `label` (grads: "param", outputs:
+        "output"). Grads call the L2 norm `norm`; the writer keeps the columns its table has."""
+        resolved = [stats.resolve(fetched) for _, stats in named]
+        columns = {
+            "step": [step] * len(named),
+            label: [name for name, _ in named],
+            **{field: [getattr(stats, field) for _, stats in named] for field in ("dtype", "shape", "numel")},
+            **{column: [values[column] for values in resolved] for column in STAT_COLUMNS},
+            "norm": [values["l2_norm"] for values in resolved],
+            **extra,
+        }
         self.writer.write_step_table(folder, step, columns)
 
     def _stop_if_done(self, step: int, losses: list[float]) -> None:
@@ -512,7 +529,8 @@ def run(run_dir: Path) -> Status:
         _prepare_device(manifest)
     except Exception as error:  # torch_npu missing or broken: the environment's problem, not the script's
         manifest.status, manifest.finished_at = Status.CRASHED.value, now_iso()
-        manifest.verify_error = manifest.message = f"cannot use device {manifest.device}: {type(error).__name__}: {error}"
+        reason = f"cannot use device {manifest.device}: {type(error).__name__}: {error}"
+        manifest.verify_error = manifest.message = reason
         write_manifest(run_dir, manifest)
         return Status.CRASHED
     _seed_everything(manifest.seed)

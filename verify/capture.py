@@ -183,10 +183,6 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def _written_arguments(func: torch._ops.OpOverload) -> tuple[str, ...]:
-    return tuple(arg.name for arg in func._schema.arguments if arg.alias_info is not None and arg.alias_info.is_write)
-
-
 class _OpRecorder(TorchDispatchMode):
     """Records a summary of each op's outputs (and inputs, in tensor mode) into `capture.rows`."""
 
@@ -217,10 +213,18 @@ class _OpRecorder(TorchDispatchMode):
         capture.record(call, "out", outputs)
         return out
 
-    def _written(self, func, args, kwargs) -> list[Any]:
-        names = _written_arguments(func)
-        positions = {arg.name: index for index, arg in enumerate(func._schema.arguments)}
-        return [kwargs[name] if name in kwargs else args[positions[name]] for name in names if name in kwargs or positions[name] < len(args)]
+    @staticmethod
+    def _written(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
+        """The arguments an op writes to: the results of in-place ops that return nothing (the foreach ones)."""
+        written = []
+        for position, argument in enumerate(func._schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            if argument.name in kwargs:
+                written.append(kwargs[argument.name])
+            elif position < len(args):
+                written.append(args[position])
+        return written
 
 
 @dataclass(slots=True)

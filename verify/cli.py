@@ -134,7 +134,9 @@ def _final_loss(run_dir: Path) -> str:
 
 def _print_summary(manifest: RunManifest, run_dir: Path) -> None:
     if manifest.emulated:
-        stderr.print(f"[bold black on yellow] EMULATED NPU [/] a test double on {manifest.emulated_on}, not an Ascend NPU")
+        stderr.print(
+            f"[bold black on yellow] EMULATED NPU [/] a test double on {manifest.emulated_on}, not an Ascend NPU"
+        )
     table = Table.grid(padding=(0, 2))
     style = _STYLES.get(manifest.status, "bold red")
     table.add_row("status", f"[{style}]{manifest.status}[/]  {manifest.message}")

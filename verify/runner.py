@@ -154,17 +154,21 @@ def run_script(
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = _initial_manifest(script, args, options, device)
     write_manifest(run_dir, manifest)
-    env = {**os.environ, **device_env, **options.extra_env, "PYTHONHASHSEED": str(options.seed), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **device_env, **options.extra_env, "PYTHONHASHSEED": str(options.seed)}
+    env["PYTHONUNBUFFERED"] = "1"  # the script's output reaches output.log and the user as it is printed
     started = time.monotonic()
-    returncode, timed_out = _supervise(
+    returncode, ending = _supervise(
         [sys.executable, "-P", "-m", "verify.bootstrap", str(run_dir.resolve())],
         script.parent, env, run_dir, options.timeout, on_output, on_progress,
     )
-    _finalise(run_dir, returncode, timed_out, options.timeout, time.monotonic() - started)
+    _finalise(run_dir, returncode, ending, options.timeout, time.monotonic() - started)
+    if ending == "interrupted":
+        raise KeyboardInterrupt
     return run_dir
 
 
-def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress) -> tuple[int, bool]:
+def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress) -> tuple[int, str]:
+    """Runs the child to its end; returns its exit code and how it ended: "exited", "timeout" or "interrupted"."""
     with (run_dir / LOG).open("w", errors="replace") as log:
         child = subprocess.Popen(
             command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -172,22 +176,29 @@ def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress) -> t
         )
         reader = threading.Thread(target=_pump, args=(child.stdout, log, on_output), daemon=True)
         reader.start()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        timed_out = False
-        last_steps = -1
-        while child.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                timed_out = True
-                _kill_group(child)
-                break
-            last_steps = _report_progress(run_dir, last_steps, on_progress)
-            try:
-                child.wait(timeout=_PROGRESS_POLL_S)
-            except subprocess.TimeoutExpired:
-                pass
+        try:
+            ending = _wait(child, run_dir, timeout, on_progress)
+        except KeyboardInterrupt:  # the child has its own session, so Ctrl-C reaches only us: end it too
+            ending = "interrupted"
+        if ending != "exited":
+            _kill_group(child)
         reader.join(timeout=_KILL_GRACE_S)
-        _report_progress(run_dir, last_steps, on_progress)
-    return child.returncode, timed_out
+    return child.returncode, ending
+
+
+def _wait(child: subprocess.Popen, run_dir: Path, timeout: float | None, on_progress) -> str:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last_steps = -1
+    while child.poll() is None:
+        if deadline is not None and time.monotonic() > deadline:
+            return "timeout"
+        last_steps = _report_progress(run_dir, last_steps, on_progress)
+        try:
+            child.wait(timeout=_PROGRESS_POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+    _report_progress(run_dir, last_steps, on_progress)
+    return "exited"
 
 
 def _pump(stream, log, on_output) -> None:
@@ -224,13 +235,17 @@ def _kill_group(child: subprocess.Popen) -> None:
             continue
 
 
-def _finalise(run_dir: Path, returncode: int, timed_out: bool, timeout: float | None, wall_s: float) -> None:
-    """Completes the manifest when the child could not: timed out, killed, or dead before writing its end."""
+def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None, wall_s: float) -> None:
+    """Completes the manifest when the child could not: timed out, interrupted, killed, or dead before its end."""
     manifest = read_manifest(run_dir)
     manifest.wall_s = round(wall_s, 3)
-    if timed_out:
+    done = f"{manifest.steps_completed} steps completed"
+    if ending == "timeout":
         manifest.status, manifest.exit_code = Status.TIMEOUT.value, returncode
-        manifest.message = f"timed out after {timeout:g} s ({manifest.steps_completed} steps completed)"
+        manifest.message = f"timed out after {timeout:g} s ({done})"
+    elif ending == "interrupted":
+        manifest.status, manifest.exit_code = Status.CRASHED.value, returncode
+        manifest.message = f"interrupted by the user ({done})"
     elif manifest.status == Status.RUNNING.value:
         manifest.status, manifest.exit_code = Status.CRASHED.value, returncode
         cause = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"

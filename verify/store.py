@@ -88,7 +88,7 @@ class RunWriter:
         self.run_dir = Path(run_dir)
         for folder in TABLES:
             (self.run_dir / folder).mkdir(parents=True, exist_ok=True)
-        self._csv = {name: self._open_csv(name, columns) for name, columns in ((LOSSES, LOSS_COLUMNS), (HPARAMS, HPARAM_COLUMNS))}
+        self._csv = {LOSSES: self._open_csv(LOSSES, LOSS_COLUMNS), HPARAMS: self._open_csv(HPARAMS, HPARAM_COLUMNS)}
 
     def _open_csv(self, name: str, columns: Sequence[str]) -> tuple[Any, Any]:
         path = self.run_dir / name
@@ -175,7 +175,8 @@ def _read_steps(run_dir: Path, folder: str, problems: list[str]) -> pd.DataFrame
     columns = TABLES[folder]
     frames = []
     directory = run_dir / folder
-    names = sorted(entry.name for entry in directory.iterdir() if _STEP_FILE.fullmatch(entry.name)) if directory.is_dir() else []
+    entries = directory.iterdir() if directory.is_dir() else ()
+    names = sorted(entry.name for entry in entries if _STEP_FILE.fullmatch(entry.name))
     for name in names:
         try:
             frame = pq.read_table(directory / name).to_pandas()
@@ -209,7 +210,8 @@ def _read_csv(
 def read_losses(run_dir: Path, problems: list[str] | None = None) -> pd.DataFrame:
     """losses.csv alone (the loss curve is small; the op tables need not be read for it)."""
     problems = [] if problems is None else problems
-    return _read_csv(Path(run_dir) / LOSSES, LOSS_COLUMNS, ("loss", "loss_scale", "wall_ms"), ("step", "micro_step"), problems)
+    floats, integers = ("loss", "loss_scale", "wall_ms"), ("step", "micro_step")
+    return _read_csv(Path(run_dir) / LOSSES, LOSS_COLUMNS, floats, integers, problems)
 
 
 def read_run(run_dir: Path) -> Run:

@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -148,7 +147,8 @@ def measure_msprobe(python: str, steps: int, rounds: int) -> dict[str, float] | 
 
 def worker_msprobe(steps: int, rounds: int) -> None:
     with tempfile.TemporaryDirectory() as out_dir:
-        medians = interleaved_medians({"plain": plain_runner(), "msprobe": msprobe_runner(Path(out_dir))}, steps, rounds)
+        runners = {"plain": plain_runner(), "msprobe": msprobe_runner(Path(out_dir))}
+        medians = interleaved_medians(runners, steps, rounds)
     print(json.dumps(medians))
 
 
@@ -164,7 +164,8 @@ def main() -> None:
         worker_msprobe(args.steps, args.rounds)
         return
     with tempfile.TemporaryDirectory() as out_dir:
-        ours = interleaved_medians({"plain": plain_runner(), "ours": ours_runner(Path(out_dir))}, args.steps, args.rounds)
+        runners = {"plain": plain_runner(), "ours": ours_runner(Path(out_dir))}
+        ours = interleaved_medians(runners, args.steps, args.rounds)
     ratio = ours["ours"] / ours["plain"]
     print(f"CPU time per step, median of {args.rounds} interleaved blocks of {args.steps} steps")
     print(f"plain step            {ours['plain'] * 1e3:8.2f} ms")

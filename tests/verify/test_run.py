@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 def run(tmp_path, script: str, *args: str, steps: int = 3, **options) -> Run:
-    run_dir = run_script(SCRIPTS / script, list(args), RunOptions(steps=steps, device="cpu", **options), tmp_path / "run")
+    options = RunOptions(steps=steps, device="cpu", **options)
+    run_dir = run_script(SCRIPTS / script, list(args), options, tmp_path / "run")
     return read_run(run_dir)
 
 
@@ -80,6 +81,19 @@ def test_timeout_kills_the_run_and_keeps_its_steps(tmp_path):
     assert result.manifest.status == Status.TIMEOUT.value
     assert result.manifest.steps_completed == 2 and "timed out after 60 s" in result.manifest.message
     assert "now hanging" in (tmp_path / "run" / "output.log").read_text()
+
+
+def test_interrupt_ends_the_child_and_keeps_its_steps(tmp_path):
+    def press_ctrl_c_after_two_steps(steps: int) -> None:
+        if steps == 2:
+            raise KeyboardInterrupt
+
+    options = RunOptions(steps=5, device="cpu", dump=DumpMode.OFF)
+    with pytest.raises(KeyboardInterrupt):
+        run_script(SCRIPTS / "hang.py", [], options, tmp_path / "run", on_progress=press_ctrl_c_after_two_steps)
+    manifest = read_run(tmp_path / "run").manifest
+    assert manifest.status == Status.CRASHED.value and manifest.steps_completed == 2
+    assert manifest.message == "interrupted by the user (2 steps completed)" and manifest.exit_code < 0
 
 
 def test_nan_loss_stops_the_run(tmp_path):

@@ -1,4 +1,4 @@
-"""A ported script: imports torch_npu and trains on the "npu" device (under verify: the real one or the emulated one)."""
+"""A ported script: imports torch_npu and trains on the "npu" device (the real one, or verify's emulated one)."""
 
 import torch
 import torch_npu  # noqa: F401
