@@ -5,6 +5,7 @@ Pure: no file system, no printing. `migrate.files` does the I/O around it.
 
 from __future__ import annotations
 
+import ast
 import re
 from contextlib import ExitStack
 from typing import Sequence
@@ -35,13 +36,16 @@ def parse(code: str, path: str) -> cst.Module:
 
 
 def _syntax_error(error: cst.ParserSyntaxError, code: str, path: str) -> SourceError:
-    """`path:line:col: syntax error: ...`; libcst's native parser puts the real position only in its message."""
-    text = error.message.strip() or "invalid syntax"
-    where = _ERROR_AT.search(text)
-    line, column = (int(where[1]), int(where[2]) + 1) if where else (error.raw_line, error.raw_column + 1)
-    text = _ERROR_AT.sub("", text).split(": ", 1)[-1].strip()
-    if text.startswith("expected one of") and text.count(",") > 5:
-        text = "invalid syntax"  # the parser's list of every acceptable token helps nobody
+    """`path:line:col: syntax error: ...` where CPython's own parser puts it (libcst's points past the error)."""
+    try:
+        compile(code, path, "exec", ast.PyCF_ONLY_AST)
+    except SyntaxError as python_error:
+        line, column, text = python_error.lineno or 1, python_error.offset or 1, python_error.msg
+    else:  # Python accepts what libcst's grammar does not: fall back on libcst's own words
+        text = error.message.strip() or "invalid syntax"
+        where = _ERROR_AT.search(text)
+        line, column = (int(where[1]), int(where[2]) + 1) if where else (error.raw_line, error.raw_column + 1)
+        text = _ERROR_AT.sub("", text).split(": ", 1)[-1].strip()
     lines = code.splitlines()
     source_line = lines[line - 1] if 0 < line <= len(lines) else ""
     hint = "; this looks like Python 2, port it to Python 3 first" if _PYTHON2.search(source_line) else ""
