@@ -139,6 +139,7 @@ class NcclBackend(PortRule):
             dist.init_process_group(args.backend or "nccl", rank=rank)
             fallback = "gloo" if args.cpu else ("nccl" if args.fast else "mpi")
             dist.new_group(ranks, backend=fallback)
+            dist.new_group(backend="nccl" if args.fast else dist.Backend.NCCL)
             """,
             """
             import torch.distributed as dist
@@ -146,8 +147,9 @@ class NcclBackend(PortRule):
             dist.init_process_group(args.backend or "hccl", rank=rank)
             fallback = "gloo" if args.cpu else ("hccl" if args.fast else "mpi")
             dist.new_group(ranks, backend=fallback)
+            dist.new_group(backend="hccl" if args.fast else dist.Backend.HCCL)
             """,
-            lines=[2, 3, 4],
+            lines=[2, 3, 4, 6],
         ),
         Unchanged(
             """
@@ -203,9 +205,10 @@ class NcclBackend(PortRule):
             args = [arg for arg in original_node.args if arg.keyword and "backend" in arg.keyword.value.lower()]
         new = updated_node
         for arg in filter(None, args):
-            value = _ported_literals(arg.value)
+            current = updated_node.args[original_node.args.index(arg)]  # holds other rules' rewrites inside it
+            value = _ported_literals(current.value)
             if value is not None:
-                new = replace_argument_value(new, updated_node.args[original_node.args.index(arg)], value)
+                new = replace_argument_value(new, current, value)
         if new is updated_node:
             return updated_node
         return self.replace(original_node, updated_node, new, 'backend "nccl" -> "hccl"')
