@@ -17,6 +17,7 @@ import libcst as cst
 from libcst import CSTNode
 from libcst.metadata import QualifiedName
 from libcst.metadata.scope_provider import (
+    _ASSIGNMENT_LIKE_NODES,
     AnnotationScope,
     ClassScope,
     ComprehensionScope,
@@ -28,6 +29,17 @@ from libcst.metadata.scope_provider import (
 from migrate.walk import TRIVIA, child_fields
 
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_ASSIGNMENT_LIKE = frozenset(_ASSIGNMENT_LIKE_NODES)
+
+
+def _dotted_prefixes(attribute: cst.Attribute) -> Iterator[CSTNode]:
+    """`a.b.c`, then `a.b`, then `a`: the nodes libcst tries, longest first."""
+    node: CSTNode = attribute
+    while isinstance(node, cst.Attribute):
+        yield node
+        node = node.value
+    if isinstance(node, cst.Name):
+        yield node
 
 
 class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
@@ -41,14 +53,28 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
     @property
     def scopes(self) -> dict[CSTNode, Scope]:
         if self._scopes is None:
-            self._scopes = _ScopeRecorder().record(self._module)
+            self._recorder = _ScopeRecorder()
+            self._scopes = self._recorder.record(self._module)
         return self._scopes
 
     def __getitem__(self, node: CSTNode) -> set[QualifiedName]:
         names = self._names.get(node)
         if names is None:
-            names = self._names[node] = set(self.scopes[node].get_qualified_names_for(node))
+            names = self._names[node] = self._resolve(node)
         return names
+
+    def _resolve(self, node: CSTNode) -> set[QualifiedName]:
+        scope = self.scopes[node]
+        read = self._recorder.reads.get(node)
+        if read is None:
+            return set(scope.get_qualified_names_for(node))
+        # A name read in its own scope before any assignment there refers to none of them (libcst's Access).
+        name, index = read
+        assignments = scope._resolve_scope_for_access(name, scope)
+        earlier = {a for a in assignments if a.scope is not scope or a._index < index}
+        if not earlier and assignments and scope.parent is not scope:
+            earlier = scope.parent._resolve_scope_for_access(name, scope)
+        return {qualified for referent in earlier for qualified in referent.get_qualified_names_for(referent.name)}
 
     def __iter__(self) -> Iterator[CSTNode]:
         return iter(self.scopes)
@@ -62,6 +88,9 @@ class _ScopeRecorder:
 
     def __init__(self) -> None:
         self.scope_of: dict[CSTNode, Scope] = {}
+        self.reads: dict[CSTNode, tuple[str, int]] = {}  # read node -> (name read, assignments in scope before it)
+        self._pending_reads: list[tuple[cst.Name, cst.Attribute | None, int]] = []  # settled once scopes are known
+        self._outermost_attribute: list[cst.Attribute | None] = [None]
         self._special: dict[type, Callable[[CSTNode, Scope], None]] = {
             cst.Import: self._import,
             cst.ImportFrom: self._import,
@@ -73,6 +102,8 @@ class _ScopeRecorder:
             cst.Global: self._global,
             cst.Nonlocal: self._nonlocal,
             cst.Attribute: self._attribute,
+            cst.Call: self._call,
+            cst.Name: self._read,
             cst.Assign: self._assign,
             cst.AnnAssign: self._annotated_assign,
             cst.AugAssign: self._augmented_assign,
@@ -82,14 +113,29 @@ class _ScopeRecorder:
             cst.ExceptHandler: self._except,
             cst.ExceptStarHandler: self._except,
             cst.NamedExpr: self._named_expr,
-            cst.MatchAs: self._match_capture,
-            cst.MatchStar: self._match_capture,
             **{kind: self._comprehension for kind in _COMPREHENSIONS},
         }
 
     def record(self, module: cst.Module) -> dict[CSTNode, Scope]:
         self._visit(module, GlobalScope())
+        for name, attribute, index in self._pending_reads:
+            self._settle_read(name, attribute, index)
         return self.scope_of
+
+    def _read(self, node: cst.Name, scope: Scope) -> None:
+        self._pending_reads.append((node, self._outermost_attribute[-1], scope._assignment_count))
+
+    def _settle_read(self, name: cst.Name, attribute: cst.Attribute | None, index: int) -> None:
+        """As libcst's infer_accesses: `a.b.c` is read as its longest dotted prefix assigned in scope."""
+        scope = self.scope_of[name]
+        read_node, read_name = name, name.value
+        if attribute is not None:
+            for node in _dotted_prefixes(attribute):
+                dotted = cst.helpers.get_full_name_for_node(node)
+                if dotted is not None and dotted in scope:
+                    read_node, read_name = node, dotted
+                    break
+        self.reads[read_node] = (read_name, index)
 
     def _visit(self, node: CSTNode | None, scope: Scope) -> None:
         if node is None or isinstance(node, cst.MaybeSentinel) or type(node) in TRIVIA:
@@ -98,7 +144,12 @@ class _ScopeRecorder:
         special = self._special.get(type(node))
         if special is not None:
             special(node, scope)
-            return
+        else:
+            self._visit_children(node, scope)
+        if type(node) in _ASSIGNMENT_LIKE:
+            scope._assignment_count += 1  # the order that tells a read before an assignment from one after it
+
+    def _visit_children(self, node: CSTNode, scope: Scope) -> None:
         for name, _ in child_fields(type(node)):
             value = getattr(node, name)
             if isinstance(value, CSTNode):
@@ -187,7 +238,17 @@ class _ScopeRecorder:
             scope.record_nonlocal_overwrite(item.name.value)
 
     def _attribute(self, node: cst.Attribute, scope: Scope) -> None:
+        outermost = self._outermost_attribute[-1] is None
+        if outermost:
+            self._outermost_attribute[-1] = node
         self._visit(node.value, scope)  # `.attr` is not a name in any scope
+        if outermost:
+            self._outermost_attribute[-1] = None
+
+    def _call(self, node: cst.Call, scope: Scope) -> None:
+        self._outermost_attribute.append(None)  # `f(a.b).c`: `a.b` is read on its own
+        self._visit_children(node, scope)
+        self._outermost_attribute.pop()
 
     def _assign(self, node: cst.Assign, scope: Scope) -> None:
         for target in node.targets:
@@ -206,6 +267,7 @@ class _ScopeRecorder:
 
     def _for(self, node: cst.For, scope: Scope) -> None:
         self._bind(node.target, scope)
+        scope._assignment_count += 1
         self._visit_all((node.iter, node.body, node.orelse), scope)
 
     def _comp_for(self, node: cst.CompFor, scope: Scope) -> None:
@@ -221,6 +283,7 @@ class _ScopeRecorder:
         self.scope_of[first] = scope
         inner = ComprehensionScope(scope, node)
         self._bind(first.target, inner)
+        inner._assignment_count += 1
         self._visit_all(first.ifs, inner)
         self._visit(first.inner_for_in, inner)
         elements = (node.key, node.value) if isinstance(node, cst.DictComp) else (node.elt,)
@@ -230,19 +293,15 @@ class _ScopeRecorder:
         self._visit(node.item, scope)
         if node.asname is not None:
             self._bind(node.asname.name, scope)
+            scope._assignment_count += 1  # the AsName
 
     def _except(self, node: cst.ExceptHandler | cst.ExceptStarHandler, scope: Scope) -> None:
         self._visit(node.type, scope)
         if node.name is not None:
             self._bind(node.name.name, scope)
+            scope._assignment_count += 1  # the AsName
         self._visit(node.body, scope)
 
     def _named_expr(self, node: cst.NamedExpr, scope: Scope) -> None:
         self._bind(node.target, scope)
         self._visit(node.value, scope)
-
-    def _match_capture(self, node: cst.MatchAs | cst.MatchStar, scope: Scope) -> None:
-        if isinstance(node, cst.MatchAs):
-            self._visit(node.pattern, scope)
-        if node.name is not None:
-            self._bind(node.name, scope)
