@@ -167,7 +167,8 @@ def build(
 ) -> list[Item]:
     """Every checklist item with its status, evidence and what to do."""
     inputs = _Inputs(results, settings, rules, verify_command)
-    inputs.facts = [(r.source, r.facts) for r in results if r.facts is not None]
+    # Evidence about the port points into the ported file, whose line numbers the facts carry.
+    inputs.facts = [(r.target or r.source, r.facts) for r in results if r.facts is not None]
     return [
         _constant_results(inputs),
         _mixed_precision(inputs),
@@ -284,7 +285,7 @@ def hyperparameter_pairs(
 
 def _difference(path: str, original, ported) -> str:
     if ported is None:
-        return f"{path}:{original.line}: {original.name} = {original.value} is missing in the port"
+        return f"{path}: {original.name} = {original.value} (original line {original.line}) is missing in the port"
     if original is None:
         return f"{path}:{ported.line}: {ported.name} = {ported.value} appears only in the port"
     return f"{path}:{ported.line}: {ported.name} = {ported.value} in the port, {original.value} in the original"

@@ -240,7 +240,9 @@ def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
     if plan.amp_effect and runs.ref_fp32 is None:
         result.notes.append("--amp-effect: nothing to measure, the port computes in fp32")
     amp_effect = _amp_effect(runs.ref_fp32, runs.ref, plan.out / AMP_EFFECT_DIR) if runs.ref_fp32 else None
-    _write_reports(result, plan.out, plan.out, plan.original.parent)
+    # migrate writes its checklist into <port>_report/ beside the port (its default report folder).
+    migrate_reports = plan.ported.with_name(f"{plan.ported.stem}_report")
+    _write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent)
     _extend_summary(plan.out, pair=how | {"amp_effect": amp_effect})
     reports.print_summary(result, stdout)
     if amp_effect is not None:

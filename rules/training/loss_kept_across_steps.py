@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 import libcst.matchers as m
 
 from migrate.types import Safety, Severity
 from rules.base import Case, Flag, PortRule, Unchanged
+from rules.calls import dotted_name
 from rules.loops import backward_receivers, own_calls, training_step
 
 
@@ -13,7 +16,8 @@ class LossKeptAcrossSteps(PortRule):
 
     ## What it does
     In a loop that calls `<loss>.backward()`, rewrites `total += loss` (and `total = total + loss`) to use
-    `loss.item()`, and reports `history.append(loss)`, where `loss` is the tensor backward() was called on.
+    `loss.item()`, and reports `history.append(loss)`, where `loss` is the tensor backward() was called on. In other
+    loops (validation), the same for a name assigned from a loss function (`loss = criterion(out, y)`).
 
     ## Why
     A loss tensor carries its autograd graph. Summing it across iterations keeps every step's graph and activations
@@ -31,7 +35,7 @@ class LossKeptAcrossSteps(PortRule):
     CODE = "TRN002"
     SAFETY = Safety.UNSAFE
     CHECKLIST = ("C8",)
-    TRIGGERS = ("backward",)
+    TRIGGERS = ("backward", "loss", "criterion")
     METADATA_DEPENDENCIES = ()
     EXAMPLES = (
         Case(
@@ -54,6 +58,25 @@ class LossKeptAcrossSteps(PortRule):
                 seen = seen + loss.item() * x.size(0)
             """,
             lines=[6, 7],
+        ),
+        Case(
+            """
+            def validate(model, loader):
+                total_loss = 0
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+                    total_loss += loss
+                return total_loss / len(loader)
+            """,
+            """
+            def validate(model, loader):
+                total_loss = 0
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+                    total_loss += loss.item()
+                return total_loss / len(loader)
+            """,
+            lines=[5],
         ),
         Flag(
             """
@@ -101,8 +124,9 @@ class LossKeptAcrossSteps(PortRule):
 
     def _enter(self, loop: cst.For | cst.While) -> None:
         step = training_step(loop)
-        self._losses.append(backward_receivers(step) if step else set())
-        if step:
+        losses = backward_receivers(step) if step else _computed_losses(loop)
+        self._losses.append(losses)
+        if losses:
             for call in own_calls(loop):
                 if m.matches(call, m.Call(func=m.Attribute(attr=m.Name("append")), args=[m.Arg(m.Name())])):
                     self._report_append(call)
@@ -148,6 +172,20 @@ class LossKeptAcrossSteps(PortRule):
             "If the sum is used as a tensor later, keep it a tensor with .detach() instead.",
             severity=Severity.WARNING,
         )
+
+
+def _computed_losses(loop: cst.For | cst.While) -> set[str]:
+    """Outside training: names a loop assigns from a loss function (`loss = criterion(out, y)`), e.g. in validation,
+    where a running `total += loss` keeps each batch's graph unless autograd is off."""
+    names = set()
+    for assign in m.findall(loop.body, m.Assign(targets=[m.AssignTarget(m.Name())], value=m.Call())):
+        callee = dotted_name(assign.value.func).rsplit(".", 1)[-1].lower()  # type: ignore[attr-defined]
+        if _LOSS_FUNCTION.search(callee):
+            names.add(assign.targets[0].target.value)  # type: ignore[attr-defined]
+    return names
+
+
+_LOSS_FUNCTION = re.compile(r"criterion|loss")
 
 
 def _assigned_names(statement: cst.AugAssign | cst.Assign) -> set[str]:
