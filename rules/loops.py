@@ -9,6 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.calls import dotted_name
+from rules.tree import findall
 
 _NOT_AN_OPTIMIZER = re.compile(r"sched|lr_|warmup|scaler", re.IGNORECASE)
 _LOOP = m.For() | m.While()
@@ -56,7 +57,7 @@ def is_innermost_training_loop(loop: cst.For | cst.While) -> bool:
     """A training loop none of whose nested loops is one too (an epoch loop around a batch loop is not)."""
     if training_step(loop) is None:
         return False
-    return not any(training_step(inner) for inner in m.findall(loop.body, _LOOP) if inner is not loop)
+    return not any(training_step(inner) for inner in findall(loop.body, _LOOP) if inner is not loop)
 
 
 def backward_receivers(step: TrainingStep) -> set[str]:
@@ -87,6 +88,6 @@ def _stepped(call: cst.Call) -> list[str]:
 def _clears_grads_by_assignment(loop: cst.For | cst.While) -> bool:
     """`p.grad = None` or `param.grad.zero_()`, the hand-written forms of zero_grad."""
     return bool(
-        m.findall(loop.body, m.AssignTarget(target=m.Attribute(attr=m.Name("grad"))))
-        or m.findall(loop.body, m.Call(func=m.Attribute(value=m.Attribute(attr=m.Name("grad")), attr=m.Name("zero_"))))
+        findall(loop.body, m.AssignTarget(target=m.Attribute(attr=m.Name("grad"))))
+        or findall(loop.body, m.Call(func=m.Attribute(value=m.Attribute(attr=m.Name("grad")), attr=m.Name("zero_"))))
     )

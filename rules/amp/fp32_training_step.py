@@ -25,6 +25,7 @@ from rules.amp.loss_scaling import (
 )
 from rules.amp.step_analysis import AutocastBans, Body, Step, analyse, autocast_bans, code, plan_autocast, scopes
 from rules.base import Case, PortRule, Unchanged
+from rules.tree import findall
 
 
 Rewrite = Callable[[cst.Call], cst.Call]
@@ -343,7 +344,7 @@ class Fp32TrainingStep(StatementEdits, PortRule):
         else:
             self.edit(module, _after_imports_and_constants(module, create, message + " at module level"))
             reach = module
-        self._checkpoints = {entries for entries in m.findall(reach, m.Dict())}  # type: ignore[misc]
+        self._checkpoints = {entries for entries in findall(reach, m.Dict())}  # type: ignore[misc]
         for block, edit in resume_edits(reach, scaler):
             self.edit(block, edit)
 

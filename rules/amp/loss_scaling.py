@@ -11,6 +11,7 @@ import libcst.matchers as m
 
 from rules.amp.step_analysis import Body, Step, code
 from rules.calls import argument, same_quotes, string_value
+from rules.tree import findall
 
 TORCH = (("torch", None),)
 # A file mentioning one of these already manages its precision: mixed precision is not inserted a second time.
@@ -26,7 +27,7 @@ def manages_precision(source: str) -> str | None:
 
 def free_name(module: cst.Module, *candidates: str) -> str:
     """The first of `candidates` that no name in `module` uses."""
-    used = {node.value for node in m.findall(module, m.Name())}  # type: ignore[attr-defined]
+    used = {node.value for node in findall(module, m.Name())}  # type: ignore[attr-defined]
     return next((name for name in candidates if name not in used), f"{candidates[-1]}_")
 
 
@@ -127,7 +128,7 @@ def resume_edits(reach: cst.CSTNode, scaler: str) -> list[tuple[Body, Edit]]:
     if _loads_scaler(reach, scaler):
         return []
     keys = set()
-    for entries in m.findall(reach, m.Dict()):
+    for entries in findall(reach, m.Dict()):
         last = _optimizer_entry(entries)  # type: ignore[arg-type]
         if last is not None:
             keys.add(string_value(entries.elements[last].key) or "optimizer")  # type: ignore[attr-defined]
@@ -145,12 +146,12 @@ _RESUMED = "the scaler's state loaded back next to the optimizer's, when the che
 
 
 def _loads_scaler(reach: cst.CSTNode, scaler: str) -> bool:
-    loads = m.findall(reach, m.Call(func=m.Attribute(attr=m.Name("load_state_dict"))))
+    loads = findall(reach, m.Call(func=m.Attribute(attr=m.Name("load_state_dict"))))
     return any(code(call.func.value) == scaler for call in loads)  # type: ignore[attr-defined]
 
 
 def _blocks(reach: cst.CSTNode) -> list[Body]:
-    inner: list[Body] = m.findall(reach, m.IndentedBlock())  # type: ignore[assignment]
+    inner: list[Body] = findall(reach, m.IndentedBlock())  # type: ignore[assignment]
     return [reach, *inner] if isinstance(reach, cst.Module) else inner
 
 
@@ -336,7 +337,7 @@ def existing_scaler(module: cst.Module, resolve: Callable[[cst.CSTNode], set]) -
     """The name (`scaler`, `self.scaler`) of the file's one GradScaler; None when there is none or several."""
     names = {
         code(target.target)
-        for assign in m.findall(module, m.Assign(value=m.Call()))
+        for assign in findall(module, m.Assign(value=m.Call()))
         if not resolve(assign.value.func).isdisjoint(GRAD_SCALERS)  # type: ignore[attr-defined]
         for target in assign.targets  # type: ignore[attr-defined]
     }

@@ -7,6 +7,7 @@ from migrate.types import AmpPolicy, Safety, Settings, Severity
 from rules.amp.loss_scaling import manages_precision
 from rules.amp.step_analysis import Problem, analyse, autocast_bans, plan_autocast, scopes
 from rules.base import Flag, PortRule, Unchanged
+from rules.tree import findall
 
 
 class OpaqueTrainingStep(PortRule):
@@ -122,7 +123,7 @@ class OpaqueTrainingStep(PortRule):
         marker = manages_precision(self.file.source)
         if marker is not None:
             cast = m.Call(func=m.Attribute(attr=m.Name("half"))) | m.Attribute(attr=m.Name("float16"))
-            found = m.findall(node, cast)
+            found = findall(node, cast)
             self.report(
                 found[0] if found else node.body[0],
                 f"the script sets its own precision ({marker}): mixed precision not inserted",

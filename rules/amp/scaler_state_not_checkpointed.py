@@ -6,6 +6,7 @@ import libcst.matchers as m
 from rules.amp.loss_scaling import StatementEdits, checkpoint_with_scaler, existing_scaler, resume_edits
 from rules.amp.step_analysis import code
 from rules.base import Case, PortRule, Unchanged
+from rules.tree import findall
 
 
 class ScalerStateNotCheckpointed(StatementEdits, PortRule):
@@ -147,7 +148,7 @@ class ScalerStateNotCheckpointed(StatementEdits, PortRule):
             return
         self._scaler = scaler
         home = _home(node, scaler)
-        self._reached = set(m.findall(home, m.Dict()))  # type: ignore[arg-type]
+        self._reached = set(findall(home, m.Dict()))  # type: ignore[arg-type]
         for block, edit in resume_edits(home, scaler):
             self.edit(block, edit)
 
@@ -164,9 +165,9 @@ def _home(module: cst.Module, scaler: str) -> cst.CSTNode:
     """The part of `module` where `scaler` names the scaler: the module, the creating function, or its class."""
     if any(_assigns(line, scaler) for line in module.body if not isinstance(line, (cst.FunctionDef, cst.ClassDef))):
         return module
-    holders = m.findall(module, m.ClassDef() if scaler.startswith("self.") else m.FunctionDef())
+    holders = findall(module, m.ClassDef() if scaler.startswith("self.") else m.FunctionDef())
     return next((holder for holder in holders if _assigns(holder, scaler)), cst.Module([]))
 
 
 def _assigns(node: cst.CSTNode, name: str) -> bool:
-    return any(code(target.target) == name for target in m.findall(node, m.AssignTarget()))  # type: ignore
+    return any(code(target.target) == name for target in findall(node, m.AssignTarget()))  # type: ignore

@@ -15,6 +15,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.calls import dotted_name
+from rules.tree import findall
 
 Body = Union[cst.Module, cst.IndentedBlock]
 Resolver = Callable[[cst.CSTNode], "set[str]"]
@@ -123,15 +124,15 @@ class AutocastBans:
 def autocast_bans(module: cst.Module, resolve: Resolver) -> AutocastBans:
     losses = frozenset(
         dotted_name(target.target)
-        for assign in m.findall(module, m.Assign(value=m.Call()))
+        for assign in findall(module, m.Assign(value=m.Call()))
         if not resolve(_without_moves(assign.value).func).isdisjoint(_BANNED_LOSS_MODULES)  # type: ignore
         for target in assign.targets  # type: ignore[attr-defined]
     )
     direct = AutocastBans(resolve, losses, frozenset())
     helpers = frozenset(
         function.name.value  # type: ignore[attr-defined]
-        for function in m.findall(module, m.FunctionDef())
-        if any(direct.runs_banned_op(call) for call in m.findall(function, m.Call()))  # type: ignore[arg-type]
+        for function in findall(module, m.FunctionDef())
+        if any(direct.runs_banned_op(call) for call in findall(function, m.Call()))  # type: ignore[arg-type]
     )
     return AutocastBans(resolve, losses, helpers)
 
@@ -149,7 +150,7 @@ def code(node: cst.CSTNode) -> str:
 
 def scopes(module: cst.Module) -> Iterator[cst.Module | cst.FunctionDef]:
     yield module
-    yield from m.findall(module, m.FunctionDef())  # type: ignore[misc]
+    yield from findall(module, m.FunctionDef())  # type: ignore[misc]
 
 
 def analyse(scope: cst.Module | cst.FunctionDef, resolve: Resolver, scaler: str | None = None) -> Step:
@@ -210,7 +211,7 @@ def _without_banned_ops(
         start = first
         for index in range(first, last + 1):
             statement = block.body[index]
-            banned = [call for call in m.findall(statement, m.Call()) if bans.reaches_banned_op(call)]  # type: ignore
+            banned = [call for call in findall(statement, m.Call()) if bans.reaches_banned_op(call)]  # type: ignore
             if not banned:
                 continue
             if not _loss_of_outputs(statement, banned, bans):  # type: ignore[arg-type]
@@ -331,7 +332,7 @@ def _local_function_names(places: dict) -> Iterator[cst.Name]:
 def _collect(line: cst.SimpleStatementLine, step: Step, resolve: Resolver, scaler: str | None, closures: set) -> None:
     for small in line.body:
         plain = small.value if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) else None
-        for call in m.findall(small, m.Call()):
+        for call in findall(small, m.Call()):
             assert isinstance(call, cst.Call)
             names = resolve(call.func)
             if not names.isdisjoint(CLIP_FUNCTIONS):
@@ -407,7 +408,7 @@ def _method(call: cst.Call) -> str:
 
 def _computes(node: cst.CSTNode) -> bool:
     """Whether `node` calls something other than a data move (`x.to(device)`) or a tensor factory."""
-    return any(not _makes_data(call) for call in m.findall(node, m.Call()))  # type: ignore[arg-type]
+    return any(not _makes_data(call) for call in findall(node, m.Call()))  # type: ignore[arg-type]
 
 
 def _makes_data(call: cst.Call) -> bool:

@@ -8,6 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.calls import argument
+from rules.tree import findall
 
 LOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 DISTRIBUTED_SAMPLER = frozenset(
@@ -51,7 +52,7 @@ def assigned_calls(assign: cst.Assign) -> dict[cst.Call, str]:
     the sampler built inline in `val_loader = DataLoader(ds, sampler=DistributedSampler(ds))`.
     """
     targets = " ".join(source(target.target) for target in assign.targets)
-    return {call: targets for call in m.findall(assign.value, m.Call())}  # type: ignore[misc]
+    return {call: targets for call in findall(assign.value, m.Call())}  # type: ignore[misc]
 
 
 def flag_value(call: cst.Call, positions: dict[str, int], name: str) -> cst.BaseExpression | None:

@@ -6,6 +6,7 @@ import libcst.matchers as m
 from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import dotted_name
+from rules.tree import findall
 
 # Calls whose value depends on the machine the script runs on.
 _RESOURCE_CALLS = {
@@ -99,7 +100,7 @@ class ResourceDependentLoading(PortRule):
                 )
 
     def _depends_on_machine(self, expression: cst.BaseExpression) -> bool:
-        for node in m.findall(expression, m.Call() | m.Name() | m.Attribute()):
+        for node in findall(expression, m.Call() | m.Name() | m.Attribute()):
             if isinstance(node, cst.Call) and self.qualified_names(node.func) & _RESOURCE_CALLS:
                 return True
             if not isinstance(node, cst.Call) and dotted_name(node) in self._derived:

@@ -8,6 +8,7 @@ import libcst.matchers as m
 
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.calls import dotted_name
+from rules.tree import findall
 
 _SAMPLER = {"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"}
 _EPOCH = re.compile(r"epoch", re.IGNORECASE)
@@ -111,7 +112,7 @@ class SamplerEpochNotSet(PortRule):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._scopes.append(node)
-        if not m.findall(node, m.Call(func=m.Attribute(attr=m.Name("set_epoch")))):
+        if not findall(node, m.Call(func=m.Attribute(attr=m.Name("set_epoch")))):
             self._collect(node)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:

@@ -7,6 +7,7 @@ from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import dotted_name
 from rules.data._loaders import LOADER, LOADER_POSITIONS, flag_value, has_workers, source
+from rules.tree import findall
 
 _ITERABLE_DATASET = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
 # Calls that split a stream among DataLoader workers (torch's own, and webdataset's helper built on it).
@@ -90,7 +91,7 @@ class UnshardedIterableDataset(PortRule):
         self._splits_by_worker = False
 
     def visit_Module(self, node: cst.Module) -> None:
-        self._splits_by_worker = bool(m.findall(node, _WORKER_SPLITS))
+        self._splits_by_worker = bool(findall(node, _WORKER_SPLITS))
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         if any(self._is_stream(base.value) for base in node.bases):

@@ -12,6 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.calls import dotted_name
+from rules.tree import findall
 
 Entry = Union[cst.FunctionDef, cst.If, cst.Module]
 Resolver = Callable[[cst.CSTNode], "set[str]"]
@@ -37,7 +38,7 @@ def process_entry(module: cst.Module, resolve: Resolver) -> Entry:
 def spawn_target(module: cst.Module, resolve: Resolver) -> cst.FunctionDef | None:
     """The module-level function that `mp.spawn(fn, ...)` runs in each worker process, if any."""
     functions = _functions(module)
-    for call in m.findall(module, m.Call(args=[m.AtLeastN(n=1)])):
+    for call in findall(module, m.Call(args=[m.AtLeastN(n=1)])):
         if not resolve(call.func).isdisjoint(_SPAWN):  # type: ignore[attr-defined]
             target = functions.get(dotted_name(call.args[0].value))  # type: ignore[attr-defined]
             if target is not None:
@@ -52,7 +53,7 @@ def _functions(module: cst.Module) -> dict[str, cst.FunctionDef]:
 def numpy_alias(module: cst.Module) -> str | None:
     """How the module names numpy (`np`, `numpy`), or None when it does not import it at the top."""
     for line in module.body:
-        for alias in m.findall(line, m.ImportAlias(name=m.Name("numpy"))):
+        for alias in findall(line, m.ImportAlias(name=m.Name("numpy"))):
             asname = alias.asname  # type: ignore[attr-defined]
             return asname.name.value if asname is not None else "numpy"  # type: ignore[union-attr]
     return None

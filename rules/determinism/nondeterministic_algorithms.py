@@ -7,6 +7,7 @@ from migrate.types import Settings
 from rules.amp.loss_scaling import statement
 from rules.base import Case, PortRule, Unchanged
 from rules.determinism.entry_points import Entry, at_start, process_entry, spawn_target
+from rules.tree import findall
 
 _INIT = frozenset({"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"})
 
@@ -95,7 +96,7 @@ class NondeterministicAlgorithms(PortRule):
 
     def visit_Module(self, node: cst.Module) -> None:
         worker = spawn_target(node, self.qualified_names)
-        inits = [call for call in m.findall(node, m.Call()) if not self.qualified_names(call.func).isdisjoint(_INIT)]  # type: ignore
+        inits = [call for call in findall(node, m.Call()) if not self.qualified_names(call.func).isdisjoint(_INIT)]  # type: ignore
         self._distributed = worker is not None or bool(inits)
         initialising = _function_holding(node, inits[0]) if inits else None
         self._entry = worker or initialising or process_entry(node, self.qualified_names)
@@ -124,5 +125,5 @@ class NondeterministicAlgorithms(PortRule):
 
 def _function_holding(module: cst.Module, call: cst.Call) -> cst.FunctionDef | None:
     """The innermost function whose body holds `call`."""
-    holders = [f for f in m.findall(module, m.FunctionDef()) if any(c is call for c in m.findall(f, m.Call()))]
+    holders = [f for f in findall(module, m.FunctionDef()) if any(c is call for c in findall(f, m.Call()))]
     return holders[-1] if holders else None  # type: ignore[return-value]

@@ -7,6 +7,7 @@ from migrate.types import Mode, Severity
 from rules.amp.loss_scaling import Edit, StatementEdits, statement
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.determinism.entry_points import Entry, at_start, numpy_alias, process_entry
+from rules.tree import findall
 
 # What seeds each random number generator a training script uses, by qualified name.
 _SEEDS = {
@@ -143,7 +144,7 @@ class UnseededTraining(StatementEdits, PortRule):
         self._block: list[cst.BaseStatement] = []
 
     def visit_Module(self, node: cst.Module) -> None:
-        calls = [call for call in m.findall(node, m.Call()) if isinstance(call, cst.Call)]
+        calls = [call for call in findall(node, m.Call()) if isinstance(call, cst.Call)]
         if any(not self.qualified_names(call.func).isdisjoint(_SEED_EVERYTHING) for call in calls):
             return
         seeds = [(call, _SEEDS[name]) for call in calls for name in self.qualified_names(call.func) if name in _SEEDS]
@@ -154,7 +155,7 @@ class UnseededTraining(StatementEdits, PortRule):
             self._entry = process_entry(node, self.qualified_names)
             self._block = _seeding(str(self.settings.seed), numpy, self._device_module(), with_device=True)
         elif self.settings.is_entry:
-            backward = m.findall(node, m.Call(func=m.Attribute(attr=m.Name("backward"))))
+            backward = findall(node, m.Call(func=m.Attribute(attr=m.Name("backward"))))
             if backward:
                 self.report(
                     backward[0],
@@ -222,8 +223,8 @@ def _imports(kinds: list[str]) -> tuple[tuple[str, None], ...]:
 
 def _statement_holding(module: cst.Module, call: cst.Call) -> tuple[cst.Module | cst.IndentedBlock, int] | None:
     """The statement list and index of the simple statement line that holds `call`."""
-    for block in [module, *m.findall(module, m.IndentedBlock())]:
+    for block in [module, *findall(module, m.IndentedBlock())]:
         for index, line in enumerate(block.body):  # type: ignore[attr-defined]
-            if isinstance(line, cst.SimpleStatementLine) and any(found is call for found in m.findall(line, m.Call())):
+            if isinstance(line, cst.SimpleStatementLine) and any(found is call for found in findall(line, m.Call())):
                 return block, index  # type: ignore[return-value]
     return None

@@ -8,6 +8,7 @@ from migrate.types import Mode
 from rules.base import Case, PortRule, Unchanged
 from rules.device._cuda_api import SHARED
 from rules.device._rewrite import is_device_name, retarget
+from rules.tree import findall
 
 # Callables whose first positional argument is a device (or a device type).
 _DEVICE_FIRST = frozenset(
@@ -235,7 +236,7 @@ class CudaDeviceString(PortRule):
 
     def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
         """`"cuda" if torch.cuda.is_available() else "cpu"` is a device wherever it stands."""
-        checks = m.findall(original_node.test, m.Call())
+        checks = findall(original_node.test, m.Call())
         if not any(self.refers_to(call.func, "torch.cuda.is_available") for call in checks):  # type: ignore[attr-defined]
             return updated_node
         new = retarget(updated_node)

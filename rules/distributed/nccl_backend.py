@@ -9,6 +9,7 @@ from libcst.metadata import QualifiedNameProvider, ScopeProvider
 from migrate.types import Mode
 from rules.base import Case, PortRule, Unchanged
 from rules.calls import argument, replace_argument_value, same_quotes, string_value
+from rules.tree import findall
 
 _C10D = ("torch.distributed", "torch.distributed.distributed_c10d")
 # The process-group calls that take a backend, and the positional index of their `backend` parameter.
@@ -184,11 +185,11 @@ class NcclBackend(PortRule):
 
     def visit_Module(self, node: cst.Module) -> None:
         # Variables are judged by their uses, which come after their assignment: find the uses first.
-        for call in m.findall(node, m.Call()):
+        for call in findall(node, m.Call()):
             value = self._backend_argument(call)  # type: ignore[arg-type]
             if value is not None and isinstance(value.value, cst.Name):
                 self._backend_uses.add(value.value)
-        for comparison in m.findall(node, m.Comparison()):
+        for comparison in findall(node, m.Comparison()):
             operands = [comparison.left, *(target.comparator for target in comparison.comparisons)]  # type: ignore
             if any(string_value(operand) == "nccl" for operand in operands):
                 self._backend_uses.update(operand for operand in operands if isinstance(operand, cst.Name))

@@ -7,6 +7,7 @@ import libcst.matchers as m
 
 from migrate.types import Safety, Severity
 from rules.base import Case, Flag, PortRule, Unchanged
+from rules.tree import findall
 
 _INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
 _SET_DEVICE = (
@@ -136,7 +137,7 @@ class ProcessGroupBeforeSetDevice(PortRule):
         self._set_device_lines: list[int] = []
 
     def visit_Module(self, node: cst.Module) -> None:
-        calls = m.findall(node, m.Call(func=m.Name() | m.Attribute()))
+        calls = findall(node, m.Call(func=m.Name() | m.Attribute()))
         self._set_device_lines = [
             self.file.position(call).start.line
             for call in calls
@@ -187,7 +188,7 @@ class ProcessGroupBeforeSetDevice(PortRule):
     def _init_call(self, statement: cst.CSTNode) -> cst.Call | None:
         if not isinstance(statement, cst.SimpleStatementLine):
             return None
-        for call in m.findall(statement, m.Call()):
+        for call in findall(statement, m.Call()):
             if self.refers_to(call.func, *_INIT):  # type: ignore[attr-defined]
                 return call  # type: ignore[return-value]
         return None
@@ -199,12 +200,12 @@ class ProcessGroupBeforeSetDevice(PortRule):
             if m.matches(statement, m.SimpleStatementLine(body=[m.Expr(value=m.Call())])):
                 call = statement.body[0].value  # type: ignore[attr-defined]
                 if self.refers_to(call.func, *_SET_DEVICE):
-                    used = {name.value for name in m.findall(call, m.Name())}  # type: ignore[attr-defined]
+                    used = {name.value for name in findall(call, m.Name())}  # type: ignore[attr-defined]
                     assigned = {
                         name.value  # type: ignore[attr-defined]
                         for between in body[index + 1 : later]
-                        for target in m.findall(between, m.AssignTarget() | m.AugAssign() | m.AnnAssign())
-                        for name in m.findall(target.target, m.Name())  # type: ignore[attr-defined]
+                        for target in findall(between, m.AssignTarget() | m.AugAssign() | m.AnnAssign())
+                        for name in findall(target.target, m.Name())  # type: ignore[attr-defined]
                     }
                     return later if used.isdisjoint(assigned) else None
         return None
@@ -213,8 +214,8 @@ class ProcessGroupBeforeSetDevice(PortRule):
 def _local_rank_variable(body: Sequence[cst.BaseStatement]) -> str | None:
     """The name assigned from the LOCAL_RANK environment variable in `body`, if one is."""
     for statement in reversed(body):
-        for assign in m.findall(statement, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
+        for assign in findall(statement, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
             mentions_local_rank = m.SimpleString(value=m.MatchIfTrue(lambda value: "LOCAL_RANK" in value))
-            if m.findall(assign.value, mentions_local_rank):  # type: ignore[attr-defined]
+            if findall(assign.value, mentions_local_rank):  # type: ignore[attr-defined]
                 return assign.targets[0].target.value  # type: ignore[attr-defined]
     return None

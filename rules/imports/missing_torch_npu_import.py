@@ -7,6 +7,7 @@ import libcst.matchers as m
 
 from migrate.types import Action, Mode
 from rules.base import Case, PortRule, Unchanged
+from rules.tree import findall
 
 _TRANSFER_LINES = "import torch_npu\nfrom torch_npu.contrib import transfer_to_npu\n"
 _EXPLICIT_LINES = "import torch_npu\n"
@@ -144,7 +145,7 @@ def _dotted(node: cst.BaseExpression) -> str:
 
 
 def _imports_torch(module: cst.Module) -> bool:
-    return any("torch" in _roots(node) for node in m.findall(module, m.Import() | m.ImportFrom()))
+    return any("torch" in _roots(node) for node in findall(module, m.Import() | m.ImportFrom()))
 
 
 def _is_torch_import(statement: cst.CSTNode) -> bool:

@@ -8,6 +8,7 @@ import libcst.matchers as m
 from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.loops import training_step
+from rules.tree import findall
 
 _EVALUATION = re.compile(r"^(validate|validation|val|evaluate|evaluation|eval|test|estimate_loss)(_\w+)?$|_(val|eval)$")
 _NO_GRAD = {
@@ -107,7 +108,7 @@ class ValidationWithoutNoGrad(PortRule):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if not _EVALUATION.search(node.name.value):
             return
-        loops = [loop for loop in m.findall(node.body, _LOOP) if training_step(loop) is None]
+        loops = [loop for loop in findall(node.body, _LOOP) if training_step(loop) is None]
         if not loops or _backward_anywhere(node):
             return
         if not self._disables_grad(node):
@@ -117,7 +118,7 @@ class ValidationWithoutNoGrad(PortRule):
                 "Decorate it with @torch.no_grad() (or wrap the loop in `with torch.inference_mode():`).",
                 Severity.WARNING,
             )
-        if not m.findall(node.body, m.Call(func=m.Attribute(attr=m.Name("eval")))):
+        if not findall(node.body, m.Call(func=m.Attribute(attr=m.Name("eval")))):
             self.report(
                 node.name,
                 f"{node.name.value}() does not call model.eval(): dropout and batch norm stay in training mode",
@@ -137,7 +138,7 @@ class ValidationWithoutNoGrad(PortRule):
 
     def _disables_grad(self, function: cst.FunctionDef) -> bool:
         decorators = [decorator.decorator for decorator in function.decorators]
-        contexts = [item.item for with_ in m.findall(function.body, m.With()) for item in with_.items]  # type: ignore
+        contexts = [item.item for with_ in findall(function.body, m.With()) for item in with_.items]  # type: ignore
         for expression in (*decorators, *contexts):
             target = expression.func if isinstance(expression, cst.Call) else expression
             if self.qualified_names(target) & _NO_GRAD:
@@ -146,4 +147,4 @@ class ValidationWithoutNoGrad(PortRule):
 
 
 def _backward_anywhere(function: cst.FunctionDef) -> bool:
-    return bool(m.findall(function.body, m.Call(func=m.Attribute(attr=m.Name("backward")))))
+    return bool(findall(function.body, m.Call(func=m.Attribute(attr=m.Name("backward")))))

@@ -6,6 +6,7 @@ import libcst.matchers as m
 from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import string_value
+from rules.tree import findall
 
 _EXTENSION = ("torch.utils.cpp_extension.CUDAExtension",)
 _JIT_BUILD = ("torch.utils.cpp_extension.load", "torch.utils.cpp_extension.load_inline")
@@ -66,5 +67,5 @@ class CudaExtension(PortRule):
 def _compiles_cuda(call: cst.Call) -> bool:
     if any(arg.keyword is not None and arg.keyword.value in _CUDA_KEYWORDS for arg in call.args):
         return True
-    sources = (string_value(node) or "" for node in m.findall(call, m.SimpleString()))
+    sources = (string_value(node) or "" for node in findall(call, m.SimpleString()))
     return any(source.endswith((".cu", ".cuh")) for source in sources)

@@ -6,6 +6,7 @@ import libcst.matchers as m
 from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import string_value, under
+from rules.tree import findall
 
 _SHELL = ("subprocess", "os.system", "os.popen", "os.popen2", "os.execvp", "os.spawnlp")
 
@@ -53,7 +54,7 @@ class NvidiaSmi(PortRule):
     def visit_Call(self, node: cst.Call) -> None:
         if under(node.func, self.qualified_names(node.func), *_SHELL) is None:
             return
-        if any("nvidia-smi" in (string_value(text) or "") for text in m.findall(node, m.SimpleString())):
+        if any("nvidia-smi" in (string_value(text) or "") for text in findall(node, m.SimpleString())):
             self.report(
                 node,
                 "nvidia-smi does not exist on an Ascend host",

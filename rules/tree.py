@@ -1,0 +1,110 @@
+"""Cheap searches of a syntax tree for the rules (no rule lives here).
+
+libcst's `m.findall` and `CSTNode.visit` rebuild every node they pass, whitespace included, and `m.findall` runs the
+full matcher on each one: one search of a module costs about as much as parsing it again, and the rules search
+hundreds of times per file. Here a module is walked once into a flat index of its nodes in visit order (whitespace
+and punctuation left out); every later search of it or of a subtree of it is a slice of that index, and a matcher
+runs only on the nodes of its own type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from typing import Iterator
+
+import libcst as cst
+import libcst.matchers as m
+
+from migrate.walk import TRIVIA, walk_children
+
+_DO_NOT_CARE = m.DoNotCare()
+_NO_PRUNING: tuple[type[cst.CSTNode], ...] = ()
+
+
+class _Index:
+    """The non-trivia nodes of one tree in visit order; the subtree of `nodes[i]` is `nodes[i:ends[i]]`."""
+
+    def __init__(self, tree: cst.CSTNode):
+        self.nodes: list[cst.CSTNode] = []
+        self.ends: list[int] = []
+        self.position: dict[cst.CSTNode, int] = {}
+        pending: list[tuple[cst.CSTNode, int]] = [(tree, -1)]  # (node, -1) to enter, (node, i) to close
+        while pending:
+            node, index = pending.pop()
+            if index >= 0:
+                self.ends[index] = len(self.nodes)
+                continue
+            index = len(self.nodes)
+            self.nodes.append(node)
+            self.ends.append(index + 1)
+            self.position[node] = index
+            pending.append((node, index))
+            pending.extend((child, -1) for child in reversed(walk_children(node)))
+
+    def subtree(self, root: cst.CSTNode, prune: tuple[type[cst.CSTNode], ...]) -> Iterator[cst.CSTNode]:
+        start = self.position[root]
+        if not prune:
+            yield from self.nodes[start : self.ends[start]]
+            return
+        yield root
+        index, end = start + 1, self.ends[start]
+        while index < end:
+            node = self.nodes[index]
+            yield node
+            index = self.ends[index] if isinstance(node, prune) else index + 1
+
+
+# The indexes of the last few modules searched: the rules of one file search the same module over and over.
+_INDEXES: OrderedDict[int, _Index] = OrderedDict()
+_KEPT = 4
+
+
+def _index_holding(tree: cst.CSTNode) -> _Index:
+    for index in reversed(_INDEXES.values()):
+        if tree in index.position:
+            return index
+    index = _Index(tree)
+    if isinstance(tree, cst.Module):  # a subtree not in any module seen is a rule's own new node: not kept
+        _INDEXES[id(tree)] = index
+        while len(_INDEXES) > _KEPT:
+            _INDEXES.popitem(last=False)
+    return index
+
+
+def preorder(tree: cst.CSTNode, prune: tuple[type[cst.CSTNode], ...] = _NO_PRUNING) -> Iterator[cst.CSTNode]:
+    """`tree` and its non-trivia descendants in visit order; nodes of a `prune` type below `tree` are not entered."""
+    return _index_holding(tree).subtree(tree, prune)
+
+
+def findall(tree: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
+    """What `m.findall(tree, matcher)` finds, in the same order: `matcher` is one node matcher or a `|` of them."""
+    types = _node_types(matcher)
+    if types is None or types & TRIVIA:  # not about non-trivia node types: only libcst's own search knows
+        return m.findall(tree, matcher)
+    test = None if _matches_any_node_of_its_type(matcher) else matcher
+    return [node for node in preorder(tree) if type(node) in types and (test is None or m.matches(node, test))]
+
+
+def visit(tree: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    """`tree.visit(visitor)` for a visitor that reads no whitespace or punctuation, without rebuilding the tree."""
+    if visitor.on_visit(tree):
+        for child in walk_children(tree):
+            visit(child, visitor)
+    visitor.on_leave(tree)
+
+
+def _node_types(matcher: m.BaseMatcherNode) -> frozenset[type[cst.CSTNode]] | None:
+    options = matcher.options if isinstance(matcher, m.OneOf) else (matcher,)
+    types = [getattr(cst, type(option).__name__, None) for option in options]
+    if not all(type(option).__module__.startswith("libcst.matchers") and kind for option, kind in zip(options, types)):
+        return None
+    return frozenset(types)  # type: ignore[arg-type]
+
+
+def _matches_any_node_of_its_type(matcher: m.BaseMatcherNode) -> bool:
+    """`m.Call()`: no field constrained, so the type test alone decides."""
+    options = matcher.options if isinstance(matcher, m.OneOf) else (matcher,)
+    return all(
+        getattr(option, field.name) is _DO_NOT_CARE for option in options for field in dataclasses.fields(option)
+    )
