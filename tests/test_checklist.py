@@ -1,0 +1,104 @@
+"""The checklist report on whole scripts: each item's status, and evidence that points at the right lines."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from typer.testing import CliRunner
+
+from migrate.checklist import Status, build, file_facts
+from migrate.cli import app
+from migrate.hyperparams import extract
+from migrate.types import FileResult, FileStatus, Settings
+from rules import all_rules
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+
+
+def _migrate(tmp_path: Path, sample: str, *options: str) -> tuple[dict[str, dict], Path]:
+    script = tmp_path / "train.py"
+    shutil.copy(SAMPLES / sample / "train_gpu.py", script)
+    result = CliRunner().invoke(app, [str(script), "--quiet", *options])
+    assert result.exit_code == 0, result.output
+    items = json.loads((tmp_path / "train_npu_report" / "checklist.json").read_text())
+    return {item["id"]: item for item in items}, tmp_path / "train_npu.py"
+
+
+def _cited_lines(evidence: str, path: Path) -> list[str]:
+    """The source lines an evidence entry `path:line...` cites."""
+    match = re.match(rf"{re.escape(str(path.name))}:(\d+)", Path(evidence).name if "/" in evidence else evidence)
+    assert match, f"evidence without {path.name}:line: {evidence}"
+    return [path.read_text().splitlines()[int(match.group(1)) - 1]]
+
+
+@pytest.fixture(scope="module")
+def fp32_trainer(tmp_path_factory):
+    return _migrate(tmp_path_factory.mktemp("fp32"), "fp32_trainer")
+
+
+def test_every_item_is_reported_with_a_status(fp32_trainer):
+    items, _ = fp32_trainer
+    assert list(items) == [f"C{i}" for i in range(1, 10)]
+    assert {item["status"] for item in items.values()} <= {"Passed", "Failed", "Not checked"}
+    assert items["C1"]["status"] == items["C5"]["status"] == "Not checked"
+    assert "verify determinism" in items["C1"]["action"] and "verify " in items["C5"]["action"]
+
+
+def test_mixed_precision_and_loss_scaling_pass_with_evidence_in_the_port(fp32_trainer):
+    items, port = fp32_trainer
+    assert items["C2"]["status"] == items["C3"]["status"] == items["C4"]["status"] == "Passed"
+    assert all("autocast" in line for e in items["C2"]["evidence"] for line in _cited_lines(e, port))
+    assert any("GradScaler" in line for e in items["C4"]["evidence"] for line in _cited_lines(e, port))
+    assert all("torch_npu" in line for e in items["C3"]["evidence"] for line in _cited_lines(e, port))
+
+
+def test_machine_dependent_workers_and_validation_faults_fail(fp32_trainer):
+    items, _ = fp32_trainer
+    assert items["C6"]["status"] == "Failed" and any("DATA003" in e for e in items["C6"]["evidence"])
+    c8 = " ".join(items["C8"]["evidence"])
+    assert items["C8"]["status"] == "Failed" and "TRN003" in c8 and "TRN002" in c8
+
+
+def test_hyperparameters_are_identical_after_a_port(fp32_trainer):
+    items, _ = fp32_trainer
+    assert items["C9"]["status"] == "Passed"
+
+
+def test_amp_off_fails_mixed_precision_and_loss_scaling(tmp_path):
+    items, _ = _migrate(tmp_path, "fp32_trainer", "--amp", "off")
+    assert items["C2"]["status"] == "Failed" and "--amp off" in items["C2"]["action"]
+    assert items["C4"]["status"] == "Failed"
+
+
+def test_a_hyperparameter_that_differs_in_the_port_fails_c9():
+    """A port whose learning rate drifted (say, edited by hand) is named with both values and the port's line."""
+    original = (SAMPLES / "fp32_trainer" / "train_gpu.py").read_text()
+    drifted = original.replace("default=1e-3", "default=1e-2")
+    result = FileResult("train.py", "train_npu.py", FileStatus.CHANGED, facts=file_facts(original, drifted))
+    items = {item.id: item for item in build([result], Settings(), all_rules(), "verify train.py train_npu.py")}
+    assert items["C9"].status is Status.FAILED
+    line = next(n for n, text in enumerate(drifted.splitlines(), 1) if "default=1e-2" in text)
+    assert items["C9"].evidence == (f"train_npu.py:{line}: lr = 1e-2 in the port, 1e-3 in the original",)
+
+
+def test_hyperparameters_are_read_from_argparse_optimizers_schedulers_and_constants():
+    module = cst.parse_module(
+        "import argparse, torch\n"
+        "learning_rate = 6e-4\n"
+        "p = argparse.ArgumentParser()\n"
+        "p.add_argument('--lr', '--learning-rate', default=0.1, type=float)\n"
+        "p.add_argument('--dist-url', default='env://')\n"
+        "opt = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)\n"
+        "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=30, gamma=0.1)\n"
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+    )
+    found = {(h.source, h.name): (h.value, h.line) for h in extract(module)}
+    assert found[("constant", "learning_rate")] == ("6e-4", 2)
+    assert found[("argparse", "learning_rate")] == ("0.1", 4)
+    assert ("argparse", "dist_url") not in found  # not a hyperparameter
+    assert found[("optimizer", "SGD.lr")] == ("0.1", 6) and found[("optimizer", "SGD.momentum")] == ("0.9", 6)
+    assert found[("scheduler", "StepLR.step_size")] == ("30", 7)
+    assert found[("clip", "clip_grad_norm_.max_norm")] == ("1.0", 8)
