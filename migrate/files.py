@@ -229,6 +229,7 @@ def run_jobs(
     if workers <= 1 or len(jobs) < 2:
         results = (run_job(job, rules) for job in jobs)
         return _collect(results, on_result)
+    _warm_up(rules)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         chunk = max(1, len(jobs) // (workers * 8))
         return _collect(pool.map(run_job, jobs, [rules] * len(jobs), chunksize=chunk), on_result)
@@ -241,3 +242,32 @@ def _collect(results: Iterable[FileResult], on_result: Callable[[FileResult], No
         if on_result is not None:
             on_result(result)
     return collected
+
+
+def _warm_up(rules: Sequence[type[PortRule]]) -> None:
+    """Load the parser and fill the per-type caches once, before the workers fork, instead of once per worker."""
+    try:
+        migrate_source(_WARM_UP_SOURCE, "<warm-up>", Settings(), rules)
+    except Exception:  # noqa: BLE001 - a rule failing here fails again, per file, where it is reported
+        pass
+
+
+_WARM_UP_SOURCE = """import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def forward(self, x):
+        return [v.cuda() for v in x if v is not None], {"k": x[0]}, lambda y: y + 1
+
+
+def main(device="cuda"):
+    with torch.no_grad() as guard:
+        for step, (x, y) in enumerate([]):
+            loss = Net()(x.to(device))
+            loss.backward()
+
+
+if __name__ == "__main__":
+    main()
+"""

@@ -3,11 +3,12 @@
 from pathlib import Path
 
 import libcst as cst
+import libcst.matchers as m
 import pytest
 from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 
 from migrate.names import QualifiedNames
-from migrate.walk import Walk
+from migrate.walk import Walk, findall
 from rules import all_rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,3 +153,22 @@ def test_walk_rebuilds_only_what_changed():
     assert got.code == "import torch\nx = 1\ny = torch.npu\n"
     assert got.body[0] is module.body[0] and got.body[1] is module.body[1]
     assert got.body[2] is not module.body[2]
+
+
+MATCHERS = [
+    m.Call(),
+    m.Import() | m.ImportFrom(),
+    m.Call(func=m.Attribute(attr=m.Name("cuda"))),
+    m.Name(),
+    m.SimpleString(),
+    m.Comment(),
+    m.MatchIfTrue(lambda node: isinstance(node, cst.Attribute)),
+    m.AssignTarget() | m.AugAssign() | m.AnnAssign(),
+]
+
+
+@pytest.mark.parametrize("matcher", MATCHERS, ids=repr)
+def test_findall_finds_what_libcst_finds(matcher):
+    for param in corpus():
+        module = cst.parse_module(param.values[0])
+        assert findall(module, matcher) == m.findall(module, matcher)
