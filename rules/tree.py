@@ -108,3 +108,31 @@ def _matches_any_node_of_its_type(matcher: m.BaseMatcherNode) -> bool:
     return all(
         getattr(option, field.name) is _DO_NOT_CARE for option in options for field in dataclasses.fields(option)
     )
+
+
+# Where libcst's ExpressionContextProvider starts a STORE context: the field of each node that holds a target.
+_TARGET_FIELDS = {
+    cst.AssignTarget: "target",
+    cst.AnnAssign: "target",
+    cst.AugAssign: "target",
+    cst.NamedExpr: "target",
+    cst.For: "target",
+    cst.CompFor: "target",
+    cst.AsName: "name",
+}
+_TARGET_HOLDERS = m.AssignTarget() | m.AnnAssign() | m.AugAssign() | m.NamedExpr() | m.For() | m.CompFor() | m.AsName()
+
+
+def stored_attributes(tree: cst.CSTNode) -> set[cst.Attribute]:
+    """The attributes under `tree` that ExpressionContextProvider marks STORE (`a.b = 1`, `for a.b in ...`,
+    `a.b, c = ...`), found without resolving that provider for the whole module."""
+    stored: set[cst.Attribute] = set()
+    for holder in findall(tree, _TARGET_HOLDERS):
+        pending = [getattr(holder, _TARGET_FIELDS[type(holder)])]
+        while pending:
+            node = pending.pop()
+            if isinstance(node, cst.Attribute):
+                stored.add(node)  # its value is read, not stored
+            elif not isinstance(node, cst.Subscript):  # `a.b[i] = 1` stores into an item of `a.b`, which is read
+                pending.extend(walk_children(node))
+    return stored

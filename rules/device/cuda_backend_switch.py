@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import ExpressionContext, ExpressionContextProvider, QualifiedNameProvider
+from libcst.metadata import QualifiedNameProvider
 
 from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
+from rules.tree import stored_attributes
 
 # cuDNN tuning switches: no cuDNN on an NPU. (`cudnn.deterministic` is the determinism rules'.)
 _CUDNN = ("torch.backends.cudnn.benchmark", "torch.backends.cudnn.enabled", "torch.backends.cudnn.benchmark_limit")
+_CUDNN_SWITCHES = frozenset(name.rsplit(".", 1)[1] for name in _CUDNN)  # a cheap first test on every attribute
 # Scaled-dot-product-attention kernel choices of CUDA.
 _SDPA = (
     "torch.backends.cuda.sdp_kernel",
@@ -44,7 +46,7 @@ class CudaBackendSwitch(PortRule):
     SAFETY = Safety.REPORT
     CHECKLIST = ("C3",)
     TRIGGERS = ("cudnn", "sdp", "linalg_library")
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ExpressionContextProvider)
+    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
     EXAMPLES = (
         Flag(
             """
@@ -74,9 +76,13 @@ class CudaBackendSwitch(PortRule):
         ),
     )
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._stored: set[cst.Attribute] | None = None  # the module's assigned attributes, when first needed
+
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
-        stored = self.get_metadata(ExpressionContextProvider, original_node, None) is ExpressionContext.STORE
-        if stored and self.refers_to(original_node, *_CUDNN):
+        switch = original_node.attr.value in _CUDNN_SWITCHES and self.refers_to(original_node, *_CUDNN)
+        if switch and self._is_stored(original_node):
             self.report(
                 original_node,
                 f"`cudnn.{original_node.attr.value}` has no effect on an NPU",
@@ -84,6 +90,12 @@ class CudaBackendSwitch(PortRule):
                 severity=Severity.INFO,
             )
         return updated_node
+
+    def _is_stored(self, attribute: cst.Attribute) -> bool:
+        # Found once, on the first cuDNN switch, syntactically: far cheaper than ExpressionContextProvider.
+        if self._stored is None:
+            self._stored = stored_attributes(self.file.wrapper.module)
+        return attribute in self._stored
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         if self.refers_to(original_node.func, *_SDPA):

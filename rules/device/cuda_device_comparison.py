@@ -4,11 +4,13 @@ from enum import Enum
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
-from libcst.metadata import Assignment, ParentNodeProvider, QualifiedNameProvider, ScopeProvider
+import libcst.matchers as m
+from libcst.metadata import Assignment, QualifiedNameProvider, ScopeProvider
 
 from migrate.types import Mode, Severity
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.device._rewrite import is_device_name, retarget
+from rules.tree import findall
 
 _EQUALITY = (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)
 # Receivers whose `.device` is a setting the script chose, not a tensor's device.
@@ -47,7 +49,7 @@ class CudaDeviceComparison(PortRule):
     CODE = "DEV006"
     CHECKLIST = ("C3",)
     TRIGGERS = ("cuda",)
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider)
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider)
     EXAMPLES = (
         Case(
             """
@@ -217,16 +219,25 @@ class CudaDeviceComparison(PortRule):
                 origins.add(self._origin(value, depth + 1))
         return origins.pop() if len(origins) == 1 else None
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._values: dict[cst.CSTNode, cst.BaseExpression | None] | None = None  # see _assigned_value
+
     def _assigned_value(self, assignment: Assignment) -> cst.BaseExpression | None:
         if isinstance(assignment.node, cst.Param):
             return assignment.node.default  # `def f(device="cuda")`: a caller may pass another, of the same kind
-        parent = self.get_metadata(ParentNodeProvider, assignment.node, None)
-        if isinstance(parent, cst.AssignTarget):
-            statement = self.get_metadata(ParentNodeProvider, parent, None)
-            return statement.value if isinstance(statement, cst.Assign) else None
-        if isinstance(parent, cst.AnnAssign):
-            return parent.value
-        return None
+        if self._values is None:  # the value of each `target = value` and `target: T = value`, by its target
+            statements = findall(self.file.wrapper.module, m.Assign() | m.AnnAssign())
+            self._values = {
+                target: statement.value
+                for statement in statements
+                for target in (
+                    [assign_target.target for assign_target in statement.targets]
+                    if isinstance(statement, cst.Assign)
+                    else [statement.target]
+                )
+            }
+        return self._values.get(assignment.node)
 
 
 def _is_string(value: cst.BaseExpression) -> bool:

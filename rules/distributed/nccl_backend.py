@@ -228,6 +228,8 @@ class NcclBackend(PortRule):
         )
 
     def _only_used_as_backend(self, target: cst.Name) -> bool:
+        if all(use.value != target.value for use in self._backend_uses):  # its uses, if any, are not all backends
+            return False  # decided without resolving ScopeProvider for the whole module
         scope = self.get_metadata(ScopeProvider, target, None)
         if scope is None:
             return False
