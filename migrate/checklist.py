@@ -8,15 +8,12 @@ Items that need a run say "Not checked" and give the exact `verify` command that
 
 from __future__ import annotations
 
+import ast
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Iterable, Sequence
-
-import libcst as cst
-import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from migrate import hyperparams
 from migrate.types import Action, AmpPolicy, FileResult, Finding, Settings, Severity
@@ -83,45 +80,37 @@ _CALL_KINDS = {
 
 
 def source_facts(code: str) -> SourceFacts:
-    module = cst.parse_module(code)
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-    lines: dict[str, list[int]] = {kind: [] for kind in (*_CALL_KINDS, "autocast_bf16", "scaled_backward")}
-    for call in m.findall(module, m.Call()):
-        name = _dotted(call.func)  # type: ignore[attr-defined]
+    """The facts of one source. Read-only, so Python's `ast` (line numbers for free) rather than libcst."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):  # newer syntax than this Python reads: libcst parsed it, the facts stay empty
+        return SourceFacts()
+    lines: dict[str, set[int]] = {kind: set() for kind in (*_CALL_KINDS, "autocast_bf16", "scaled_backward")}
+    npu_imports = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and "torch_npu" in ast.get_source_segment(code, node):
+            npu_imports.add(node.lineno)
+        if not isinstance(node, ast.Call):
+            continue
+        name = hyperparams.dotted(node.func)
         last = name.rsplit(".", 1)[-1]
-        line = positions[call].start.line
-        for kind, suffixes in _CALL_KINDS.items():
-            if last in suffixes and (kind != "autocast" or last != "initialize" or "amp" in name):
-                lines[kind].append(line)
-        if last == "autocast" and "bfloat16" in cst.Module([]).code_for_node(call):
-            lines["autocast_bf16"].append(line)
-        if last == "backward" and m.matches(call.func, m.Attribute(value=m.Call(func=m.Attribute(attr=m.Name("scale"))))):
-            lines["scaled_backward"].append(line)
-    npu_imports = [
-        positions[node].start.line
-        for node in m.findall(module, m.Import() | m.ImportFrom())
-        if "torch_npu" in cst.Module([]).code_for_node(node)
-    ]
+        for kind, names in _CALL_KINDS.items():
+            if last in names and (last != "initialize" or "amp" in name):
+                lines[kind].add(node.lineno)
+        if last == "autocast" and "bfloat16" in (ast.get_source_segment(code, node) or ""):
+            lines["autocast_bf16"].add(node.lineno)
+        if last == "backward" and name.endswith("scale.backward"):  # scaler.scale(loss).backward()
+            lines["scaled_backward"].add(node.lineno)
     return SourceFacts(
-        **{kind: tuple(sorted(set(found))) for kind, found in lines.items()},
-        npu_import=tuple(npu_imports),
-        hyperparameters=tuple(hyperparams.extract(module)),
+        **{kind: tuple(sorted(found)) for kind, found in lines.items()},
+        npu_import=tuple(sorted(npu_imports)),
+        hyperparameters=tuple(hyperparams.extract(tree, code)),
     )
 
 
 def file_facts(original: str, ported: str) -> FileFacts:
     facts = source_facts(original)
     return FileFacts(facts, facts if ported == original else source_facts(ported))
-
-
-def _dotted(node: cst.CSTNode) -> str:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        return f"{_dotted(node.value)}.{node.attr.value}"
-    if isinstance(node, cst.Call):
-        return _dotted(node.func)
-    return ""
 
 
 # ----- the items --------------------------------------------------------------------------------------------

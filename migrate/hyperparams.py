@@ -3,17 +3,15 @@
 Read statically, without running anything: argparse defaults, config dicts, module-level constants with
 hyperparameter names, and the literal arguments of optimizers, schedulers, DataLoaders and gradient clipping.
 Values are kept as source text (`0.1`, `(0.9, 0.95)`), so `1e-3` and `0.001` count as different: a person reviews.
+This is a read-only look, so it uses Python's own `ast` (fast, with line numbers) rather than libcst.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from typing import Iterator
-
-import libcst as cst
-import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 _NAME_HINTS = re.compile(
     r"^(lr|learning_rate|base_lr|max_lr|min_lr|batch_size|micro_batch_size|eval_batch_size|epochs|num_epochs|"
@@ -43,97 +41,95 @@ class Hyperparameter:
         return self.source, self.name
 
 
-def extract(module: cst.Module) -> list[Hyperparameter]:
-    """Every hyperparameter stated in `module`, in source order."""
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    positions = wrapper.resolve(PositionProvider)
-    found = [*_module_constants(module, positions), *_calls(module, positions)]
+def extract(tree: ast.Module, source: str) -> list[Hyperparameter]:
+    """Every hyperparameter stated in `source` (parsed as `tree`), in source order."""
+    found = [*_module_constants(tree, source), *_calls(tree, source)]
     return sorted(found, key=lambda h: (h.line, h.source, h.name))
 
 
-def _code(node: cst.CSTNode) -> str:
-    return " ".join(cst.Module([]).code_for_node(node).split())
-
-
-def _dotted(node: cst.BaseExpression) -> str:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        return f"{_dotted(node.value)}.{node.attr.value}"
+def dotted(node: ast.expr) -> str:
+    """`a.b.c` for a Name/Attribute chain (through calls: `a.b().c` is `a.b.c`), "" otherwise."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr}" if base else node.attr
+    if isinstance(node, ast.Call):
+        return dotted(node.func)
     return ""
 
 
-def _module_constants(module: cst.Module, positions) -> Iterator[Hyperparameter]:
-    """`learning_rate = 6e-4` and `config = {"lr": 0.1}` / `dict(lr=0.1)` at module level."""
-    for statement in module.body:
-        if not m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name())])])):
-            continue
-        assign = statement.body[0]  # type: ignore[attr-defined]
-        name = assign.targets[0].target.value
-        line = positions[statement].start.line
-        if isinstance(assign.value, cst.Dict):
-            yield from _dict_entries(assign.value, positions)
-        elif _NAME_HINTS.match(name) and _is_literal(assign.value):
-            yield Hyperparameter("constant", name, _code(assign.value), line)
+def _text(node: ast.expr, source: str) -> str:
+    return " ".join((ast.get_source_segment(source, node) or "").split())
 
 
-def _dict_entries(node: cst.Dict, positions) -> Iterator[Hyperparameter]:
-    for element in node.elements:
-        if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
-            key = element.key.evaluated_value
-            if isinstance(key, str) and _NAME_HINTS.match(key) and _is_literal(element.value):
-                yield Hyperparameter("config", key, _code(element.value), positions[element].start.line)
-
-
-def _is_literal(node: cst.BaseExpression) -> bool:
-    literal = m.Integer() | m.Float() | m.SimpleString() | m.Name("True") | m.Name("False") | m.Name("None")
-    if m.matches(node, literal | m.UnaryOperation(expression=m.Integer() | m.Float())):
+def _is_literal(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
         return True
-    if isinstance(node, (cst.Tuple, cst.List)):
-        return all(_is_literal(element.value) for element in node.elements)
-    return False
+    if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant):
+        return True
+    return isinstance(node, (ast.Tuple, ast.List)) and all(_is_literal(element) for element in node.elts)
 
 
-def _calls(module: cst.Module, positions) -> Iterator[Hyperparameter]:
-    for call in m.findall(module, m.Call()):
-        assert isinstance(call, cst.Call)
-        name = _dotted(call.func)
+def _module_constants(tree: ast.Module, source: str) -> Iterator[Hyperparameter]:
+    """`learning_rate = 6e-4` and `config = {"lr": 0.1}` at module level."""
+    for statement in tree.body:
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+            continue
+        target = statement.targets[0]
+        if isinstance(statement.value, ast.Dict):
+            yield from _dict_entries(statement.value, source)
+        elif isinstance(target, ast.Name) and _NAME_HINTS.match(target.id) and _is_literal(statement.value):
+            yield Hyperparameter("constant", target.id, _text(statement.value, source), statement.lineno)
+
+
+def _dict_entries(node: ast.Dict, source: str) -> Iterator[Hyperparameter]:
+    for key, value in zip(node.keys, node.values):
+        if isinstance(key, ast.Constant) and isinstance(key.value, str) and _NAME_HINTS.match(key.value):
+            if _is_literal(value):
+                yield Hyperparameter("config", key.value, _text(value, source), key.lineno)
+
+
+def _calls(tree: ast.Module, source: str) -> Iterator[Hyperparameter]:
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call):
+            continue
+        name = dotted(call.func)
         last = name.rsplit(".", 1)[-1]
-        line = positions[call].start.line
         if last == "add_argument":
-            yield from _argparse_default(call, line)
+            yield from _argparse_default(call, source)
         elif last in _OPTIMIZERS:
-            yield from _literal_arguments(call, "optimizer", last, line, positional={1: "lr"})
+            yield from _literal_arguments(call, source, "optimizer", last, positional={1: "lr"})
         elif _SCHEDULER_MODULE in name or last.endswith("LR") or last == "ReduceLROnPlateau":
-            yield from _literal_arguments(call, "scheduler", last, line)
+            yield from _literal_arguments(call, source, "scheduler", last)
         elif last in _CALL_SOURCES:
             second = "batch_size" if last == "DataLoader" else "max_norm"
-            yield from _literal_arguments(call, _CALL_SOURCES[last], last, line, positional={1: second})
-        elif last == "dict" and name == "dict":
+            yield from _literal_arguments(call, source, _CALL_SOURCES[last], last, positional={1: second})
+        elif name == "dict":
             yield from (
-                Hyperparameter("config", arg.keyword.value, _code(arg.value), line)
-                for arg in call.args
-                if arg.keyword is not None and _NAME_HINTS.match(arg.keyword.value) and _is_literal(arg.value)
+                Hyperparameter("config", keyword.arg, _text(keyword.value, source), call.lineno)
+                for keyword in call.keywords
+                if keyword.arg and _NAME_HINTS.match(keyword.arg) and _is_literal(keyword.value)
             )
 
 
-def _argparse_default(call: cst.Call, line: int) -> Iterator[Hyperparameter]:
-    strings = [arg.value for arg in call.args if arg.keyword is None and isinstance(arg.value, cst.SimpleString)]
-    flags = [flag for flag in (string.evaluated_value for string in strings) if isinstance(flag, str)]
-    default = next((arg.value for arg in call.args if arg.keyword and arg.keyword.value == "default"), None)
+def _argparse_default(call: ast.Call, source: str) -> Iterator[Hyperparameter]:
+    flags = [arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+    default = next((keyword.value for keyword in call.keywords if keyword.arg == "default"), None)
     if default is None or not flags or not _is_literal(default):
         return
     long = max(flags, key=len).lstrip("-").replace("-", "_")
     if _NAME_HINTS.match(long):
-        yield Hyperparameter("argparse", long, _code(default), line)
+        yield Hyperparameter("argparse", long, _text(default, source), call.lineno)
 
 
 def _literal_arguments(
-    call: cst.Call, source: str, owner: str, line: int, positional: dict[int, str] | None = None
+    call: ast.Call, source: str, kind: str, owner: str, positional: dict[int, str] | None = None
 ) -> Iterator[Hyperparameter]:
-    if source in ("optimizer", "scheduler"):
-        yield Hyperparameter(source, f"{source}.class", owner, line)
-    for index, arg in enumerate(call.args):
-        name = arg.keyword.value if arg.keyword is not None else (positional or {}).get(index)
-        if name and _is_literal(arg.value):
-            yield Hyperparameter(source, f"{owner}.{name}", _code(arg.value), line)
+    if kind in ("optimizer", "scheduler"):
+        yield Hyperparameter(kind, f"{kind}.class", owner, call.lineno)
+    named = [((positional or {}).get(index), arg) for index, arg in enumerate(call.args)]
+    named += [(keyword.arg, keyword.value) for keyword in call.keywords]
+    for name, value in named:
+        if name and _is_literal(value):
+            yield Hyperparameter(kind, f"{owner}.{name}", _text(value, source), call.lineno)
