@@ -85,10 +85,11 @@ def source_facts(code: str) -> SourceFacts:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):  # newer syntax than this Python reads: libcst parsed it, the facts stay empty
         return SourceFacts()
+    text = hyperparams.SourceText(code)
     lines: dict[str, set[int]] = {kind: set() for kind in (*_CALL_KINDS, "autocast_bf16", "scaled_backward")}
     npu_imports = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and "torch_npu" in ast.get_source_segment(code, node):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and "torch_npu" in text(node):
             npu_imports.add(node.lineno)
         if not isinstance(node, ast.Call):
             continue
@@ -97,14 +98,14 @@ def source_facts(code: str) -> SourceFacts:
         for kind, names in _CALL_KINDS.items():
             if last in names and (last != "initialize" or "amp" in name):
                 lines[kind].add(node.lineno)
-        if last == "autocast" and "bfloat16" in (ast.get_source_segment(code, node) or ""):
+        if last == "autocast" and "bfloat16" in text(node):
             lines["autocast_bf16"].add(node.lineno)
         if last == "backward" and name.endswith("scale.backward"):  # scaler.scale(loss).backward()
             lines["scaled_backward"].add(node.lineno)
     return SourceFacts(
         **{kind: tuple(sorted(found)) for kind, found in lines.items()},
         npu_import=tuple(sorted(npu_imports)),
-        hyperparameters=tuple(hyperparams.extract(tree, code)),
+        hyperparameters=tuple(hyperparams.extract(tree, text)),
     )
 
 
@@ -145,7 +146,9 @@ class _Inputs:
         ]
 
     def fixed(self, item: str) -> list[Finding]:
-        return [f for result in self.results for f in result.findings if item in f.checklist and f.action is Action.CHANGED]
+        return [
+            f for result in self.results for f in result.findings if item in f.checklist and f.action is Action.CHANGED
+        ]
 
     def checked_by(self, item: str) -> list[str]:
         return [rule.CODE for rule in self.rules if item in rule.CHECKLIST]
@@ -195,11 +198,15 @@ def _mixed_precision(inputs: _Inputs) -> Item:
     autocast = inputs.ported("autocast")
     open_findings = inputs.open_findings("C2")
     if autocast and not open_findings:
-        return _item("C2", Status.PASSED, autocast, f"Confirm at run time: `{inputs.verify_command}` shows fp16/bf16 ops.")
-    action = "Run migrate with --amp fp16 (or bf16), or add torch.autocast(\"npu\") around the forward and the loss."
+        return _item(
+            "C2", Status.PASSED, autocast, f"Confirm at run time: `{inputs.verify_command}` shows fp16/bf16 ops."
+        )
+    action = 'Run migrate with --amp fp16 (or bf16), or add torch.autocast("npu") around the forward and the loss.'
     if inputs.settings.amp is AmpPolicy.OFF:
         action = "Mixed precision was turned off (--amp off). " + action
-    return _item("C2", Status.FAILED, [*autocast, *_finding_evidence(open_findings)] or ["no autocast in the port"], action)
+    return _item(
+        "C2", Status.FAILED, [*autocast, *_finding_evidence(open_findings)] or ["no autocast in the port"], action
+    )
 
 
 def _port_complete(inputs: _Inputs) -> Item:
@@ -221,7 +228,9 @@ def _loss_scaling(inputs: _Inputs) -> Item:
     if open_findings:
         return _item("C4", Status.FAILED, _finding_evidence(open_findings), "Apply the suggestions (--unsafe-fixes).")
     if scalers and (scaled or not inputs.ported("autocast")):
-        return _item("C4", Status.PASSED, [*scalers, *scaled], "Confirm at run time: the verify report shows the scale.")
+        return _item(
+            "C4", Status.PASSED, [*scalers, *scaled], "Confirm at run time: the verify report shows the scale."
+        )
     if bf16 and not scalers:
         return _item("C4", Status.PASSED, [f"{e} (bf16 autocast needs no loss scaling)" for e in bf16])
     return _item(
@@ -239,7 +248,9 @@ def _static_item(inputs: _Inputs, item_id: str) -> Item:
     open_findings = inputs.open_findings(item_id)
     fixed = [f"fixed: {text}" for text in _finding_evidence(inputs.fixed(item_id))]
     if open_findings:
-        return _item(item_id, Status.FAILED, [*_finding_evidence(open_findings), *fixed], "See each finding's suggestion.")
+        return _item(
+            item_id, Status.FAILED, [*_finding_evidence(open_findings), *fixed], "See each finding's suggestion."
+        )
     return _item(item_id, Status.PASSED, fixed or [f"nothing found by {', '.join(checked_by)}"])
 
 
@@ -260,6 +271,7 @@ def hyperparameter_pairs(
     facts: FileFacts,
 ) -> list[tuple[hyperparams.Hyperparameter | None, hyperparams.Hyperparameter | None]]:
     """Original and ported hyperparameters paired by (source, name, n-th occurrence)."""
+
     def keyed(rows: Sequence[hyperparams.Hyperparameter]) -> dict[tuple[str, str, int], hyperparams.Hyperparameter]:
         seen: Counter[tuple[str, str]] = Counter()
         out = {}

@@ -31,7 +31,7 @@ _CALL_SOURCES = {"DataLoader": "dataloader", "clip_grad_norm_": "clip", "clip_gr
 
 @dataclass(frozen=True)
 class Hyperparameter:
-    source: str  # argparse | config | constant | optimizer | scheduler | dataloader | clip
+    source: SourceText  # argparse | config | constant | optimizer | scheduler | dataloader | clip
     name: str  # "lr", "SGD.momentum", "DataLoader.batch_size"
     value: str  # source text of the value
     line: int
@@ -41,8 +41,8 @@ class Hyperparameter:
         return self.source, self.name
 
 
-def extract(tree: ast.Module, source: str) -> list[Hyperparameter]:
-    """Every hyperparameter stated in `source` (parsed as `tree`), in source order."""
+def extract(tree: ast.Module, source: SourceText) -> list[Hyperparameter]:
+    """Every hyperparameter stated in the source (parsed as `tree`), in source order."""
     found = [*_module_constants(tree, source), *_calls(tree, source)]
     return sorted(found, key=lambda h: (h.line, h.source, h.name))
 
@@ -59,8 +59,24 @@ def dotted(node: ast.expr) -> str:
     return ""
 
 
-def _text(node: ast.expr, source: str) -> str:
-    return " ".join((ast.get_source_segment(source, node) or "").split())
+class SourceText:
+    """The source text of `ast` nodes. ast.get_source_segment splits the whole file on every call (quadratic over a
+    file); this splits it once."""
+
+    def __init__(self, source: SourceText):
+        self.lines = source.splitlines(keepends=True)
+
+    def __call__(self, node: ast.AST) -> str:
+        first, last = node.lineno - 1, node.end_lineno - 1  # type: ignore[attr-defined]
+        if first == last:
+            return self.lines[first].encode()[node.col_offset : node.end_col_offset].decode()  # type: ignore[attr-defined]
+        head = self.lines[first].encode()[node.col_offset :].decode()
+        tail = self.lines[last].encode()[: node.end_col_offset].decode()  # type: ignore[attr-defined]
+        return head + "".join(self.lines[first + 1 : last]) + tail
+
+
+def _text(node: ast.expr, source: SourceText) -> str:
+    return " ".join(source(node).split())
 
 
 def _is_literal(node: ast.expr) -> bool:
@@ -71,7 +87,7 @@ def _is_literal(node: ast.expr) -> bool:
     return isinstance(node, (ast.Tuple, ast.List)) and all(_is_literal(element) for element in node.elts)
 
 
-def _module_constants(tree: ast.Module, source: str) -> Iterator[Hyperparameter]:
+def _module_constants(tree: ast.Module, source: SourceText) -> Iterator[Hyperparameter]:
     """`learning_rate = 6e-4` and `config = {"lr": 0.1}` at module level."""
     for statement in tree.body:
         if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
@@ -83,14 +99,14 @@ def _module_constants(tree: ast.Module, source: str) -> Iterator[Hyperparameter]
             yield Hyperparameter("constant", target.id, _text(statement.value, source), statement.lineno)
 
 
-def _dict_entries(node: ast.Dict, source: str) -> Iterator[Hyperparameter]:
+def _dict_entries(node: ast.Dict, source: SourceText) -> Iterator[Hyperparameter]:
     for key, value in zip(node.keys, node.values):
         if isinstance(key, ast.Constant) and isinstance(key.value, str) and _NAME_HINTS.match(key.value):
             if _is_literal(value):
                 yield Hyperparameter("config", key.value, _text(value, source), key.lineno)
 
 
-def _calls(tree: ast.Module, source: str) -> Iterator[Hyperparameter]:
+def _calls(tree: ast.Module, source: SourceText) -> Iterator[Hyperparameter]:
     for call in ast.walk(tree):
         if not isinstance(call, ast.Call):
             continue
@@ -113,7 +129,7 @@ def _calls(tree: ast.Module, source: str) -> Iterator[Hyperparameter]:
             )
 
 
-def _argparse_default(call: ast.Call, source: str) -> Iterator[Hyperparameter]:
+def _argparse_default(call: ast.Call, source: SourceText) -> Iterator[Hyperparameter]:
     flags = [arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
     default = next((keyword.value for keyword in call.keywords if keyword.arg == "default"), None)
     if default is None or not flags or not _is_literal(default):
@@ -124,7 +140,7 @@ def _argparse_default(call: ast.Call, source: str) -> Iterator[Hyperparameter]:
 
 
 def _literal_arguments(
-    call: ast.Call, source: str, kind: str, owner: str, positional: dict[int, str] | None = None
+    call: ast.Call, source: SourceText, kind: str, owner: str, positional: dict[int, str] | None = None
 ) -> Iterator[Hyperparameter]:
     if kind in ("optimizer", "scheduler"):
         yield Hyperparameter(kind, f"{kind}.class", owner, call.lineno)

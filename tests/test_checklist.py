@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from migrate.checklist import Status, build, file_facts
 from migrate.cli import app
-from migrate.hyperparams import extract
+from migrate.hyperparams import SourceText, extract
 from migrate.types import FileResult, FileStatus, Settings
 from rules import all_rules
 
@@ -95,7 +95,7 @@ def test_hyperparameters_are_read_from_argparse_optimizers_schedulers_and_consta
         "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=30, gamma=0.1)\n"
         "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
     )
-    found = {(h.source, h.name): (h.value, h.line) for h in extract(ast.parse(source), source)}
+    found = {(h.source, h.name): (h.value, h.line) for h in extract(ast.parse(source), SourceText(source))}
     assert found[("constant", "learning_rate")] == ("6e-4", 2)
     assert found[("argparse", "learning_rate")] == ("0.1", 4)
     assert ("argparse", "dist_url") not in found  # not a hyperparameter
