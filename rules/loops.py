@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 import libcst as cst
 import libcst.matchers as m
 
 from rules.calls import dotted_name
-from rules.tree import findall
+from rules.tree import findall, preorder
 
 _NOT_AN_OPTIMIZER = re.compile(r"sched|lr_|warmup|scaler", re.IGNORECASE)
 _LOOP = m.For() | m.While()
@@ -26,22 +27,12 @@ class TrainingStep:
 
 def own_calls(loop: cst.For | cst.While) -> list[cst.Call]:
     """Calls in the loop's body, not counting nested function or class definitions."""
-    calls: list[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            calls.append(node)
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
-    loop.body.visit(_Calls())
-    return calls
+    nodes = preorder(loop.body, prune=(cst.FunctionDef, cst.ClassDef))
+    return [node for node in nodes if isinstance(node, cst.Call)]
 
 
+# Several rules ask about the same loops, and about each loop once per loop around it: found once per loop.
+@lru_cache(maxsize=256)
 def training_step(loop: cst.For | cst.While) -> TrainingStep | None:
     """The training step `loop` runs, or None when it has no backward() and optimizer step of its own."""
     calls = own_calls(loop)

@@ -9,6 +9,7 @@ from migrate.types import Safety, Severity
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.calls import dotted_name
 from rules.loops import backward_receivers, own_calls, training_step
+from rules.tree import findall
 
 
 class LossKeptAcrossSteps(PortRule):
@@ -178,7 +179,7 @@ def _computed_losses(loop: cst.For | cst.While) -> set[str]:
     """Outside training: names a loop assigns from a loss function (`loss = criterion(out, y)`), e.g. in validation,
     where a running `total += loss` keeps each batch's graph unless autograd is off."""
     names = set()
-    for assign in m.findall(loop.body, m.Assign(targets=[m.AssignTarget(m.Name())], value=m.Call())):
+    for assign in findall(loop.body, m.Assign(targets=[m.AssignTarget(m.Name())], value=m.Call())):
         callee = dotted_name(assign.value.func).rsplit(".", 1)[-1].lower()  # type: ignore[attr-defined]
         if _LOSS_FUNCTION.search(callee):
             names.add(assign.targets[0].target.value)  # type: ignore[attr-defined]
