@@ -63,16 +63,15 @@ class SourceText:
     """The source text of `ast` nodes. ast.get_source_segment splits the whole file on every call (quadratic over a
     file); this splits it once."""
 
-    def __init__(self, source: SourceText):
-        self.lines = source.splitlines(keepends=True)
+    def __init__(self, source: str):
+        self.lines = [line.encode() for line in source.splitlines(keepends=True)]  # ast offsets count utf-8 bytes
 
     def __call__(self, node: ast.AST) -> str:
         first, last = node.lineno - 1, node.end_lineno - 1  # type: ignore[attr-defined]
+        start, end = node.col_offset, node.end_col_offset  # type: ignore[attr-defined]
         if first == last:
-            return self.lines[first].encode()[node.col_offset : node.end_col_offset].decode()  # type: ignore[attr-defined]
-        head = self.lines[first].encode()[node.col_offset :].decode()
-        tail = self.lines[last].encode()[: node.end_col_offset].decode()  # type: ignore[attr-defined]
-        return head + "".join(self.lines[first + 1 : last]) + tail
+            return self.lines[first][start:end].decode()
+        return (self.lines[first][start:] + b"".join(self.lines[first + 1 : last]) + self.lines[last][:end]).decode()
 
 
 def _text(node: ast.expr, source: SourceText) -> str:
