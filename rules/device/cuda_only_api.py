@@ -78,7 +78,8 @@ class CudaOnlyApi(PortRule):
         return False
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
-        self._check(original_node)
+        if original_node.attr.value in CUDA_ONLY:  # the last part of every qualified name of `a.b` is `b`
+            self._check(original_node)
         return updated_node
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:

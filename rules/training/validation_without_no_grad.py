@@ -100,9 +100,10 @@ class ValidationWithoutNoGrad(PortRule):
         self._calls_train = False
 
     def visit_Call(self, node: cst.Call) -> None:
-        if m.matches(node, m.Call(func=m.Attribute(attr=m.Name("eval")), args=[])):
+        method = node.func.attr.value if isinstance(node.func, cst.Attribute) else ""  # a plain test on every call
+        if method == "eval" and not node.args:
             self._eval_calls.append(node)
-        elif m.matches(node, m.Call(func=m.Attribute(attr=m.Name("train")))):
+        elif method == "train":
             self._calls_train = True
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
