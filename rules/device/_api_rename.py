@@ -32,6 +32,8 @@ class ApiRename(PortRule):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._moved_imports: set[str] = set()  # local names bound by an import this rule moved
+        # Every qualified name of `a.b` ends in `b`: a plain test that spares most attributes the name lookup.
+        self._renamed_attributes = frozenset(name.rpartition(".")[2] for name in self.renames())
 
     def visit_Import(self, node: cst.Import) -> bool:
         return False  # names in import statements are not uses
@@ -45,6 +47,8 @@ class ApiRename(PortRule):
         return self._rename(original_node, updated_node)
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        if original_node.attr.value not in self._renamed_attributes:
+            return updated_node
         return self._rename(original_node, updated_node)
 
     def _rename(self, original_node: cst.Name | cst.Attribute, updated_node: cst.BaseExpression) -> cst.BaseExpression:
