@@ -15,7 +15,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.calls import dotted_name
-from rules.tree import findall
+from rules.tree import findall, visit
 
 Body = Union[cst.Module, cst.IndentedBlock]
 Resolver = Callable[[cst.CSTNode], "set[str]"]
@@ -420,13 +420,13 @@ def _makes_data(call: cst.Call) -> bool:
 
 def _writes(statement: cst.BaseStatement) -> set[str]:
     collector = _Writes()
-    statement.visit(collector)
+    visit(statement, collector)
     return collector.names
 
 
 def _reads(node: cst.CSTNode) -> set[str]:
     collector = _Reads()
-    node.visit(collector)
+    visit(node, collector)
     return collector.names
 
 
@@ -496,15 +496,15 @@ class _Reads(cst.CSTVisitor):
         self.names.add(node.value)
 
     def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)
+        visit(node.value, self)
         return False
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
         return not isinstance(node.target, (cst.Name, cst.Tuple, cst.List))
 
     def visit_For(self, node: cst.For) -> bool:
-        node.iter.visit(self)
-        node.body.visit(self)
+        visit(node.iter, self)
+        visit(node.body, self)
         return False
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:

@@ -8,7 +8,7 @@ import libcst.matchers as m
 
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.calls import dotted_name
-from rules.tree import findall
+from rules.tree import findall, visit
 
 _SAMPLER = {"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"}
 _EPOCH = re.compile(r"epoch", re.IGNORECASE)
@@ -151,7 +151,7 @@ class SamplerEpochNotSet(PortRule):
     def _collect(self, module: cst.Module) -> None:
         """Find `x = DistributedSampler(...)` assignments, grouped by enclosing function."""
         collector = _AssignmentCollector(self)
-        module.visit(collector)
+        visit(module, collector)
         self._samplers = collector.samplers
         for call in collector.inline:
             self.report(call, *_NO_LOOP)
