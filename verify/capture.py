@@ -1,13 +1,16 @@
 """Per-operator capture: a TorchDispatchMode that summarises every aten op's tensors, with the module path and
-phase from ModuleTracker, at a cost close to the plain run.
+phase that torch.utils.module_tracker.ModuleTracker would report, at a cost close to the plain run.
 
 Why it is cheap:
-- statistics are a few reductions per tensor, left on the device; they are stacked and fetched once per step
-  (`StatBatch.fetch`), so there is no host sync per op;
+- statistics are reductions left on the device; they are stacked and fetched once per step (`StatBatch.fetch`), so
+  there is no host sync per op;
+- a small tensor's reductions cost mostly the fixed overhead of each call, so small tensors are copied (one call)
+  and reduced many at a time (`SmallTensorStats`); only large tensors are reduced one by one, while still in cache;
 - NaN/inf counting needs two extra passes that are slow on CPU; there, where reading a number is not a device sync,
-  the counts are taken only when min or max is not finite (NaN propagates through aminmax), else they are 0;
+  a large tensor's counts are taken only when its sum is not finite, else they are 0;
 - view and bookkeeping ops, and ops that return uninitialised memory, are not recorded (as FlopCounterMode does);
-- per-op Python work is a few dict lookups: names and skip decisions are cached per OpOverload.
+- module paths come from two global module hooks and plain tensor hooks (`ModuleScopes`), not ModuleTracker's
+  pytree walks and multi-grad hooks; per-op Python work is a few dict lookups, cached per OpOverload.
 """
 
 from __future__ import annotations
@@ -16,14 +19,18 @@ import contextlib
 import hashlib
 import math
 import re
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.module_tracker import ModuleTracker
+from torch.autograd.graph import register_multi_grad_hook
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
+from torch.utils._pytree import tree_flatten
+from torch.utils.hooks import RemovableHandle
 
 from verify.schema import DumpMode, Phase, TENSORS_DIR, step_file
 
@@ -41,25 +48,41 @@ _NOT_RECORDED = {
     aten.set_,
 }
 
-Handle = tuple[tuple[Any, ...], int, int]
+Handle = tuple[Any, int, int]
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 class StatBatch:
     """0-d statistic tensors left on their device until the step ends, then fetched with one stack per
-    (device, dtype): one transfer per step instead of one per tensor, and no per-tensor stack either."""
+    (device, dtype): one transfer per step instead of one per tensor, and no per-tensor stack either. Numbers
+    already on the host (`add_numbers`) are handed back through the same handles."""
+
+    _NUMBERS = "numbers"  # the group of host numbers
 
     def __init__(self) -> None:
-        self._groups: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+        self._groups: dict[Any, list[Any]] = {}
+        self._producers: list[Callable[[], None]] = []
 
     def add(self, *scalars: torch.Tensor) -> Handle:
-        key = (scalars[0].device, scalars[0].dtype)
+        return self._extend((scalars[0].device, scalars[0].dtype), scalars)
+
+    def add_numbers(self, *numbers: float) -> Handle:
+        return self._extend(self._NUMBERS, numbers)
+
+    def _extend(self, key: Any, values: Sequence[Any]) -> Handle:
         group = self._groups.setdefault(key, [])
-        group.extend(scalars)
-        return key, len(group) - len(scalars), len(scalars)
+        group.extend(values)
+        return key, len(group) - len(values), len(values)
+
+    def before_fetch(self, producer: Callable[[], None]) -> None:
+        """`producer` runs at the start of every fetch, to add what its owner computes in batches."""
+        self._producers.append(producer)
 
     def fetch(self) -> Callable[[Handle], list[float]]:
+        for producer in self._producers:
+            producer()
         groups, self._groups = self._groups, {}
-        values = {key: torch.stack(group).tolist() for key, group in groups.items()}
+        values = {key: group if key == self._NUMBERS else torch.stack(group).tolist() for key, group in groups.items()}
         return lambda handle: values[handle[0]][handle[1] : handle[1] + handle[2]]
 
 
@@ -99,24 +122,104 @@ def has_readable_data(tensor: torch.Tensor) -> bool:
     return tensor.layout == torch.strided and not tensor.is_meta and tensor.numel() > 0
 
 
-def summarize(tensor: torch.Tensor, batch: StatBatch) -> PendingStats:
-    """Queues a tensor's statistics on its device. Sparse, meta, empty and complex tensors get dtype, shape and
-    numel only; integer and bool tensors min and max. Callers outside the dispatch mode hold torch.no_grad()."""
-    stats = PendingStats(dtype_name(tensor.dtype), "x".join(map(str, tensor.shape)), tensor.numel())
-    if not has_readable_data(tensor) or tensor.is_complex():
-        return stats
-    if not tensor.is_floating_point():
-        stats.extremes_and_sums = batch.add(*torch.aminmax(tensor))
-        return stats
-    accumulate = torch.float64 if tensor.dtype == torch.float64 else torch.float32
-    low, high = torch.aminmax(tensor)
-    if tensor.dtype != accumulate:
+def describe(tensor: torch.Tensor) -> PendingStats:
+    """A tensor's dtype, shape and numel; its statistics are still to be queued."""
+    return PendingStats(dtype_name(tensor.dtype), "x".join(map(str, tensor.shape)), tensor.numel())
+
+
+def has_statistics(tensor: torch.Tensor) -> bool:
+    """Sparse, meta, empty and complex tensors get dtype, shape and numel only."""
+    return has_readable_data(tensor) and not tensor.is_complex()
+
+
+def reductions(values: torch.Tensor, dim: int | None) -> list[torch.Tensor]:
+    """min and max, and for floating point also sum and L2 norm, over `dim` (None: the whole tensor). Floating
+    results are all in the accumulation dtype (float32, float64 for float64), so that they stack together."""
+    low, high = torch.aminmax(values, dim=dim)
+    if not values.is_floating_point():
+        return [low, high]
+    accumulate = torch.float64 if values.dtype == torch.float64 else torch.float32
+    if values.dtype != accumulate:
         low, high = low.to(accumulate), high.to(accumulate)
-    total, norm = tensor.sum(dtype=accumulate), torch.linalg.vector_norm(tensor, dtype=accumulate)
-    stats.extremes_and_sums = batch.add(low, high, total, norm)
-    if tensor.device.type != "cpu" or not (math.isfinite(low.item()) and math.isfinite(high.item())):
-        stats.nonfinite_counts = batch.add(tensor.isnan().sum(), tensor.isinf().sum())
+    total = values.sum(dim, dtype=accumulate)
+    return [low, high, total, torch.linalg.vector_norm(values, dim=dim, dtype=accumulate)]
+
+
+def summarize(tensor: torch.Tensor, batch: StatBatch) -> PendingStats:
+    """Queues a tensor's statistics on its device (see `describe`, `has_statistics` and `reductions`). Callers outside
+    the dispatch mode hold torch.no_grad()."""
+    stats = describe(tensor)
+    if has_statistics(tensor):
+        queue_statistics(tensor, stats, batch)
     return stats
+
+
+def queue_statistics(tensor: torch.Tensor, stats: PendingStats, batch: StatBatch) -> None:
+    values = reductions(tensor, None)
+    stats.extremes_and_sums = batch.add(*values)
+    # Any NaN or inf makes the sum NaN or inf, so a finite sum means no NaN and no inf.
+    if len(values) == 4 and (tensor.device.type != "cpu" or not math.isfinite(values[2].item())):
+        stats.nonfinite_counts = batch.add(tensor.isnan().sum(), tensor.isinf().sum())
+
+
+class SmallTensorStats:
+    """Statistics of small CPU tensors, computed many at a time. Reducing a small tensor costs mostly the fixed
+    overhead of the calls (four reductions and a read of the sum, ~25 us on CPU) whatever its size, and batching them
+    in torch keeps most of it (reductions along a dimension and the foreach ops are slow on CPU). Here a small tensor
+    costs one call, a copy (an in-place op may overwrite it later in the step); at the next fetch, or once the copies
+    hold MAX_ELEMENTS, the copies of one dtype are laid end to end and numpy's `ufunc.reduceat` reduces all of them
+    in one call per statistic."""
+
+    LARGEST = 8192  # elements; larger tensors are cheaper to reduce at once, while they are still in cache
+    MAX_ELEMENTS = 1 << 20
+
+    def __init__(self, batch: StatBatch) -> None:
+        self._batch = batch
+        self._copies: dict[torch.dtype, tuple[list[torch.Tensor], list[PendingStats]]] = {}
+        self._elements = 0
+        batch.before_fetch(self.reduce)
+
+    @classmethod
+    def takes(cls, tensor: torch.Tensor, numel: int) -> bool:
+        """Small plain CPU tensors (numpy reads them without a copy; subclasses may not allow that)."""
+        return numel <= cls.LARGEST and tensor.device.type == "cpu" and type(tensor) in _PLAIN_TENSORS
+
+    def add(self, tensor: torch.Tensor, stats: PendingStats) -> None:
+        copies, owners = self._copies.setdefault(tensor.dtype, ([], []))
+        copies.append(tensor.clone(memory_format=torch.contiguous_format))
+        owners.append(stats)
+        self._elements += stats.numel
+        if self._elements >= self.MAX_ELEMENTS:
+            self.reduce()
+
+    def discard(self) -> None:
+        self._copies, self._elements = {}, 0
+
+    def reduce(self) -> None:
+        """Adds the statistics of every copy to the batch, as host numbers, and drops the copies."""
+        waiting, self._copies, self._elements = self._copies, {}, 0
+        for dtype, (copies, owners) in waiting.items():
+            values = torch.cat([copy.view(-1) for copy in copies])
+            if dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
+                values = values.float()
+            self._reduce_segments(values.numpy(), owners)
+
+    def _reduce_segments(self, values: np.ndarray, owners: list[PendingStats]) -> None:
+        starts = np.cumsum([0] + [stats.numel for stats in owners[:-1]])
+        lows, highs = np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)
+        if values.dtype.kind != "f":
+            for stats, low, high in zip(owners, lows.tolist(), highs.tolist()):
+                stats.extremes_and_sums = self._batch.add_numbers(low, high)
+            return
+        sums = np.add.reduceat(values, starts, dtype=np.float64)
+        norms = np.sqrt(np.add.reduceat(np.square(values, dtype=np.float64), starts))
+        for stats, *numbers in zip(owners, lows.tolist(), highs.tolist(), sums.tolist(), norms.tolist()):
+            stats.extremes_and_sums = self._batch.add_numbers(*numbers)
+        # Any NaN or inf makes the sum NaN or inf, so a finite sum means no NaN and no inf.
+        if not np.isfinite(sums).all():
+            nans, infs = np.add.reduceat(np.isnan(values), starts), np.add.reduceat(np.isinf(values), starts)
+            for stats, nan, inf in zip(owners, nans.tolist(), infs.tolist()):
+                stats.nonfinite_counts = self._batch.add_numbers(nan, inf)
 
 
 def host_array(tensor: torch.Tensor) -> np.ndarray:
@@ -181,6 +284,118 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, (tuple, list)):
         return [tensor for item in value for tensor in tensors_in(item)]
     return []
+
+
+def _leaves(value: Any) -> Sequence[Any]:
+    """The pytree leaves of a module's inputs or output, without walking pytree for a tensor or tuple of tensors."""
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    if type(value) is tuple and all(isinstance(item, torch.Tensor) for item in value):
+        return value
+    return tree_flatten(value)[0]
+
+
+class ModuleScopes:
+    """The module an op runs in, forward or backward, as torch.utils.module_tracker.ModuleTracker reports it: its
+    names, its events (in backward a module is entered when the gradients of its outputs are ready and left when
+    those of its inputs are; the end of a backward leaves them all) and its innermost module (the longest active
+    name), for a small part of its cost. ModuleTracker walks every module's inputs and outputs with pytree and puts a
+    multi-grad hook on them, and keeps every hook until it exits. Here pytree walks only nested inputs and outputs
+    (a walk costs 15 us), only the hooks on leaf tensors, which outlive the step, are kept (until
+    `release_leaf_hooks`), and the innermost module is found when the active set changes instead of on every op."""
+
+    # ModuleTracker's set holds this name too; kept so that the set, whose order decides between active names of
+    # equal length, iterates as ModuleTracker's does.
+    _GLOBAL = "Global"
+
+    def __init__(self) -> None:
+        self.innermost = ""  # the path of the innermost active module; "" outside modules
+        self._active = {self._GLOBAL}
+        self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._named_children: weakref.WeakSet = weakref.WeakSet()
+        self._end_of_backward_queued = False
+        self._module_hooks: list[RemovableHandle] = []
+        self._leaf_hooks: list[RemovableHandle] = []
+
+    def __enter__(self) -> ModuleScopes:
+        self._module_hooks = [
+            register_module_forward_pre_hook(self._forward_starts),
+            register_module_forward_hook(self._forward_ends),
+        ]
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for handle in self._module_hooks:
+            handle.remove()
+        self.release_leaf_hooks()
+
+    @staticmethod
+    def in_backward() -> bool:
+        return torch._C._current_graph_task_id() != -1
+
+    def release_leaf_hooks(self) -> None:
+        for handle in self._leaf_hooks:
+            handle.remove()
+        self._leaf_hooks = []
+
+    def _name(self, module: torch.nn.Module) -> str:
+        """The outermost module is named after its class; a module seen for the first time names its children (and
+        theirs) after itself."""
+        name = self._names.get(module)
+        if name is None:
+            name = self._names[module] = type(module).__name__
+        if module not in self._named_children:
+            for child_name, child in module.named_children():
+                self._names[child] = f"{name}.{child_name}"
+                self._name(child)
+            self._named_children.add(module)
+        return name
+
+    def _forward_starts(self, module: torch.nn.Module, args: Any) -> None:
+        name = self._name(module)
+        self._enter(name)
+        self._when_gradients_ready(args, lambda: self._leave(name))
+
+    def _forward_ends(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        name = self._name(module)
+        self._leave(name)
+        self._when_gradients_ready(output, lambda: self._enter_backward(name))
+
+    def _when_gradients_ready(self, value: Any, action: Callable[[], None]) -> None:
+        """Runs `action` once the gradients of the tensors in `value` that require one are computed (as ModuleTracker,
+        never for the tensor that backward() starts from)."""
+        tensors = [leaf for leaf in _leaves(value) if isinstance(leaf, torch.Tensor) and leaf.requires_grad]
+        if not tensors:
+            return
+        handle = register_multi_grad_hook(tensors, lambda gradients: action())
+        if any(tensor.grad_fn is None for tensor in tensors):
+            self._leaf_hooks.append(handle)
+
+    def _enter_backward(self, name: str) -> None:
+        if not self._end_of_backward_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+            self._end_of_backward_queued = True
+        self._enter(name)
+
+    def _backward_ended(self) -> None:
+        self._active = {self._GLOBAL}
+        self._end_of_backward_queued = False
+        self._find_innermost()
+
+    def _enter(self, name: str) -> None:
+        self._active.add(name)
+        self._find_innermost()
+
+    def _leave(self, name: str) -> None:
+        self._active.discard(name)
+        self._find_innermost()
+
+    def _find_innermost(self) -> None:
+        innermost = ""
+        for name in self._active:
+            if name != self._GLOBAL and len(name) > len(innermost):  # a child's path extends its parent's
+                innermost = name
+        self.innermost = innermost
 
 
 class _OpRecorder(TorchDispatchMode):
@@ -249,7 +464,8 @@ class OpCapture:
         self.batch = batch
         self.saver = saver
         self.with_inputs = dump == DumpMode.TENSOR
-        self.tracker = ModuleTracker()
+        self.modules = ModuleScopes()
+        self.small_tensors = SmallTensorStats(batch)
         self.recording = True
         self.in_optimizer = False
         self.rows: list[OpRow] = []
@@ -257,40 +473,38 @@ class OpCapture:
         self._call_counts: dict[tuple[str, str, str], int] = {}
         self._step = 0
         self._stack = contextlib.ExitStack()
+        self._recorder: _OpRecorder | None = None
 
     def __enter__(self) -> OpCapture:
-        self._stack.enter_context(self.tracker)
-        self._stack.enter_context(_OpRecorder(self))
+        self._stack.enter_context(self.modules)
+        self._recorder = self._stack.enter_context(_OpRecorder(self))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self._stack.close()
+        self._recorder = None
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
+        """Records nothing in the block. Where the recorder is the innermost mode, it is also taken off the stack: an
+        op that passes through it costs 10 to 20 us even when it records nothing."""
         previous, self.recording = self.recording, False
+        ours = self._recorder is not None and _get_current_dispatch_mode() is self._recorder
         try:
-            yield
+            with _pop_mode_temporarily() if ours else contextlib.nullcontext():
+                yield
         finally:
             self.recording = previous
-
-    def module_path(self) -> str:
-        """The innermost module running (its forward or its backward); "" outside modules."""
-        innermost = ""
-        for name in self.tracker.parents:
-            if name != "Global" and len(name) > len(innermost):  # a child's path extends its parent's
-                innermost = name
-        return innermost
 
     def phase(self, module: str) -> str:
         if self.in_optimizer:
             return Phase.OPTIMIZER.value
-        if self.tracker.is_bw:
+        if self.modules.in_backward():
             return Phase.BACKWARD.value
         return Phase.FORWARD.value if module else Phase.OTHER.value
 
     def begin_call(self, op: str) -> _Call:
-        module = self.module_path()
+        module = self.modules.innermost
         phase = self.phase(module)
         counter = (phase, module, op)
         call_index = self._call_counts.get(counter, 0)
@@ -302,13 +516,23 @@ class OpCapture:
     def record(self, call: _Call, io: str, tensors: Sequence[torch.Tensor]) -> None:
         for position, tensor in enumerate(tensors):
             row = OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"{io}{position}",
-                        summarize(tensor, self.batch))
+                        self._summarize(tensor))
             if self.dump == DumpMode.MD5:
                 row.md5 = md5_of(tensor)
             if call.save_tensors:
                 relative = f"{TENSORS_DIR}/{step_file(self._step, '')}/{call.seq:06d}-{row.io}.npy"
                 row.tensor_file = self.saver.save(tensor, relative)
             self.rows.append(row)
+
+    def _summarize(self, tensor: torch.Tensor) -> PendingStats:
+        stats = describe(tensor)
+        if not has_statistics(tensor):
+            return stats
+        if SmallTensorStats.takes(tensor, stats.numel):
+            self.small_tensors.add(tensor, stats)
+        else:
+            queue_statistics(tensor, stats, self.batch)
+        return stats
 
     def take_step(self, step: int, fetched: Callable[[Handle], list[float]]) -> dict[str, list[Any]]:
         """The rows of `step` as OP_COLUMNS lists (statistics resolved from `fetched`); starts the next step."""
@@ -325,6 +549,8 @@ class OpCapture:
         return columns
 
     def discard_step(self, next_step: int) -> None:
+        self.small_tensors.discard()
+        self.modules.release_leaf_hooks()
         self.rows = []
         self._seq = 0
         self._call_counts = {}
