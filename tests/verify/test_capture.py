@@ -97,3 +97,93 @@ def test_md5_equal_exactly_for_equal_bits():
     tensor = torch.randn(3, 3)
     assert md5_of(tensor) == md5_of(tensor.clone()) != md5_of(tensor + 1e-7)
     assert md5_of(tensor.t()) == md5_of(tensor.t().contiguous())
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.act = torch.nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return x + self.act(self.lin(x))
+
+
+class _Pair(torch.nn.Module):
+    def forward(self, x):
+        return x.sin(), x.cos()
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.Sequential(_Block(), _Block())
+        self.shared = torch.nn.Linear(4, 4)
+        self.pair = _Pair()
+        self.lstm = torch.nn.LSTM(4, 4, batch_first=True)
+        self.loss = torch.nn.MSELoss()
+
+    def forward(self, x, target):
+        x = self.shared(self.shared(self.blocks(x)))  # a module called twice
+        sin, cos = self.pair(x)
+        out, _ = self.lstm(sin * cos)
+        return self.loss(out, target)
+
+
+class _PathsSideBySide(torch.utils._python_dispatch.TorchDispatchMode):
+    """Notes, for every op, the module path and phase from ModuleTracker and from ModuleScopes."""
+
+    def __init__(self, tracker, scopes) -> None:
+        super().__init__()
+        self.tracker, self.scopes, self.pairs = tracker, scopes, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.is_view:  # not recorded; the hooks themselves make some, when one tracker has moved and not the other
+            return func(*args, **(kwargs or {}))
+        innermost = max((name for name in self.tracker.parents if name != "Global"), key=len, default="")
+        self.pairs.append(((innermost, self.tracker.is_bw), (self.scopes.innermost, self.scopes.in_backward())))
+        return func(*args, **(kwargs or {}))
+
+
+def test_module_scopes_report_what_module_tracker_reports():
+    from torch.utils.module_tracker import ModuleTracker
+
+    from verify.capture import ModuleScopes
+
+    torch.manual_seed(0)
+    model = _Net()
+    with ModuleTracker() as tracker, ModuleScopes() as scopes, _PathsSideBySide(tracker, scopes) as both:
+        for _ in range(2):
+            inputs = torch.randn(2, 3, 4, requires_grad=True)  # an input that needs a gradient: hooks on a leaf
+            loss = model(inputs, torch.zeros(2, 3, 4))  # a loss module: backward starts at its output
+            loss.backward()
+            model(inputs, torch.zeros(2, 3, 4)).backward()
+    ours = [pair[1] for pair in both.pairs]
+    assert [pair[0] for pair in both.pairs] == ours
+    assert ("_Net.shared", True) in ours and ("_Net.pair", False) in ours
+
+
+def test_small_tensors_batched_get_the_statistics_of_one_by_one():
+    from verify.capture import SmallTensorStats, describe
+
+    tensors = [
+        torch.tensor([1.0, -2.0, float("nan"), float("inf"), 4.0, float("nan")]),
+        torch.randn(3, 5).t(),  # not contiguous
+        torch.tensor(2.5),
+        torch.randn(7, dtype=torch.bfloat16),
+        torch.randn(4, dtype=torch.float64),
+        torch.tensor([3, -7, 5]),
+        torch.tensor([True, False]),
+    ]
+    batch = StatBatch()
+    one_by_one = [summarize(tensor, batch) for tensor in tensors]
+    small = SmallTensorStats(batch)
+    batched = [describe(tensor) for tensor in tensors]
+    for tensor, stats in zip(tensors, batched):
+        small.add(tensor, stats)
+        tensor.zero_()  # an in-place op later in the step must not change what was recorded
+    fetched = batch.fetch()
+    for expected, got in zip(one_by_one, batched):
+        expected, got = expected.resolve(fetched), got.resolve(fetched)
+        assert got == pytest.approx(expected, rel=1e-6, nan_ok=True)
+    assert batched[0].resolve(fetched)["nan_count"] == 2 and batched[5].resolve(fetched)["mean"] is None
