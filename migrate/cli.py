@@ -20,7 +20,7 @@ from rich.table import Table
 from migrate import __version__, checklist
 from migrate.files import PlanError, plan, run_jobs
 from migrate.report import Summary, finding_text, write_reports
-from migrate.types import Action, AmpPolicy, FileResult, FileStatus, Mode, Settings, Severity
+from migrate.types import Action, AmpPolicy, FileResult, Mode, Settings, Severity
 from rules import RuleError, all_rules, rule_by_code, select_rules
 
 stdout = Console(highlight=False, soft_wrap=True)
