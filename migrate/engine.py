@@ -12,7 +12,8 @@ from typing import Sequence
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+from libcst.codemod.visitors import AddImportsVisitor, ImportItem, RemoveImportsVisitor
+from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper
 
 from migrate.types import MigrationResult, Settings
@@ -76,12 +77,31 @@ def migrate_source(
         for instance in instances:
             stack.enter_context(instance.resolve(wrapper))
         ported = _RuleSet(instances).transform(wrapper.module)
-    if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
+    if _missing_imports(context, ported):
         ported = AddImportsVisitor(context).transform_module(ported)
     if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):  # imports a rewrite left unused (apex.parallel, say)
         ported = RemoveImportsVisitor(context).transform_module(ported)
     findings = sorted(file.findings, key=lambda f: (f.line, f.column, f.code))
     return MigrationResult(original=code, code=ported.code, findings=tuple(findings))
+
+
+def _missing_imports(context: CodemodContext, module: cst.Module) -> list[ImportItem]:
+    """The scheduled imports that the module's top-level imports do not already make. Most requests (`import torch`,
+    `import os`) are already there, and AddImportsVisitor costs a deep copy and a full walk to find that out."""
+    present: set[tuple[str, str | None]] = set()
+    for statement in module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.Import):
+                present.update((get_full_name_for_node(a.name) or "", None) for a in small.names if a.asname is None)
+            elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+                if isinstance(small.names, cst.ImportStar):
+                    continue
+                source = get_full_name_for_node(small.module) or ""
+                present.update((source, get_full_name_for_node(a.name)) for a in small.names if a.asname is None)
+    requested = context.scratch.get(AddImportsVisitor.CONTEXT_KEY, [])
+    return [item for item in requested if item.alias or item.relative or (item.module, item.obj_name) not in present]
 
 
 class _RuleSet:
