@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import libcst as cst
-from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameProvider
 
@@ -137,6 +137,27 @@ def _suppressions(source: str) -> dict[int, frozenset[str]]:
     return found
 
 
+@dataclass(frozen=True)
+class _DecoratorScan:
+    """The matcher-decorated methods of a rule class, by name, and its call_if_inside matchers."""
+
+    visit: dict[object, tuple[str, ...]]
+    leave: dict[object, tuple[str, ...]]
+    inside: tuple[object, ...]
+
+    @classmethod
+    def of(cls, rule: "PortRule") -> "_DecoratorScan":
+        def names(funcs: dict) -> dict[object, tuple[str, ...]]:
+            return {matcher: tuple(f.__name__ for f in found) for matcher, found in funcs.items()}
+
+        return cls(names(rule._extra_visit_funcs), names(rule._extra_leave_funcs), tuple(rule._matchers))
+
+    def apply(self, rule: "PortRule") -> None:
+        rule._extra_visit_funcs = {m: tuple(getattr(rule, n) for n in found) for m, found in self.visit.items()}
+        rule._extra_leave_funcs = {m: tuple(getattr(rule, n) for n in found) for m, found in self.leave.items()}
+        rule._matchers = dict.fromkeys(self.inside)
+
+
 class PortRule(VisitorBasedCodemodCommand):
     """Base of every rule. The class docstring of a subclass is its manual (see tests/test_rule_contract.py)."""
 
@@ -151,7 +172,16 @@ class PortRule(VisitorBasedCodemodCommand):
     METADATA_DEPENDENCIES = (QualifiedNameProvider,)
 
     def __init__(self, context: CodemodContext, file: FileState) -> None:
-        super().__init__(context)
+        scan = type(self).__dict__.get("_decorator_scan")
+        if scan is None:
+            super().__init__(context)
+            type(self)._decorator_scan = _DecoratorScan.of(self)
+        else:
+            # libcst's MatcherDecoratableTransformer reads every attribute (about 1,600) and checks the decorated
+            # methods' type hints each time a rule object is made: once per rule per file. What it finds depends on
+            # the class alone, so the first object's scan serves the others.
+            Codemod.__init__(self, context)
+            scan.apply(self)
         self.file = file
         self.settings = file.settings
 
