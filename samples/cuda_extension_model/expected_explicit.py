@@ -19,6 +19,7 @@ import torch_npu
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.cpp_extension import load_inline
+import random
 
 try:
     import triton
@@ -139,7 +140,7 @@ CUDA_OPS = build_cuda_ops()
 
 def flash_attention_usable(device):
     """flash-attn kernels need an Ampere (sm80) or newer GPU."""
-    if flash_attn_func is None or device.type != "cuda":
+    if flash_attn_func is None or device.type != "npu":
         return False
     major, _ = torch.cuda.get_device_capability(device)
     return major >= 8
@@ -254,9 +255,10 @@ def main():
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
+    random.seed(args.seed)
     device = torch.device("npu", torch.npu.current_device()) if torch.npu.is_available() else torch.device("cpu")
     use_flash = flash_attention_usable(device)
-    kernels = "cuda extension" if CUDA_OPS else "triton" if HAS_TRITON and device.type == "cuda" else "pytorch"
+    kernels = "cuda extension" if CUDA_OPS else "triton" if HAS_TRITON and device.type == "npu" else "pytorch"
     print(f"device {device}, bias-gelu kernel: {kernels}, flash-attn: {use_flash}")
 
     model = SequenceClassifier(args.vocab, args.dim, args.heads, args.layers, 2, use_flash).to(device)
@@ -275,13 +277,13 @@ def main():
         optimizer.step()
 
         if step % args.log_every == 0 or step == 1:
-            if device.type == "cuda":
+            if device.type == "npu":
                 torch.npu.synchronize()
             rate = step / (time.perf_counter() - start)
-            stats = gpu_stats(device.index or 0) if device.type == "cuda" else ""
+            stats = gpu_stats(device.index or 0) if device.type == "npu" else ""
             print(f"step {step:5d} loss {loss.item():.4f} {rate:.1f} it/s {stats}".rstrip())
 
-    if device.type == "cuda":
+    if device.type == "npu":
         peak = torch.npu.max_memory_allocated(device) / 2**20
         print(f"peak memory {peak:.0f}MiB")
 

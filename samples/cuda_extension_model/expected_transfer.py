@@ -20,6 +20,7 @@ from torch_npu.contrib import transfer_to_npu
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.cpp_extension import load_inline
+import random
 
 try:
     import triton
@@ -255,6 +256,7 @@ def main():
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
+    random.seed(args.seed)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     use_flash = flash_attention_usable(device)
     kernels = "cuda extension" if CUDA_OPS else "triton" if HAS_TRITON and device.type == "cuda" else "pytorch"

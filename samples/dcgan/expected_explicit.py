@@ -80,7 +80,7 @@ class SyntheticBlobs(Dataset):
 
 class TensorImages(Dataset):
     def __init__(self, root, image_size):
-        self.paths = sorted(os.path.join(root, name) for name in sorted(os.listdir(root)) if name.endswith(".pt"))
+        self.paths = sorted(os.path.join(root, name) for name in os.listdir(root) if name.endswith(".pt"))
         self.image_size = image_size
 
     def __len__(self):
@@ -192,17 +192,17 @@ for epoch in range(opt.niter):
             label = torch.full((batch_size,), real_label, dtype=real.dtype, device=device)
 
             output = netD(real)
-            errD_real = criterion(output, label)
+        errD_real = criterion(output.float(), label.float())
         scaler.scale(errD_real).backward()
         D_x = output.mean().item()
 
+        noise = torch.randn(batch_size, nz, 1, 1, device=device)
         with torch.autocast(device_type="npu", dtype=torch.float16):
-            noise = torch.randn(batch_size, nz, 1, 1, device=device)
             fake = netG(noise)
             label.fill_(fake_label)
             # detach: this backward must not reach the generator
             output = netD(fake.detach())
-            errD_fake = criterion(output, label)
+        errD_fake = criterion(output.float(), label.float())
         scaler.scale(errD_fake).backward()
         D_G_z1 = output.mean().item()
         errD = errD_real + errD_fake
@@ -213,7 +213,7 @@ for epoch in range(opt.niter):
         label.fill_(real_label)  # fake images are "real" for the generator's loss
         with torch.autocast(device_type="npu", dtype=torch.float16):
             output = netD(fake)
-            errG = criterion(output, label)
+        errG = criterion(output.float(), label.float())
         scaler.scale(errG).backward()
         D_G_z2 = output.mean().item()
         scaler.step(optimizerG)

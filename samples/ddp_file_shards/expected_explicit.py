@@ -71,7 +71,7 @@ def setup():
     else:
         device = torch.device("cpu")
     if "RANK" in os.environ:
-        dist.init_process_group(backend="nccl" if device.type == "npu" else "gloo")
+        dist.init_process_group(backend="hccl" if device.type == "npu" else "gloo")
     return rank, local_rank, world_size, device
 
 
@@ -115,7 +115,7 @@ def main():
     val_loader = DataLoader(ConcatDataset([ShardFile(path) for path in my_val_files]), batch_size=1024)
 
     model = Classifier(args.hidden).to(device)
-    if distributed and device.type == "cuda":
+    if distributed and device.type == "npu":
         # batch statistics over the global batch (SyncBatchNorm runs on GPUs only)
         model = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(model), device_ids=[local_rank])
     elif distributed:

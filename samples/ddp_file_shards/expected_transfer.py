@@ -72,7 +72,7 @@ def setup():
     else:
         device = torch.device("cpu")
     if "RANK" in os.environ:
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend="hccl" if device.type == "cuda" else "gloo")
     return rank, local_rank, world_size, device
 
 

@@ -9,6 +9,8 @@ import torch
 import torch_npu
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
+
+# AMP101 mixed precision: one loss scaler for the script, so every training function reaches it
 scaler = torch.amp.GradScaler("npu")
 
 

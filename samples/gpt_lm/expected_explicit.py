@@ -25,6 +25,7 @@ import torch.nn as nn
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+import random
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -203,7 +204,7 @@ class GPT(nn.Module):
         ]
         # The fused AdamW kernel is much faster, where this torch has it and the parameters are on a GPU.
         fused_available = "fused" in inspect.signature(torch.optim.AdamW).parameters
-        use_fused = fused_available and device_type == "cuda"
+        use_fused = fused_available and device_type == "npu"
         print(f"using fused AdamW: {use_fused}")
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=use_fused)
 
@@ -234,6 +235,8 @@ print(f"tokens per iteration will be: {tokens_per_iter:,}")
 if master_process:
     os.makedirs(out_dir, exist_ok=True)
 torch.manual_seed(seed + seed_offset)
+random.seed(seed + seed_offset)
+np.random.seed(seed + seed_offset)
 torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on Ampere and newer
 torch.backends.cudnn.allow_tf32 = True  # TF32 convolutions
 device_type = "npu" if "npu" in device else "cpu"  # for torch.autocast
@@ -348,6 +351,7 @@ while True:
                 checkpoint = {
                     "model": raw_model.state_dict(),
                     "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(),
                     "model_args": model_args,
                     "iter_num": iter_num,
                     "best_val_loss": best_val_loss,

@@ -26,6 +26,7 @@ import torch.nn as nn
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+import random
 
 # -----------------------------------------------------------------------------
 # I/O
@@ -235,6 +236,8 @@ print(f"tokens per iteration will be: {tokens_per_iter:,}")
 if master_process:
     os.makedirs(out_dir, exist_ok=True)
 torch.manual_seed(seed + seed_offset)
+random.seed(seed + seed_offset)
+np.random.seed(seed + seed_offset)
 torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on Ampere and newer
 torch.backends.cudnn.allow_tf32 = True  # TF32 convolutions
 device_type = "cuda" if "cuda" in device else "cpu"  # for torch.autocast
@@ -349,6 +352,7 @@ while True:
                 checkpoint = {
                     "model": raw_model.state_dict(),
                     "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(),
                     "model_args": model_args,
                     "iter_num": iter_num,
                     "best_val_loss": best_val_loss,

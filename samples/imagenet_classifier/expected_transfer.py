@@ -27,6 +27,8 @@ import torch.utils.data
 import torch.utils.data.distributed
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import Dataset, Subset
+
+# AMP101 mixed precision: one loss scaler for the script, so every training function reaches it
 scaler = torch.amp.GradScaler("npu")
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -126,7 +128,7 @@ class TensorFolder(Dataset):
     STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
 
     def __init__(self, root):
-        self.classes = sorted(entry.name for entry in sorted(os.scandir(root), key=lambda entry: entry.name) if entry.is_dir())
+        self.classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
         self.samples = [
             (os.path.join(root, name, file), label)
             for label, name in enumerate(self.classes)
@@ -272,6 +274,8 @@ def main_worker(gpu, ngpus_per_node, args):
             best_acc1 = checkpoint["best_acc1"]
             model.load_state_dict(checkpoint["state_dict"])
             optimizer.load_state_dict(checkpoint["optimizer"])
+            if "scaler" in checkpoint:  # checkpoints saved before mixed precision have no scaler state
+                scaler.load_state_dict(checkpoint["scaler"])
             scheduler.load_state_dict(checkpoint["scheduler"])
             print(f"=> loaded checkpoint '{args.resume}' (epoch {checkpoint['epoch']})")
         else:

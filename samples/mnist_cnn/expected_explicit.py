@@ -9,9 +9,12 @@ import torch.nn.functional as F
 import torch.optim as optim
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import DataLoader, Dataset
-scaler = torch.amp.GradScaler("npu")
+import random
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+
+# AMP101 mixed precision: one loss scaler for the script, so every training function reaches it
+scaler = torch.amp.GradScaler("npu")
 
 
 class SyntheticDigits(Dataset):
@@ -117,6 +120,7 @@ def main():
     use_cuda = not args.no_cuda and torch.npu.is_available()
 
     torch.manual_seed(args.seed)
+    random.seed(args.seed)
 
     device = torch.device("npu" if use_cuda else "cpu")
 
