@@ -280,7 +280,8 @@ class PortRule(VisitorBasedCodemodCommand):
         action: Action,
         new: cst.CSTNode | None,
     ) -> None:
-        if action is Action.PENDING:
+        if action is Action.PENDING:  # the message describes the rewrite; say that it was held back
+            message = f"not applied (unsafe fix): {message}"
             suggestion = (suggestion + " " if suggestion else "") + "Unsafe fix: apply it with --unsafe-fixes."
             severity = max(severity, Severity.WARNING, key=_SEVERITY_ORDER.index)
         self.file.findings.append(
