@@ -218,3 +218,30 @@ def test_resume_is_left_alone_where_the_scaler_does_not_reach():
     code = port(source)
     assert '"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()' in code
     assert "scaler.load_state_dict" not in code  # the scaler lives in main(); resume() cannot see it
+
+
+def test_a_step_with_a_hand_written_alternative_update_is_reported_not_scaled():
+    """Regression (pytorch/examples word_language_model): `if use_optimizer: optimizer.step() else: p.data.add_(...)`
+    got an unconditional scaler.scale(loss).backward(), so the hand-written update applied scaled gradients."""
+    source = textwrap.dedent(
+        """
+        import torch
+
+        def train(model, data, targets, optimizer, criterion, args):
+            for i in range(10):
+                model.zero_grad()
+                output = model(data)
+                loss = criterion(output, targets)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+                if args.use_optimizer:
+                    optimizer.step()
+                else:
+                    for p in model.parameters():
+                        p.data.add_(p.grad, alpha=-args.lr)
+        """
+    )
+    result = migrate_source(source, "train.py", Settings())
+    assert "scaler" not in result.code and "GradScaler" not in result.code
+    reported = [f for f in result.findings if f.code == "AMP105"]
+    assert [f.line for f in reported] == [12] and "other branch" in reported[0].message

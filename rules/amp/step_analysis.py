@@ -164,7 +164,8 @@ def analyse(scope: cst.Module | cst.FunctionDef, resolve: Resolver, scaler: str 
     for line in places:
         if isinstance(line, cst.SimpleStatementLine):
             _collect(line, step, resolve, scaler, closures)
-    if scaler is None and step.backwards and not step.steps:
+    branched = any(problem.message == _BRANCHED_STEP[0] for problem in step.problems)
+    if scaler is None and step.backwards and not step.steps and not branched:
         step.problems.append(Problem(step.backwards[0].call, *_NO_STEP, scaling_only=True))
     return step
 
@@ -393,8 +394,23 @@ def _add_step(call: cst.Call, line: cst.SimpleStatementLine, step: Step, scaler:
                 scaling_only=True,
             )
         )
+    elif not call.args and _has_other_branch(step.places[line].owner):
+        step.problems.append(Problem(call, *_BRANCHED_STEP, scaling_only=True))
     elif not call.args:
         step.steps.append(Site(call, line, receiver))
+
+
+_BRANCHED_STEP = (
+    "the optimizer step is one branch of an if/else whose other branch updates the parameters another way: "
+    "loss scaling not inserted (scaled gradients would reach that update)",
+    "scale and step only on the optimizer branch (`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
+    "`scaler.update()`), and divide the gradients by `scaler.get_scale()` before a hand-written update",
+)
+
+
+def _has_other_branch(owner: cst.BaseCompoundStatement | None) -> bool:
+    """`if use_optimizer: opt.step() else: <manual update>` (a gradient-accumulation `if` has no else)."""
+    return isinstance(owner, cst.If) and owner.orelse is not None
 
 
 def _is_optimizer(receiver: cst.BaseExpression) -> bool:
