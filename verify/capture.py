@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import math
 import re
+import sys
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -459,6 +460,10 @@ class OpCapture:
     `paused()` keeps the instrumentation's own tensor work out of the records.
     """
 
+    # A step's records are held until the step ends. Work after the last optimizer step (an evaluation over a whole
+    # dataset, say) never ends its step, and without a bound its records filled 24 GiB on a real script.
+    MAX_ROWS_PER_STEP = 200_000
+
     def __init__(self, dump: DumpMode, batch: StatBatch, saver: TensorSaver | None = None) -> None:
         self.dump = dump
         self.batch = batch
@@ -469,6 +474,7 @@ class OpCapture:
         self.recording = True
         self.in_optimizer = False
         self.rows: list[OpRow] = []
+        self.truncated = False  # this step reached MAX_ROWS_PER_STEP
         self._seq = 0
         self._call_counts: dict[tuple[str, str, str], int] = {}
         self._step = 0
@@ -514,6 +520,9 @@ class OpCapture:
         return _Call(self._seq - 1, phase, module, op, call_index, save)
 
     def record(self, call: _Call, io: str, tensors: Sequence[torch.Tensor]) -> None:
+        if len(self.rows) >= self.MAX_ROWS_PER_STEP:
+            self._stop_recording_this_step()
+            return
         for position, tensor in enumerate(tensors):
             row = OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"{io}{position}",
                         self._summarize(tensor))
@@ -523,6 +532,13 @@ class OpCapture:
                 relative = f"{TENSORS_DIR}/{step_file(self._step, '')}/{call.seq:06d}-{row.io}.npy"
                 row.tensor_file = self.saver.save(tensor, relative)
             self.rows.append(row)
+
+    def _stop_recording_this_step(self) -> None:
+        if not self.truncated:
+            self.truncated = True
+            print(f"npu-port: op capture stopped at {self.MAX_ROWS_PER_STEP} records in step {self._step}; the rest of "
+                  "this step is not recorded (work after the last optimizer step, such as a long evaluation, stays "
+                  "in one step)", file=sys.stderr, flush=True)
 
     def _summarize(self, tensor: torch.Tensor) -> PendingStats:
         stats = describe(tensor)
@@ -552,6 +568,7 @@ class OpCapture:
         self.small_tensors.discard()
         self.modules.release_leaf_hooks()
         self.rows = []
+        self.truncated = False
         self._seq = 0
         self._call_counts = {}
         self._step = next_step

@@ -189,3 +189,17 @@ def test_small_tensors_batched_get_the_statistics_of_one_by_one():
         numbers = [name for name, value in expected.items() if value is not None]
         assert [got[name] for name in numbers] == pytest.approx([expected[name] for name in numbers], nan_ok=True)
     assert batched[0].resolve(fetched)["nan_count"] == 2 and batched[5].resolve(fetched)["mean"] is None
+
+
+def test_a_step_that_never_ends_stops_recording_at_its_bound(monkeypatch, capsys):
+    """Regression (pytorch/examples word_language_model): an evaluation after the last optimizer step stays in one
+    step; its records grew until the run was killed for memory. Past the bound, the step records nothing more."""
+    monkeypatch.setattr(OpCapture, "MAX_ROWS_PER_STEP", 50)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with OpCapture(DumpMode.STATS, StatBatch()) as capture, torch.no_grad():
+        for _ in range(100):
+            model(torch.ones(2, 4))
+    assert len(capture.rows) == 50 and capture.truncated
+    assert "op capture stopped at 50 records in step 0" in capsys.readouterr().err
+    capture.discard_step(1)
+    assert not capture.truncated and capture.rows == []
