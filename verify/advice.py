@@ -116,7 +116,8 @@ def advise(findings: list[Finding]) -> list[Advice]:
     for finding in findings:
         for rule in ADVICE_RULES:
             if rule.code is finding.code and rule.applies(finding):
-                text = rule.message.format_map(defaultdict(lambda: "?", finding.detail))
+                detail = {**finding.detail, "module": finding.detail.get("module") or "the top level (no module)"}
+                text = rule.message.format_map(defaultdict(lambda: "?", detail))
                 if all(existing.message != text for existing in advice):
                     advice.append(Advice(finding.code, text, rule.checklist))
     return advice
