@@ -13,10 +13,9 @@ import inspect
 import sys
 import textwrap
 from functools import lru_cache
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import libcst as cst
-import libcst.matchers as m
 from libcst import CSTNode, FlattenSentinel, MaybeSentinel, RemovalSentinel
 
 _VISIT_FUNCTIONS = ("visit_required", "visit_optional", "visit_sentinel", "visit_sequence", "visit_body_sequence")
@@ -155,41 +154,3 @@ def _single(new: object, old: CSTNode, visit: str) -> object:
             return MaybeSentinel.DEFAULT
         raise TypeError(f"a {type(old).__name__} cannot be removed here: its parent requires it")
     return new
-
-
-def findall(tree, matcher, *, metadata_resolver=None) -> list[CSTNode]:
-    """`libcst.matchers.findall`, same arguments, same nodes in the same order, without rebuilding the tree.
-
-    libcst's walks and rebuilds every node of `tree` and tries the matcher on each; this tries it only on nodes of
-    the types the matcher can match (`m.Call()`, `m.Import() | m.ImportFrom()`), which is most of the saving.
-    """
-    kinds = _matched_types(matcher)
-    if kinds is None or not isinstance(tree, (CSTNode, cst.MetadataWrapper)):
-        return list(m.findall(tree, matcher, metadata_resolver=metadata_resolver))  # nothing to narrow: libcst's
-    if isinstance(tree, cst.MetadataWrapper):
-        metadata_resolver = metadata_resolver or tree
-        tree = tree.module
-    skip = TRIVIA if not kinds & TRIVIA else frozenset()
-    return [
-        node
-        for node in _preorder(tree, skip)
-        if type(node) in kinds and m.matches(node, matcher, metadata_resolver=metadata_resolver)
-    ]
-
-
-def _matched_types(matcher: object) -> frozenset[type[CSTNode]] | None:
-    """The node types `matcher` can match; None when any type might."""
-    if isinstance(matcher, m.OneOf):
-        options = [_matched_types(option) for option in matcher.options]
-        return None if any(kinds is None for kinds in options) else frozenset().union(*options)  # type: ignore[arg-type]
-    node_type = getattr(cst, type(matcher).__name__, None)
-    is_node_matcher = type(matcher).__module__.startswith("libcst.matchers") and isinstance(node_type, type)
-    return frozenset({node_type}) if is_node_matcher and issubclass(node_type, CSTNode) else None
-
-
-def _preorder(node: CSTNode, skip: frozenset[type[CSTNode]]) -> Iterator[CSTNode]:
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(reversed(walk_children(current, skip)))

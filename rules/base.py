@@ -20,7 +20,6 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from migrate.names import QualifiedNames
-from migrate.walk import findall  # noqa: F401 - for rules: libcst's m.findall, without rebuilding the tree
 from migrate.types import Action, Finding, Mode, Safety, Settings, Severity
 
 # `# npu-port: ignore` or `# npu-port: ignore[NPU101, DIST001]` on a line silences rules there.
@@ -318,7 +317,6 @@ __all__ = [
     "Example",
     "FileState",
     "Flag",
-    "findall",
     "PortRule",
     "Unchanged",
 ]

@@ -8,7 +8,8 @@ import pytest
 from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 
 from migrate.names import QualifiedNames
-from migrate.walk import Walk, findall
+from migrate.walk import Walk
+from rules.tree import findall
 from rules import all_rules
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,19 +13,17 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from migrate.engine import migrate_source
 from migrate.files import plan, run_jobs
 from migrate.names import QualifiedNames
 from migrate.types import Settings
-from migrate.walk import TRIVIA, Walk, findall
+from migrate.walk import TRIVIA, Walk
 from rules import all_rules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,29 +121,15 @@ def round_trip(source: str) -> str:
 
 
 def per_file(sources: dict[str, str], repeat: int) -> None:
-    """Ratios of migrate to a bare round trip; `cheap findall` is the same run with the rules' `m.findall` calls
-    served by migrate.walk.findall (a what-if: the rules call libcst's today)."""
+    """Ratios of migrate with every rule to a bare round trip of the same file."""
     rules = all_rules()
     print(f"\nAll {len(rules)} rules vs a bare parse + codegen (target <= {TARGET_RATIO}x)")
-    print(f"{'file':42} {'lines':>6} {'bare s':>8} {'migrate s':>10} {'ratio':>6} {'cheap findall':>14}")
+    print(f"{'file':42} {'lines':>6} {'bare s':>8} {'migrate s':>10} {'ratio':>6}")
     for name, source in sources.items():
         bare = best_of(repeat, lambda: round_trip(source))
         ported = best_of(repeat, lambda: migrate_source(source, name, Settings(), rules))
-        with _findall_served_by_walk():
-            cheap = best_of(repeat, lambda: migrate_source(source, name, Settings(), rules))
         verdict = "ok" if ported / bare <= TARGET_RATIO else "OVER"
-        print(f"{name:42} {source.count(chr(10)):6d} {bare:8.3f} {ported:10.3f} {ported / bare:6.2f} "
-              f"{cheap / bare:13.2f}x {verdict}")  # fmt: skip
-
-
-@contextmanager
-def _findall_served_by_walk() -> Iterator[None]:
-    original = m.findall
-    m.findall = findall
-    try:
-        yield
-    finally:
-        m.findall = original
+        print(f"{name:42} {source.count(chr(10)):6d} {bare:8.3f} {ported:10.3f} {ported / bare:6.2f}x {verdict}")
 
 
 def pieces(source: str, repeat: int) -> None:
