@@ -2,9 +2,11 @@
 phase that torch.utils.module_tracker.ModuleTracker would report, at a cost close to the plain run.
 
 Why it is cheap:
+- on the CPU, a tensor's statistics are taken in one pass by the optional C extension `verify._stats` (torch needs
+  three: aminmax, sum and vector_norm); without it, as on other devices, by the reductions below;
 - statistics are reductions left on the device; they are stacked and fetched once per step (`StatBatch.fetch`), so
   there is no host sync per op;
-- a small tensor's reductions cost mostly the fixed overhead of each call, so small tensors are copied (one call)
+- without the C extension, a small tensor's reductions cost mostly the fixed overhead of each call, so small tensors are copied (one call)
   and reduced many at a time (`SmallTensorStats`); only large tensors are reduced one by one, while still in cache;
 - NaN/inf counting needs two extra passes that are slow on CPU; there, where reading a number is not a device sync,
   a large tensor's counts are taken only when its sum is not finite, else they are 0;
@@ -34,6 +36,11 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
 from verify.schema import DumpMode, Phase, TENSORS_DIR, step_file
+
+try:  # built by `pip install` where a C compiler is found (verify/_stats.c)
+    from verify import _stats as native_stats
+except ImportError:
+    native_stats = None
 
 aten = torch.ops.aten
 
@@ -156,11 +163,48 @@ def summarize(tensor: torch.Tensor, batch: StatBatch) -> PendingStats:
 
 
 def queue_statistics(tensor: torch.Tensor, stats: PendingStats, batch: StatBatch) -> None:
+    kind = native_kind(tensor)
+    if kind is not None:
+        summarize_natively(tensor, kind, stats, batch)
+        return
     values = reductions(tensor, None)
     stats.extremes_and_sums = batch.add(*values)
     # Any NaN or inf makes the sum NaN or inf, so a finite sum means no NaN and no inf.
     if len(values) == 4 and (tensor.device.type != "cpu" or not math.isfinite(values[2].item())):
         stats.nonfinite_counts = batch.add(tensor.isnan().sum(), tensor.isinf().sum())
+
+
+# What verify._stats reads each dtype as (bool is one byte, 0 or 1).
+_NATIVE_KINDS = {
+    torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16",
+    torch.int64: "int64", torch.int32: "int32", torch.uint8: "uint8", torch.bool: "uint8",
+}
+
+
+def native_kind(tensor: torch.Tensor) -> str | None:
+    """How verify._stats reads this tensor, or None where it cannot: no extension, not a plain CPU tensor (a
+    subclass may hold no real data), a dtype it does not know, or a lazily negated view."""
+    if native_stats is None or tensor.device.type != "cpu" or type(tensor) not in _PLAIN_TENSORS:
+        return None
+    kind = _NATIVE_KINDS.get(tensor.dtype)
+    return None if kind is None or tensor.is_neg() else kind
+
+
+def summarize_natively(tensor: torch.Tensor, kind: str, stats: PendingStats, batch: StatBatch) -> None:
+    """The statistics of a CPU tensor in one pass of verify._stats, as host numbers in the batch; NaN makes min and
+    max NaN, as torch.aminmax does."""
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    values = native_stats.summarize(tensor.data_ptr(), stats.numel, kind)
+    if len(values) == 2:  # integers and bool: min and max
+        stats.extremes_and_sums = batch.add_numbers(*values)
+        return
+    low, high, total, squares, nan, inf = values
+    if nan:
+        low = high = math.nan
+    stats.extremes_and_sums = batch.add_numbers(low, high, total, math.sqrt(squares))
+    if nan or inf:
+        stats.nonfinite_counts = batch.add_numbers(nan, inf)
 
 
 class SmallTensorStats:
@@ -544,7 +588,7 @@ class OpCapture:
         stats = describe(tensor)
         if not has_statistics(tensor):
             return stats
-        if SmallTensorStats.takes(tensor, stats.numel):
+        if native_stats is None and SmallTensorStats.takes(tensor, stats.numel):
             self.small_tensors.add(tensor, stats)
         else:
             queue_statistics(tensor, stats, self.batch)

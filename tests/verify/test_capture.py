@@ -203,3 +203,55 @@ def test_a_step_that_never_ends_stops_recording_at_its_bound(monkeypatch, capsys
     assert "op capture stopped at 50 records in step 0" in capsys.readouterr().err
     capture.discard_step(1)
     assert not capture.truncated and capture.rows == []
+
+
+def _statistics(tensors, monkeypatch, native):
+    import verify.capture
+
+    if not native:
+        monkeypatch.setattr(verify.capture, "native_stats", None)
+    batch = StatBatch()
+    pending = [summarize(tensor, batch) for tensor in tensors]
+    fetched = batch.fetch()
+    monkeypatch.undo()
+    return [stats.resolve(fetched) for stats in pending]
+
+
+def test_the_one_pass_c_statistics_equal_torch_reductions(monkeypatch):
+    """verify._stats (one pass over a CPU tensor) against torch's aminmax / sum / vector_norm, on every dtype it
+    reads, on sizes around its lane and block lengths, with NaN and inf, and on a non-contiguous tensor."""
+    import verify.capture
+
+    if verify.capture.native_stats is None:
+        pytest.skip("verify._stats was not built here (test_the_c_statistics_are_built_where_a_compiler_is says why)")
+    torch.manual_seed(0)
+    specials = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 2.0] * 7)
+    tensors = [
+        *(torch.randn(size) * 3 + 1 for size in (1, 15, 16, 17, 4095, 4096, 4097, 100_003)),
+        *(torch.randn(5000).to(dtype) for dtype in (torch.float64, torch.float16, torch.bfloat16)),
+        *(specials.to(dtype) for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)),
+        torch.tensor([float("inf"), 1.0, -3.0]),
+        torch.tensor([6e-8, -6e-8, 65504, -65504, 1e-5, 0.0], dtype=torch.float16),  # subnormal and extreme halves
+        torch.randn(300, 70).t(),  # not contiguous
+        *(torch.randint(-50, 50, (999,), dtype=dtype) for dtype in (torch.int64, torch.int32)),
+        torch.randint(0, 255, (77,), dtype=torch.uint8),
+        torch.rand(50) > 0.5,
+    ]
+    native, reference = _statistics(tensors, monkeypatch, True), _statistics(tensors, monkeypatch, False)
+    for tensor, got, expected in zip(tensors, native, reference):
+        assert {name for name, value in got.items() if value is None} == {n for n, v in expected.items() if v is None}
+        numbers = [name for name, value in expected.items() if value is not None]
+        tolerance = 1e-2 if tensor.dtype in (torch.float16, torch.bfloat16) else 1e-5  # torch sums halves in float
+        assert [got[name] for name in numbers] == pytest.approx(
+            [expected[name] for name in numbers], rel=tolerance, abs=tolerance, nan_ok=True
+        ), (tensor.dtype, tensor.shape)
+
+
+def test_the_c_statistics_are_built_where_a_compiler_is():
+    import shutil
+
+    import verify.capture
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here: verify._stats is optional and the capture reduces with torch")
+    assert verify.capture.native_stats is not None, "a C compiler is here but verify._stats was not built by pip"
