@@ -130,14 +130,26 @@ def has_readable_data(tensor: torch.Tensor) -> bool:
     return tensor.layout == torch.strided and not tensor.is_meta and tensor.numel() > 0
 
 
+_SHAPE_NAMES: dict[tuple[int, ...], str] = {}  # a training step makes the same few shapes over and over
+
+
+def shape_name(shape: tuple[int, ...]) -> str:
+    name = _SHAPE_NAMES.get(shape)
+    if name is None:
+        if len(_SHAPE_NAMES) > 100_000:  # shapes that never repeat (a growing sequence, say) must not fill memory
+            _SHAPE_NAMES.clear()
+        name = _SHAPE_NAMES[shape] = "x".join(map(str, shape))
+    return name
+
+
 def describe(tensor: torch.Tensor) -> PendingStats:
     """A tensor's dtype, shape and numel; its statistics are still to be queued."""
-    return PendingStats(dtype_name(tensor.dtype), "x".join(map(str, tensor.shape)), tensor.numel())
+    return PendingStats(dtype_name(tensor.dtype), shape_name(tensor.shape), tensor.numel())
 
 
 def has_statistics(tensor: torch.Tensor) -> bool:
     """Sparse, meta, empty and complex tensors get dtype, shape and numel only."""
-    return has_readable_data(tensor) and not tensor.is_complex()
+    return has_readable_data(tensor) and not tensor.dtype.is_complex
 
 
 def reductions(values: torch.Tensor, dim: int | None) -> list[torch.Tensor]:
@@ -170,7 +182,7 @@ def queue_statistics(tensor: torch.Tensor, stats: PendingStats, batch: StatBatch
     values = reductions(tensor, None)
     stats.extremes_and_sums = batch.add(*values)
     # Any NaN or inf makes the sum NaN or inf, so a finite sum means no NaN and no inf.
-    if len(values) == 4 and (tensor.device.type != "cpu" or not math.isfinite(values[2].item())):
+    if len(values) == 4 and (not tensor.is_cpu or not math.isfinite(values[2].item())):
         stats.nonfinite_counts = batch.add(tensor.isnan().sum(), tensor.isinf().sum())
 
 
@@ -184,7 +196,7 @@ _NATIVE_KINDS = {
 def native_kind(tensor: torch.Tensor) -> str | None:
     """How verify._stats reads this tensor, or None where it cannot: no extension, not a plain CPU tensor (a
     subclass may hold no real data), a dtype it does not know, or a lazily negated view."""
-    if native_stats is None or tensor.device.type != "cpu" or type(tensor) not in _PLAIN_TENSORS:
+    if native_stats is None or not tensor.is_cpu or type(tensor) not in _PLAIN_TENSORS:
         return None
     kind = _NATIVE_KINDS.get(tensor.dtype)
     return None if kind is None or tensor.is_neg() else kind
@@ -227,7 +239,7 @@ class SmallTensorStats:
     @classmethod
     def takes(cls, tensor: torch.Tensor, numel: int) -> bool:
         """Small plain CPU tensors (numpy reads them without a copy; subclasses may not allow that)."""
-        return numel <= cls.LARGEST and tensor.device.type == "cpu" and type(tensor) in _PLAIN_TENSORS
+        return numel <= cls.LARGEST and tensor.is_cpu and type(tensor) in _PLAIN_TENSORS
 
     def add(self, tensor: torch.Tensor, stats: PendingStats) -> None:
         copies, owners = self._copies.setdefault(tensor.dtype, ([], []))
@@ -452,10 +464,11 @@ class _OpRecorder(TorchDispatchMode):
         self._names: dict[torch._ops.OpOverload, str | None] = {}
 
     def _name(self, func: torch._ops.OpOverload) -> str | None:
-        if func not in self._names:
+        name = self._names.get(func, self)  # self: not seen yet (OpOverload's hash is Python code, so hash once)
+        if name is self:
             recorded = not func.is_view and func.namespace != "profiler" and func._overloadpacket not in _NOT_RECORDED
-            self._names[func] = str(func._overloadpacket) if recorded else None
-        return self._names[func]
+            name = self._names[func] = str(func._overloadpacket) if recorded else None
+        return name
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
