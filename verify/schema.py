@@ -5,15 +5,19 @@ A run directory is written incrementally, so a crash or a timeout keeps every co
     manifest.json          RunManifest, rewritten atomically at start, after each step and at the end
     losses.csv             one row per backward() call (micro-step), appended and flushed as it happens
     hparams.csv            optimizer hyperparameters, one row per (step, param_group, name), appended
-    ops/step-NNNNNN.parquet    operator records of one step (OP_COLUMNS)
-    grads/step-NNNNNN.parquet  per-parameter gradient statistics just before the optimizer step (GRAD_COLUMNS)
-    outputs/step-NNNNNN.parquet  inference runs: statistics of the outermost module's outputs (OUTPUT_COLUMNS)
+    ops/steps.arrows       operator records (OP_COLUMNS)
+    grads/steps.arrows     per-parameter gradient statistics just before the optimizer step (GRAD_COLUMNS)
+    outputs/steps.arrows   inference runs: statistics of the outermost module's outputs (OUTPUT_COLUMNS)
     outputs/step-NNNNNN-outK.npy inference runs: the output tensors themselves (small: top-k agreement needs them)
-    tensors/...npy         full tensors of the ops selected with --ops in `tensor` mode, under a size cap
+    tensors/step-NNNNNN/...npy   full tensors of the ops selected with --ops in `tensor` mode, under a size cap
     output.log             the script's stdout and stderr
 
-Every file is plain data (JSON, CSV, parquet, .npy without pickle): readers never unpickle anything, and names
-read from a run directory never become paths outside it. This module imports neither torch nor pandas.
+A table (ops, grads, outputs) is one Arrow IPC stream, TABLE_FILE in its folder: the schema, then one record batch
+per step, appended and flushed to the OS as the step ends (every step pays for it: no file to create and no parquet
+encoding keeps it cheap). The folder appears with the table's first step, so a training run has no outputs/. A
+stream cut short by a crash is read up to its last complete batch. Every file is plain data (JSON, CSV, Arrow IPC,
+.npy without pickle): readers never unpickle anything, and names read from a run directory never become paths
+outside it. This module imports neither torch nor pandas.
 """
 
 from __future__ import annotations
@@ -31,13 +35,15 @@ OPS_DIR = "ops"
 GRADS_DIR = "grads"
 OUTPUTS_DIR = "outputs"
 TENSORS_DIR = "tensors"
+TABLE_FILE = "steps.arrows"
 LOG = "output.log"
 # The child's environment, not the run directory: a loss scale the bootstrap imposes on a run under --autocast (set
 # by `verify ORIGINAL PORTED` to the port's GradScaler scale); recorded as manifest.extra["imposed_loss_scale"].
 LOSS_SCALE_ENV = "NPU_PORT_LOSS_SCALE"
 
 
-def step_file(step: int, suffix: str = ".parquet") -> str:
+def step_file(step: int, suffix: str) -> str:
+    """The name of what a run keeps per step: a folder (suffix "") or a file such as "-out0.npy"."""
     return f"step-{step:06d}{suffix}"
 
 

@@ -2,8 +2,8 @@
 
 The writer runs inside the instrumented child and receives plain Python numbers and numpy arrays: whatever touches
 tensors converts them first (`verify.capture`). The reader runs anywhere, including on a laptop without torch: it
-concatenates the per-step files, skips a step file truncated by a crash (with a warning), never unpickles anything
-and refuses names that would leave the run directory.
+concatenates the record batches of each table's stream, keeps the complete ones of a stream cut short by a crash
+(with a warning), never unpickles anything and refuses names that would leave the run directory.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from verify.schema import (
     GRAD_COLUMNS,
@@ -36,14 +34,15 @@ from verify.schema import (
     OPS_DIR,
     OUTPUT_COLUMNS,
     OUTPUTS_DIR,
+    TABLE_FILE,
     RunManifest,
-    step_file,
 )
 
-_STEP_FILE = re.compile(r"step-(\d{6})\.parquet")
 _ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
+_DEFAULTS = {"int64": pa.scalar(0), "float64": pa.scalar(None, pa.float64()), "string": pa.scalar("")}
+"""What a column left out of `RunWriter.write_step_table` holds (float64: null, read back as NaN)."""
 TABLES: dict[str, dict[str, str]] = {OPS_DIR: OP_COLUMNS, GRADS_DIR: GRAD_COLUMNS, OUTPUTS_DIR: OUTPUT_COLUMNS}
-"""Folder of per-step parquet files -> its columns."""
+"""Folder holding a table's stream (TABLE_FILE) -> its columns."""
 
 
 class RunDirError(ValueError):
@@ -80,15 +79,31 @@ def _arrow_schema(columns: Mapping[str, str]) -> pa.Schema:
     return pa.schema([(name, _ARROW_TYPES[dtype]) for name, dtype in columns.items()])
 
 
+_SCHEMAS = {folder: _arrow_schema(columns) for folder, columns in TABLES.items()}
+
+
+def _record_batch(folder: str, step: int, columns: Mapping[str, Sequence[Any]]) -> pa.RecordBatch:
+    """Column lists as one batch of the table's schema; a column left out holds its default, the step column `step`.
+    Every step pays for this: the names and types come from dicts, not from the schema's (slow) Field objects."""
+    length = len(next(iter(columns.values()))) if columns else 0
+    columns = {"step": [step] * length, **columns}
+    arrays = [
+        pa.array(columns[name], type=_ARROW_TYPES[dtype])
+        if name in columns
+        else pa.repeat(_DEFAULTS[dtype], length)  # several times cheaper than converting a list of defaults
+        for name, dtype in TABLES[folder].items()
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=_SCHEMAS[folder])
+
+
 class RunWriter:
-    """Appends to a run directory as the run goes: CSV rows are flushed at once, step tables are renamed into
-    place whole, so everything written before a crash stays readable."""
+    """Appends to a run directory as the run goes: CSV rows and each step's record batch are handed to the OS at
+    once, so everything written before a crash, even a kill, stays readable."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
-        for folder in TABLES:
-            (self.run_dir / folder).mkdir(parents=True, exist_ok=True)
         self._csv = {LOSSES: self._open_csv(LOSSES, LOSS_COLUMNS), HPARAMS: self._open_csv(HPARAMS, HPARAM_COLUMNS)}
+        self._streams: dict[str, tuple[pa.NativeFile, pa.ipc.RecordBatchStreamWriter]] = {}
 
     def _open_csv(self, name: str, columns: Sequence[str]) -> tuple[Any, Any]:
         path = self.run_dir / name
@@ -112,18 +127,22 @@ class RunWriter:
         """(step, group, name, value, optimizer) with any JSON-able value."""
         self._append(HPARAMS, ((step, group, name, json.dumps(value), opt) for step, group, name, value, opt in rows))
 
+    def _stream(self, folder: str) -> tuple[pa.NativeFile, pa.ipc.RecordBatchStreamWriter]:
+        """The table's stream, created with its first step: a run without outputs has no outputs stream."""
+        if folder not in self._streams:
+            path = self.run_dir / folder / TABLE_FILE
+            path.parent.mkdir(exist_ok=True)
+            # Buffered: a batch is a dozen small writes (header, each column's buffers); the flush makes them one.
+            sink = pa.BufferedOutputStream(pa.OSFile(str(path), "wb"), buffer_size=1 << 16)
+            self._streams[folder] = sink, pa.ipc.new_stream(sink, _SCHEMAS[folder])
+        return self._streams[folder]
+
     def write_step_table(self, folder: str, step: int, columns: Mapping[str, Sequence[Any]]) -> None:
-        """One step of ops, grads or outputs, as column lists named as in the schema (missing columns: defaults)."""
-        expected = TABLES[folder]
-        length = len(next(iter(columns.values()))) if columns else 0
-        defaults = {"string": "", "int64": 0, "float64": None}
-        arrays = {
-            name: columns[name] if name in columns else [defaults[dtype]] * length for name, dtype in expected.items()
-        }
-        table = pa.table(arrays, schema=_arrow_schema(expected))
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
-        _atomic_write_bytes(self.run_dir / folder / step_file(step), sink.getvalue().to_pybytes())
+        """One step of ops, grads or outputs, as column lists named as in the schema (missing columns: defaults),
+        appended to the table's stream as one record batch. The OS has it when this returns: a kill keeps it."""
+        sink, stream = self._stream(folder)
+        stream.write_batch(_record_batch(folder, step, columns))
+        sink.flush()
 
     def save_array(self, relative: str, array: np.ndarray) -> str:
         """Saves a .npy under the run directory (no pickle) and returns its path relative to it."""
@@ -136,6 +155,9 @@ class RunWriter:
     def close(self) -> None:
         for handle, _ in self._csv.values():
             handle.close()
+        for sink, stream in self._streams.values():
+            stream.close()  # the end-of-stream marker; a stream without it (a kill) reads the same
+            sink.close()
 
 
 def resolve_inside(run_dir: Path, relative: str) -> Path:
@@ -171,22 +193,27 @@ def _empty(columns: Mapping[str, str]) -> pd.DataFrame:
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in columns.items()})
 
 
+def _complete_batches(path: Path, name: str, problems: list[str]) -> list[pa.RecordBatch]:
+    """The record batches of a stream up to the first damaged one; the damage (a write cut short by a crash, in a
+    step's batch or in the schema before it) is reported."""
+    batches: list[pa.RecordBatch] = []
+    try:
+        with pa.OSFile(str(path)) as source:
+            for batch in pa.ipc.open_stream(source):  # one by one: the batches before a damaged one are kept
+                batches.append(batch)
+    except (pa.ArrowException, OSError) as error:
+        problems.append(f"skipped the unreadable end of {name} after {len(batches)} step(s): {error}")
+    return batches
+
+
 def _read_steps(run_dir: Path, folder: str, problems: list[str]) -> pd.DataFrame:
     columns = TABLES[folder]
-    frames = []
-    directory = run_dir / folder
-    entries = directory.iterdir() if directory.is_dir() else ()
-    names = sorted(entry.name for entry in entries if _STEP_FILE.fullmatch(entry.name))
-    for name in names:
-        try:
-            frame = pq.read_table(directory / name).to_pandas()
-        except (pa.ArrowException, OSError) as error:  # a crash in the middle of a write: keep the other steps
-            problems.append(f"skipped unreadable {folder}/{name}: {error}")
-            continue
-        frames.append(frame.reindex(columns=list(columns)))
-    if not frames:
+    path = run_dir / folder / TABLE_FILE
+    batches = _complete_batches(path, f"{folder}/{TABLE_FILE}", problems) if path.is_file() else []
+    if not batches:
         return _empty(columns)
-    return pd.concat(frames, ignore_index=True).astype(columns)
+    frame = pa.Table.from_batches(batches).to_pandas()
+    return frame.reindex(columns=list(columns)).astype(columns)
 
 
 def _read_csv(

@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from verify import compare_cli
 from verify.compare import CompareOptions, FindingCode, compare_runs
 from verify.compare_cli import read_side
-from verify.schema import OP_COLUMNS, GRAD_COLUMNS, OUTPUT_COLUMNS, RunManifest, step_file
+from verify.schema import GRAD_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS, TABLE_FILE, RunManifest
+from verify.store import RunWriter
 
 # (phase, module, op, dtype, shape) of one training step, in execution order.
 TRACE = [
@@ -114,13 +115,12 @@ def write_run(root: Path, ops: pd.DataFrame | None = None, loss: pd.DataFrame | 
     (root / "manifest.json").write_text(json.dumps(RunManifest(**fields).to_json()))
     (loss if loss is not None else losses()).to_csv(root / "losses.csv", index=False)
     (hparam if hparam is not None else hparams()).to_csv(root / "hparams.csv", index=False)
+    writer = RunWriter(root)
     for folder, frame in (("ops", ops if ops is not None else trace_ops()), ("grads", grad if grad is not None
                           else grads()), ("outputs", outputs)):
-        if frame is None:
-            continue
-        (root / folder).mkdir()
-        for step, part in frame.groupby("step"):
-            part.to_parquet(root / folder / step_file(int(step)), index=False)
+        for step, part in frame.groupby("step") if frame is not None else ():
+            writer.write_step_table(folder, int(step), part.to_dict("list"))
+    writer.close()
     for relative, array in (arrays or {}).items():
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         np.save(root / relative, array)
@@ -266,10 +266,11 @@ def test_missing_files_are_notes_not_tracebacks(tmp_path):
     ref = write_run(tmp_path / "ref")
     actual = write_run(tmp_path / "actual", ops=with_noise(trace_ops()))
     (actual / "losses.csv").unlink()
-    (actual / "ops" / step_file(1)).write_bytes(b"PAR1 truncated")
+    stream = actual / "ops" / TABLE_FILE
+    stream.write_bytes(stream.read_bytes()[:-100])  # the last step's batch cut short
     result = compare_runs(read_side(ref), read_side(actual))
     assert "actual: no loss recorded" in result.notes
-    assert any("unreadable ops/step-000001.parquet" in note for note in result.notes)
+    assert any(f"unreadable end of ops/{TABLE_FILE} after 2 step(s)" in note for note in result.notes)
     assert result.status_counts()["only_ref"] == len(TRACE)
 
 

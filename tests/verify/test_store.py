@@ -2,35 +2,45 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from verify.schema import GRAD_COLUMNS, LOSSES, OP_COLUMNS, OPS_DIR, RunManifest, step_file
+from verify.schema import GRAD_COLUMNS, LOSSES, OP_COLUMNS, OPS_DIR, TABLE_FILE, RunManifest
 from verify.store import RunDirError, RunWriter, read_run, write_manifest
 
 
-def write_run(run_dir, steps: int = 2):
+def op_columns(step: int) -> dict[str, list]:
+    """Two op records of `step`, as the capture hands them over (md5, tensor_file and some statistics left out)."""
+    return {
+        "step": [step, step], "seq": [0, 1], "phase": ["forward", "backward"], "module": ["Net.fc", ""],
+        "op": ["aten.addmm", "aten.mm"], "call_index": [0, 0], "io": ["out0", "out0"],
+        "key": [f"{step}/forward/Net.fc/aten.addmm#0", f"{step}/backward//aten.mm#0"], "dtype": ["float32"] * 2,
+        "shape": ["2x3", "3x3"], "numel": [6, 9], "min": [-1.0, None], "max": [2.0, None],
+    }
+
+
+def write_run(run_dir, steps: int = 2) -> list[int]:
+    """Writes a run of `steps` steps; returns the size of the ops stream after each step (it grows as it goes)."""
     run_dir.mkdir(exist_ok=True)
     write_manifest(run_dir, RunManifest(script="train.py", steps_requested=steps, steps_completed=steps))
     writer = RunWriter(run_dir)
+    sizes = []
     for step in range(steps):
         writer.append_losses([(step, 0, 1.0 / (step + 1), None, 3.5)])
         writer.append_hparams([(step, "", "optimizer", "SGD", 0), (step, 0, "betas", [0.9, 0.99], 0)])
-        writer.write_step_table(OPS_DIR, step, {
-            "step": [step, step], "seq": [0, 1], "phase": ["forward", "backward"], "module": ["Net.fc", ""],
-            "op": ["aten.addmm", "aten.mm"], "call_index": [0, 0], "io": ["out0", "out0"],
-            "key": [f"{step}/forward/Net.fc/aten.addmm#0", f"{step}/backward//aten.mm#0"], "dtype": ["float32"] * 2,
-            "shape": ["2x3", "3x3"], "numel": [6, 9], "min": [-1.0, None], "max": [2.0, None],
-        })
+        writer.write_step_table(OPS_DIR, step, op_columns(step))
+        sizes.append((run_dir / OPS_DIR / TABLE_FILE).stat().st_size)
     writer.close()
-    return run_dir
+    return sizes
 
 
 def test_round_trip_keeps_the_schema_types(tmp_path):
-    run = read_run(write_run(tmp_path))
+    write_run(tmp_path)
+    run = read_run(tmp_path)
     assert run.manifest.script == "train.py" and not run.warnings
     assert dict(run.ops.dtypes.astype(str)) == {name: dtype for name, dtype in OP_COLUMNS.items()}
     assert run.ops["key"].tolist()[:2] == ["0/forward/Net.fc/aten.addmm#0", "0/backward//aten.mm#0"]
@@ -38,19 +48,65 @@ def test_round_trip_keeps_the_schema_types(tmp_path):
     assert run.losses["loss"].tolist() == [1.0, 0.5] and run.losses["loss_scale"].isna().all()
     assert run.hparams["value"].tolist() == ["SGD", [0.9, 0.99]] * 2
     assert run.grads.empty and list(run.grads.columns) == list(GRAD_COLUMNS)
+    assert not (tmp_path / "grads").exists() and not (tmp_path / "outputs").exists()  # tables never written
 
 
-def test_truncated_step_file_and_csv_line_are_skipped_with_a_warning(tmp_path):
-    write_run(tmp_path)
-    last = tmp_path / OPS_DIR / step_file(1)
-    last.write_bytes(last.read_bytes()[:40])
+def test_truncated_stream_and_csv_line_are_skipped_with_a_warning(tmp_path):
+    sizes = write_run(tmp_path)
+    stream = tmp_path / OPS_DIR / TABLE_FILE
+    stream.write_bytes(stream.read_bytes()[: sizes[0] + 40])  # step 1's batch cut short
     with (tmp_path / LOSSES).open("a") as losses:
         losses.write("2,0,0.3")  # cut mid-row: no loss_scale, no wall_ms, no newline
-    with pytest.warns(UserWarning, match="step-000001"):
+    with pytest.warns(UserWarning, match=f"{OPS_DIR}/{TABLE_FILE}"):
         run = read_run(tmp_path)
     assert set(run.ops["step"]) == {0}
     assert run.losses["step"].tolist() in ([0, 1], [0, 1, 2])  # a short row is kept only if its numbers parse
-    assert any("step-000001" in warning for warning in run.warnings)
+    assert any(f"unreadable end of {OPS_DIR}/{TABLE_FILE} after 1 step(s)" in warning for warning in run.warnings)
+
+
+def metadata_end(data: bytes, start: int) -> int:
+    """Where the body of the IPC message at `start` begins: a message is a 4-byte continuation marker, the 4-byte
+    length of its metadata, the metadata, then the body."""
+    return start + 8 + int.from_bytes(data[start + 4 : start + 8], "little")
+
+
+@pytest.mark.parametrize("part", ["metadata", "body"])
+def test_a_stream_cut_inside_a_batch_keeps_the_steps_before_it(tmp_path, part):
+    sizes = write_run(tmp_path, steps=3)
+    stream = tmp_path / OPS_DIR / TABLE_FILE
+    data = stream.read_bytes()
+    third_batch, its_body = sizes[1], metadata_end(data, sizes[1])
+    stream.write_bytes(data[: (third_batch + its_body) // 2 if part == "metadata" else (its_body + sizes[2]) // 2])
+    with pytest.warns(UserWarning, match=r"after 2 step\(s\)"):
+        run = read_run(tmp_path)
+    assert run.ops["step"].tolist() == [0, 0, 1, 1]
+    assert dict(run.ops.dtypes.astype(str)) == OP_COLUMNS
+
+
+def test_a_stream_cut_inside_its_schema_reads_as_an_empty_table(tmp_path):
+    write_run(tmp_path)
+    stream = tmp_path / OPS_DIR / TABLE_FILE
+    data = stream.read_bytes()
+    stream.write_bytes(data[: metadata_end(data, 0) // 2])
+    with pytest.warns(UserWarning, match=r"after 0 step\(s\)"):
+        run = read_run(tmp_path)
+    assert run.ops.empty and dict(run.ops.dtypes.astype(str)) == OP_COLUMNS
+
+
+def test_a_writer_killed_without_closing_keeps_every_step_written(tmp_path):
+    write_manifest(tmp_path, RunManifest(script="train.py", steps_requested=3))
+    code = (
+        "import os, signal, sys\n"
+        "from verify.store import RunWriter\n"
+        "writer = RunWriter(sys.argv[1])\n"
+        "for step in range(3):\n"
+        "    writer.write_step_table('ops', step, {'seq': [0, 1]})\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"  # no close(): no end-of-stream marker
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=False)
+    assert done.returncode == -signal.SIGKILL
+    run = read_run(tmp_path)
+    assert run.ops["step"].tolist() == [0, 0, 1, 1, 2, 2] and not run.warnings
 
 
 def test_missing_or_corrupt_manifest_is_a_clear_error(tmp_path):
@@ -63,14 +119,16 @@ def test_missing_or_corrupt_manifest_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("name", ["../outside.npy", "/etc/passwd", "tensors/../../outside.npy", ""])
 def test_names_outside_the_run_directory_are_refused(tmp_path, name):
-    run = read_run(write_run(tmp_path / "run"))
+    write_run(tmp_path / "run")
+    run = read_run(tmp_path / "run")
     (tmp_path / "outside.npy").write_bytes(b"")
     with pytest.raises(RunDirError, match="refusing"):
         run.load_array(name)
 
 
 def test_arrays_round_trip_and_pickles_are_never_loaded(tmp_path):
-    writer = RunWriter(write_run(tmp_path))
+    write_run(tmp_path)
+    writer = RunWriter(tmp_path)
     writer.save_array("tensors/a.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
     np.save(tmp_path / "tensors" / "evil.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     run = read_run(tmp_path)
