@@ -44,6 +44,12 @@ def _swapped(finding: Finding) -> bool:
     return bool(op and actual_op) and RELATED_OPS.get(op, op) != RELATED_OPS.get(actual_op, actual_op)
 
 
+def _follows_hparams(finding: Finding) -> bool:
+    """The op diverges after a differing hyperparameter took effect (compare._hparams_behind): not evidence of a
+    numerical issue, since the runs no longer compute on the same values."""
+    return bool(finding.detail.get("follows_hparams"))
+
+
 ADVICE_RULES: tuple[AdviceRule, ...] = (
     AdviceRule(FindingCode.RUN_FAILED, (
         "The {side} run ended '{status}': read the traceback in its manifest.json and its output.log. The comparison "
@@ -71,7 +77,12 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "{op} in {module} diverges although its inputs agree: an operator accuracy issue. Run it in fp32 (exclude it "
         "from autocast), disable fusion (call the unfused eager ops instead of a torch_npu fused kernel; "
         "torch_npu.npu.set_compile_mode(jit_compile=False)), and dump it in tensor mode for cosine/error figures."),
-        (), lambda finding: not _swapped(finding)),
+        (), lambda finding: not _swapped(finding) and not _follows_hparams(finding)),
+    AdviceRule(FindingCode.OP_DIVERGES, (
+        "{op} ({phase}, step {step}) and the ops after it diverge because {follows_hparams} differs: the optimizer's "
+        "update uses it and later steps start from the weights it updated, so they are consequences of that "
+        "difference, not an operator accuracy issue. Make {follows_hparams} equal first."), ("C9",),
+        _follows_hparams),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
         "layer or function, not a numerical issue. Port the original's op unless the change is intended."), (),
@@ -79,7 +90,7 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} is nondeterministic on GPUs (atomic accumulation): first check that the reference is constant "
         "(`verify determinism`), with torch.use_deterministic_algorithms(True) on both sides."), ("C1",),
-        lambda finding: finding.detail.get("op") in NONDETERMINISTIC_OPS),
+        lambda finding: finding.detail.get("op") in NONDETERMINISTIC_OPS and not _follows_hparams(finding)),
     AdviceRule(FindingCode.NONDETERMINISM, (
         "The same script on the same device gives different results from {op} on: the benchmark is not constant. "
         "Call torch.use_deterministic_algorithms(True) (torch_npu honours it; set HCCL_DETERMINISTIC=true for "

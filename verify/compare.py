@@ -534,20 +534,32 @@ def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
     return findings
 
 
-def _op_findings(first: dict[str, Any] | None, ref: RunData, actual: RunData) -> list[Finding]:
+def _op_findings(first: dict[str, Any] | None, ref: RunData, actual: RunData, hparams: pd.DataFrame) -> list[Finding]:
     if first is None:
         return []
+    follows = ", ".join(_hparams_behind(first, hparams))
     same_script = bool(ref.manifest.script_sha256) and ref.manifest.script_sha256 == actual.manifest.script_sha256
     same_device = ref.manifest.device == actual.manifest.device
-    code = FindingCode.NONDETERMINISM if same_script and same_device else FindingCode.OP_DIVERGES
+    # Same script and device but other hyperparameters (its arguments) is not a repeat of one run.
+    code = FindingCode.NONDETERMINISM if same_script and same_device and not follows else FindingCode.OP_DIVERGES
     message = (f"first divergent operator: {_op_label(first)}, stats error {first['stats_error']:.3g} > "
-               f"{first['tolerance']:.3g}; {first['inputs_evidence']}")
-    findings = [Finding(code, message, first)]
+               f"{first['tolerance']:.3g}; {first['inputs_evidence']}"
+               + (f"; it follows from the {follows} difference" if follows else ""))
+    findings = [Finding(code, message, {**first, "follows_hparams": follows})]
     if first["step"] == 0 and (first["first_of_step"] or _before_first_forward(first, ref.ops)):
         findings.append(Finding(FindingCode.DATA_ORDER, (
             f"{_op_label(first)} runs before the first forward of step 0 and already differs: the batch or the "
             "initial weights differ"), first))
     return findings
+
+
+def _hparams_behind(op: dict[str, Any], hparams: pd.DataFrame) -> list[str]:
+    """The differing hyperparameters that already changed this op's values. A step's hyperparameters are recorded
+    just before its optimizer step, so one that differs from step s changes the update of step s and, through the
+    weights, every op of later steps; the forward and backward of step s ran before it and owe it nothing."""
+    steps = hparams["step"]
+    behind = (steps < op["step"]) | ((steps == op["step"]) & (op["phase"] == "optimizer"))
+    return list(dict.fromkeys(hparams.loc[behind, "name"].astype(str)))
 
 
 def _before_first_forward(op: dict[str, Any], ops: pd.DataFrame) -> bool:
@@ -643,7 +655,7 @@ def compare_runs(ref: RunData, actual: RunData, options: CompareOptions = Compar
         *_overflow_findings(overflow),
         *_loss_finding(loss),
         *_output_finding(outputs),
-        *_op_findings(first, ref, actual),
+        *_op_findings(first, ref, actual, hparams),
         *_grad_finding(grads, policy.loss_rtol),
         *_match_finding(table),
     ]

@@ -99,6 +99,11 @@ def test_a_changed_learning_rate_is_named_a_hyperparameter_difference(tmp_path, 
     assert summary["hparam_differences"] == ["lr 0.0001 vs 0.0002 in group 0"]
     assert codes(summary)[0] == "hparam_mismatch" and summary["reason"].startswith("FAIL: hyperparameter differs: lr")
     assert "[checklist C9]" in (out / "advice.txt").read_text()
+    # the first update with the other lr is where the ops start to differ: a consequence, not an accuracy issue
+    first = summary["first_divergent"]
+    assert (first["step"], first["phase"]) == (0, "optimizer")
+    assert not any("diverges although its inputs agree" in text for text in summary["advice"])
+    assert sum("because lr differs" in text for text in summary["advice"]) == 1
 
 
 def test_a_swapped_activation_is_the_first_divergent_op(tmp_path, reference):

@@ -1,0 +1,83 @@
+"""Advice for the first divergent operator when a hyperparameter differs: ops that ran after the differing value
+took effect (the optimizer's update of that step, every op of later steps) follow from it; earlier ones do not.
+
+The runs are built in memory (RunData), two steps of forward, backward and optimizer ops with identical statistics
+on both sides unless a test perturbs them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from verify.advice import advise
+from verify.compare import FindingCode, RunData, compare_runs
+from verify.schema import OP_COLUMNS, RunManifest
+
+TRACE = [("forward", "Net.fc", "aten.addmm"), ("backward", "Net.fc", "aten.mm"), ("optimizer", "", "aten.add_")]
+STEPS = 2
+
+
+def trace_ops() -> pd.DataFrame:
+    rows = [dict(step=step, seq=seq, phase=phase, module=module, op=op, call_index=0, io="out0",
+                 key=f"{step}/{phase}/{module}/{op}#0", dtype="float32", shape="4x4", numel=16, min=-1.0, max=1.0,
+                 mean=0.1 * (seq + 1), l2_norm=2.0 + step, nan_count=0, inf_count=0, md5="", tensor_file="")
+            for step in range(STEPS) for seq, (phase, module, op) in enumerate(TRACE)]
+    return pd.DataFrame(rows).astype(OP_COLUMNS)
+
+
+def hparams(lrs: list[float]) -> pd.DataFrame:
+    return pd.DataFrame([{"step": step, "group": "0", "name": "lr", "value": json.dumps(lr), "optimizer": 0}
+                         for step, lr in enumerate(lrs)])
+
+
+def run(root: Path, ops: pd.DataFrame, lrs: list[float], device: str) -> RunData:
+    manifest = RunManifest(script_sha256="one script", device=device, status="ok", steps_completed=STEPS)
+    return RunData(root=root, manifest=manifest, ops=ops, hparams=hparams(lrs))
+
+
+def diverging_from(first: tuple[int, str], lrs: list[float], tmp_path: Path, device: str = "npu"):
+    """The actual side's ops differ from the first (step, phase) on, with its learning rates `lrs` against 0.1
+    throughout; both sides run the same script, the reference on the CPU."""
+    actual_ops = trace_ops()
+    step, seq = first[0], [phase for phase, _, _ in TRACE].index(first[1])
+    later = (actual_ops["step"] > step) | ((actual_ops["step"] == step) & (actual_ops["seq"] >= seq))
+    actual_ops.loc[later, "l2_norm"] *= 1.5
+    result = compare_runs(run(tmp_path / "ref", trace_ops(), [0.1] * STEPS, "cpu"),
+                          run(tmp_path / "actual", actual_ops, lrs, device))
+    return result, [item.message for item in advise(result.findings)]
+
+
+def test_an_update_with_another_lr_is_a_consequence_not_an_accuracy_issue(tmp_path):
+    result, advice = diverging_from((0, "optimizer"), [0.2, 0.2], tmp_path)
+    assert (result.first_divergent["step"], result.first_divergent["phase"]) == (0, "optimizer")
+    op_finding = next(f for f in result.findings if f.code is FindingCode.OP_DIVERGES)
+    assert op_finding.detail["follows_hparams"] == "lr"
+    assert op_finding.message.endswith("it follows from the lr difference")
+    assert advice[0].startswith("Make lr equal on both sides")
+    assert advice[1].startswith("aten.add_ (optimizer, step 0) and the ops after it diverge because lr differs")
+    assert not any("diverges although its inputs agree" in text for text in advice)  # the accuracy-issue advice
+
+
+def test_a_forward_op_before_the_differing_update_is_still_an_accuracy_issue(tmp_path):
+    """The forward of step 0 runs before the optimizer uses lr: the difference cannot explain it."""
+    result, advice = diverging_from((0, "forward"), [0.2, 0.2], tmp_path)
+    assert result.first_divergent["phase"] == "forward"
+    assert any("aten.addmm in Net.fc diverges although its inputs agree" in text for text in advice)
+    assert not any("because lr differs" in text for text in advice)
+
+
+def test_an_lr_that_differs_only_from_step_1_does_not_explain_the_update_of_step_0(tmp_path):
+    result, advice = diverging_from((0, "optimizer"), [0.1, 0.2], tmp_path)
+    assert result.hparams["message"].tolist() == ["lr 0.1 vs 0.2 in group 0 from step 1"]
+    assert any("aten.add_ in the top level (no module) diverges although its inputs agree" in text for text in advice)
+    assert not any("because lr differs" in text for text in advice)
+
+
+def test_the_same_script_with_another_lr_on_the_same_device_is_not_called_nondeterministic(tmp_path):
+    result, advice = diverging_from((0, "optimizer"), [0.2, 0.2], tmp_path, device="cpu")
+    assert FindingCode.NONDETERMINISM not in {f.code for f in result.findings}
+    assert not any("the benchmark is not constant" in text for text in advice)
+    assert any("because lr differs" in text for text in advice)
