@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shlex
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -132,6 +133,7 @@ class _Inputs:
     settings: Settings
     rules: Sequence[type[PortRule]]
     verify_command: str
+    original_script: str
     facts: list[tuple[str, FileFacts]] = field(default_factory=list)
 
     def ported(self, kind: str) -> list[Evidence]:
@@ -155,10 +157,15 @@ class _Inputs:
 
 
 def build(
-    results: Sequence[FileResult], settings: Settings, rules: Sequence[type[PortRule]], verify_command: str
+    results: Sequence[FileResult],
+    settings: Settings,
+    rules: Sequence[type[PortRule]],
+    verify_command: str,
+    original_script: str,
 ) -> list[Item]:
-    """Every checklist item with its status, evidence and what to do."""
-    inputs = _Inputs(results, settings, rules, verify_command)
+    """Every checklist item with its status, evidence and what to do. `verify_command` compares the original with
+    the port; `original_script` is the original's path, which `verify determinism` runs alone."""
+    inputs = _Inputs(results, settings, rules, verify_command, original_script)
     # Evidence about the port points into the ported file, whose line numbers the facts carry.
     inputs.facts = [(r.target or r.source, r.facts) for r in results if r.facts is not None]
     return [
@@ -185,7 +192,7 @@ def _finding_evidence(findings: Iterable[Finding]) -> list[str]:
 def _constant_results(inputs: _Inputs) -> Item:
     seeds = inputs.ported("seeds")
     evidence = seeds or ["no seeding call found in the source"]
-    script = inputs.verify_command.split()[1] if len(inputs.verify_command.split()) > 1 else "train.py"
+    script = shlex.quote(inputs.original_script)
     return _item(
         "C1",
         Status.NOT_CHECKED,

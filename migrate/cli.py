@@ -7,6 +7,7 @@ Diffs go to stdout; the summary, progress and errors go to stderr.
 from __future__ import annotations
 
 import os
+import shlex
 from enum import IntEnum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -103,7 +104,8 @@ def migrate(
     report = None
     if writes and results:
         directory = report_dir or _default_report_dir(paths[0], out, in_place)
-        items = checklist.build(results, settings, rules, _verify_command(results))
+        original, ported = _first_port(results)
+        items = checklist.build(results, settings, rules, _verify_command(original, ported), original)
         try:
             report = write_reports(results, directory, f"npu-port migrate report ({mode.value} mode)", items)[0]
         except OSError as error:
@@ -182,11 +184,16 @@ def _plural(count: int, word: str, words: str = "") -> str:
     return f"{count} {word if count == 1 else words or word + 's'}"
 
 
-def _verify_command(results: list[FileResult]) -> str:
+def _first_port(results: list[FileResult]) -> tuple[str, str]:
+    """The original and ported paths of the first ported script, which the checklist's commands name (placeholders
+    when nothing was ported)."""
     ported = next((r for r in results if r.facts is not None and r.target), None)
-    if ported is None:
-        return "verify ORIGINAL PORTED -- ARGS"
-    return f"verify {ported.source} {ported.target} -- ARGS"
+    return (ported.source, ported.target) if ported else ("ORIGINAL", "PORTED")
+
+
+def _verify_command(original: str, ported: str) -> str:
+    # Quoted: the command is meant to be pasted into a shell, and paths may hold spaces.
+    return f"verify {shlex.quote(original)} {shlex.quote(ported)} -- ARGS"
 
 
 def _print_checklist(items: list[checklist.Item]) -> None:

@@ -3,6 +3,7 @@
 import ast
 import json
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -62,6 +63,16 @@ def test_machine_dependent_workers_and_validation_faults_fail(fp32_trainer):
     assert items["C8"]["status"] == "Failed" and "TRN003" in c8 and "TRN002" in c8
 
 
+def test_run_time_commands_name_a_script_whose_path_has_a_space(tmp_path):
+    """The commands get the scripts' paths, not words split from another command: a space stays in the path."""
+    folder = tmp_path / "my runs"
+    folder.mkdir()
+    items, port = _migrate(folder, "fp32_trainer")
+    original = shlex.quote(str(folder / "train.py"))
+    assert items["C1"]["action"].startswith(f"Run `verify determinism {original}`: it runs the original twice")
+    assert f"`verify {original} {shlex.quote(str(port))} -- ARGS`" in items["C5"]["action"]
+
+
 def test_hyperparameters_are_identical_after_a_port(fp32_trainer):
     items, _ = fp32_trainer
     assert items["C9"]["status"] == "Passed"
@@ -78,7 +89,8 @@ def test_a_hyperparameter_that_differs_in_the_port_fails_c9():
     original = (SAMPLES / "fp32_trainer" / "train_gpu.py").read_text()
     drifted = original.replace("default=1e-3", "default=1e-2")
     result = FileResult("train.py", "train_npu.py", FileStatus.CHANGED, facts=file_facts(original, drifted))
-    items = {item.id: item for item in build([result], Settings(), all_rules(), "verify train.py train_npu.py")}
+    command = "verify train.py train_npu.py -- ARGS"
+    items = {item.id: item for item in build([result], Settings(), all_rules(), command, "train.py")}
     assert items["C9"].status is Status.FAILED
     line = next(n for n, text in enumerate(drifted.splitlines(), 1) if "default=1e-2" in text)
     assert items["C9"].evidence == (f"train_npu.py:{line}: lr = 1e-2 in the port, 1e-3 in the original",)
