@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import operator
 import re
 import sys
 import weakref
@@ -105,7 +106,11 @@ class PendingStats:
     nonfinite_counts: Handle | None = None  # (nan, inf); None: known to be 0, or not applicable
 
     def resolve(self, fetched: Callable[[Handle], list[float]]) -> dict[str, Any]:
-        """The schema's statistic columns (min, max, mean, l2_norm, nan_count, inf_count) as plain numbers."""
+        """The schema's statistic columns (STAT_COLUMNS: min, max, mean, l2_norm, nan_count, inf_count)."""
+        return dict(zip(STAT_COLUMNS, self.values(fetched)))
+
+    def values(self, fetched: Callable[[Handle], list[float]]) -> tuple[Any, ...]:
+        """The statistics as plain numbers, in STAT_COLUMNS order (None where they do not apply)."""
         low = high = mean = norm = None
         if self.extremes_and_sums is not None:
             values = fetched(self.extremes_and_sums)
@@ -113,7 +118,7 @@ class PendingStats:
             if len(values) == 4:
                 mean, norm = values[2] / self.numel, values[3]
         nan, inf = (int(count) for count in fetched(self.nonfinite_counts)) if self.nonfinite_counts else (0, 0)
-        return {"min": low, "max": high, "mean": mean, "l2_norm": norm, "nan_count": nan, "inf_count": inf}
+        return low, high, mean, norm, nan, inf
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
@@ -165,20 +170,23 @@ def reductions(values: torch.Tensor, dim: int | None) -> list[torch.Tensor]:
     return [low, high, total, torch.linalg.vector_norm(values, dim=dim, dtype=accumulate)]
 
 
-def summarize(tensor: torch.Tensor, batch: StatBatch) -> PendingStats:
-    """Queues a tensor's statistics on its device (see `describe`, `has_statistics` and `reductions`). Callers outside
-    the dispatch mode hold torch.no_grad()."""
+def summarize(tensor: torch.Tensor, batch: StatBatch, small: SmallTensorStats | None = None) -> PendingStats:
+    """A tensor's dtype, shape and numel, with its statistics queued: on the CPU by verify._stats, else by torch's
+    reductions (small CPU tensors by `small` when given). Callers outside the dispatch mode hold torch.no_grad()."""
     stats = describe(tensor)
-    if has_statistics(tensor):
-        queue_statistics(tensor, stats, batch)
+    kind = native_kind(tensor)
+    if kind is not None:
+        if stats.numel:
+            summarize_natively(tensor, kind, stats, batch)
+    elif has_statistics(tensor):
+        if small is not None and small.takes(tensor, stats.numel):
+            small.add(tensor, stats)
+        else:
+            queue_reductions(tensor, stats, batch)
     return stats
 
 
-def queue_statistics(tensor: torch.Tensor, stats: PendingStats, batch: StatBatch) -> None:
-    kind = native_kind(tensor)
-    if kind is not None:
-        summarize_natively(tensor, kind, stats, batch)
-        return
+def queue_reductions(tensor: torch.Tensor, stats: PendingStats, batch: StatBatch) -> None:
     values = reductions(tensor, None)
     stats.extremes_and_sums = batch.add(*values)
     # Any NaN or inf makes the sum NaN or inf, so a finite sum means no NaN and no inf.
@@ -194,12 +202,15 @@ _NATIVE_KINDS = {
 
 
 def native_kind(tensor: torch.Tensor) -> str | None:
-    """How verify._stats reads this tensor, or None where it cannot: no extension, not a plain CPU tensor (a
-    subclass may hold no real data), a dtype it does not know, or a lazily negated view."""
-    if native_stats is None or not tensor.is_cpu or type(tensor) not in _PLAIN_TENSORS:
+    """How verify._stats reads this tensor, or None where it cannot: no extension, not a plain dense CPU tensor (a
+    subclass may hold no real data, a sparse one no plain array), a dtype it does not know (complex ones among
+    them), or a lazily negated view."""
+    if native_stats is None or type(tensor) not in _PLAIN_TENSORS or not tensor.is_cpu:
         return None
     kind = _NATIVE_KINDS.get(tensor.dtype)
-    return None if kind is None or tensor.is_neg() else kind
+    if kind is None or tensor.layout is not torch.strided or tensor.is_neg():
+        return None
+    return kind
 
 
 def summarize_natively(tensor: torch.Tensor, kind: str, stats: PendingStats, batch: StatBatch) -> None:
@@ -298,6 +309,7 @@ def md5_of(tensor: torch.Tensor) -> str:
 STAT_COLUMNS = ("min", "max", "mean", "l2_norm", "nan_count", "inf_count")
 _ROW_COLUMNS = ("seq", "phase", "module", "op", "call_index", "io", "md5", "tensor_file")
 _PENDING_COLUMNS = ("dtype", "shape", "numel")
+_ROW_FIELDS, _PENDING_FIELDS = operator.attrgetter(*_ROW_COLUMNS), operator.attrgetter(*_PENDING_COLUMNS)
 
 
 @dataclass(slots=True)
@@ -500,6 +512,10 @@ class _OpRecorder(TorchDispatchMode):
         return written
 
 
+_OPTIMIZER, _BACKWARD, _FORWARD, _OTHER = (phase.value for phase in (Phase.OPTIMIZER, Phase.BACKWARD, Phase.FORWARD,
+                                                                     Phase.OTHER))
+
+
 @dataclass(slots=True)
 class _Call:
     seq: int
@@ -559,16 +575,14 @@ class OpCapture:
         finally:
             self.recording = previous
 
-    def phase(self, module: str) -> str:
-        if self.in_optimizer:
-            return Phase.OPTIMIZER.value
-        if self.modules.in_backward():
-            return Phase.BACKWARD.value
-        return Phase.FORWARD.value if module else Phase.OTHER.value
-
     def begin_call(self, op: str) -> _Call:
         module = self.modules.innermost
-        phase = self.phase(module)
+        if self.in_optimizer:
+            phase = _OPTIMIZER
+        elif self.modules.in_backward():
+            phase = _BACKWARD
+        else:
+            phase = _FORWARD if module else _OTHER
         counter = (phase, module, op)
         call_index = self._call_counts.get(counter, 0)
         self._call_counts[counter] = call_index + 1
@@ -582,7 +596,7 @@ class OpCapture:
             return
         for position, tensor in enumerate(tensors):
             row = OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"{io}{position}",
-                        self._summarize(tensor))
+                        summarize(tensor, self.batch, self.small_tensors))
             if self.dump == DumpMode.MD5:
                 row.md5 = md5_of(tensor)
             if call.save_tensors:
@@ -597,26 +611,16 @@ class OpCapture:
                   "this step is not recorded (work after the last optimizer step, such as a long evaluation, stays "
                   "in one step)", file=sys.stderr, flush=True)
 
-    def _summarize(self, tensor: torch.Tensor) -> PendingStats:
-        stats = describe(tensor)
-        if not has_statistics(tensor):
-            return stats
-        if native_stats is None and SmallTensorStats.takes(tensor, stats.numel):
-            self.small_tensors.add(tensor, stats)
-        else:
-            queue_statistics(tensor, stats, self.batch)
-        return stats
-
     def take_step(self, step: int, fetched: Callable[[Handle], list[float]]) -> dict[str, list[Any]]:
         """The rows of `step` as OP_COLUMNS lists (statistics resolved from `fetched`); starts the next step."""
         rows = self.rows
-        statistics = [row.stats.resolve(fetched) for row in rows]
+        records = [(*_ROW_FIELDS(row), *_PENDING_FIELDS(row.stats), *row.stats.values(fetched)) for row in rows]
+        names = (*_ROW_COLUMNS, *_PENDING_COLUMNS, *STAT_COLUMNS)
         columns: dict[str, list[Any]] = {
             "step": [step] * len(rows),
             "key": [f"{step}/{row.phase}/{row.module}/{row.op}#{row.call_index}" for row in rows],
-            **{name: [getattr(row, name) for row in rows] for name in _ROW_COLUMNS},
-            **{name: [getattr(row.stats, name) for row in rows] for name in _PENDING_COLUMNS},
-            **{name: [values[name] for values in statistics] for name in STAT_COLUMNS},
+            **{name: list(column) for name, column in zip(names, zip(*records))},
+            **({} if records else {name: [] for name in names}),
         }
         self.discard_step(step + 1)
         return columns
