@@ -16,6 +16,10 @@ The caller passes the address of a live contiguous CPU tensor's data and its ele
 #include <stdint.h>
 #include <string.h>
 
+/* BACKWARDS: the kernels read a tensor from its end. The op that wrote it just now went from the start, so its end
+   is still in the cache and its start was the first to leave; reading from the start would push out the end
+   before reaching it (a 2 MB output: 203 us read backwards, 246 us forwards, on a 2 MB L2). */
+
 #define LANES 16    /* independent accumulators, so that the compiler keeps them in vector registers */
 #define BLOCK 4096  /* elements summed in float before their sum is added in double */
 
@@ -75,8 +79,8 @@ typedef uint16_t half;
             high[lane] = -INFINITY;                                                                     \
         }                                                                                               \
         Py_ssize_t whole = count - count % LANES; /* BLOCK is a multiple of LANES */                    \
-        for (Py_ssize_t start = 0; start < whole; start += BLOCK) {                                     \
-            Py_ssize_t end = start + BLOCK < whole ? start + BLOCK : whole;                             \
+        for (Py_ssize_t end = whole; end > 0; end -= BLOCK) { /* from the end: see BACKWARDS */         \
+            Py_ssize_t start = end > BLOCK ? end - BLOCK : 0;                                           \
             LANE block_sum[LANES] = {0}, block_squares[LANES] = {0};                                    \
             for (Py_ssize_t i = start; i < end; i += LANES)                                             \
                 for (int lane = 0; lane < LANES; lane++) {                                              \
@@ -130,8 +134,8 @@ WIDE_TARGET static void stats_float16_wide(const half *data, Py_ssize_t count, F
     float buffer[BLOCK];
     FloatStats part;
     *out = (FloatStats){INFINITY, -INFINITY, 0, 0};
-    for (Py_ssize_t start = 0; start < count; start += BLOCK) {
-        Py_ssize_t size = count - start < BLOCK ? count - start : BLOCK, i = 0;
+    for (Py_ssize_t end = count; end > 0; end -= BLOCK) { /* from the end: see BACKWARDS */
+        Py_ssize_t start = end > BLOCK ? end - BLOCK : 0, size = end - start, i = 0;
         for (; i + 8 <= size; i += 8)
             _mm256_storeu_ps(buffer + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(data + start + i))));
         for (; i < size; i++) buffer[i] = from_half(data[start + i]);
@@ -161,8 +165,8 @@ COUNT_NONFINITE(nonfinite_bfloat16, uint16_t, from_bfloat16)
 
 #define INTEGER_EXTREMES(NAME, TYPE, TARGET)                                                            \
     TARGET static void NAME(const TYPE *data, Py_ssize_t count, TYPE *low, TYPE *high) {                \
-        TYPE lowest = data[0], highest = data[0];                                                       \
-        for (Py_ssize_t i = 1; i < count; i++) {                                                        \
+        TYPE lowest = data[count - 1], highest = data[count - 1];                                       \
+        for (Py_ssize_t i = count - 2; i >= 0; i--) { /* from the end: see BACKWARDS */                 \
             lowest = data[i] < lowest ? data[i] : lowest;                                               \
             highest = data[i] > highest ? data[i] : highest;                                            \
         }                                                                                               \
