@@ -113,6 +113,7 @@ class StepRecorder:
         self._losses: list[tuple[int, Any, float | None, float]] = []
         self._hparams: list[tuple[int, Any, str, Any, int]] = []
         self._grads: list[tuple[str, Any]] = []
+        self._stepping: list[tuple[str, Any]] = []  # (name, parameter) of the optimizer whose step() is running
         self._outputs: list[tuple[str, Any, str]] = []
 
     # -- installation -------------------------------------------------------------------------------------------
@@ -240,17 +241,18 @@ class StepRecorder:
         self.training = True
         self._optimizer_steps[optimizer] = self._optimizer_steps.get(optimizer, 0) + 1
         index = self._optimizer_index.setdefault(optimizer, len(self._optimizer_index))
+        self._stepping = self._named_parameters(optimizer)
         with self._own_work():
             self._record_hparams(optimizer, index)
-            self._record_grads(optimizer)
+            self._record_grads()
         if self.capture is not None:
-            self.capture.in_optimizer = True
+            self.capture.optimizer_step_begins()
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         if not self.enabled:
             return
         if self.capture is not None:
-            self.capture.in_optimizer = False
+            self.capture.optimizer_step_ends(self._stepping)
         if self._optimizer_index.get(optimizer) == 0:
             self._end_step()
 
@@ -289,13 +291,19 @@ class StepRecorder:
                     names[id(parameter)] = name if name not in names.values() else f"{type(root).__name__}.{name}"
         return names
 
-    def _record_grads(self, optimizer) -> None:
+    def _named_parameters(self, optimizer) -> list[tuple[str, Any]]:
+        """The optimizer's parameters with their names in the model (group<i>.<j> for one outside every model)."""
         names = self._parameter_names()
-        for group_index, group in enumerate(optimizer.param_groups):
-            for position, parameter in enumerate(group["params"]):
-                if parameter.grad is not None:
-                    name = names.get(id(parameter), f"group{group_index}.{position}")
-                    self._grads.append((name, summarize(parameter.grad, self.batch)))
+        return [
+            (names.get(id(parameter), f"group{group_index}.{position}"), parameter)
+            for group_index, group in enumerate(optimizer.param_groups)
+            for position, parameter in enumerate(group["params"])
+        ]
+
+    def _record_grads(self) -> None:
+        for name, parameter in self._stepping:
+            if parameter.grad is not None:
+                self._grads.append((name, summarize(parameter.grad, self.batch)))
 
     def _record_outputs(self, output) -> None:
         tensors = [leaf for leaf in tree_flatten(output)[0] if isinstance(leaf, torch.Tensor)]

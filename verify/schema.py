@@ -60,7 +60,7 @@ class Status(str, Enum):
 class Phase(str, Enum):
     FORWARD = "forward"
     BACKWARD = "backward"
-    OPTIMIZER = "optimizer"
+    OPTIMIZER = "optimizer"  # each parameter after optimizer.step(): op "update", module the parameter's name
     OTHER = "other"  # outside any module: data preparation, loss arithmetic at top level
 
 
@@ -77,8 +77,8 @@ OP_COLUMNS: dict[str, str] = {
     "step": "int64",  # 0-based optimizer step (inference: forward index)
     "seq": "int64",  # execution order within the step, over all ops
     "phase": "string",  # Phase
-    "module": "string",  # ModuleTracker path, e.g. "Net.layer1.0.conv1" ("" outside modules)
-    "op": "string",  # overload packet, e.g. "aten.convolution"
+    "module": "string",  # ModuleTracker path, e.g. "Net.layer1.0.conv1" ("" outside modules; optimizer: parameter)
+    "op": "string",  # overload packet, e.g. "aten.convolution" (optimizer phase: "update")
     "call_index": "int64",  # n-th call of `op` in this (step, phase, module)
     "io": "string",  # which tensor: "out0", "out1", ... and in tensor mode "in0", ...
     "key": "string",  # f"{step}/{phase}/{module}/{op}#{call_index}" - identical on every machine

@@ -49,7 +49,7 @@ class SmallCnn(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
-def make_step() -> tuple[nn.Module, Callable[[], float]]:
+def make_step() -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], float]]:
     torch.manual_seed(0)
     model = SmallCnn()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -62,7 +62,7 @@ def make_step() -> tuple[nn.Module, Callable[[], float]]:
         optimizer.step()
         return loss.item()
 
-    return model, step
+    return model, optimizer, step
 
 
 def seconds_per_step(run_steps: Callable[[int], None], steps: int) -> float:
@@ -74,19 +74,22 @@ def seconds_per_step(run_steps: Callable[[int], None], steps: int) -> float:
 
 
 def plain_runner() -> Callable[[int], None]:
-    _, step = make_step()
+    _, _, step = make_step()
     return lambda steps: [step() for _ in range(steps)] and None
 
 
 def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
-    """verify's capture as the bootstrap uses it: ops recorded during the step, one fetch and one table write per
-    step. native=False: statistics by torch's reductions, as where verify._stats (the C extension) is not built."""
+    """verify's capture as the bootstrap uses it: ops recorded during forward and backward, the parameters after
+    optimizer.step() (not its ops one by one), one fetch and one table write per step. native=False: statistics by torch's reductions, as where verify._stats (the C extension) is not built."""
     import verify.capture
     from verify.capture import OpCapture, StatBatch
     from verify.schema import OPS_DIR, DumpMode
     from verify.store import RunWriter
 
-    _, step = make_step()
+    model, optimizer, step = make_step()
+    parameters = list(model.named_parameters())
+    optimizer.register_step_pre_hook(lambda *_: capture.optimizer_step_begins())
+    optimizer.register_step_post_hook(lambda *_: capture.optimizer_step_ends(parameters))
     out_dir.mkdir(parents=True, exist_ok=True)
     writer = RunWriter(out_dir)
     batch = StatBatch()
@@ -118,7 +121,7 @@ def msprobe_runner(out_dir: Path) -> Callable[[int], None]:
         "task": "statistics", "dump_path": str(out_dir / "dump"), "rank": [], "step": [], "level": "L1",
         "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
     }))
-    model, step = make_step()
+    model, _, step = make_step()
     debugger = PrecisionDebugger(config_path=str(config))
 
     def run(steps: int) -> None:

@@ -255,3 +255,26 @@ def test_the_c_statistics_are_built_where_a_compiler_is():
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler here: verify._stats is optional and the capture reduces with torch")
     assert verify.capture.native_stats is not None, "a C compiler is here but verify._stats was not built by pip"
+
+
+def test_an_optimizer_step_is_recorded_as_its_updated_parameters():
+    """The optimizer's own ops are not recorded one by one (each would pay the dispatch mode's cost); what they
+    compute, each parameter after its update, is recorded in the optimizer phase under the parameter's name."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    batch = StatBatch()
+    with OpCapture(DumpMode.STATS, batch) as capture:
+        optimizer.register_step_pre_hook(lambda *_: capture.optimizer_step_begins())
+        optimizer.register_step_post_hook(lambda *_: capture.optimizer_step_ends(model.named_parameters()))
+        model(torch.randn(5, 3)).sum().backward()
+        optimizer.step()
+        records = rows(capture.take_step(0, batch.fetch()))
+    updates = [row for row in records if row["phase"] == "optimizer"]
+    assert [(row["module"], row["op"]) for row in updates] == [(name, "update") for name, _ in model.named_parameters()]
+    assert not any(row["op"] in ("aten.add_", "aten.mul_") and row["phase"] != "backward" for row in records)
+    weight = model[0].weight.detach()
+    first = updates[0]
+    assert first["key"] == "0/optimizer/0.weight/update#0" and first["shape"] == "4x3"
+    assert (first["min"], first["max"]) == (weight.min().item(), weight.max().item())
+    assert first["mean"] == pytest.approx(weight.mean().item()) and records[-1]["seq"] == len(records) - 1
