@@ -6,9 +6,11 @@ installs the instrumentation below, then runs the user's script unmodified with 
 Steps. A step ends when the *lead* optimizer (the first one ever to call step()) finishes step(). With several
 optimizers (a GAN) the others' steps fall into whichever step they run in, identically on both sides of a
 comparison. A step that a GradScaler skips (inf/NaN gradients: optimizer.step() is never called) still counts, or
-the run would never end; it is listed in manifest.skipped_steps. A script that never creates an optimizer is run as
-inference: each completed forward of an outermost module is a step. After the requested steps `StopRun` (a
-BaseException, so the script's `except Exception` cannot swallow it) unwinds the script.
+the run would never end; it is listed in manifest.skipped_steps. Without an optimizer, a step runs from one forward
+of the first outermost module to the next (or to the script's end): inference when no backward() was ever called,
+else training that updates the parameters by hand (pytorch/examples word_language_model's `p.data.add_`). After
+the requested steps `StopRun` (a BaseException, so the script's `except Exception` cannot swallow it) unwinds the
+script.
 
 Loss: the tensor backward() is called on, unscaled when GradScaler.scale() produced it; one losses.csv row per
 backward() (micro-steps of gradient accumulation). Hyperparameters of every optimizer and per-parameter gradient
@@ -105,6 +107,7 @@ class StepRecorder:
         self._optimizer_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._roots: list[weakref.ref] = []
         self._root_depth = 0
+        self._step_open = False  # without an optimizer: a step began with a forward and ends at the next one
         self._in_backward = False
         self._last_scaled: tuple[Any, Any, float] | None = None  # (scaled loss, loss, scale) from GradScaler.scale
         # a reference under an imposed autocast scales its loss as the port's GradScaler does (schema.LOSS_SCALE_ENV)
@@ -164,6 +167,7 @@ class StepRecorder:
         if self._in_backward or not self.enabled:  # Tensor.backward calls torch.autograd.backward
             return original(tensors, *args, **kwargs)
         self.training = True
+        self.manifest.inference = False
         with self._own_work():
             self._record_loss(tensors)
         self._in_backward = True
@@ -257,18 +261,28 @@ class StepRecorder:
             self._end_step()
 
     def _before_forward(self, module, args) -> None:
-        if self._root_depth == 0 and self.enabled and not any(ref() is module for ref in self._roots):
-            self._roots.append(weakref.ref(module))
+        if self._root_depth == 0 and self.enabled:
+            if not any(ref() is module for ref in self._roots):
+                self._roots.append(weakref.ref(module))
+            if self._step_open and self._roots[0]() is module:
+                self.end_open_step()
         self._root_depth += 1
 
     def _after_forward(self, module, args, output) -> None:
         self._root_depth -= 1
-        if self._root_depth or not self.enabled or self.training or self.optimizers_created:
+        if self._root_depth or not self.enabled or self.optimizers_created:
             return
-        self.manifest.inference = True
-        with self._own_work():
-            self._record_outputs(output)
-        self._end_step()
+        if not self.training:
+            self.manifest.inference = True  # until a backward() says otherwise
+            with self._own_work():
+                self._record_outputs(output)
+        self._step_open = True
+
+    def end_open_step(self) -> None:
+        """Ends the step that a forward began without an optimizer (at the next forward, or when the script ends)."""
+        if self._step_open:
+            self._step_open = False
+            self._end_step()
 
     # -- records --------------------------------------------------------------------------------------------------
 
@@ -485,6 +499,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
             stack.enter_context(capture)
         try:
             runpy.run_path(manifest.script, run_name="__main__")
+            recorder.end_open_step()
             _ended_by_itself(manifest, recorder, 0)
         except StopRun as stop:
             manifest.status, manifest.message, manifest.exit_code = stop.status.value, stop.message, 0

@@ -131,6 +131,19 @@ def test_inference_script_records_each_forward_as_a_step(tmp_path):
     assert result.losses.empty and set(result.ops["phase"]) >= {"forward"}
 
 
+def test_training_without_an_optimizer_steps_from_forward_to_forward(tmp_path):
+    """Regression (pytorch/examples word_language_model, no --use-optimizer): its model's and its loss module's first
+    forwards were taken for two inference steps, and after the first backward() no step ever ended."""
+    result = run(tmp_path, "manual_update.py", steps=3)
+    manifest = result.manifest
+    assert (manifest.status, manifest.steps_completed, manifest.inference) == (Status.OK.value, 3, False)
+    assert result.losses["step"].tolist() == [0, 1, 2] and result.outputs.empty
+    ops = result.ops
+    assert set(ops["step"]) == {0, 1, 2} and {"forward", "backward"} <= set(ops["phase"])
+    # the hand-written update belongs to the step of the backward() before it
+    assert (ops[ops["step"] == 0]["op"] == "aten.add_").sum() == 4
+
+
 def test_dataloader_workers_do_not_record(tmp_path):
     result = run(tmp_path, "dataloader_workers.py", steps=4)
     assert result.manifest.status == Status.OK.value and result.manifest.steps_completed == 4
