@@ -504,6 +504,10 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
         except StopRun as stop:
             manifest.status, manifest.message, manifest.exit_code = stop.status.value, stop.message, 0
         except SystemExit as exit:
+            try:
+                recorder.end_open_step()  # its forward is complete: sys.exit() after it ends the script, not the step
+            except StopRun:
+                pass  # it was the last step asked for; the exit code decides the status below
             _ended_by_itself(manifest, recorder, exit.code)
         except BaseException as error:  # everything the script raised, KeyboardInterrupt included
             manifest.status, manifest.exit_code = Status.CRASHED.value, 1

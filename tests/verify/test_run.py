@@ -129,6 +129,9 @@ def test_inference_script_records_each_forward_as_a_step(tmp_path):
     logits = result.load_array(outputs["tensor_file"].iloc[0])
     assert logits.shape == (3, 5) and logits.dtype.name == "float32"
     assert result.losses.empty and set(result.ops["phase"]) >= {"forward"}
+    # a step ends at the next forward or when the script leaves, sys.exit() included: all 4 forwards are steps
+    manifest = run(tmp_path / "exit", "inference.py", "--exit", steps=5).manifest
+    assert (manifest.status, manifest.steps_completed, manifest.exit_code) == (Status.SHORT.value, 4, 0)
 
 
 def test_training_without_an_optimizer_steps_from_forward_to_forward(tmp_path):
