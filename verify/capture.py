@@ -6,8 +6,9 @@ Why it is cheap:
   three: aminmax, sum and vector_norm); without it, as on other devices, by the reductions below;
 - statistics are reductions left on the device; they are stacked and fetched once per step (`StatBatch.fetch`), so
   there is no host sync per op;
-- without the C extension, a small tensor's reductions cost mostly the fixed overhead of each call, so small tensors are copied (one call)
-  and reduced many at a time (`SmallTensorStats`); only large tensors are reduced one by one, while still in cache;
+- without the C extension, a small tensor's reductions cost mostly the fixed overhead of each call, so small
+  tensors are copied (one call) and reduced many at a time (`SmallTensorStats`); only large tensors are reduced one
+  by one, while still in cache;
 - NaN/inf counting needs two extra passes that are slow on CPU; there, where reading a number is not a device sync,
   a large tensor's counts are taken only when its sum is not finite, else they are 0;
 - view and bookkeeping ops, and ops that return uninitialised memory, are not recorded (as FlopCounterMode does);

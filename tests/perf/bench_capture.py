@@ -80,7 +80,8 @@ def plain_runner() -> Callable[[int], None]:
 
 def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
     """verify's capture as the bootstrap uses it: ops recorded during forward and backward, the parameters after
-    optimizer.step() (not its ops one by one), one fetch and one table write per step. native=False: statistics by torch's reductions, as where verify._stats (the C extension) is not built."""
+    optimizer.step() (not its ops one by one), one fetch and one table write per step. native=False: statistics by
+    torch's reductions, as where verify._stats (the C extension) is not built."""
     import verify.capture
     from verify.capture import OpCapture, StatBatch
     from verify.schema import OPS_DIR, DumpMode
@@ -186,10 +187,12 @@ def main() -> None:
     print(f"CPU time per step, median of {args.rounds} interleaved blocks of {args.steps} steps")
     print(f"plain step            {ours['plain'] * 1e3:8.2f} ms")
     how = "one-pass C statistics (verify._stats)" if built else "torch reductions: verify._stats is not built here"
-    print(f"verify stats capture  {ours['ours'] * 1e3:8.2f} ms  {ratio:5.2f}x plain  (target <= {TARGET_RATIO}x; {how})")
+    print(f"verify stats capture  {ours['ours'] * 1e3:8.2f} ms  {ratio:5.2f}x plain  "
+          f"(target <= {TARGET_RATIO}x; {how})")
     if built:
         slower = ours["torch reductions"]
-        print(f"  with torch reductions {slower * 1e3:6.2f} ms  {slower / ours['plain']:5.2f}x plain  (without the C extension)")
+        print(f"  with torch reductions {slower * 1e3:6.2f} ms  {slower / ours['plain']:5.2f}x plain  "
+              "(without the C extension)")
     msprobe = measure_msprobe(args.msprobe_python, args.steps, args.rounds)
     if isinstance(msprobe, str):
         print(f"msprobe statistics    skipped: {msprobe}")
