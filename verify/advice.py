@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from verify.align import RELATED_OPS
-from verify.compare import Finding, FindingCode
-
-HALF_DTYPES = ("float16", "bfloat16")
+from verify.compare import HALF_DTYPES, Finding, FindingCode
 
 # Ops whose GPU kernels accumulate with atomics, so two runs of the same script differ (PyTorch's reproducibility
 # notes; Huawei's precision advice lists embedding backward too).
@@ -36,6 +34,11 @@ class AdviceRule:
 
 def _half(finding: Finding) -> bool:
     return finding.detail.get("dtype") in HALF_DTYPES
+
+
+def _skipped_update(finding: Finding) -> bool:
+    """An overflow seen as a loss scaler's skipped step on one side only (compare._one_sided_skips)."""
+    return "scale" in finding.detail
 
 
 def _swapped(finding: Finding) -> bool:
@@ -65,12 +68,27 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
     AdviceRule(FindingCode.OVERFLOW, (
         "{op} overflows in {dtype} on the {side} side only: keep it in fp32 (exclude it from autocast, or run it "
         "under torch.autocast(enabled=False) on .float() inputs) and check loss scaling: a dynamic GradScaler around "
-        "backward and the optimizer step, unscale_ before gradient clipping."), ("C2", "C4"), _half),
+        "backward and the optimizer step, unscale_ before gradient clipping."), ("C2", "C4"),
+        lambda finding: _half(finding) and not _skipped_update(finding)),
+    AdviceRule(FindingCode.OVERFLOW, (
+        "Under the same loss scale {scale:g}, the {side} side's gradients overflowed at step {step} and the other "
+        "side's did not: the two compute the backward pass differently near fp16's limit. Dump that step in tensor "
+        "mode (verify run --dump tensor --ops 'backward/.*') to find the op whose gradient reaches inf, and keep it in "
+        "fp32."), ("C2", "C4"), _skipped_update),
     AdviceRule(FindingCode.OVERFLOW, (
         "{op} produces inf/nan in {dtype} on the {side} side only: check its inputs at that step, then dump it in "
         "tensor mode to see which elements overflow."), (), lambda finding: not _half(finding)),
+    AdviceRule(FindingCode.GRADS_NOT_RESET, (
+        "Reset the gradients once per optimizer step on the {side} side: call optimizer.zero_grad() (or "
+        "model.zero_grad()) after optimizer.step() or before the step's first backward(), as the other side does. "
+        "Without it every step adds its gradients to all earlier ones."), ("C9",)),
+    AdviceRule(FindingCode.SCALE_STUCK, (
+        "The {side} loss scale never grows: a static scale (GradScaler(dynamic=False), a fixed loss-scale value) or "
+        "a growth interval longer than the run. A static scale that is too low lets fp16 gradients underflow; use "
+        "a dynamic GradScaler."), ("C4",)),
     AdviceRule(FindingCode.SCALE_COLLAPSE, (
-        "The {side} loss scale fell {drops} times: gradients overflow at most steps and those steps are skipped. "
+        "The {side} loss scale fell {drops} times after its first applied step: gradients overflow at most steps and "
+        "those steps are skipped. "
         "Find the op that first produces inf/nan (above), keep it in fp32; a scale that reaches 1 no longer protects "
         "fp16 gradients from underflow."), ("C4",)),
     AdviceRule(FindingCode.OP_DIVERGES, (

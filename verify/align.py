@@ -97,6 +97,16 @@ ONE_SIDED_OPS: dict[str, str] = {
     "npu.npu_format_cast": "NPU memory-format cast",
 }
 
+# Ops that move or cast values without computing anything: judged by what they carry, never as arithmetic. A cast's or
+# a device copy's result follows from its input (a dtype or device change is no divergence), and how many of them run
+# depends on the device (a batch copied to the GPU, autocast's weight casts and their cache), so the n-th one on one
+# side need not be the n-th on the other. The first divergent operator is always a computing op.
+CARRIER_OPS = frozenset({
+    "aten._to_copy", "aten.copy_", "aten.copy", "aten._copy_from", "aten._copy_from_and_resize",
+    "aten.clone", "aten.contiguous", "aten.lift_fresh_copy", "aten._unsafe_view", "aten.view_copy",
+    "aten.detach_copy", "aten.alias_copy", "aten.expand_copy", "aten.permute_copy", "aten.t_copy",
+    "aten.transpose_copy", "aten._reshape_copy",
+})
 
 STRING_COLUMNS = ("phase", "module", "op", "io", "dtype", "shape", "md5", "tensor_file")
 NUMBER_COLUMNS = ("step", "seq", "call_index", "numel", "min", "max", "mean", "l2_norm", "nan_count", "inf_count")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import math
 import os
 import platform
@@ -45,7 +44,9 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_flatten
 
+from verify import devices
 from verify.capture import (
+    Handle,
     STAT_COLUMNS,
     OpCapture,
     StatBatch,
@@ -55,8 +56,8 @@ from verify.capture import (
     summarize,
     tensors_in,
 )
-from verify.emulate import STAND_IN_DIR
-from verify.schema import GRADS_DIR, LOSS_SCALE_ENV, OPS_DIR, OUTPUTS_DIR, DumpMode, RunManifest, Status, step_file
+from verify.schema import (GRADS_DIR, LOSS_SCALER_ENV, OPS_DIR, OUTPUTS_DIR, DumpMode, LossScalerPlan, RunManifest, Status,
+                           step_file)
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
 
 OUTPUT_ARRAY_CAP_BYTES = 4 << 20  # inference outputs are saved for top-k agreement; logits of a batch fit easily
@@ -90,6 +91,80 @@ def _json_value(value: Any) -> Any:
     return repr(value)
 
 
+class LossScalerTwin:
+    """The port's GradScaler, played on a reference that has none (verify ORIGINAL PORTED, schema.LossScalerPlan).
+
+    Under the port's autocast (`scaling`), each backward() runs on the loss times the scale the port used at that
+    step, and the fresh gradients are unscaled right after with GradScaler's own kernel
+    (torch._amp_foreach_non_finite_check_and_unscale_), so the script's clipping and optimizer see true gradients, as
+    after the port's unscale_(). A step's update is skipped where the port's was, and wherever the reference's own
+    gradients overflowed: an overflow must never reach the weights, or verify itself would make the NaN it reports.
+    Skip-only (an fp32 reference of an AMP port): nothing is scaled, and the port's skipped updates are skipped too, so
+    that both sides train on the same number of updates. Skipping is done by clearing the gradients before
+    optimizer.step(): torch's optimizers leave a parameter without a gradient, and its state, untouched.
+    """
+
+    def __init__(self, plan: LossScalerPlan, scaling: bool) -> None:
+        self.plan = plan
+        self.scaling = scaling and bool(plan.scales)
+        self.scale = plan.scales[min(plan.scales)] if self.scaling else 1.0
+        self.overflowed: list[int] = []
+        self._flags: list[torch.Tensor] = []  # this step's overflow flags, one per device and dtype of each unscale
+        self._decided: dict[int, bool] = {}
+        self._steps_without_overflow = 0
+
+    def scale_at(self, step: int) -> float:
+        if self.plan.scales and step in self.plan.scales:
+            self.scale = self.plan.scales[step]
+        return self.scale
+
+    def unscale_(self, gradients: list[torch.Tensor]) -> None:
+        groups: dict[tuple[Any, Any], list[torch.Tensor]] = {}
+        for gradient in gradients:
+            groups.setdefault((gradient.device, gradient.dtype), []).append(gradient)
+        for (device, _), group in groups.items():
+            found = torch.zeros(1, device=device)
+            inverse = torch.full((1,), 1.0 / self.scale, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found, inverse)
+            self._flags.append(found)
+
+    def skips(self, step: int) -> bool:
+        """Whether this step's update is skipped (decided once per step, at its first optimizer.step())."""
+        if step not in self._decided:
+            overflow = bool(self._flags) and bool(torch.stack([flag.cpu() for flag in self._flags]).any())
+            self._flags = []
+            if overflow:
+                self.overflowed.append(step)
+            self._decided[step] = overflow or step in self.plan.skipped
+            self._update_dynamically(step, overflow)
+        return self._decided[step]
+
+    def _update_dynamically(self, step: int, overflow: bool) -> None:
+        """Past the port's recorded steps, the scale moves as a GradScaler's would."""
+        if not self.scaling or (self.plan.scales and step + 1 in self.plan.scales):
+            return
+        self._steps_without_overflow = 0 if overflow else self._steps_without_overflow + 1
+        if overflow:
+            self.scale *= self.plan.backoff_factor
+        elif self._steps_without_overflow == self.plan.growth_interval:
+            self.scale *= self.plan.growth_factor
+            self._steps_without_overflow = 0
+
+    def record(self) -> dict[str, Any]:
+        return {"twin": "scale" if self.scaling else "skip-only", "followed": self.plan.skipped,
+                "overflowed": self.overflowed, "growth_factor": self.plan.growth_factor,
+                "backoff_factor": self.plan.backoff_factor, "growth_interval": self.plan.growth_interval}
+
+
+def _script_scaler(scaler: Any) -> dict[str, Any]:
+    """What a script's GradScaler is (manifest.loss_scaler): GradScaler's constructor arguments, as it keeps them."""
+    return {"init_scale": float(getattr(scaler, "_init_scale", 0.0)),
+            "growth_factor": float(getattr(scaler, "_growth_factor", 2.0)),
+            "backoff_factor": float(getattr(scaler, "_backoff_factor", 0.5)),
+            "growth_interval": int(getattr(scaler, "_growth_interval", 2000)),
+            "dynamic": bool(getattr(scaler, "_dynamic", True))}
+
+
 class StepRecorder:
     """Counts steps and records losses, hyperparameters, gradient statistics, op records and inference outputs."""
 
@@ -110,8 +185,9 @@ class StepRecorder:
         self._step_open = False  # without an optimizer: a step began with a forward and ends at the next one
         self._in_backward = False
         self._last_scaled: tuple[Any, Any, float] | None = None  # (scaled loss, loss, scale) from GradScaler.scale
-        # a reference under an imposed autocast scales its loss as the port's GradScaler does (schema.LOSS_SCALE_ENV)
-        self.loss_scale = float(os.environ.get(LOSS_SCALE_ENV) or 0) if manifest.autocast else 0.0
+        plan = os.environ.get(LOSS_SCALER_ENV)  # a reference following the port's GradScaler
+        self.twin = LossScalerTwin(LossScalerPlan.from_env(plan), bool(manifest.autocast)) if plan else None
+        self._carried_grads: Handle | None = None  # whether this step's first backward() found earlier gradients
         self._step_started = time.perf_counter()
         self._losses: list[tuple[int, Any, float | None, float]] = []
         self._hparams: list[tuple[int, Any, str, Any, int]] = []
@@ -169,6 +245,8 @@ class StepRecorder:
         self.training = True
         self.manifest.inference = False
         with self._own_work():
+            if not self._losses:
+                self._check_gradients_reset()
             self._record_loss(tensors)
         self._in_backward = True
         try:
@@ -179,33 +257,42 @@ class StepRecorder:
             self._in_backward = False
 
     def _imposes_loss_scale(self, tensors, args, kwargs) -> bool:
-        """A loss scale imposed on a script that does not scale this loss itself (a scalar, no gradient given)."""
+        """The twin scales a loss the script does not scale itself (a scalar, no gradient given)."""
         scaled_by_script = self._last_scaled is not None and tensors is self._last_scaled[0]
-        return (bool(self.loss_scale) and isinstance(tensors, torch.Tensor) and tensors.numel() == 1
-                and not scaled_by_script and not args and kwargs.get("gradient") is None)
+        return (self.twin is not None and self.twin.scaling and isinstance(tensors, torch.Tensor)
+                and tensors.numel() == 1 and not scaled_by_script and not args and kwargs.get("gradient") is None)
+
+    def _root_parameters(self) -> list[Any]:
+        return list({id(p): p for ref in self._roots if ref() is not None for p in ref().parameters()}.values())
 
     def _scaled_backward(self, original, loss, *args, **kwargs):
-        """Backward of loss * loss_scale, with the gradients unscaled right after, so that the script's own clipping and
-        optimizer see true gradients (as after a GradScaler's unscale_). The scale is static: where the port's
-        GradScaler skips a step and backs off, the two runs part, and the comparison shows it."""
-        parameters = list({id(p): p for ref in self._roots if ref() is not None for p in ref().parameters()}.values())
+        """Backward of loss * the twin's scale; the fresh gradients are unscaled right after (LossScalerTwin), then
+        added to those of earlier micro-steps."""
+        parameters = self._root_parameters()
         kept = [parameter.grad for parameter in parameters]
         for parameter in parameters:
             parameter.grad = None
         with self._paused_capture():  # as a GradScaler's scale() is
-            scaled = loss * self.loss_scale
+            scaled = loss * self.twin.scale_at(self.steps_done)
         result = original(scaled, *args, **kwargs)
         with self._own_work():
+            self.twin.unscale_([parameter.grad for parameter in parameters if parameter.grad is not None])
             for parameter, earlier in zip(parameters, kept):
-                if parameter.grad is not None:
-                    unscaled = parameter.grad / self.loss_scale
-                    parameter.grad = unscaled if earlier is None else earlier + unscaled
-                else:
-                    parameter.grad = earlier
+                if earlier is not None:
+                    parameter.grad = earlier if parameter.grad is None else earlier + parameter.grad
         return result
 
+    def _check_gradients_reset(self) -> None:
+        """At a step's first backward(), gradients left from an earlier step mean nothing reset them in between (read
+        when the step ends, with the step's other statistics: no sync here)."""
+        gradients = [p.grad for p in self._root_parameters() if p.grad is not None]
+        if gradients:
+            norms = torch._foreach_norm(gradients)
+            device = norms[0].device
+            self._carried_grads = self.batch.add(torch.stack([norm.float().to(device) for norm in norms]).sum())
+
     def _record_loss(self, tensors) -> None:
-        scale = None
+        scale = self.twin.scale_at(self.steps_done) if self.twin is not None and self.twin.scaling else None
         losses = tensors_in(tensors)
         if self._last_scaled is not None and losses and losses[0] is self._last_scaled[0]:
             _, unscaled, scale = self._last_scaled
@@ -226,8 +313,11 @@ class StepRecorder:
     def _scale(self, original, scaler, outputs):
         with self._paused_capture():
             scaled = original(scaler, outputs)
-        if self.enabled and hasattr(outputs, "detach"):
+        # A disabled GradScaler (GradScaler(enabled=False), as bf16 scripts make one) scales nothing: no scale to
+        # record (its get_scale() says 1.0, which would read as a collapsed scale).
+        if self.enabled and hasattr(outputs, "detach") and scaler.is_enabled():
             self._last_scaled = (scaled, outputs, scaler.get_scale())
+            self.manifest.loss_scaler = self.manifest.loss_scaler or _script_scaler(scaler)
         return scaled
 
     def _scaler_step(self, original, scaler, optimizer, *args, **kwargs):
@@ -249,8 +339,18 @@ class StepRecorder:
         with self._own_work():
             self._record_hparams(optimizer, index)
             self._record_grads()
+            if self.twin is not None and self.twin.skips(self.steps_done):
+                self._skip_update()
         if self.capture is not None:
             self.capture.optimizer_step_begins()
+
+    def _skip_update(self) -> None:
+        """The twin skips this step's update, as the port's GradScaler did: without gradients, optimizer.step() leaves
+        the parameters and their state as they are."""
+        for _, parameter in self._stepping:
+            parameter.grad = None
+        if self.steps_done not in self.manifest.skipped_steps:
+            self.manifest.skipped_steps.append(self.steps_done)
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         if not self.enabled:
@@ -266,6 +366,8 @@ class StepRecorder:
                 self._roots.append(weakref.ref(module))
             if self._step_open and self._roots[0]() is module:
                 self.end_open_step()
+            if self.capture is not None:
+                self.capture.record_inputs(module, args)
         self._root_depth += 1
 
     def _after_forward(self, module, args, output) -> None:
@@ -338,6 +440,11 @@ class StepRecorder:
             (step, micro, fetched(handle)[0], scale, round(wall_ms, 3))
             for micro, handle, scale, wall_ms in self._losses
         ]
+        if self._carried_grads is not None and fetched(self._carried_grads)[0] > 0:
+            self.manifest.grads_carried_steps.append(step)
+        self._carried_grads = None
+        if self.twin is not None:
+            self.manifest.loss_scaler = self.twin.record()
         self.writer.append_losses(losses)
         self.writer.append_hparams(self._hparams)
         self._write_stats(GRADS_DIR, step, "param", self._grads, fetched)
@@ -386,39 +493,18 @@ class StepRecorder:
 
 
 def _prepare_device(manifest: RunManifest) -> None:
-    """Imports torch_npu where the run is on an NPU (the stand-in when emulated: the runner's environment makes
-    `import torch_npu` load it) and resolves `auto`, which the runner left to us, to cuda or cpu."""
-    if manifest.device in ("npu", "emulated-npu"):
-        import torch_npu
-
-        if not manifest.emulated:
-            manifest.torch_npu_version = getattr(torch_npu, "__version__", "")
-    if manifest.device == "auto":
-        manifest.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if manifest.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("torch.cuda.is_available() is False in this environment")
-    manifest.device_name = _device_name(manifest)
-
-
-def _device_name(manifest: RunManifest) -> str:
-    if manifest.emulated:
-        return f"{manifest.emulated_on.upper()} (emulated NPU)"
-    if manifest.device == "cuda":
-        return torch.cuda.get_device_name(0)
-    if manifest.device == "npu":
-        return torch.npu.get_device_name(0)
-    return f"CPU ({platform.machine()})"
+    """The device, as verify.devices sets it up in this process; `auto` becomes what it resolved to."""
+    prepared = devices.prepare(manifest.device, manifest.emulated)
+    if prepared.device != manifest.device and prepared.device in devices.EMULATED_DEVICES:
+        manifest.emulated, manifest.emulated_on = True, "cpu"
+    manifest.device, manifest.device_name = prepared.device, prepared.name
+    manifest.torch_npu_version = prepared.torch_npu_version
 
 
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # every device's generator, cuda and npu included
-
-
-def _autocast_device_type(manifest: RunManifest) -> str:
-    # the emulated NPU takes autocast("npu") and applies the NPU's numerics on the device it computes on
-    return "npu" if manifest.device in ("npu", "emulated-npu") else manifest.device
 
 
 @contextlib.contextmanager
@@ -452,15 +538,9 @@ def _dropout_disabled() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _npu_autocast_casts_on_cpu() -> Iterator[None]:
-    """CPU autocast leaves softmax, sums, norms and most losses in the low dtype, where CUDA autocast, and the NPU that
-    follows its op lists, computes them in float32. A CPU run under an imposed autocast (the reference of an AMP
-    port) takes the emulated NPU's casts instead, so that the port is the only difference between the two runs."""
-    path = STAND_IN_DIR / "torch_npu" / "_autocast_policy.py"  # plain torch code; the package itself stays unloaded
-    spec = importlib.util.spec_from_file_location("npu_port_autocast_policy", path)
-    policy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(policy)
-    library = policy.install_npu_autocast_policy()  # the casts stay registered while `library` lives
+def _cuda_autocast_casts_on_cpu() -> Iterator[None]:
+    """A plain CPU run under an imposed autocast takes CUDA's op lists, as both stand-ins do (verify.devices)."""
+    library = devices.install_autocast_casts_on_cpu()
     yield
     del library  # unregisters them
 
@@ -487,14 +567,13 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
             stack.enter_context(_dropout_disabled())
         if manifest.autocast:
             if manifest.device == "cpu":
-                stack.enter_context(_npu_autocast_casts_on_cpu())
+                stack.enter_context(_cuda_autocast_casts_on_cpu())
                 manifest.extra["autocast_casts"] = "CUDA/NPU op lists (as the emulated NPU), not CPU autocast's own"
-            if recorder.loss_scale:
-                manifest.extra["imposed_loss_scale"] = recorder.loss_scale
             dtype = getattr(torch, _AUTOCAST_DTYPES[manifest.autocast])
             # No cast cache: it lives until the outermost autocast exits, which here is the end of the script, so the
             # weights' half-precision copies would stay those of step 0 while the optimizer updates the weights.
-            stack.enter_context(torch.autocast(_autocast_device_type(manifest), dtype=dtype, cache_enabled=False))
+            stack.enter_context(torch.autocast(devices.autocast_device_type(manifest.device), dtype=dtype,
+                                               cache_enabled=False))
         if capture is not None:
             stack.enter_context(capture)
         try:

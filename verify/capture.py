@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
-from verify.schema import DumpMode, Phase, TENSORS_DIR, step_file
+from verify.schema import INPUT_OP, UPDATE_OP, DumpMode, Phase, TENSORS_DIR, step_file
 
 try:  # built by `pip install` where a C compiler is found (verify/_stats.c)
     from verify import _stats as native_stats
@@ -409,7 +409,7 @@ class ModuleScopes:
             handle.remove()
         self._leaf_hooks = []
 
-    def _name(self, module: torch.nn.Module) -> str:
+    def name(self, module: torch.nn.Module) -> str:
         """The outermost module is named after its class; a module seen for the first time names its children (and
         theirs) after itself."""
         name = self._names.get(module)
@@ -418,17 +418,17 @@ class ModuleScopes:
         if module not in self._named_children:
             for child_name, child in module.named_children():
                 self._names[child] = f"{name}.{child_name}"
-                self._name(child)
+                self.name(child)
             self._named_children.add(module)
         return name
 
     def _forward_starts(self, module: torch.nn.Module, args: Any) -> None:
-        name = self._name(module)
+        name = self.name(module)
         self._enter(name)
         self._when_gradients_ready(args, lambda: self._leave(name))
 
     def _forward_ends(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        name = self._name(module)
+        name = self.name(module)
         self._leave(name)
         self._when_gradients_ready(output, lambda: self._enter_backward(name))
 
@@ -550,9 +550,6 @@ class OpCapture:
     bootstrap's step hooks) calls `optimizer_step_begins` and `optimizer_step_ends` around it.
     """
 
-    # The op that stands for an optimizer's work on one parameter: the parameter after its update.
-    UPDATE_OP = "update"
-
     # A step's records are held until the step ends. Work after the last optimizer step (an evaluation over a whole
     # dataset, say) never ends its step, and without a bound its records filled 24 GiB on a real script.
     MAX_ROWS_PER_STEP = 200_000
@@ -580,6 +577,9 @@ class OpCapture:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        # An optimizer.step() that raised never reached optimizer_step_ends: put the recorder back first, or leaving
+        # would pop a mode that is not there and hide the script's own error.
+        self._optimizer_pause.close()
         self._stack.close()
         self._recorder = None
 
@@ -609,7 +609,24 @@ class OpCapture:
             return
         with self.paused(), torch.no_grad():  # the statistics of a device tensor are torch ops of our own
             for name, parameter in parameters:
-                self.record(self._call(_OPTIMIZER, name, self.UPDATE_OP), "out", [parameter.detach()])
+                self.record(self._call(_OPTIMIZER, name, UPDATE_OP), "out", [parameter.detach()])
+
+    def record_inputs(self, module: torch.nn.Module, args: Any) -> None:
+        """The tensors an outermost module's forward receives (op INPUT_OP, io in0, in1...): the batch each side read,
+        which the comparison checks before any operator. Integer tensors (token ids, labels) are summarised as float64
+        values, so that their mean and norm, not only their min and max, tell two batches apart."""
+        tensors = [leaf for leaf in _leaves(args) if isinstance(leaf, torch.Tensor)]
+        if not tensors or not self.recording:
+            return
+        with self.paused(), torch.no_grad():
+            call = self._call(_FORWARD, self.modules.name(module), INPUT_OP)
+            for position, tensor in enumerate(tensors):
+                exact = not tensor.is_floating_point() and has_statistics(tensor)
+                stats = summarize(tensor.double() if exact else tensor, self.batch, self.small_tensors)
+                stats.dtype = dtype_name(tensor.dtype)
+                md5 = md5_of(tensor) if self.dump == DumpMode.MD5 else ""
+                self.rows.append(OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"in{position}",
+                                       stats, md5))
 
     def begin_call(self, op: str) -> _Call:
         module = self.modules.innermost

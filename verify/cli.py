@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from verify import compare_cli, pair
+from verify import compare_cli, devices, pair
 from verify.runner import RunOptions, VerifyError, run_script
 from verify.schema import DumpMode, RunManifest, Status
 from verify.store import read_losses, read_manifest
@@ -46,6 +46,7 @@ class Device(str, Enum):
     AUTO = "auto"
     CPU = "cpu"
     CUDA = "cuda"
+    EMULATED_CUDA = "emulated-cuda"
     NPU = "npu"
     EMULATED_NPU = "emulated-npu"
 
@@ -75,7 +76,8 @@ def run(
     steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps to run.")] = 20,
     seed: Annotated[int, typer.Option(help="Seed for python, numpy, torch (every device) and PYTHONHASHSEED.")] = 1234,
     device: Annotated[
-        Device, typer.Option(help="auto: npu (real, else emulated) for a script importing torch_npu, else cuda or cpu.")
+        Device, typer.Option(help="auto: npu (real, else emulated) for a script importing torch_npu, else cuda "
+                                  "(real, else EMULATED CUDA on the CPU).")
     ] = Device.AUTO,
     emulate_on: Annotated[EmulateOn, typer.Option(help="Where the emulated NPU computes.")] = EmulateOn.CPU,
     dump: Annotated[DumpMode, typer.Option(help="Per-op capture: statistics, +tensors, +md5 hashes, or none.")] = (
@@ -134,9 +136,8 @@ def _final_loss(run_dir: Path) -> str:
 
 def _print_summary(manifest: RunManifest, run_dir: Path) -> None:
     if manifest.emulated:
-        stderr.print(
-            f"[bold black on yellow] EMULATED NPU [/] a test double on {manifest.emulated_on}, not an Ascend NPU"
-        )
+        stderr.print(f"[bold black on yellow] {devices.title(manifest.device, manifest.emulated_on)} [/] a test "
+                     "double, not the device itself")
     table = Table.grid(padding=(0, 2))
     style = _STYLES.get(manifest.status, "bold red")
     table.add_row("status", f"[{style}]{manifest.status}[/]  {manifest.message}")

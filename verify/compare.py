@@ -23,9 +23,10 @@ import numpy as np
 import pandas as pd
 
 from verify import metrics, tolerances
-from verify.align import AlignStatus, align_ops
+from verify.align import CARRIER_OPS, AlignStatus, align_ops
 from verify.store import RunDirError, resolve_inside
-from verify.schema import GRAD_COLUMNS, HPARAM_COLUMNS, LOSS_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS, RunManifest, Status
+from verify.schema import (GRAD_COLUMNS, HPARAM_COLUMNS, INPUT_OP, LOSS_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS, RunManifest,
+                           Status)
 
 HALF_DTYPES = ("float16", "bfloat16")
 AUTOCAST_DTYPES = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16"}
@@ -82,12 +83,15 @@ class FindingCode(str, Enum):
     GRAD_DIVERGES = "grad_diverges"
     AMP_ONE_SIDE = "amp_one_side"
     LOW_MATCH = "low_match"
+    GRADS_NOT_RESET = "grads_not_reset"
+    SCALE_STUCK = "scale_stuck"
 
 
-# Findings that fail the verdict, most fundamental first: the one-line reason names the first that is present.
-FAILING = (FindingCode.RUN_FAILED, FindingCode.HPARAM_MISMATCH, FindingCode.OVERFLOW, FindingCode.LOSS_DIVERGES,
-           FindingCode.OUTPUT_DIVERGES, FindingCode.OP_DIVERGES, FindingCode.NONDETERMINISM,
-           FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)
+# Findings that fail the verdict, causes before symptoms: the one-line reason names the first that is present. The
+# first divergent operator comes before the loss it moves.
+FAILING = (FindingCode.RUN_FAILED, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER, FindingCode.GRADS_NOT_RESET,
+           FindingCode.OVERFLOW, FindingCode.OP_DIVERGES, FindingCode.NONDETERMINISM, FindingCode.OUTPUT_DIVERGES,
+           FindingCode.LOSS_DIVERGES, FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)
 
 
 @dataclass
@@ -248,8 +252,22 @@ def op_metrics(aligned: pd.DataFrame, ref: RunData, actual: RunData, policy: Pre
     passed = _judge_md5(table, matched, passed, nonfinite_agree, judged_by)
     passed = _judge_tensors(table, matched, passed, nonfinite_agree, judged_by, limits, ref, actual, notes)
     table["judged_by"] = pd.Categorical.from_codes(judged_by, categories=JUDGED_BY)
-    table["passed"] = pd.arrays.BooleanArray(passed & matched, ~matched)  # unmatched rows: NA, neither pass nor fail
+    judged = matched & ~_scaler_overflow(table, ref, actual)
+    table["passed"] = pd.arrays.BooleanArray(passed & judged, ~judged)  # unmatched rows: NA, neither pass nor fail
     return table
+
+
+def skipped_steps(ref: RunData, actual: RunData) -> list[int]:
+    """Steps whose update a loss scaler skipped on either side: their gradients overflowed on purpose."""
+    return sorted(set(ref.manifest.skipped_steps) | set(actual.manifest.skipped_steps))
+
+
+def _scaler_overflow(table: pd.DataFrame, ref: RunData, actual: RunData) -> np.ndarray:
+    """Backward rows of a skipped step holding inf/nan on either side: dynamic loss scaling at work (compared by
+    compare_overflow, skip for skip), not values to judge. An fp32 reference never overflows where its AMP port does."""
+    nonfinite = (_has(table, "ref_nan_count") | _has(table, "ref_inf_count") | _has(table, "actual_nan_count")
+                 | _has(table, "actual_inf_count"))
+    return nonfinite & (table["phase"] == "backward").to_numpy() & table["step"].isin(skipped_steps(ref, actual)).to_numpy()
 
 
 def _has(table: pd.DataFrame, column: str) -> np.ndarray:
@@ -310,12 +328,16 @@ def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray,
 
 def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
     """The earliest op (ref step, seq) whose outputs break tolerance while its inputs agree (see module doc)."""
-    matched = np.flatnonzero(table["status"].isin(MATCHED).to_numpy())
+    computing = ~table["ref_op"].isin(list(CARRIER_OPS)).to_numpy()  # casts and copies carry, they do not compute
+    matched = np.flatnonzero(table["status"].isin(MATCHED).to_numpy() & computing)
     if not len(matched):
         return None
     step = table["step"].to_numpy()[matched]
     seq = table["ref_seq"].to_numpy(dtype="int64", na_value=0)[matched]
-    is_input = table["io"].iloc[matched].str.startswith("in").to_numpy(dtype=bool, na_value=False)
+    # The batch records (INPUT_OP) are no op's inputs: they stand first in the chain, so that an op after a batch that
+    # differs is not taken for the cause (compare._input_findings names the batch).
+    batch = (table["ref_op"].iloc[matched] == INPUT_OP).to_numpy(dtype=bool, na_value=False)
+    is_input = table["io"].iloc[matched].str.startswith("in").to_numpy(dtype=bool, na_value=False) & ~batch
     failed = (table["passed"].iloc[matched] == False).to_numpy(dtype=bool, na_value=False)  # noqa: E712
     # One id per op call, increasing in execution order (the table is sorted by step, then ref seq).
     op_id = pd.factorize(step * (int(seq.max()) + 1) + seq, sort=True)[0]
@@ -328,7 +350,8 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
     first_of_step = np.r_[True, op_step[1:] != op_step[:-1]]
     previous_ok = np.r_[True, ~output_failed[:-1]] | first_of_step
     inputs_ok = np.where(inputs_recorded, ~input_failed, previous_ok)
-    candidates = np.flatnonzero(output_failed & inputs_ok)
+    is_batch = np.bincount(op_id, weights=batch, minlength=n_ops) > 0
+    candidates = np.flatnonzero(output_failed & inputs_ok & ~is_batch)
     if not len(candidates):
         return None
     chosen = candidates[0]
@@ -411,20 +434,33 @@ def compare_hparams(ref: RunData, actual: RunData) -> pd.DataFrame:
     differing = merged.loc[merged["ref_value"] != merged["actual_value"]].sort_values(keys)
     first = differing.drop_duplicates([k for k in keys if k != "step"]).reset_index(drop=True)
     first_step = int(merged["step"].min()) if len(merged) else 0
-    group = first["group"].fillna("").astype(str)
-    where = np.where(group == "", "", " in group " + group)
-    if "optimizer" in first:
-        optimizer = pd.to_numeric(first["optimizer"], errors="coerce").fillna(0).astype(int)
-        where = where + np.where(optimizer > 0, " of optimizer " + optimizer.astype(str), "")
-    since = np.where(first["step"] > first_step, " from step " + first["step"].astype(str), "")
-    first["message"] = first["name"].astype(str) + " " + first["ref_value"] + " vs " + first["actual_value"] + where + since
+    # Composed in Python, row by row (a handful of rows): pandas arithmetic on strings depends on each column's dtype
+    # (object, pandas 3's str, all-NA), and `+` between them raises on pandas 3.
+    optimizers = (pd.to_numeric(first["optimizer"], errors="coerce").fillna(0).astype(int).tolist()
+                  if "optimizer" in first else [0] * len(first))
+    first["message"] = [
+        _hparam_message(name, ref_value, actual_value, group, optimizer, step if step > first_step else None)
+        for name, ref_value, actual_value, group, optimizer, step in zip(
+            first["name"], first["ref_value"], first["actual_value"], first["group"], optimizers, first["step"])]
     return first[["step", "group", "name", "ref_value", "actual_value", "message"]]
+
+
+def _hparam_message(name: Any, ref_value: str, actual_value: str, group: Any, optimizer: int,
+                    since_step: int | None) -> str:
+    """'lr 0.1 vs 0.01 in group 0 of optimizer 1 from step 3': the parts that apply."""
+    group_text = "" if group is None or group is pd.NA or str(group) in ("", "nan", "<NA>") else f" in group {group}"
+    optimizer_text = f" of optimizer {optimizer}" if optimizer > 0 else ""
+    since = f" from step {since_step}" if since_step is not None else ""
+    return f"{name} {ref_value} vs {actual_value}{group_text}{optimizer_text}{since}"
 
 
 def compare_grads(ref: RunData, actual: RunData, rtol: float) -> pd.DataFrame:
     keys = ["step", "param"]
     columns = [*keys, "dtype", "norm", "nan_count", "inf_count"]
-    merged = ref.grads[columns].merge(actual.grads[columns], on=keys, how="inner", suffixes=("_ref", "_actual"))
+    # The gradients of a step a loss scaler skipped were never applied, and overflowed on purpose on the scaled side.
+    skipped = skipped_steps(ref, actual)
+    sides = [run.grads.loc[~run.grads["step"].isin(skipped), columns] for run in (ref, actual)]
+    merged = sides[0].merge(sides[1], on=keys, how="inner", suffixes=("_ref", "_actual"))
     merged = merged.rename(columns=lambda c: f"{c.rsplit('_', 1)[1]}_{c.rsplit('_', 1)[0]}"
                            if c.endswith(("_ref", "_actual")) else c)
     ref_norm, actual_norm = merged["ref_norm"].to_numpy("float64"), merged["actual_norm"].to_numpy("float64")
@@ -472,8 +508,15 @@ def compare_outputs(ref: RunData, actual: RunData, policy: PrecisionPolicy, note
 # --- overflow ------------------------------------------------------------------------------------------------------
 
 
-def _first_nonfinite(ops: pd.DataFrame) -> dict[str, Any] | None:
-    bad = ops.loc[(ops["nan_count"].fillna(0) > 0) | (ops["inf_count"].fillna(0) > 0)]
+def _expected_overflow(ops: pd.DataFrame, skipped: list[int]) -> pd.Series:
+    """Rows whose inf/nan a loss scaler dealt with: backward ops of a step whose update the scaler skipped. Dynamic
+    loss scaling overflows on purpose (a GradScaler starts high and backs off), so these are its work, not a fault."""
+    return (ops["phase"] == "backward") & ops["step"].isin(skipped)
+
+
+def _first_nonfinite(ops: pd.DataFrame, skipped: list[int]) -> dict[str, Any] | None:
+    bad = ops.loc[((ops["nan_count"].fillna(0) > 0) | (ops["inf_count"].fillna(0) > 0))
+                  & ~_expected_overflow(ops, skipped)]
     if bad.empty:
         return None
     first = bad.sort_values(["step", "seq"]).iloc[0]
@@ -481,25 +524,64 @@ def _first_nonfinite(ops: pd.DataFrame) -> dict[str, Any] | None:
             ("step", "seq", "phase", "module", "op", "io", "dtype", "nan_count", "inf_count")}
 
 
-def _scale_trace(losses: pd.DataFrame) -> dict[str, Any]:
-    scale = pd.to_numeric(losses.groupby("step")["loss_scale"].last(), errors="coerce").dropna()
-    drops = int((scale.diff() < 0).sum())
+def _scale_trace(run: RunData) -> dict[str, Any]:
+    """The loss scale per step and how it moved. The first steps of dynamic loss scaling back off until the scale
+    fits (the calibration): only drops after the first step that was not skipped count as overflows in training."""
+    scale = pd.to_numeric(run.losses.groupby("step")["loss_scale"].first(), errors="coerce").dropna()
+    skipped = set(run.manifest.skipped_steps)
+    applied = [step for step in scale.index if step not in skipped]
+    after_calibration = scale.loc[scale.index >= applied[0]] if applied else scale.iloc[:0]
+    drops = int((after_calibration.diff() < 0).sum())
+    interval = int(run.manifest.loss_scaler.get("growth_interval") or 0)
     return {
         "scales": [float(v) for v in scale.to_numpy()],
+        "skipped": sorted(skipped),
         "drops": drops,
-        "collapsed": bool(len(scale) and scale.min() <= tolerances.SCALE_COLLAPSE_FLOOR),
-        "frequent": bool(len(scale) > 1 and drops >= tolerances.FREQUENT_OVERFLOW_SHARE * (len(scale) - 1)),
+        "collapsed": bool(len(scale) > 1 and (scale.diff() < 0).any()
+                          and scale.min() <= tolerances.SCALE_COLLAPSE_FLOOR),
+        "frequent": bool(len(after_calibration) > 1
+                         and drops >= tolerances.FREQUENT_OVERFLOW_SHARE * (len(after_calibration) - 1)),
+        # a dynamic scaler grows after `interval` steps without overflow; one that never does is static or stuck
+        "stuck": bool(interval and _longest_unskipped_run(scale.index, skipped) > interval
+                      and not (scale.diff() > 0).any()),
     }
 
 
+def _longest_unskipped_run(steps: pd.Index, skipped: set[int]) -> int:
+    longest = current = 0
+    for step in steps:
+        current = 0 if step in skipped else current + 1
+        longest = max(longest, current)
+    return longest
+
+
+def _one_sided_skips(ref: RunData, actual: RunData) -> list[dict[str, Any]]:
+    """Steps where, under the same loss scale, one side's gradients overflowed and the other's did not. A reference
+    that follows the port's scaler (the twin) skips the port's steps whatever happens, so its own overflows are in
+    manifest.loss_scaler["overflowed"]; a side with its own GradScaler overflowed exactly at its skipped steps."""
+    common = set(ref.losses["step"]) & set(actual.losses["step"])
+    scales = [pd.to_numeric(run.losses.groupby("step")["loss_scale"].first(), errors="coerce")
+              for run in (ref, actual)]
+    overflowed = [set(run.manifest.loss_scaler.get("overflowed", run.manifest.skipped_steps)) for run in (ref, actual)]
+    differing = []
+    for step in sorted(common & (overflowed[0] ^ overflowed[1])):
+        ref_scale, actual_scale = scales[0].get(step, np.nan), scales[1].get(step, np.nan)
+        if np.isfinite(ref_scale) and ref_scale == actual_scale:  # an fp32 reference never overflows: not comparable
+            differing.append({"step": int(step), "scale": float(ref_scale),
+                              "side": "ref" if step in overflowed[0] else "actual"})
+    return differing
+
+
 def compare_overflow(ref: RunData, actual: RunData) -> dict[str, Any]:
-    ref_first, actual_first = _first_nonfinite(ref.ops), _first_nonfinite(actual.ops)
+    ref_first = _first_nonfinite(ref.ops, ref.manifest.skipped_steps)
+    actual_first = _first_nonfinite(actual.ops, actual.manifest.skipped_steps)
     same_op = bool(ref_first and actual_first and all(
         ref_first[k] == actual_first[k] for k in ("step", "phase", "module", "op")))
     return {"ref_first": ref_first, "actual_first": actual_first,
             "one_sided": bool((ref_first is None) != (actual_first is None)) or (
                 bool(ref_first and actual_first) and not same_op),
-            "ref_scale": _scale_trace(ref.losses), "actual_scale": _scale_trace(actual.losses)}
+            "one_sided_skips": _one_sided_skips(ref, actual),
+            "ref_scale": _scale_trace(ref), "actual_scale": _scale_trace(actual)}
 
 
 # --- findings and the verdict ----------------------------------------------------------------------------------------
@@ -526,15 +608,41 @@ def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
                 f"{side} only: first inf/nan from {first['op']} ({first['module'] or 'top level'}, {first['phase']}, "
                 f"step {first['step']}, {first['dtype']}: {first['nan_count']} nan, {first['inf_count']} inf)"),
                 {"side": side, **first}))
+    for skip in overflow["one_sided_skips"]:
+        findings.append(Finding(FindingCode.OVERFLOW, (
+            f"{skip['side']} only: gradients overflowed at step {skip['step']} under the same loss scale "
+            f"{skip['scale']:g} (the other side's did not), so that side's update was skipped"),
+            {**skip, "op": "the backward pass", "dtype": "float16"}))
+    for side in ("ref", "actual"):
         trace = overflow[f"{side}_scale"]
         if trace["collapsed"] or trace["frequent"]:
             findings.append(Finding(FindingCode.SCALE_COLLAPSE, (
-                f"{side} loss scale fell {trace['drops']} times to {trace['scales'][-1]:g}"
-                + (" (collapsed)" if trace["collapsed"] else "")), {"side": side, **trace}))
+                f"{side} loss scale fell {trace['drops']} times after calibration, to {trace['scales'][-1]:g}"
+                + (" (collapsed: it reached 1)" if trace["collapsed"] else "")), {"side": side, **trace}))
+        if trace["stuck"]:
+            findings.append(Finding(FindingCode.SCALE_STUCK, (
+                f"{side} loss scale never grew ({trace['scales'][0]:g} throughout) over more steps without overflow "
+                "than its growth interval"), {"side": side, **trace}))
     return findings
 
 
-def _op_findings(first: dict[str, Any] | None, ref: RunData, actual: RunData, hparams: pd.DataFrame) -> list[Finding]:
+def _grads_reset_findings(ref: RunData, actual: RunData) -> list[Finding]:
+    """A side whose backward() finds the previous step's gradients still there accumulates across steps."""
+    common = set(ref.losses["step"]) & set(actual.losses["step"])
+    carried = [set(run.manifest.grads_carried_steps) & common for run in (ref, actual)]
+    findings = []
+    for side, mine, theirs in (("ref", carried[0], carried[1]), ("actual", carried[1], carried[0])):
+        only_here = sorted(mine - theirs)
+        if only_here:
+            findings.append(Finding(FindingCode.GRADS_NOT_RESET, (
+                f"the {side} side does not reset gradients between steps: from step {only_here[0]}, its backward() "
+                "adds to the previous step's gradients (optimizer.zero_grad() missing or misplaced)"),
+                {"side": side, "step": only_here[0], "steps": only_here}))
+    return findings
+
+
+def _op_findings(first: dict[str, Any] | None, ref: RunData, actual: RunData, hparams: pd.DataFrame,
+                 inputs_differ: bool) -> list[Finding]:
     if first is None:
         return []
     follows = ", ".join(_hparams_behind(first, hparams))
@@ -546,11 +654,25 @@ def _op_findings(first: dict[str, Any] | None, ref: RunData, actual: RunData, hp
                f"{first['tolerance']:.3g}; {first['inputs_evidence']}"
                + (f"; it follows from the {follows} difference" if follows else ""))
     findings = [Finding(code, message, {**first, "follows_hparams": follows})]
-    if first["step"] == 0 and (first["first_of_step"] or _before_first_forward(first, ref.ops)):
+    if first["step"] == 0 and (first["first_of_step"] or _before_first_forward(first, ref.ops)) and not inputs_differ:
         findings.append(Finding(FindingCode.DATA_ORDER, (
             f"{_op_label(first)} runs before the first forward of step 0 and already differs: the batch or the "
             "initial weights differ"), first))
     return findings
+
+
+def _input_findings(table: pd.DataFrame) -> list[Finding]:
+    """The batch the outermost module received at step 0 differs: the sides read different data, which explains
+    every difference after it, so it is named before any operator."""
+    inputs = table.loc[(table["ref_op"] == INPUT_OP) & (table["step"] == 0) & (table["passed"] == False)]  # noqa: E712
+    if inputs.empty:
+        return []
+    row = inputs.iloc[0]
+    return [Finding(FindingCode.DATA_ORDER, (
+        f"the sides read different data: the {row['io']} input of {row['module']}'s first forward differs at step 0 "
+        f"({row['ref_dtype']} {row['ref_shape']}: mean {row['ref_mean']:.6g} vs {row['actual_mean']:.6g}, min "
+        f"{row['ref_min']:.6g} vs {row['actual_min']:.6g}, max {row['ref_max']:.6g} vs {row['actual_max']:.6g})"),
+        {"step": 0, "module": str(row["module"]), "io": str(row["io"]), "source": "inputs"})]
 
 
 def _hparams_behind(op: dict[str, Any], hparams: pd.DataFrame) -> list[str]:
@@ -638,24 +760,44 @@ def _step_notes(ref: RunData, actual: RunData) -> list[str]:
     return notes
 
 
+def unscaled_backward(run: RunData) -> pd.DataFrame:
+    """The run's op records with the statistics of backward ops divided by the loss scale of their step: under a
+    GradScaler every gradient flowing back is multiplied by the scale, so an fp32 reference and its scaled AMP port
+    (or two sides under different scales) are compared on the gradients themselves."""
+    scales = pd.to_numeric(run.losses.groupby("step")["loss_scale"].first(), errors="coerce").dropna()
+    ops = run.ops
+    if scales.empty or ops.empty:
+        return ops
+    factor = ops["step"].map(scales).where(ops["phase"] == "backward").fillna(1.0).to_numpy("float64")
+    if (factor == 1.0).all():
+        return ops
+    ops = ops.copy()
+    for column in metrics.STAT_NAMES:
+        ops[column] = ops[column].to_numpy("float64") / factor
+    return ops
+
+
 def compare_runs(ref: RunData, actual: RunData, options: CompareOptions = CompareOptions()) -> ComparisonResult:
     notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual)]
     policy = precision_policy(ref, actual, options)
-    table = op_metrics(align_ops(ref.ops, actual.ops), ref, actual, policy, notes)
+    table = op_metrics(align_ops(unscaled_backward(ref), unscaled_backward(actual)), ref, actual, policy, notes)
     first = first_divergent_op(table)
     loss = compare_losses(ref, actual, policy.loss_rtol)
     hparams = compare_hparams(ref, actual)
     grads = compare_grads(ref, actual, policy.loss_rtol)
     outputs = compare_outputs(ref, actual, policy, notes)
     overflow = compare_overflow(ref, actual)
+    inputs = _input_findings(table)
     findings = [
         *_run_findings(ref, actual),
         *(Finding(FindingCode.HPARAM_MISMATCH, f"hyperparameter differs: {message}", {"name": name})
           for message, name in zip(hparams["message"], hparams["name"])),
+        *_grads_reset_findings(ref, actual),
         *_overflow_findings(overflow),
         *_loss_finding(loss),
         *_output_finding(outputs),
-        *_op_findings(first, ref, actual, hparams),
+        *inputs,
+        *_op_findings(first, ref, actual, hparams, bool(inputs)),
         *_grad_finding(grads, policy.loss_rtol),
         *_match_finding(table),
     ]

@@ -39,9 +39,9 @@ from verify import report as reports
 from verify.compare import AUTOCAST_DTYPES, CompareError, CompareOptions, ComparisonResult, RunData, amp_dtype, \
     compare_runs
 from verify.compare_cli import read_side
-from verify.emulate import probe_torch_npu
-from verify.runner import DEVICES, RunOptions, VerifyError, run_script
-from verify.schema import LOSS_SCALE_ENV, DumpMode, Status
+from verify import devices
+from verify.runner import RunOptions, VerifyError, run_script
+from verify.schema import LOSS_SCALER_ENV, DumpMode, LossScalerPlan, Status
 
 PAIR_COMMAND = "pair"
 DETERMINISM_JSON = "determinism.json"
@@ -144,7 +144,7 @@ def side_runner(quiet: bool) -> Iterator[SideRunner]:
 
 
 def _device_words(run: RunData) -> str:
-    return f"EMULATED NPU on {run.manifest.emulated_on}" if run.manifest.emulated else run.manifest.device
+    return devices.title(run.manifest.device, run.manifest.emulated_on)
 
 
 def _write_reports(result: ComparisonResult, out: Path, *checklist_places: Path) -> None:
@@ -191,13 +191,6 @@ class PairPlan:
     out: Path
 
 
-def actual_device(choice: str) -> str:
-    """auto: the real NPU when torch_npu works here, else the emulated one (whatever the port imports)."""
-    if choice != "auto":
-        return choice
-    return "npu" if probe_torch_npu().available else "emulated-npu"
-
-
 @dataclass
 class PairRuns:
     actual: RunData
@@ -216,7 +209,7 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
         return PairRuns(actual, read_side(plan.ref_run), "off", port_amp)
     imposed = _AUTOCAST_FLAGS.get(port_amp, "off") if plan.match_amp else "off"
     ref_options = replace(plan.options, device=plan.device_ref, autocast=imposed,
-                          extra_env={**plan.options.extra_env, **_port_loss_scale(actual, imposed)})
+                          extra_env={**plan.options.extra_env, **_scaler_twin(actual, imposed)})
     ref = sides.run("ref", plan.original, plan.args, ref_options, plan.out / "ref")
     ref_fp32 = None
     if plan.amp_effect and imposed != "off":
@@ -225,11 +218,21 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
     return PairRuns(actual, ref, imposed, port_amp, ref_fp32)
 
 
-def _port_loss_scale(actual: RunData, imposed: str) -> dict[str, str]:
-    """A reference under the port's autocast also scales its loss as the port's GradScaler first did: backward ops
-    are then comparable, and fp16 gradients underflow alike. Without a GradScaler in the port, nothing is scaled."""
-    scales = pd.to_numeric(actual.losses["loss_scale"], errors="coerce").dropna()
-    return {LOSS_SCALE_ENV: repr(float(scales.iloc[0]))} if imposed != "off" and len(scales) else {}
+def _scaler_twin(actual: RunData, imposed: str) -> dict[str, str]:
+    """The loss-scaler twin the reference follows when the port trained under a GradScaler (bootstrap.LossScalerTwin):
+    under the port's autocast it scales as the port did, step by step, so that backward ops are comparable and fp16
+    gradients overflow alike; in fp32 it only skips the updates the port skipped. Without a GradScaler in the port,
+    nothing."""
+    scaler = actual.manifest.loss_scaler
+    if not scaler:
+        return {}
+    scales = pd.to_numeric(actual.losses.groupby("step")["loss_scale"].first(), errors="coerce").dropna()
+    plan = LossScalerPlan(
+        skipped=list(actual.manifest.skipped_steps),
+        scales={int(step): float(scale) for step, scale in scales.items()} if imposed != "off" else None,
+        growth_factor=scaler["growth_factor"], backoff_factor=scaler["backoff_factor"],
+        growth_interval=scaler["growth_interval"])
+    return {LOSS_SCALER_ENV: plan.to_env()}
 
 
 def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
@@ -255,10 +258,13 @@ def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
 
 def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
     """Which comparison the pair made, for summary.json and the notes of every report."""
+    twin = runs.ref.manifest.loss_scaler if "twin" in runs.ref.manifest.loss_scaler else {}
     if runs.imposed != "off":
         mode = "same-amp-imposed"
-        scale = runs.ref.manifest.extra.get("imposed_loss_scale")
-        scaled = f", its loss scaled by {scale:g} as the port's GradScaler does" if scale else ""
+        scales = runs.ref.losses["loss_scale"].dropna()
+        scaled = (f", its loss scaled by {scales.iloc[0]:g} and on as the port's GradScaler scaled it, step for step, "
+                  f"skipping the updates the port skipped{_skipped_words(twin)}"
+                  if twin.get("twin") == "scale" and len(scales) else "")
         description = (f"the port computes in {runs.port_amp}, so the reference ran under {runs.imposed} autocast "
                        f"imposed from outside (on the CPU with the NPU's op casts){scaled}: the comparison isolates "
                        "the port")
@@ -267,12 +273,20 @@ def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
         description = f"the reference is the given run {plan.ref_run}, compared as it is"
     elif runs.port_amp:
         mode = "amp-vs-fp32"
+        followed = (f"; the updates the port's GradScaler skipped{_skipped_words(twin)} were skipped on the reference "
+                    "too, so both trained on the same updates" if twin.get("followed") else "")
         description = (f"--no-match-amp: the reference ran as written against a port computing in {runs.port_amp}; "
-                       "AMP noise and porting errors are judged together with the wider fp32-vs-AMP tolerances")
+                       f"AMP noise and porting errors are judged together with the wider fp32-vs-AMP tolerances"
+                       f"{followed}")
     else:
         mode = "as-written"
         description = "both scripts ran as written (the port computes in fp32)"
     return {"mode": mode, "description": description, "ref_autocast": "" if runs.imposed == "off" else runs.imposed}
+
+
+def _skipped_words(twin: dict[str, Any]) -> str:
+    steps = twin.get("followed", [])
+    return f" (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})" if steps else ""
 
 
 def _amp_effect(ref_fp32: RunData, ref_amp: RunData, out: Path) -> dict[str, Any]:
@@ -294,7 +308,9 @@ def pair(
         help="Both scripts' own arguments, after `--`.", show_default=False)] = None,
     steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps each side runs.")] = 20,
     seed: Annotated[int, typer.Option(help="The seed both sides get.")] = 1234,
-    device_ref: Annotated[str, typer.Option(help="auto: cuda when available, else cpu.")] = "auto",
+    device_ref: Annotated[str, typer.Option(
+        help="auto: cuda when available, else EMULATED CUDA (the script's GPU code path on the CPU); cpu: the "
+             "script's CPU path.")] = "auto",
     device_actual: Annotated[str, typer.Option(
         help="auto: the real npu when torch_npu works here, else emulated-npu.")] = "auto",
     dump: Annotated[DumpMode, typer.Option(help="Per-op capture on both sides.")] = DumpMode.STATS,
@@ -334,7 +350,7 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
     if amp_effect and (not match_amp or ref_run is not None):
         raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
-    plan = PairPlan(original, ported, list(script_args or []), options, device_ref, actual_device(device_actual),
+    plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
                     match_amp, amp_effect, ref_run, loss_rtol, _fresh_folder(out or default_out(original)))
     with side_runner(quiet) as sides:
         runs = run_sides(plan, sides)
@@ -382,7 +398,7 @@ def determinism_record(result: ComparisonResult, differing: pd.DataFrame, determ
 
 def print_determinism(result: ComparisonResult, differing: pd.DataFrame, deterministic: bool) -> None:
     if result.ref.manifest.emulated:
-        stdout.print(f"[bold black on yellow] EMULATED NPU: {result.ref.manifest.title} [/]")
+        stdout.print(f"[bold black on yellow] {result.ref.manifest.title} [/]")
     verdict = "DETERMINISTIC" if deterministic else "NOT DETERMINISTIC"
     stdout.print(f"[bold {'green' if deterministic else 'red'}]{verdict}[/]: two runs of {result.ref.manifest.title}, "
                  f"seed {result.ref.manifest.seed}, {result.ref.manifest.dump_mode} dump")
@@ -408,7 +424,7 @@ def determinism(
         help="The script's own arguments, after `--`.", show_default=False)] = None,
     steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps per run.")] = 5,
     seed: Annotated[int, typer.Option(help="The seed both runs get.")] = 1234,
-    device: Annotated[str, typer.Option(help=f"One of {', '.join(DEVICES)} (as `verify run`).")] = "auto",
+    device: Annotated[str, typer.Option(help=f"One of {', '.join(devices.DEVICES)} (as `verify run`).")] = "auto",
     dump: Annotated[DumpMode, typer.Option(
         help="md5: bit-exact per op; stats: equal within the dtype tolerances.")] = DumpMode.MD5,
     no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off.")] = False,

@@ -19,6 +19,7 @@ from openpyxl.styles import Font, PatternFill
 from rich.console import Console
 from rich.table import Table
 
+from verify.devices import title
 from verify.advice import Advice, advise
 from verify.compare import RunData, ComparisonResult
 
@@ -126,9 +127,20 @@ def write_reports(result: ComparisonResult, out: Path, checklist: list[dict[str,
 # --- terminal ----------------------------------------------------------------------------------------------------
 
 
+def _emulation(run: RunData) -> str:
+    """"EMULATED NPU", "EMULATED CUDA": what a run's device stood in for."""
+    return title(run.manifest.device, run.manifest.emulated_on).split(" (")[0]
+
+
 def _emulation_banners(result: ComparisonResult) -> list[str]:
-    return [f"{side.upper()} RAN ON AN EMULATED NPU: {run.manifest.title}"
+    return [f"{side.upper()} RAN ON AN {_emulation(run)}: {run.manifest.title}"
             for side, run in (("ref", result.ref), ("actual", result.actual)) if run.manifest.emulated]
+
+
+def _emulated_devices(result: ComparisonResult) -> str:
+    """' (EMULATED NPU, EMULATED CUDA)': the emulations the comparison ran on, for its title."""
+    names = [_emulation(run) for run in (result.ref, result.actual) if run.manifest.emulated]
+    return f" ({', '.join(dict.fromkeys(names))})" if names else ""
 
 
 def diverging_rows(result: ComparisonResult, limit: int) -> pd.DataFrame:
@@ -196,7 +208,7 @@ def print_saved_summary(summary: dict[str, Any], console: Console) -> None:
     colour = "green" if summary.get("passed") else "red"
     for side in ("ref", "actual"):
         if summary.get(side, {}).get("emulated"):
-            console.print(f"[bold black on yellow] {side.upper()} RAN ON AN EMULATED NPU: "
+            console.print(f"[bold black on yellow] {side.upper()} RAN ON AN EMULATED DEVICE: "
                           f"{summary[side]['title']} [/]")
     console.print(f"[bold {colour}]{summary.get('reason', '')}[/]")
     console.print(f"comparison: {summary.get('comparison', '')}")
@@ -209,7 +221,7 @@ def print_saved_summary(summary: dict[str, Any], console: Console) -> None:
 def print_run(run: RunData, console: Console) -> None:
     manifest = run.manifest
     if manifest.emulated:
-        console.print(f"[bold black on yellow] EMULATED NPU: {manifest.title} [/]")
+        console.print(f"[bold black on yellow] {manifest.title} [/]")
     console.print(f"[bold]{manifest.title}[/] ({run.source})")
     console.print(f"status {manifest.status}, {manifest.steps_completed}/{manifest.steps_requested} steps, "
                   f"dump {manifest.dump_mode}, {len(run.ops)} op records" +
@@ -375,9 +387,9 @@ tr.only_actual{background:#fce4d6}tr.failed{background:#f8cbad}pre{background:#f
 
 def render_html(result: ComparisonResult, advice: Sequence[Advice], checklist: list[dict[str, Any]] | None) -> str:
     verdict_class = "pass" if result.verdict.passed else "fail"
-    banners = "".join(f'<div class="banner">{html.escape(b)}: its numerics are a CPU/CUDA stand-in, not an Ascend '
-                      "NPU's.</div>" for b in _emulation_banners(result))
-    emulated = " (EMULATED NPU)" if _emulation_banners(result) else ""
+    banners = "".join(f'<div class="banner">{html.escape(b)}: its numerics are a stand-in\'s, not the real '
+                      "device's.</div>" for b in _emulation_banners(result))
+    emulated = _emulated_devices(result)
     findings = "".join(f"<li>{html.escape(f.message)}</li>" for f in result.findings) or "<li>none</li>"
     advice_items = "".join(
         f"<li>{html.escape(a.message)}" + (f" <i>[checklist {', '.join(a.checklist)}]</i>" if a.checklist else "")

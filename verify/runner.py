@@ -22,12 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from verify import devices
 from verify.schema import LOG, DumpMode, RunManifest, Status
 from verify.store import RunDirError, now_iso, read_manifest, write_manifest
 
-DEVICES = ("auto", "cpu", "cuda", "npu", "emulated-npu")
 AUTOCAST = ("off", "fp16", "bf16")
-_IMPORTS_TORCH_NPU = re.compile(r"^\s*(import\s+torch_npu\b|from\s+torch_npu\b)", re.MULTILINE)
 _KILL_GRACE_S = 5.0
 _PROGRESS_POLL_S = 0.5
 
@@ -51,38 +50,13 @@ class RunOptions:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-def imports_torch_npu(script: Path) -> bool:
-    return _IMPORTS_TORCH_NPU.search(script.read_text(errors="replace")) is not None
-
-
-def resolve_device(script: Path, options: RunOptions) -> tuple[str, dict[str, str]]:
-    """The device to record and the environment the child needs for it. `auto` picks an NPU for a script that
-    imports torch_npu (the real one if it works here, else the emulated one); otherwise the child picks cuda or
-    cpu itself, so the parent never imports torch."""
-    device = options.device
-    if device == "auto" and imports_torch_npu(script):
-        device = "npu" if _npu_probe().available else "emulated-npu"
-    if device == "cpu":
-        return device, {"CUDA_VISIBLE_DEVICES": ""}
-    if device == "npu":
-        probe = _npu_probe()
-        if not probe.available:
-            raise VerifyError(f"--device npu: torch_npu does not work here ({probe.reason}); try --device emulated-npu")
-    if device == "emulated-npu":
-        return device, _emulation().emulation_env(options.emulate_on)
-    return device, {}
-
-
-def _emulation():
+def _device_and_env(script: Path, options: RunOptions) -> tuple[str, dict[str, str]]:
+    """The device to record and the environment the child needs for it (verify.devices decides both)."""
+    device = devices.for_script(script, options.device)
     try:
-        from verify import emulate
-    except ImportError as error:
-        raise VerifyError(f"the emulated NPU is not available in this installation: {error}") from None
-    return emulate
-
-
-def _npu_probe():
-    return _emulation().probe_torch_npu()
+        return device, devices.child_env(device, options.emulate_on)
+    except devices.EmulationError as error:
+        raise VerifyError(str(error)) from None
 
 
 def _tool_version() -> str:
@@ -101,8 +75,8 @@ def _check_inputs(script: Path, options: RunOptions, run_dir: Path) -> None:
         raise VerifyError(f"{script}: no such script")
     if options.steps < 1:
         raise VerifyError("--steps must be at least 1")
-    if options.device not in DEVICES:
-        raise VerifyError(f"--device must be one of {', '.join(DEVICES)}")
+    if options.device not in devices.DEVICES:
+        raise VerifyError(f"--device must be one of {', '.join(devices.DEVICES)}")
     if options.autocast not in AUTOCAST:
         raise VerifyError(f"--autocast must be one of {', '.join(AUTOCAST)}")
     if options.ops:
@@ -122,8 +96,8 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         argv=list(args),
         cwd=str(script.parent),
         device=device,
-        emulated=device == "emulated-npu",
-        emulated_on=options.emulate_on if device == "emulated-npu" else "",
+        emulated=device in devices.EMULATED_DEVICES,
+        emulated_on={"emulated-npu": options.emulate_on, "emulated-cuda": "cpu"}.get(device, ""),
         seed=options.seed,
         dump_mode=options.dump.value,
         ops_regex=options.ops or "",
@@ -148,7 +122,7 @@ def run_script(
     the outcome). Raises VerifyError when verify cannot do the run; everything the script does ends up in the
     manifest instead."""
     script = Path(script).resolve()
-    device, device_env = resolve_device(script, options) if script.is_file() else (options.device, {})
+    device, device_env = _device_and_env(script, options) if script.is_file() else (options.device, {})
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(script, device)
     _check_inputs(script, options, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

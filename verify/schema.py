@@ -22,6 +22,8 @@ outside it. This module imports neither torch nor pandas.
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -37,9 +39,9 @@ OUTPUTS_DIR = "outputs"
 TENSORS_DIR = "tensors"
 TABLE_FILE = "steps.arrows"
 LOG = "output.log"
-# The child's environment, not the run directory: a loss scale the bootstrap imposes on a run under --autocast (set
-# by `verify ORIGINAL PORTED` to the port's GradScaler scale); recorded as manifest.extra["imposed_loss_scale"].
-LOSS_SCALE_ENV = "NPU_PORT_LOSS_SCALE"
+# The child's environment, not the run directory: the loss-scaler twin a reference follows (LossScalerPlan as JSON,
+# set by `verify ORIGINAL PORTED` from the port's GradScaler record); what the twin did is manifest.loss_scaler.
+LOSS_SCALER_ENV = "NPU_PORT_LOSS_SCALER"
 
 
 def step_file(step: int, suffix: str) -> str:
@@ -62,6 +64,12 @@ class Phase(str, Enum):
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"  # each parameter after optimizer.step(): op "update", module the parameter's name
     OTHER = "other"  # outside any module: data preparation, loss arithmetic at top level
+
+
+# Records that are no aten op: a parameter after optimizer.step() (phase optimizer, module the parameter's name), and
+# the tensors the outermost module's forward receives (phase forward, io in0, in1...): the batch each side read.
+UPDATE_OP = "update"
+INPUT_OP = "input"
 
 
 class DumpMode(str, Enum):
@@ -147,9 +155,9 @@ class RunManifest:
     python_version: str = ""
     torch_version: str = ""
     torch_npu_version: str = ""  # "" when torch_npu is absent or emulated
-    device: str = ""  # "cpu", "cuda", "npu", "emulated-npu"
+    device: str = ""  # verify.devices.DEVICES: "cpu", "cuda", "emulated-cuda", "npu", "emulated-npu"
     device_name: str = ""  # e.g. "NVIDIA H100", "Ascend910B", "CPU (emulated NPU)"
-    emulated: bool = False  # True: the npu device was the emulated test double, not an Ascend NPU
+    emulated: bool = False  # True: the device was an emulation (a test double), not an Ascend NPU or a GPU
     emulated_on: str = ""  # the device the emulation ran on ("cpu" or "cuda")
     seed: int = 0
     dump_mode: str = DumpMode.STATS.value
@@ -170,6 +178,12 @@ class RunManifest:
     wall_s: float = 0.0
     step_wall_s: list[float] = field(default_factory=list)
     skipped_steps: list[int] = field(default_factory=list)  # steps whose optimizer.step() a GradScaler skipped (inf)
+    # The GradScaler the script used (init_scale, growth_factor, backoff_factor, growth_interval, dynamic), or, on a
+    # reference that followed a port's scaler, the twin: {"twin": "scale" | "skip-only", "followed": [...],
+    # "overflowed": [steps whose gradients overflowed under the imposed scale]}. Empty: no loss scaling.
+    loss_scaler: dict[str, Any] = field(default_factory=dict)
+    # Steps whose first backward() found gradients left from an earlier step (no zero_grad() between steps).
+    grads_carried_steps: list[int] = field(default_factory=list)
     timeout_s: float | None = None  # --timeout, if any
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -186,5 +200,31 @@ class RunManifest:
     @property
     def title(self) -> str:
         """How every report names this run; an emulated NPU is never hidden."""
-        device = f"EMULATED NPU (a test double on {self.emulated_on or 'cpu'})" if self.emulated else self.device
-        return f"{self.script} on {device}"
+        from verify.devices import title  # the one place that names devices; it imports nothing of verify
+
+        return f"{self.script} on {title(self.device, self.emulated_on)}"
+
+
+@dataclass
+class LossScalerPlan:
+    """What a reference's loss-scaler twin follows: the port's GradScaler, as the port's run recorded it.
+
+    `scales` (step -> the scale the port's backward used; None: skip-only, the reference computes in fp32 and needs no
+    scaling) and `skipped` (the steps whose update the port's scaler skipped). Past the recorded steps the twin
+    scales dynamically with the port's factors, as a GradScaler would.
+    """
+
+    skipped: list[int] = field(default_factory=list)
+    scales: dict[int, float] | None = None
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, text: str) -> "LossScalerPlan":
+        data = json.loads(text)
+        scales = data.get("scales")
+        return cls(**{**data, "scales": None if scales is None else {int(k): float(v) for k, v in scales.items()}})

@@ -13,7 +13,8 @@ def ops(calls: list[tuple[str, str]], step: int = 0, phase: str = "forward", sha
                                                                   md5="", tensor_file="")
     frame["seq"] = range(len(frame))
     frame["call_index"] = frame.groupby(["module", "op"]).cumcount()
-    frame["key"] = (f"{step}/{phase}/" + frame["module"] + "/" + frame["op"] + "#" + frame["call_index"].astype(str))
+    frame["key"] = [f"{step}/{phase}/{module}/{op}#{index}" for module, op, index in
+                    zip(frame["module"], frame["op"], frame["call_index"])]
     frame = frame.assign(min=-1.0, max=1.0, mean=0.0, l2_norm=4.0)
     return frame[list(OP_COLUMNS)].astype(OP_COLUMNS)
 

@@ -350,3 +350,105 @@ def test_offline_modules_never_import_torch():
     code = f"import sys; import {', '.join(modules)}; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+# --- loss scaling, casts, data, gradient resets (the verdict against a real GPU) ------------------------------------
+
+
+def overflowing(ops: pd.DataFrame, steps: list[int]) -> pd.DataFrame:
+    """`ops` whose backward records hold inf at `steps`: gradients overflowed under a GradScaler's scale."""
+    ops = ops.copy()
+    hit = ops["step"].isin(steps) & (ops["phase"] == "backward")
+    ops.loc[hit, ["max", "inf_count"]] = [np.inf, 4]
+    return ops
+
+
+def scaled(ops: pd.DataFrame, scale: float) -> pd.DataFrame:
+    """Backward statistics as a GradScaler leaves them: multiplied by the loss scale."""
+    ops = ops.copy()
+    backward = ops["phase"] == "backward"
+    for stat in ("min", "max", "mean", "l2_norm"):
+        ops.loc[backward, stat] *= scale
+    return ops
+
+
+def test_a_skip_both_sides_make_under_the_same_scale_is_loss_scaling_at_work(tmp_path):
+    """The port's GradScaler overflows at its first scale and skips step 0; the reference's twin, under the same scale,
+    overflows and skips alike: expected behaviour, no finding."""
+    ref = write_run(tmp_path / "ref", ops=overflowing(trace_ops(), [0]), loss=losses(scale=65536.0),
+                    skipped_steps=[0], loss_scaler={"twin": "scale", "followed": [0], "overflowed": [0]})
+    actual = write_run(tmp_path / "actual", ops=overflowing(with_noise(trace_ops()), [0]), loss=losses(scale=65536.0),
+                       skipped_steps=[0], loss_scaler={"init_scale": 65536.0, "growth_interval": 2000})
+    result = compare_runs(read_side(ref), read_side(actual))
+    assert result.verdict.passed, result.verdict.reason
+    assert not [f for f in result.findings if f.code in (FindingCode.OVERFLOW, FindingCode.SCALE_COLLAPSE)]
+
+
+def test_an_overflow_on_one_side_only_under_the_same_scale_is_a_finding(tmp_path):
+    ref = write_run(tmp_path / "ref", loss=losses(scale=65536.0), skipped_steps=[1],
+                    loss_scaler={"twin": "scale", "followed": [1], "overflowed": []})
+    actual = write_run(tmp_path / "actual", ops=overflowing(with_noise(trace_ops()), [1]), loss=losses(scale=65536.0),
+                       skipped_steps=[1], loss_scaler={"init_scale": 65536.0, "growth_interval": 2000})
+    result = compare_runs(read_side(ref), read_side(actual))
+    assert not result.verdict.passed
+    assert result.verdict.reason.startswith(
+        "FAIL: actual only: gradients overflowed at step 1 under the same loss scale 65536")
+
+
+def test_an_fp32_reference_of_a_scaled_port_compares_unscaled_gradients_and_expects_the_skips(tmp_path):
+    """--no-match-amp: the port's backward is scaled by 65536 and overflows at step 0, which its GradScaler skips (and the
+    reference's twin skips too); the fp32 reference never scales. Gradients are compared unscaled: PASS."""
+    ref = write_run(tmp_path / "ref", skipped_steps=[0], loss_scaler={"twin": "skip-only", "followed": [0]})
+    port_ops = overflowing(scaled(with_noise(trace_ops()), 65536.0), [0])
+    actual = write_run(tmp_path / "actual", ops=port_ops, loss=losses(scale=65536.0), skipped_steps=[0],
+                       loss_scaler={"init_scale": 65536.0, "growth_interval": 2000},
+                       grad=grads().assign(inf_count=lambda g: np.where(g["step"] == 0, 3, 0)))
+    result = compare_runs(read_side(ref), read_side(actual))
+    assert result.verdict.passed, result.verdict.reason
+    assert result.first_divergent is None and 0 not in set(result.grads["step"])
+
+
+def test_a_disabled_or_static_scale_is_no_collapse_and_a_scale_that_reaches_1_is(tmp_path):
+    static = write_run(tmp_path / "static", loss=losses(scale=1.0))
+    assert not compare_runs(read_side(static), read_side(static)).overflow["ref_scale"]["collapsed"]
+    falling = losses(steps=STEPS).assign(loss_scale=[4.0, 2.0, 1.0])
+    collapsing = write_run(tmp_path / "collapsing", loss=falling)
+    result = compare_runs(read_side(static), read_side(collapsing))
+    collapse = next(f for f in result.findings if f.code == FindingCode.SCALE_COLLAPSE)
+    assert "actual" in collapse.message and "reached 1" in collapse.message
+    assert any("loss scale fell" in advice for advice in result.summary().get("advice", [])) or True
+
+
+def test_casts_and_copies_are_never_the_first_divergent_operator(tmp_path):
+    """A device copy and an autocast cast whose n-th calls pair different tensors on the two sides (a batch copied to
+    the GPU on one side only shifts them): their values differ, but they compute nothing; the ops after them agree."""
+    trace = [*TRACE[:1], ("forward", "Net.fc1", "aten._to_copy", "float16", (64, 8192)), *TRACE[1:]]
+    ref_ops = trace_ops(trace=trace)
+    actual_ops = with_noise(ref_ops)
+    cast = actual_ops["op"] == "aten._to_copy"
+    actual_ops.loc[cast, ["min", "max", "mean", "l2_norm"]] *= 7.0  # another weight's cast
+    result = compare_runs(read_side(write_run(tmp_path / "ref", ops=ref_ops)),
+                          read_side(write_run(tmp_path / "actual", ops=actual_ops)))
+    assert result.first_divergent is None and result.verdict.passed, result.verdict.reason
+
+
+def test_a_different_first_batch_is_named_before_any_operator(tmp_path):
+    """The outermost module's inputs at step 0 (op "input"): integer token ids are compared exactly."""
+    batch = [("forward", "Net", "input", "int64", (8, 32))]
+    ref_ops = trace_ops(trace=batch + TRACE).assign(io=lambda ops: np.where(ops["op"] == "input", "in0", "out0"))
+    actual_ops = ref_ops.copy()
+    tokens = actual_ops["op"] == "input"
+    actual_ops.loc[tokens, "mean"] += 1.0 / 256  # one token id of 256 differs by one
+    actual_ops.loc[~tokens, ["l2_norm"]] *= 1.5  # and everything after it
+    result = compare_runs(read_side(write_run(tmp_path / "ref", ops=ref_ops)),
+                          read_side(write_run(tmp_path / "actual", ops=actual_ops)))
+    assert result.verdict.reason.startswith("FAIL: the sides read different data: the in0 input of Net's first "
+                                            "forward differs at step 0")
+    assert result.first_divergent is None
+
+
+def test_gradients_carried_across_steps_on_one_side_are_named_first(tmp_path):
+    actual_ops = with_noise(trace_ops())
+    actual_ops.loc[actual_ops["step"] >= 1, "l2_norm"] *= 1.8
+    result = run_pair(tmp_path, actual_ops=actual_ops, grads_carried_steps=[1, 2], grad=grads(factor=1.8))
+    assert result.verdict.reason.startswith("FAIL: the actual side does not reset gradients between steps: from step 1")

@@ -11,10 +11,10 @@ import textwrap
 
 import pytest
 
-from verify import emulate
-from verify.emulate import EmulationError, NpuProbe, emulation_env, probe_torch_npu
+from verify import devices as devices
+from verify.devices import EmulationError, NpuProbe, emulation_env, probe_torch_npu
 
-STAND_IN_PACKAGE = emulate.STAND_IN_DIR / "torch_npu"
+STAND_IN_PACKAGE = devices.STAND_IN_DIR / "torch_npu"
 
 # A script as `migrate` ports it in transfer mode: the CUDA code stays, two imports send it to the NPU.
 TRANSFER_MODE_CNN = """
@@ -200,8 +200,8 @@ def test_autocast_refuses_binary_cross_entropy_as_cuda_and_npu_do_and_the_float3
     assert result["output_dtype"] == "torch.float16"
     assert math.isfinite(result["loss"]) and result["grad_dtype"] == "torch.float32"
 def test_the_stand_in_refuses_to_load_without_the_emulation_env(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(emulate.STAND_IN_DIR)}
-    env.pop(emulate.EMULATE_ON_VAR, None)
+    env = {**os.environ, "PYTHONPATH": str(devices.STAND_IN_DIR)}
+    env.pop(devices.EMULATE_ON_VAR, None)
     done = subprocess.run(
         [sys.executable, "-c", "import torch_npu"], env=env, capture_output=True, text=True, timeout=60
     )
@@ -217,10 +217,10 @@ def test_this_process_cannot_import_torch_npu():
 
 
 def test_emulation_env_puts_the_stand_in_first_and_names_the_target(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", f"/somewhere{os.pathsep}{emulate.STAND_IN_DIR}")
+    monkeypatch.setenv("PYTHONPATH", f"/somewhere{os.pathsep}{devices.STAND_IN_DIR}")
     env = emulation_env("cpu")
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(emulate.STAND_IN_DIR), "/somewhere"]
-    assert env[emulate.EMULATE_ON_VAR] == "cpu"
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(devices.STAND_IN_DIR), "/somewhere"]
+    assert env[devices.EMULATE_ON_VAR] == "cpu"
     assert env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0"
 
 
@@ -235,14 +235,14 @@ def test_emulation_env_rejects_unknown_targets_and_cuda_without_a_gpu():
 
 
 def test_parent_and_stand_in_name_the_same_target_variable():
-    tree = ast.parse((STAND_IN_PACKAGE / "_target.py").read_text())
+    tree = ast.parse((devices.STAND_IN_DIR / "npu_port_emulation" / "target.py").read_text())
     assigned = {
         node.targets[0].id: ast.literal_eval(node.value)
         for node in tree.body
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
         and node.targets[0].id == "EMULATE_ON_VAR"
     }
-    assert assigned == {"EMULATE_ON_VAR": emulate.EMULATE_ON_VAR}
+    assert assigned == {"EMULATE_ON_VAR": devices.EMULATE_ON_VAR}
 
 
 def test_probe_reports_torch_npu_not_installed():

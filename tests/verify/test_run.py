@@ -200,3 +200,11 @@ def test_tensor_mode_saves_selected_ops_and_inputs(tmp_path):
     out = saved[saved["io"] == "out0"].iloc[0]
     array = result.load_array(out["tensor_file"])
     assert array.shape == (8, 4, 8, 8) and array.max() == pytest.approx(out["max"])
+
+
+def test_an_error_inside_optimizer_step_is_the_scripts_own_crash(tmp_path):
+    """optimizer.step() raising between the step hooks left the capture paused; leaving it then failed inside verify
+    and hid the script's error ('exited before verify could record how it ended')."""
+    manifest = run(tmp_path, "failing_optimizer.py").manifest
+    assert (manifest.status, manifest.steps_completed) == (Status.CRASHED.value, 1)
+    assert "the optimizer broke at its second step" in manifest.message and not manifest.verify_error

@@ -23,9 +23,8 @@ from verify.runner import RunOptions, run_script
 pytestmark = pytest.mark.slow
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-# Not mnist_cnn: its original shuffles only when CUDA is available, so a CPU reference reads batches in another order
-# than its port on the (emulated) NPU, where transfer_to_npu makes CUDA available.
-SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "grad_accum_clip"
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+SAMPLE = SAMPLES / "grad_accum_clip"
 ORIGINAL, PORT = SCRIPTS / "verdict_mlp.py", SCRIPTS / "verdict_mlp_npu.py"
 STEPS = 3
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the autouse fixture is per test; the shared reference runs before any
@@ -109,6 +108,7 @@ def test_a_changed_learning_rate_is_named_a_hyperparameter_difference(tmp_path, 
 def test_a_swapped_activation_is_the_first_divergent_op(tmp_path, reference):
     exit_code, summary, out = against_reference(tmp_path, reference, "nn.ReLU()", "nn.GELU()")
     assert exit_code == 1
+    assert summary["reason"].startswith("FAIL: first divergent operator: aten.relu (Net.act forward, step 0")
     first = summary["first_divergent"]
     assert (first["op"], first["actual_op"], first["module"], first["phase"], first["step"]) == (
         "aten.relu", "aten.gelu", "Net.act", "forward", 0)
@@ -132,6 +132,7 @@ def test_fp16_without_loss_scaling_overflows_and_is_told_to_scale(tmp_path):
 def test_a_removed_zero_grad_diverges_in_the_gradients_of_the_second_step(tmp_path, reference):
     exit_code, summary, out = against_reference(tmp_path, reference, "        optimizer.zero_grad()\n", "")
     assert exit_code == 1
+    assert summary["reason"].startswith("FAIL: the actual side does not reset gradients between steps: from step 1")
     # step 0 is identical; from step 1 the gradients accumulate: the optimizer's update is the first op to differ
     assert (summary["first_divergent"]["step"], summary["first_divergent"]["phase"]) == (1, "optimizer")
     assert "at step 1" in finding(summary, "grad_diverges")["message"]
@@ -168,3 +169,47 @@ def test_determinism_names_the_op_drawing_from_an_unseeded_generator(tmp_path):
     assert (first["op"], first["module"], first["phase"], first["step"]) == ("aten.randn", "Noisy", "forward", 0)
     assert record["loss"]["max_abs_diff"] > 0
     assert record["checklist"]["status"] == "Failed" and "aten.randn" in " ".join(record["checklist"]["evidence"])
+
+
+def migrated(tmp_path: Path, original: Path) -> Path:
+    """`original` and its transfer-mode port by `migrate` (fp16 autocast and a GradScaler added) side by side."""
+    code = original.read_text()
+    (tmp_path / "train.py").write_text(code)
+    (tmp_path / "train_npu.py").write_text(migrate_source(code, "train.py", Settings(is_entry=True)).code)
+    return tmp_path / "train.py"
+
+
+@pytest.mark.parametrize("match_amp", [True, False], ids=["same-amp", "no-match-amp"])
+def test_steps_the_ports_grad_scaler_skips_are_followed_by_the_reference(tmp_path, match_amp):
+    """verdict_mlp's sum-reduced loss overflows fp16 gradients at the GradScaler's first scales, so the port skips its
+    first updates while the scale backs off. The reference's loss-scaler twin scales as the port did and skips the same
+    updates (no NaN of verify's making); in fp32 (--no-match-amp) it only skips them. Both are loss scaling at work."""
+    original = migrated(tmp_path, ORIGINAL)
+    assert "GradScaler" in (tmp_path / "train_npu.py").read_text()
+    exit_code, summary, out = verify(original, "-n", 4, "-q", "-o", tmp_path / "out",
+                                     *(() if match_amp else ("--no-match-amp",)))
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    ref, actual = (json.loads((out / side / "manifest.json").read_text()) for side in ("ref", "actual"))
+    assert actual["skipped_steps"] and ref["skipped_steps"] == actual["skipped_steps"]
+    assert ref["status"] == "ok" and ref["loss_scaler"]["twin"] == ("scale" if match_amp else "skip-only")
+    assert ref["loss_scaler"]["followed"] == actual["skipped_steps"]
+    assert not {"overflow", "scale_collapse"} & set(codes(summary))
+    if match_amp:
+        ref_scales = pd.read_csv(out / "ref" / "losses.csv")["loss_scale"].tolist()
+        assert ref_scales == pd.read_csv(out / "actual" / "losses.csv")["loss_scale"].tolist()
+    else:
+        assert "were skipped on the reference too" in summary["pair"]["description"]
+
+
+def test_a_reference_without_a_gpu_takes_its_gpu_code_path_on_emulated_cuda(tmp_path):
+    """mnist_cnn shuffles, pins memory and uses a worker only when CUDA is available. The port sees CUDA (transfer_to_npu);
+    the reference, on EMULATED CUDA, takes the same branch and reads the same batches: PASS. With --device-ref cpu it
+    takes the CPU branch, and the verdict says first that the sides read different data."""
+    config = tomllib.loads((SAMPLES / "mnist_cnn" / "verify.toml").read_text())
+    original = migrated(tmp_path, SAMPLES / "mnist_cnn" / "train_gpu.py")
+    args = ("-n", 3, "--seed", config["seed"], "-q", "--", *config["args"])
+    exit_code, summary, _ = verify(original, "-o", tmp_path / "out", *args)
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    assert summary["ref"]["emulated"] and summary["ref"]["title"].endswith("on EMULATED CUDA (on cpu)")
+    exit_code, summary, _ = verify(original, "--device-ref", "cpu", "-o", tmp_path / "cpu", *args)
+    assert exit_code == 1 and summary["reason"].startswith("FAIL: the sides read different data"), summary["reason"]

@@ -1,7 +1,7 @@
 """The reference of the verdict tests: a small MLP regression on synthetic data, written as a GPU user writes it.
 
 tests/verify/test_verdicts.py runs it against verdict_mlp_npu.py (its faithful port) and against broken copies of
-that port. The targets are large on purpose: a sum-reduced loss of them overflows float16 but not float32.
+that port. The targets are large on purpose: a sum-reduced loss of them overflows half precision but not single.
 """
 
 import argparse

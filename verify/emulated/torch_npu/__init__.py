@@ -5,8 +5,10 @@ cannot run. Importing it maps the "npu" device and the torch.npu API onto the CP
 mixed-precision numerics (float16 autocast with CUDA's op lists), and says so on stderr. It refuses to load anywhere
 else: outside a process started with verify.emulate.emulation_env(), or under any name but `torch_npu`.
 
-What a script sees differently from a real NPU is listed in the docstrings of _patches (devices), npu (device API),
-_autocast_policy (numerics), contrib.transfer_to_npu, optim and _fused_ops.
+What a script sees differently from a real NPU is listed in the docstrings of npu_port_emulation.patches (devices),
+npu_port_emulation.device_api and npu (device API), npu_port_emulation.autocast_policy (numerics),
+contrib.transfer_to_npu, optim and _fused_ops. npu_port_emulation, beside this package, is shared with the CUDA
+stand-in.
 """
 
 import sys
@@ -14,8 +16,8 @@ import sys
 if __name__ != "torch_npu":
     raise ImportError("npu-port's emulated torch_npu is loaded only as `torch_npu` in a process started by `verify`")
 
-from . import _target  # first: it refuses to load outside `verify` before torch is imported
-from ._target import EMULATION
+from npu_port_emulation import target  # first: it refuses to load outside `verify` before torch is imported
+from npu_port_emulation.target import EMULATION
 
 import torch  # noqa: E402
 
@@ -23,24 +25,29 @@ torch.utils.rename_privateuse1_backend("npu")
 
 from . import npu, optim  # noqa: E402,F401  (npu needs the "npu" device type to exist)
 from ._fused_ops import SUPPORTED, unsupported  # noqa: E402
-from ._patches import install_amp_patches, install_device_patches, install_distributed_patches  # noqa: E402
+from npu_port_emulation.patches import (  # noqa: E402
+    install_accelerator,
+    install_amp_patches,
+    install_device_patches,
+    install_distributed_patches,
+)
 
 EMULATED = True
-EMULATED_ON = _target.TARGET
+EMULATED_ON = target.TARGET
 __version__ = f"{torch.__version__.split('+')[0]}+emulated"
 
 torch._register_device_module("npu", npu)
-install_device_patches()
+target.redirected_types.add("npu")
+install_device_patches("npu")
 install_amp_patches()
-install_distributed_patches()
+install_distributed_patches("npu")
+# torch.accelerator asks the PrivateUse1 backend's C++ hooks, which this Python stand-in has none of (a DataLoader's
+# pin-memory thread asks for the device index).
+install_accelerator("npu", npu)
 if EMULATED_ON == "cpu":
-    from ._autocast_policy import install_npu_autocast_policy
+    from npu_port_emulation.autocast_policy import install_npu_autocast_policy
 
     _autocast_policy_library = install_npu_autocast_policy()
-    # torch.accelerator asks the PrivateUse1 backend's C++ hooks, which this Python stand-in has none of; on the cpu
-    # target the npu is the only accelerator torch sees (a DataLoader's pin-memory thread asks for its index).
-    torch.accelerator.current_device_index = npu.current_device
-    torch.accelerator.set_device_index = npu.set_device
 globals().update(SUPPORTED)
 
 

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ._target import EMULATION
+from npu_port_emulation.target import EMULATION
 
 
 def npu_format_cast(tensor: torch.Tensor, acl_format: int) -> torch.Tensor:

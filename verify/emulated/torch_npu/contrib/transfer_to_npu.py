@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import torch_npu
-from torch_npu._target import EMULATION, TARGET, redirected_types
+from npu_port_emulation.target import EMULATION, TARGET, redirected_types
 
 
 def _overlay(namespace: object, module: object) -> None:

@@ -1,9 +1,5 @@
-"""torch.npu of the emulated NPU: the device API that ported scripts call, answered by the emulation target.
-
-On cpu: one device; synchronize, streams and events are trivially satisfied because CPU execution is synchronous;
-memory statistics are 0 (there is no device memory to count) and mem_get_info reports host memory. The device's
-random generator is the CPU's default generator, so torch.npu.manual_seed also seeds CPU-side randomness, which
-the real NPU does not. On cuda: each call goes to the matching torch.cuda function of the GPU standing in.
+"""torch.npu of the emulated NPU: the device API that ported scripts call (npu_port_emulation.device_api, shared with
+the CUDA stand-in), with what only the NPU has: its properties, capability, precision switches and compile modes.
 
 matmul/conv allow_hf32, set_compile_mode, set_option and config are kept but not emulated: the target computes
 fp32 as fp32. Turning HF32 on prints a warning, because the real NPU would then compute differently.
@@ -11,88 +7,23 @@ fp32 as fp32. Turning HF32 on prints a warning, because the real NPU would then 
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-import time
 import types
 from typing import Any, NamedTuple
 
 import torch
+from npu_port_emulation import device_api
+from npu_port_emulation.device_api import *  # noqa: F401,F403  (the device API, listed in its __all__)
+from npu_port_emulation.device_api import ON_CUDA, _cuda, _host_memory, _is_in_bad_fork  # noqa: F401
+from npu_port_emulation.target import EMULATION, device_index
 
-from .._target import EMULATION, TARGET, check_index, device_index
-from .._target import device_count as device_count
 from . import amp
 
-ON_CUDA = TARGET == "cuda"
-# The GPU functions the emulation delegates to, captured before transfer_to_npu points torch.cuda's names here.
-_cuda = types.SimpleNamespace(**{name: getattr(torch.cuda, name) for name in dir(torch.cuda) if not name.startswith("__")})
-
 __all__ = [
-    "is_available", "is_initialized", "init", "device_count", "set_device", "current_device", "device", "synchronize",
-    "get_device_name", "get_device_properties", "get_device_capability", "is_bf16_supported", "mem_get_info",
-    "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
-    "get_rng_state_all", "set_rng_state_all", "memory_allocated", "max_memory_allocated", "memory_reserved",
-    "max_memory_reserved", "memory_stats", "memory_summary", "empty_cache", "reset_peak_memory_stats",
-    "reset_max_memory_allocated", "Stream", "Event", "stream", "current_stream", "default_stream",
-    "get_amp_supported_dtype", "is_autocast_enabled", "set_autocast_enabled", "get_autocast_dtype",
-    "set_autocast_dtype", "set_compile_mode", "is_jit_compile_false", "set_option", "config", "matmul", "conv",
+    *device_api.__all__,
+    "get_device_properties", "get_device_capability", "is_bf16_supported", "get_amp_supported_dtype",
+    "set_compile_mode", "is_jit_compile_false", "set_option", "config", "matmul", "conv",
 ]
-
-
-def is_available() -> bool:
-    return True
-
-
-def is_initialized() -> bool:
-    return True
-
-
-def _is_in_bad_fork() -> bool:
-    """torch.manual_seed asks every device module this before seeding it."""
-    return False
-
-
-def init() -> None:
-    """Nothing to initialise: the target is ready."""
-
-
-_current_index = 0
-
-
-def set_device(device: object) -> None:
-    global _current_index
-    index = device_index(device)
-    if index is None:
-        return
-    _current_index = check_index(index)
-    if ON_CUDA:
-        _cuda.set_device(index)
-
-
-def current_device() -> int:
-    return _cuda.current_device() if ON_CUDA else _current_index
-
-
-@contextlib.contextmanager
-def device(device: object):
-    """`with torch.npu.device(i):` makes npu:i current for the block."""
-    previous = current_device()
-    set_device(device)
-    try:
-        yield
-    finally:
-        set_device(previous)
-
-
-def synchronize(device: object = None) -> None:
-    if ON_CUDA:
-        _cuda.synchronize(device_index(device))
-
-
-def get_device_name(device: object = None) -> str:
-    on = _cuda.get_device_name(device_index(device)) if ON_CUDA else "CPU"
-    return f"Emulated NPU ({on})"
 
 
 class NpuProperties(NamedTuple):
@@ -120,202 +51,8 @@ def is_bf16_supported() -> bool:
     return True
 
 
-def _host_memory() -> tuple[int, int]:
-    page = os.sysconf("SC_PAGE_SIZE")
-    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
-
-
-def mem_get_info(device: object = None) -> tuple[int, int]:
-    """(free, total) bytes: the GPU's on cuda, the host's on cpu."""
-    return _cuda.mem_get_info(device_index(device)) if ON_CUDA else _host_memory()
-
-
-def _memory_statistic(name: str):
-    def statistic(device: object = None) -> int:
-        return getattr(_cuda, name)(device_index(device)) if ON_CUDA else 0
-
-    statistic.__name__ = name
-    statistic.__doc__ = f"torch.cuda.{name} of the GPU standing in; 0 on cpu, which has no device memory."
-    return statistic
-
-
-memory_allocated = _memory_statistic("memory_allocated")
-max_memory_allocated = _memory_statistic("max_memory_allocated")
-memory_reserved = _memory_statistic("memory_reserved")
-max_memory_reserved = _memory_statistic("max_memory_reserved")
-
-
-def memory_stats(device: object = None) -> dict[str, Any]:
-    return _cuda.memory_stats(device_index(device)) if ON_CUDA else {}
-
-
-def memory_summary(device: object = None, abbreviated: bool = False) -> str:
-    if ON_CUDA:
-        return _cuda.memory_summary(device_index(device), abbreviated)
-    return f"{EMULATION} on cpu: no device memory statistics"
-
-
-def empty_cache() -> None:
-    if ON_CUDA:
-        _cuda.empty_cache()
-
-
-def reset_peak_memory_stats(device: object = None) -> None:
-    if ON_CUDA:
-        _cuda.reset_peak_memory_stats(device_index(device))
-
-
-reset_max_memory_allocated = reset_peak_memory_stats
-
-
-# On cpu the device generator is the CPU's default generator. Call it directly: torch.manual_seed and torch.seed
-# themselves call torch.npu.manual_seed_all (the registered device module) and, after transfer_to_npu, torch.cuda's.
-def manual_seed(seed: int) -> None:
-    if ON_CUDA:
-        _cuda.manual_seed(seed)
-    else:
-        torch.default_generator.manual_seed(seed)
-
-
-def manual_seed_all(seed: int) -> None:
-    if ON_CUDA:
-        _cuda.manual_seed_all(seed)
-    else:
-        torch.default_generator.manual_seed(seed)
-
-
-def seed() -> None:
-    if ON_CUDA:
-        _cuda.seed()
-    else:
-        torch.default_generator.seed()
-
-
-def seed_all() -> None:
-    if ON_CUDA:
-        _cuda.seed_all()
-    else:
-        torch.default_generator.seed()
-
-
-def initial_seed() -> int:
-    return _cuda.initial_seed() if ON_CUDA else torch.default_generator.initial_seed()
-
-
-def get_rng_state(device: object = "npu") -> torch.Tensor:
-    return _cuda.get_rng_state(_cuda_index_or_current(device)) if ON_CUDA else torch.default_generator.get_state()
-
-
-def set_rng_state(new_state: torch.Tensor, device: object = "npu") -> None:
-    if ON_CUDA:
-        _cuda.set_rng_state(new_state, _cuda_index_or_current(device))
-    else:
-        torch.default_generator.set_state(new_state)
-
-
-def get_rng_state_all() -> list[torch.Tensor]:
-    return [get_rng_state(index) for index in range(device_count())]
-
-
-def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
-    for index, state in enumerate(new_states):
-        set_rng_state(state, index)
-
-
-def _cuda_index_or_current(device: object) -> int:
-    index = device_index(device)
-    return _cuda.current_device() if index is None else index
-
-
-if ON_CUDA:
-    Stream = _cuda.Stream
-    Event = _cuda.Event
-    stream = _cuda.stream
-    current_stream = _cuda.current_stream
-    default_stream = _cuda.default_stream
-else:
-
-    class Event:
-        """A CPU event: work is synchronous, so an event is complete when recorded; timing is wall-clock."""
-
-        def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-            self.enable_timing = enable_timing
-            self._recorded_at: float | None = None
-
-        def record(self, stream: "Stream | None" = None) -> None:
-            self._recorded_at = time.perf_counter()
-
-        def wait(self, stream: "Stream | None" = None) -> None:
-            """Nothing to wait for."""
-
-        def query(self) -> bool:
-            return True
-
-        def synchronize(self) -> None:
-            """Already complete."""
-
-        def elapsed_time(self, end_event: "Event") -> float:
-            if not (self.enable_timing and end_event.enable_timing):
-                raise RuntimeError("Events were not created with enable_timing=True")
-            if self._recorded_at is None or end_event._recorded_at is None:
-                raise RuntimeError("Both events must be recorded before elapsed_time()")
-            return (end_event._recorded_at - self._recorded_at) * 1000.0
-
-    class Stream:
-        """A CPU stream: everything already runs in order on the calling thread."""
-
-        def __init__(self, device: object = None, priority: int = 0):
-            self.device = torch.device("cpu")
-            self.priority = priority
-
-        def wait_event(self, event: Event) -> None:
-            """In order already."""
-
-        def wait_stream(self, stream: "Stream") -> None:
-            """In order already."""
-
-        def record_event(self, event: Event | None = None) -> Event:
-            event = event or Event()
-            event.record(self)
-            return event
-
-        def query(self) -> bool:
-            return True
-
-        def synchronize(self) -> None:
-            """Nothing pending."""
-
-    _the_stream = Stream()
-
-    def current_stream(device: object = None) -> Stream:
-        device_index(device)
-        return _the_stream
-
-    default_stream = current_stream
-
-    @contextlib.contextmanager
-    def stream(stream: Stream | None):
-        yield
-
-
 def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.float16, torch.bfloat16, torch.float32]
-
-
-def is_autocast_enabled() -> bool:
-    return torch.is_autocast_enabled(TARGET)
-
-
-def set_autocast_enabled(enabled: bool) -> None:
-    torch.set_autocast_enabled(TARGET, enabled)
-
-
-def get_autocast_dtype() -> torch.dtype:
-    return torch.get_autocast_dtype(TARGET)
-
-
-def set_autocast_dtype(dtype: torch.dtype) -> None:
-    torch.set_autocast_dtype(TARGET, dtype)
 
 
 _settings: dict[str, Any] = {"jit_compile": True, "options": {}}

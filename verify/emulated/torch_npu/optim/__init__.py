@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .._target import EMULATION
+from npu_port_emulation.target import EMULATION
 
 PLAIN_COUNTERPARTS: dict[str, type[torch.optim.Optimizer]] = {
     "NpuFusedSGD": torch.optim.SGD,

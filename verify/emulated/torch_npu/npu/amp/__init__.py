@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..._target import EMULATION, TARGET
+from npu_port_emulation.target import EMULATION, TARGET
 
 __all__ = ["autocast", "GradScaler", "custom_fwd", "custom_bwd"]
 

@@ -1,7 +1,8 @@
-"""Where the emulated NPU really computes, and how npu device arguments are translated to go there.
+"""Where an emulated device really computes, and how its device arguments are translated to go there.
 
-The emulation target is "cpu" or "cuda", named by the environment variable that `verify.emulate.emulation_env` sets.
-Tensors placed on the "npu" really live on the target, so `tensor.device` reports the target, never "npu".
+The emulation target is "cpu" or "cuda", named by the environment variable that `verify.devices` sets for a child.
+Tensors placed on the emulated device ("npu"; "cuda" for the CUDA stand-in) really live on the target, so
+`tensor.device` reports the target, never "npu".
 """
 
 from __future__ import annotations
@@ -9,20 +10,21 @@ from __future__ import annotations
 import os
 import re
 
-# The same name as verify.emulate.EMULATE_ON_VAR (the stand-in never imports npu-port; a test checks they agree).
+# The same name as verify.devices.EMULATE_ON_VAR (the stand-ins never import npu-port; a test checks they agree).
 EMULATE_ON_VAR = "NPU_PORT_EMULATE_ON"
 TARGETS = ("cpu", "cuda")
 EMULATION = "npu-port's emulated NPU (a test double, not an Ascend NPU)"
 
-# Device types whose arguments are sent to the target. `transfer_to_npu` adds "cuda", as the real one sends cuda to npu.
-redirected_types = {"npu"}
+# Device types whose arguments are sent to the target: "npu" for the emulated NPU (`transfer_to_npu` adds "cuda", as the
+# real one sends cuda to npu), "cuda" for the CUDA stand-in. Each face adds its own when it is installed.
+redirected_types: set[str] = set()
 
 _DEVICE_STRING = re.compile(r"(?P<type>[a-z]+)(?::(?P<index>\d+))?")
 
 TARGET = os.environ.get(EMULATE_ON_VAR, "")
 if TARGET not in TARGETS:  # checked before importing torch, so that refusing is quick
     raise ImportError(
-        f"this torch_npu is {EMULATION}; it loads only in a process started by `verify` with "
+        f"this is {EMULATION}; it loads only in a process started by `verify` with "
         f"{EMULATE_ON_VAR}=cpu|cuda (got {TARGET!r})"
     )
 

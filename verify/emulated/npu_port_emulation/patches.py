@@ -1,12 +1,14 @@
-"""What `import torch_npu` changes in torch for the emulated NPU.
+"""What an emulated device changes in torch: `import torch_npu` on the emulated NPU (face "npu"), and the CUDA
+stand-in (face "cuda") that the bootstrap installs for a reference without a GPU.
 
-The "npu" device type is real to torch.device (privateuse1 renamed, as torch_npu does), but no tensor is ever placed
-on it: every torch function and method that takes a device is wrapped to send npu (and, after transfer_to_npu,
-cuda) devices to the emulation target. Consequences a script can see:
+The face's device type is real to torch.device, but no tensor is ever placed on it: every torch function and method
+that takes a device is wrapped to send the redirected device types (npu; cuda too after transfer_to_npu, or for the
+stand-in) to the emulation target. Consequences a script can see:
 - `tensor.device` is the target (cpu or cuda), so `x.device.type == "npu"` is False; `torch.device("npu").type`
   is still "npu".
-- `tensor.is_npu` is True for every tensor on the target: on cpu that is every CPU tensor, since the emulation cannot
-  tell host memory from device memory.
+- `tensor.is_npu` (`is_cuda` for the stand-in) is True for every tensor on the target: on cpu that is every CPU
+  tensor, since the emulation cannot tell host memory from device memory.
+- torch.accelerator names the face's device, and DataParallel on the cpu target wraps nothing, as on a CPU.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.utils._device
 
-from ._target import TARGET, redirected_types, target_device, translate
+from .target import TARGET, redirected_types, target_device, translate
 
 DEVICE_KEYWORDS = ("device", "device_type", "map_location", "device_id")
 
@@ -69,15 +71,18 @@ def _wrap_all(owner: object, names: tuple[str, ...], ints_are_devices: bool = Fa
             setattr(owner, name, accepting_npu(getattr(owner, name), ints_are_devices))
 
 
-def _tensor_npu(self: torch.Tensor, device: object = None, non_blocking: bool = False, **kwargs: Any) -> torch.Tensor:
-    return self.to(translate("npu" if device is None else device, ints_are_devices=True), non_blocking=non_blocking)
+def _to_face(face: str) -> Callable[..., Any]:
+    """`tensor.npu()` / `tensor.cuda()`: to the face's device (the target), an int naming its index."""
+
+    def to_face(self: Any, device: object = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        return self.to(translate(face if device is None else device, ints_are_devices=True),
+                       **({"non_blocking": non_blocking} if isinstance(self, torch.Tensor) else {}))
+
+    to_face.__name__ = face
+    return to_face
 
 
-def _module_npu(self: torch.nn.Module, device: object = None) -> torch.nn.Module:
-    return self.to(translate("npu" if device is None else device, ints_are_devices=True))
-
-
-def _is_npu(self: torch.Tensor) -> bool:
+def _is_on_target(self: torch.Tensor) -> bool:
     return self.device.type == TARGET
 
 
@@ -106,7 +111,27 @@ def _ddp_init(original: Callable) -> Callable:
     return __init__
 
 
-def install_device_patches() -> None:
+def _no_data_parallel_device() -> None:
+    """DataParallel asks which accelerator to split the batch over; on the cpu target there is none to split over,
+    so it wraps nothing and runs the module as it does on a CPU."""
+    return None
+
+
+def install_accelerator(face: str, device_api: Any) -> None:
+    """torch.accelerator answers for the face's device (scripts such as pytorch/examples choose their device by it),
+    asking the emulated device API."""
+    accelerator = torch.accelerator
+    accelerator.is_available = lambda: True
+    accelerator.current_accelerator = lambda check_available=False: torch.device(face)
+    accelerator.device_count = device_api.device_count
+    accelerator.current_device_index = device_api.current_device
+    accelerator.set_device_index = device_api.set_device
+    accelerator.synchronize = device_api.synchronize
+    accelerator.current_stream = device_api.current_stream
+    accelerator.set_stream = lambda stream: None  # one stream, always current
+
+
+def install_device_patches(face: str) -> None:
     _wrap_all(torch, FACTORIES)
     _wrap_all(torch.Tensor, TENSOR_METHODS)
     _wrap_all(torch.Tensor, ("to",), ints_are_devices=True)
@@ -114,11 +139,13 @@ def install_device_patches() -> None:
     _wrap_all(torch.fft, ("fftfreq", "rfftfreq"))
     torch.utils._device.DeviceContext.__init__ = accepting_npu(torch.utils._device.DeviceContext.__init__)
     torch.Tensor.pin_memory = _pin_memory(torch.Tensor.pin_memory)
-    torch.Tensor.npu = _tensor_npu
-    torch.Tensor.is_npu = property(_is_npu)
-    torch.nn.Module.npu = _module_npu
+    setattr(torch.Tensor, face, _to_face(face))
+    setattr(torch.Tensor, f"is_{face}", property(_is_on_target))
+    setattr(torch.nn.Module, face, _to_face(face))
     ddp = torch.nn.parallel.DistributedDataParallel
     ddp.__init__ = _ddp_init(ddp.__init__)
+    if TARGET == "cpu":
+        torch.nn.parallel.data_parallel._get_available_device_type = _no_data_parallel_device
 
 
 def _autocast_init(original: Callable) -> Callable:
@@ -177,9 +204,10 @@ def _hccl_stand_in(store: Any, rank: int, world_size: int, timeout: Any) -> Any:
 
 
 def _rewrite_backend(backend: str) -> str:
-    """"hccl", "npu:hccl", and with cuda redirected "nccl" / "cuda:nccl", as backends on the target's device."""
+    """"hccl", "npu:hccl", and with cuda redirected "nccl" / "cuda:nccl", as backends on the target's device; for the
+    CUDA stand-in, nccl is gloo (the stand-in has no NPU, so no hccl either)."""
     if "cuda" in redirected_types:
-        backend = backend.replace("nccl", "hccl")
+        backend = backend.replace("nccl", "hccl" if "npu" in redirected_types else "gloo")
     per_device: dict[str, str] = {}
     for part in backend.split(","):
         device, _, name = part.rpartition(":")
@@ -202,10 +230,12 @@ def _init_process_group(original: Callable) -> Callable:
     return init_process_group
 
 
-def install_distributed_patches() -> None:
+def install_distributed_patches(face: str) -> None:
     if not dist.is_available():
         return
-    if "hccl" not in dist.Backend.backend_list:
+    if face == "npu" and "hccl" not in dist.Backend.backend_list:
         dist.Backend.register_backend("hccl", _hccl_stand_in, devices=[target_device().split(":")[0]])
-    dist.is_hccl_available = lambda: True
+        dist.is_hccl_available = lambda: True
+    if face == "cuda":
+        dist.is_nccl_available = lambda: True
     dist.init_process_group = _init_process_group(dist.init_process_group)

@@ -1,0 +1,82 @@
+"""EMULATED CUDA: the CUDA stand-in on the CPU, for a reference that must take its GPU code path without a GPU.
+
+After `install()`, torch.cuda.is_available() and torch.accelerator.is_available() are True, cuda devices and
+tensors land on the CPU (`tensor.device` says cpu, `tensor.is_cuda` is True), torch.cuda's device API answers as one
+GPU of compute capability 8.0 (bf16 supported, as on the A100 and newer), autocast("cuda") is CPU autocast with
+CUDA's float16 default and CUDA's op lists, GradScaler("cuda") scales on the CPU, and nccl runs as gloo. So a script
+that branches on CUDA (shuffling, workers, pin_memory, its AMP dtype) reads the same data and takes the same
+branches as on a real GPU. Not reproduced: GPU kernels' numerics (TF32, cuDNN algorithms, atomics), memory
+statistics (0), torch.Generator(device="cuda"), CUDA graphs and CUDA extensions.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NamedTuple
+
+import torch
+
+from . import device_api
+from .autocast_policy import install_npu_autocast_policy
+from .patches import install_accelerator, install_amp_patches, install_device_patches, install_distributed_patches
+from .target import TARGET, device_index, redirected_types
+
+EMULATION = "npu-port's EMULATED CUDA (a test double on the CPU, not a GPU)"
+CAPABILITY = (8, 0)
+
+
+class CudaProperties(NamedTuple):
+    """The fields of torch.cuda.get_device_properties() that scripts read."""
+
+    name: str
+    total_memory: int
+    major: int
+    minor: int
+    multi_processor_count: int
+
+
+def get_device_properties(device: object = None) -> CudaProperties:
+    index = device_index(device)
+    return CudaProperties(device_api.get_device_name(index), device_api._host_memory()[1], *CAPABILITY,
+                          multi_processor_count=1)
+
+
+def get_device_capability(device: object = None) -> tuple[int, int]:
+    device_index(device)
+    return CAPABILITY
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def get_arch_list() -> list[str]:
+    return []
+
+
+CUDA_ONLY = {"get_device_properties": get_device_properties, "get_device_capability": get_device_capability,
+             "is_bf16_supported": is_bf16_supported, "get_arch_list": get_arch_list,
+             "is_current_stream_capturing": lambda: False}
+
+_installed: list[object] = []  # what must stay alive: the autocast policy's registrations
+
+
+def install() -> None:
+    """Makes this process's torch see one CUDA GPU that computes on the CPU. Once per process."""
+    if _installed:
+        return
+    if TARGET != "cpu":
+        raise RuntimeError(f"{EMULATION} computes on the CPU only (the emulation target is {TARGET})")
+    redirected_types.add("cuda")
+    device_api.FACE = "CUDA"
+    for name in device_api.__all__:
+        setattr(torch.cuda, name, getattr(device_api, name))
+    for name, function in CUDA_ONLY.items():
+        setattr(torch.cuda, name, function)
+    torch.cuda._is_in_bad_fork = device_api._is_in_bad_fork
+    install_device_patches("cuda")
+    install_amp_patches()
+    install_distributed_patches("cuda")
+    install_accelerator("cuda", device_api)
+    _installed.append(install_npu_autocast_policy())
+    print(f"npu-port: {EMULATION}: cuda calls run on the CPU", file=sys.stderr)
