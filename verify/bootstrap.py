@@ -56,8 +56,8 @@ from verify.capture import (
     summarize,
     tensors_in,
 )
-from verify.schema import (GRADS_DIR, LOSS_SCALER_ENV, OPS_DIR, OUTPUTS_DIR, DumpMode, LossScalerPlan, RunManifest, Status,
-                           step_file)
+from verify.schema import (GRADS_DIR, LOSS_SCALER_ENV, OPS_DIR, OUTPUTS_DIR, DumpMode, LossScalerPlan, RunManifest,
+                           Status, step_file)
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
 
 OUTPUT_ARRAY_CAP_BYTES = 4 << 20  # inference outputs are saved for top-k agreement; logits of a batch fit easily

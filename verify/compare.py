@@ -25,8 +25,8 @@ import pandas as pd
 from verify import metrics, tolerances
 from verify.align import CARRIER_OPS, AlignStatus, align_ops
 from verify.store import RunDirError, resolve_inside
-from verify.schema import (GRAD_COLUMNS, HPARAM_COLUMNS, INPUT_OP, LOSS_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS, RunManifest,
-                           Status)
+from verify.schema import (GRAD_COLUMNS, HPARAM_COLUMNS, INPUT_OP, LOSS_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS,
+                           RunManifest, Status)
 
 HALF_DTYPES = ("float16", "bfloat16")
 AUTOCAST_DTYPES = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16"}
@@ -89,9 +89,9 @@ class FindingCode(str, Enum):
 
 # Findings that fail the verdict, causes before symptoms: the one-line reason names the first that is present. The
 # first divergent operator comes before the loss it moves.
-FAILING = (FindingCode.RUN_FAILED, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER, FindingCode.GRADS_NOT_RESET,
-           FindingCode.OVERFLOW, FindingCode.OP_DIVERGES, FindingCode.NONDETERMINISM, FindingCode.OUTPUT_DIVERGES,
-           FindingCode.LOSS_DIVERGES, FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)
+FAILING = (FindingCode.RUN_FAILED, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
+           FindingCode.GRADS_NOT_RESET, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES, FindingCode.NONDETERMINISM,
+           FindingCode.OUTPUT_DIVERGES, FindingCode.LOSS_DIVERGES, FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)
 
 
 @dataclass
@@ -267,7 +267,8 @@ def _scaler_overflow(table: pd.DataFrame, ref: RunData, actual: RunData) -> np.n
     compare_overflow, skip for skip), not values to judge. An fp32 reference never overflows where its AMP port does."""
     nonfinite = (_has(table, "ref_nan_count") | _has(table, "ref_inf_count") | _has(table, "actual_nan_count")
                  | _has(table, "actual_inf_count"))
-    return nonfinite & (table["phase"] == "backward").to_numpy() & table["step"].isin(skipped_steps(ref, actual)).to_numpy()
+    backward = (table["phase"] == "backward").to_numpy()
+    return nonfinite & backward & table["step"].isin(skipped_steps(ref, actual)).to_numpy()
 
 
 def _has(table: pd.DataFrame, column: str) -> np.ndarray:
@@ -542,8 +543,8 @@ def _scale_trace(run: RunData) -> dict[str, Any]:
         "frequent": bool(len(after_calibration) > 1
                          and drops >= tolerances.FREQUENT_OVERFLOW_SHARE * (len(after_calibration) - 1)),
         # a dynamic scaler grows after `interval` steps without overflow; one that never does is static or stuck
-        "stuck": bool(interval and _longest_unskipped_run(scale.index, skipped) > interval
-                      and not (scale.diff() > 0).any()),
+        "stuck": bool(len(scale) and (not run.manifest.loss_scaler.get("dynamic", True) or (
+            interval and _longest_unskipped_run(scale.index, skipped) > interval and not (scale.diff() > 0).any()))),
     }
 
 
@@ -621,8 +622,8 @@ def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
                 + (" (collapsed: it reached 1)" if trace["collapsed"] else "")), {"side": side, **trace}))
         if trace["stuck"]:
             findings.append(Finding(FindingCode.SCALE_STUCK, (
-                f"{side} loss scale never grew ({trace['scales'][0]:g} throughout) over more steps without overflow "
-                "than its growth interval"), {"side": side, **trace}))
+                f"{side} loss scale never grows ({trace['scales'][0]:g}): a static scale, or no growth over more steps "
+                "without overflow than its growth interval"), {"side": side, **trace}))
     return findings
 
 

@@ -396,8 +396,8 @@ def test_an_overflow_on_one_side_only_under_the_same_scale_is_a_finding(tmp_path
 
 
 def test_an_fp32_reference_of_a_scaled_port_compares_unscaled_gradients_and_expects_the_skips(tmp_path):
-    """--no-match-amp: the port's backward is scaled by 65536 and overflows at step 0, which its GradScaler skips (and the
-    reference's twin skips too); the fp32 reference never scales. Gradients are compared unscaled: PASS."""
+    """--no-match-amp: the port's backward is scaled by 65536 and overflows at step 0, which its GradScaler skips (and
+    the reference's twin skips too); the fp32 reference never scales. Gradients are compared unscaled: PASS."""
     ref = write_run(tmp_path / "ref", skipped_steps=[0], loss_scaler={"twin": "skip-only", "followed": [0]})
     port_ops = overflowing(scaled(with_noise(trace_ops()), 65536.0), [0])
     actual = write_run(tmp_path / "actual", ops=port_ops, loss=losses(scale=65536.0), skipped_steps=[0],
@@ -416,7 +416,6 @@ def test_a_disabled_or_static_scale_is_no_collapse_and_a_scale_that_reaches_1_is
     result = compare_runs(read_side(static), read_side(collapsing))
     collapse = next(f for f in result.findings if f.code == FindingCode.SCALE_COLLAPSE)
     assert "actual" in collapse.message and "reached 1" in collapse.message
-    assert any("loss scale fell" in advice for advice in result.summary().get("advice", [])) or True
 
 
 def test_casts_and_copies_are_never_the_first_divergent_operator(tmp_path):
@@ -452,3 +451,12 @@ def test_gradients_carried_across_steps_on_one_side_are_named_first(tmp_path):
     actual_ops.loc[actual_ops["step"] >= 1, "l2_norm"] *= 1.8
     result = run_pair(tmp_path, actual_ops=actual_ops, grads_carried_steps=[1, 2], grad=grads(factor=1.8))
     assert result.verdict.reason.startswith("FAIL: the actual side does not reset gradients between steps: from step 1")
+
+
+def test_a_static_loss_scale_is_reported_but_does_not_fail(tmp_path):
+    static = write_run(tmp_path / "actual", loss=losses(scale=1024.0), device="npu",
+                       loss_scaler={"init_scale": 1024.0, "growth_interval": 2000, "dynamic": False})
+    result = compare_runs(read_side(write_run(tmp_path / "ref", loss=losses(scale=1024.0))), read_side(static))
+    assert result.verdict.passed, result.verdict.reason
+    stuck = next(f for f in result.findings if f.code == FindingCode.SCALE_STUCK)
+    assert stuck.message.startswith("actual loss scale never grows (1024)")

@@ -202,9 +202,9 @@ def test_steps_the_ports_grad_scaler_skips_are_followed_by_the_reference(tmp_pat
 
 
 def test_a_reference_without_a_gpu_takes_its_gpu_code_path_on_emulated_cuda(tmp_path):
-    """mnist_cnn shuffles, pins memory and uses a worker only when CUDA is available. The port sees CUDA (transfer_to_npu);
-    the reference, on EMULATED CUDA, takes the same branch and reads the same batches: PASS. With --device-ref cpu it
-    takes the CPU branch, and the verdict says first that the sides read different data."""
+    """mnist_cnn shuffles, pins memory and uses a worker only when CUDA is available. The port sees CUDA
+    (transfer_to_npu); the reference, on EMULATED CUDA, takes the same branch and reads the same batches: PASS. With
+    --device-ref cpu it takes the CPU branch, and the verdict says first that the sides read different data."""
     config = tomllib.loads((SAMPLES / "mnist_cnn" / "verify.toml").read_text())
     original = migrated(tmp_path, SAMPLES / "mnist_cnn" / "train_gpu.py")
     args = ("-n", 3, "--seed", config["seed"], "-q", "--", *config["args"])

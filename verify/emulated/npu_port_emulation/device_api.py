@@ -25,7 +25,8 @@ from .target import device_count as device_count
 
 ON_CUDA = TARGET == "cuda"
 # The GPU functions the emulation delegates to, captured before transfer_to_npu points torch.cuda's names here.
-_cuda = types.SimpleNamespace(**{name: getattr(torch.cuda, name) for name in dir(torch.cuda) if not name.startswith("__")})
+_cuda = types.SimpleNamespace(**{name: getattr(torch.cuda, name) for name in dir(torch.cuda)
+                                 if not name.startswith("__")})
 # The device this module answers for, as get_device_name() says it ("NPU" or "CUDA"); set by the face installing it.
 FACE = "NPU"
 
