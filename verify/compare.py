@@ -278,7 +278,8 @@ def _has(table: pd.DataFrame, column: str) -> np.ndarray:
 def _filled(column: pd.Series) -> np.ndarray:
     """Rows of a categorical string column (align_ops' output) that hold a non-empty value, without touching strings."""
     codes = column.cat.codes.to_numpy()
-    non_empty = np.append(np.asarray(column.cat.categories != ""), False)
+    # dtype=bool: on pandas 2.0 comparing "string" categories gives a BooleanArray, which would make an object array
+    non_empty = np.append(np.asarray(column.cat.categories != "", dtype=bool), False)
     return non_empty[codes]  # code -1 (missing) takes the appended False
 
 
