@@ -1,7 +1,7 @@
 """`migrate`: port GPU training scripts to Ascend NPUs.
 
 Exit codes: 0 done or nothing to do; 1 changes pending (--check, --diff); 2 usage, parse or internal error.
-Diffs go to stdout; the summary, progress and errors go to stderr.
+Diffs go to stdout; the summary, progress and errors go to stderr, errors first.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rich.table import Table
 from migrate import __version__, checklist
 from migrate.files import PlanError, plan, run_jobs
 from migrate.report import Summary, finding_text, write_reports
-from migrate.types import Action, AmpPolicy, FileResult, Mode, Settings, Severity
+from migrate.types import Action, AmpPolicy, FileResult, FileStatus, Mode, Settings, Severity
 from rules import RuleError, all_rules, rule_by_code, select_rules
 
 stdout = Console(highlight=False, soft_wrap=True)
@@ -98,11 +98,15 @@ def migrate(
         stderr.print(f"[red]error:[/] {error}")
         raise typer.Exit(ExitCode.ERROR) from None
     results = _run(planned, rules, jobs or os.cpu_count() or 1, quiet)
+    for result in results:  # first: what follows (diffs, checklist, summary) is about the files that were read
+        if result.error:
+            stderr.print(f"[red]error:[/] {escape(result.error)}")
     if diff:
         for result in results:
             stdout.out(result.diff, end="")
     report = None
-    if writes and results:
+    # A run that read no file has nothing to report on: no report folder, no checklist.
+    if writes and any(result.status is not FileStatus.ERROR for result in results):
         directory = report_dir or _default_report_dir(paths[0], out, in_place)
         original, ported = _first_port(results)
         items = checklist.build(results, settings, rules, _verify_command(original, ported), original)
@@ -135,9 +139,6 @@ def _default_report_dir(first: Path, out: Optional[Path], in_place: bool) -> Pat
 
 def _exit_code(results: list[FileResult], writes: bool, quiet: bool, report: Optional[Path]) -> int:
     summary = Summary.of(results)
-    for result in results:
-        if result.error:
-            stderr.print(f"[red]error:[/] {result.error}")
     if not quiet:
         _print_findings(results)
         stderr.print(_summary_line(summary, writes))

@@ -1,11 +1,15 @@
 """migrate never calls a script ported, or a checklist item passed, when it is not (issue 13); and its terminal
 output fits a pipe. Each case on a real file through the command line."""
 
+import json
 from pathlib import Path
 
 from typer.testing import CliRunner
 
+from migrate import checklist
 from migrate.cli import app
+from migrate.types import FileResult, FileStatus, Settings
+from rules import all_rules
 
 runner = CliRunner()
 
@@ -73,3 +77,98 @@ def test_a_device_option_the_script_cannot_take_npu_for_is_kept_and_named(tmp_pa
     report = (tmp_path / "fit_npu_report" / "report.md").read_text()
     assert 'DEV020: --device picks the device; its default "cuda" runs on the NPU through transfer_to_npu' in report
     assert 'its choices lack "npu"' in report
+
+
+# ----- a checklist item passes only when something was checked ---------------------------------------------------
+
+BROKEN = "import torch\n\ndef train(:\n    pass\n"
+ITEMS = [f"C{i}" for i in range(1, 10)]
+
+
+def _checklist(report: Path) -> dict[str, dict]:
+    return {item["id"]: item for item in json.loads((report / "checklist.json").read_text())}
+
+
+def _build(*results: FileResult, rules=None) -> dict[str, checklist.Item]:
+    command = "verify train.py train_npu.py -- ARGS"
+    items = checklist.build(results, Settings(), all_rules() if rules is None else rules, command, "train.py")
+    return {item.id: item for item in items}
+
+
+def test_every_item_of_a_file_that_does_not_parse_is_not_checked_for_that_reason(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(BROKEN)
+    result = migrate(script)
+    assert result.exit_code == 2
+    error = f"{script}:3:11: syntax error: invalid syntax"
+    assert result.stderr.startswith(f"error: {error}\n")
+    assert "passed" not in result.stderr and "Accuracy checklist" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"], "no report folder for a file never read"
+
+    failed = FileResult(str(script), None, FileStatus.ERROR, error=error)
+    items = _build(failed)
+    assert list(items) == ITEMS
+    for item in items.values():
+        assert item.status is checklist.Status.NOT_CHECKED, item
+        assert item.evidence[0] == f"not read: {error}", item
+
+
+def test_every_item_of_an_empty_file_is_not_checked(tmp_path: Path):
+    script = tmp_path / "empty.py"
+    script.write_text("")
+    result = migrate(script)
+    assert result.exit_code == 0, result.stderr
+    items = _checklist(tmp_path / "empty_npu_report")
+    assert list(items) == ITEMS
+    for item in items.values():
+        assert item["status"] == "Not checked", item
+        assert item["evidence"] or item["action"], item  # each says why, or what checks it
+    assert "no file that was read imports torch" in items["C3"]["evidence"][0]
+    assert items["C9"]["evidence"] == ["no hyperparameter found in the source that was read"]
+    assert "nothing for DATA" in items["C6"]["evidence"][0]
+
+
+def test_a_file_that_does_not_parse_turns_the_passes_of_the_others_into_not_checked(tmp_path: Path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(MULTI_DEVICE)
+    (project / "broken.py").write_text(BROKEN)
+    result = migrate(project)
+    assert result.exit_code == 2
+    error = f"{project / 'broken.py'}:3:11: syntax error: invalid syntax"
+    assert result.stderr.startswith(f"error: {error}\n"), "the error comes before the checklist that depends on it"
+    items = _checklist(tmp_path / "project_npu_report")
+    assert {item["status"] for item in items.values()} <= {"Not checked", "Failed"}
+    assert items["C3"]["status"] == "Not checked" and items["C3"]["evidence"][0] == f"not read: {error}"
+    assert any(e.endswith(": npu_import") for e in items["C3"]["evidence"]), "what was checked stays listed"
+    assert items["C1"]["evidence"][0] == f"not read: {error}" and "verify determinism" in items["C1"]["action"]
+
+
+def test_an_item_whose_rules_were_left_out_is_not_checked(tmp_path: Path):
+    script = tmp_path / "fit.py"
+    script.write_text(MULTI_DEVICE)
+    assert _checklist_of(script, tmp_path)["C8"]["status"] == "Passed"
+    items = _checklist_of(script, tmp_path, "--ignore", "TRN002")
+    assert items["C8"]["status"] == "Not checked"
+    assert items["C8"]["evidence"][0] == "not run: TRN002 (left out by --select/--ignore)"
+    assert "without --select/--ignore" in items["C8"]["action"]
+    selected = _checklist_of(script, tmp_path, "--select", "IMP001")
+    assert selected["C8"]["status"] == "Not checked" and "TRN001, TRN002" in selected["C8"]["evidence"][0]
+    assert "Passed" not in {item["status"] for key, item in selected.items() if key != "C3"}
+
+
+def _checklist_of(script: Path, tmp_path: Path, *options: str) -> dict[str, dict]:
+    report = tmp_path / "report"
+    result = migrate(script, "--report-dir", report, *options)
+    assert result.exit_code == 0, result.stderr
+    return _checklist(report)
+
+
+def test_facts_python_cannot_read_are_unknown_not_absent():
+    """libcst reads some syntax that the running Python's `ast` does not: such a file's facts are not 'none found'."""
+    facts = checklist.file_facts(BROKEN, BROKEN)
+    assert not facts.readable
+    items = _build(FileResult("train.py", "train_npu.py", FileStatus.UNCHANGED, facts=facts))
+    assert all(item.status is not checklist.Status.PASSED for item in items.values())
+    reason = "train.py: Python's parser cannot read it, so its facts are unknown"
+    assert items["C9"].evidence[0] == reason and items["C8"].evidence[0] == reason
