@@ -1,15 +1,18 @@
 """migrate never calls a script ported, or a checklist item passed, when it is not (issue 13); and its terminal
 output fits a pipe. Each case on a real file through the command line."""
 
+import inspect
+import io
 import json
 from pathlib import Path
 
+from rich.console import Console
 from typer.testing import CliRunner
 
-from migrate import checklist
+from migrate import checklist, cli
 from migrate.cli import app
 from migrate.types import FileResult, FileStatus, Settings
-from rules import all_rules
+from rules import all_rules, rule_by_code
 
 runner = CliRunner()
 
@@ -172,3 +175,48 @@ def test_facts_python_cannot_read_are_unknown_not_absent():
     assert all(item.status is not checklist.Status.PASSED for item in items.values())
     reason = "train.py: Python's parser cannot read it, so its facts are unknown"
     assert items["C9"].evidence[0] == reason and items["C8"].evidence[0] == reason
+
+
+# ----- output that fits a pipe ------------------------------------------------------------------------------------
+
+
+def test_list_rules_in_a_pipe_prints_one_whole_line_per_rule():
+    result = migrate("--list-rules")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(all_rules())
+    for line, rule in zip(lines, all_rules()):
+        assert line.split()[:2] == [rule.CODE, rule.name()] and line.endswith(rule.summary()), line
+    assert not any(mark in result.stdout for mark in "…│┃━")
+
+
+def test_explain_in_a_pipe_prints_the_whole_manual_as_written():
+    """Every line of the manual comes out whole; `[...]` in it is text, not rich markup."""
+    result = migrate("--explain", "DATA001")
+    assert result.exit_code == 0
+    rule = rule_by_code("DATA001")
+    manual = inspect.cleandoc(rule.__doc__)
+    assert result.stdout == f"# {rule.name()} (DATA001) - {rule.SAFETY.value}\n{manual}\n"
+    assert "[rank::world_size]" in result.stdout  # rich would take it for a markup tag
+
+
+def test_the_checklist_and_summary_in_a_pipe_are_whole_lines(tmp_path: Path):
+    script = tmp_path / "fit.py"
+    script.write_text(MULTI_DEVICE)
+    result = migrate(script)
+    assert result.exit_code == 0, result.stderr
+    lines = result.stderr.splitlines()
+    items = lines[lines.index("Accuracy checklist") + 1 :][:9]
+    c8 = checklist.TITLES["C8"]
+    assert items[7] == f"C8 passed      {c8}: nothing found by TRN001, TRN002", "longer than 80 columns, not cut"
+    assert [line.split()[0] for line in items] == ITEMS
+    assert any(line.startswith("npu-port: 1 file: 1 ported, 0 unchanged | findings: ") for line in lines)
+    assert "…" not in result.stderr
+
+
+def test_a_terminal_keeps_the_rich_table(monkeypatch):
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=100)
+    monkeypatch.setattr(cli, "stdout", terminal)
+    assert migrate("--list-rules").exit_code == 0
+    table = terminal.file.getvalue()
+    assert "┏" in table and "code" in table and "…" in table  # a boxed table, cut to the terminal's width
