@@ -234,10 +234,12 @@ def _settle(item: Item, inputs: _Inputs) -> Item:
         reasons.append(f"not run: {', '.join(left_out)} (left out by --select/--ignore)")
     if item.status is Status.FAILED or not reasons:
         return item
-    todo = "Make every file readable (see the errors) and run migrate again." if inputs.unread else ""
-    todo = " ".join(part for part in (todo, "Run migrate without --select/--ignore." if left_out else "") if part)
-    action = item.action if item.status is Status.NOT_CHECKED and item.action else todo
-    return _item(item.id, Status.NOT_CHECKED, [*reasons, *item.evidence], action)
+    todo = [
+        "Make every file readable (see the errors) and run migrate again." if inputs.unread else "",
+        "Run migrate without --select/--ignore." if left_out else "",
+        item.action,
+    ]
+    return _item(item.id, Status.NOT_CHECKED, [*reasons, *item.evidence], " ".join(part for part in todo if part))
 
 
 def _without_torch(item_id: str) -> Item:
