@@ -4,6 +4,10 @@ file:line evidence and what to do.
 Two sources of evidence: the findings the rules recorded (each rule names the items it speaks to), and a few cheap
 facts read from the original and the ported source (where autocast, a GradScaler, seeds, torch_npu imports are).
 Items that need a run say "Not checked" and give the exact `verify` command that checks them.
+
+An item passes only when something was checked: a file that was not read (it did not parse), a rule left out by
+--select/--ignore, a rule that found nothing to look at, or a fact that could not be read leaves it "Not checked",
+with the reason.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Iterable, Sequence
 
 from migrate import hyperparams
 from migrate.types import Action, AmpPolicy, FileResult, Finding, Settings, Severity
-from rules import PortRule
+from rules import PortRule, all_rules
 
 
 class Status(str, Enum):
@@ -52,8 +56,11 @@ class Evidence:
 
 @dataclass(frozen=True)
 class SourceFacts:
-    """What one source states, found by name (cheap, no scope analysis): lines of each kind of call."""
+    """What one source states, found by name (cheap, no scope analysis): lines of each kind of call. `readable` is
+    False when Python's own parser could not read the source, so every fact is unknown rather than absent."""
 
+    readable: bool = True
+    torch_import: tuple[int, ...] = ()
     autocast: tuple[int, ...] = ()
     autocast_bf16: tuple[int, ...] = ()
     grad_scaler: tuple[int, ...] = ()
@@ -66,10 +73,15 @@ class SourceFacts:
 
 @dataclass(frozen=True)
 class FileFacts:
-    """Facts of the original and of the ported text of one file."""
+    """Facts of the original and of the ported text of one file, and the codes of the rules that looked at it."""
 
     original: SourceFacts
     ported: SourceFacts
+    rules_run: tuple[str, ...] = ()
+
+    @property
+    def readable(self) -> bool:
+        return self.original.readable and self.ported.readable
 
 
 _CALL_KINDS = {
@@ -85,13 +97,16 @@ def source_facts(code: str) -> SourceFacts:
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):  # newer syntax than this Python reads: libcst parsed it, the facts stay empty
-        return SourceFacts()
+        return SourceFacts(readable=False)
     text = hyperparams.SourceText(code)
     lines: dict[str, set[int]] = {kind: set() for kind in (*_CALL_KINDS, "autocast_bf16", "scaled_backward")}
-    npu_imports = set()
+    npu_imports, torch_imports = set(), set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and "torch_npu" in text(node):
-            npu_imports.add(node.lineno)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if "torch_npu" in text(node):
+                npu_imports.add(node.lineno)
+            if "torch" in _import_roots(node):
+                torch_imports.add(node.lineno)
         if not isinstance(node, ast.Call):
             continue
         name = hyperparams.dotted(node.func)
@@ -106,13 +121,21 @@ def source_facts(code: str) -> SourceFacts:
     return SourceFacts(
         **{kind: tuple(sorted(found)) for kind, found in lines.items()},
         npu_import=tuple(sorted(npu_imports)),
+        torch_import=tuple(sorted(torch_imports)),
         hyperparameters=tuple(hyperparams.extract(tree, text)),
     )
 
 
-def file_facts(original: str, ported: str) -> FileFacts:
+def _import_roots(node: ast.Import | ast.ImportFrom) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {alias.name.split(".")[0] for alias in node.names}
+    return {node.module.split(".")[0]} if node.module and not node.level else set()
+
+
+def file_facts(original: str, ported: str, rules_run: Iterable[str] = ()) -> FileFacts:
+    """The facts of one file; `rules_run` are the codes of the rules that had something to look at in it."""
     facts = source_facts(original)
-    return FileFacts(facts, facts if ported == original else source_facts(ported))
+    return FileFacts(facts, facts if ported == original else source_facts(ported), tuple(rules_run))
 
 
 # ----- the items --------------------------------------------------------------------------------------------
@@ -134,7 +157,13 @@ class _Inputs:
     rules: Sequence[type[PortRule]]
     verify_command: str
     original_script: str
-    facts: list[tuple[str, FileFacts]] = field(default_factory=list)
+    facts: list[tuple[str, FileFacts]] = field(default_factory=list)  # of the files whose facts were read
+    unread: list[str] = field(default_factory=list)  # why a file, or its facts, could not be read
+    rules_run: set[str] = field(default_factory=set)
+
+    @property
+    def uses_torch(self) -> bool:
+        return any(facts.original.torch_import for _, facts in self.facts)
 
     def ported(self, kind: str) -> list[Evidence]:
         return [Evidence(path, line, kind) for path, facts in self.facts for line in getattr(facts.ported, kind)]
@@ -155,6 +184,14 @@ class _Inputs:
     def checked_by(self, item: str) -> list[str]:
         return [rule.CODE for rule in self.rules if item in rule.CHECKLIST]
 
+    def left_out(self, item: str) -> list[str]:
+        """The rules of this mode that speak to `item` but did not run: --select/--ignore left them out."""
+        return [
+            rule.CODE
+            for rule in all_rules()
+            if item in rule.CHECKLIST and self.settings.mode in rule.MODES and rule not in self.rules
+        ]
+
 
 def build(
     results: Sequence[FileResult],
@@ -166,9 +203,14 @@ def build(
     """Every checklist item with its status, evidence and what to do. `verify_command` compares the original with
     the port; `original_script` is the original's path, which `verify determinism` runs alone."""
     inputs = _Inputs(results, settings, rules, verify_command, original_script)
+    read = [r for r in results if r.facts is not None]
     # Evidence about the port points into the ported file, whose line numbers the facts carry.
-    inputs.facts = [(r.target or r.source, r.facts) for r in results if r.facts is not None]
-    return [
+    inputs.facts = [(r.target or r.source, r.facts) for r in read if r.facts.readable]
+    inputs.unread = [f"not read: {r.error}" for r in results if r.error] + [
+        f"{r.source}: Python's parser cannot read it, so its facts are unknown" for r in read if not r.facts.readable
+    ]
+    inputs.rules_run = {code for r in read for code in r.facts.rules_run}
+    items = [
         _constant_results(inputs),
         _mixed_precision(inputs),
         _port_complete(inputs),
@@ -179,6 +221,29 @@ def build(
         _static_item(inputs, "C8"),
         _hyperparameters(inputs),
     ]
+    return [_settle(item, inputs) for item in items]
+
+
+def _settle(item: Item, inputs: _Inputs) -> Item:
+    """An item passes only when everything it speaks to was checked. A file that was not read, or a rule that was
+    left out, makes a pass (and an item that needs a run) "Not checked", with the reason first. A failure stands:
+    what was read is wrong whatever the rest holds."""
+    left_out = inputs.left_out(item.id)
+    reasons = [*inputs.unread]
+    if left_out:
+        reasons.append(f"not run: {', '.join(left_out)} (left out by --select/--ignore)")
+    if item.status is Status.FAILED or not reasons:
+        return item
+    todo = [
+        "Make every file readable (see the errors) and run migrate again." if inputs.unread else "",
+        "Run migrate without --select/--ignore." if left_out else "",
+        item.action,
+    ]
+    return _item(item.id, Status.NOT_CHECKED, [*reasons, *item.evidence], " ".join(part for part in todo if part))
+
+
+def _without_torch(item_id: str) -> Item:
+    return _item(item_id, Status.NOT_CHECKED, ["no file that was read imports torch: nothing to run on the NPU"])
 
 
 def _item(item_id: str, status: Status, evidence: Iterable[object], action: str = "") -> Item:
@@ -191,7 +256,7 @@ def _finding_evidence(findings: Iterable[Finding]) -> list[str]:
 
 def _constant_results(inputs: _Inputs) -> Item:
     seeds = inputs.ported("seeds")
-    evidence = seeds or ["no seeding call found in the source"]
+    evidence = seeds or (["no seeding call found in the source"] if inputs.facts else [])
     script = shlex.quote(inputs.original_script)
     return _item(
         "C1",
@@ -202,6 +267,8 @@ def _constant_results(inputs: _Inputs) -> Item:
 
 
 def _mixed_precision(inputs: _Inputs) -> Item:
+    if not inputs.uses_torch:
+        return _without_torch("C2")
     autocast = inputs.ported("autocast")
     open_findings = inputs.open_findings("C2")
     if autocast and not open_findings:
@@ -217,17 +284,20 @@ def _mixed_precision(inputs: _Inputs) -> Item:
 
 
 def _port_complete(inputs: _Inputs) -> Item:
+    if not inputs.uses_torch:
+        return _without_torch("C3")
     imports = inputs.ported("npu_import")
     open_findings = [f for f in inputs.open_findings("C3") if f.severity is Severity.ERROR]
-    errors = [r.error for r in inputs.results if r.error]
-    if imports and not open_findings and not errors:
+    if imports and not open_findings:
         evidence = [*map(str, imports), *map(str, inputs.ported("process_group"))]
         return _item("C3", Status.PASSED, evidence, f"Confirm that the port runs: `{inputs.verify_command}`.")
-    evidence = [*_finding_evidence(open_findings), *errors] or ["no file imports torch_npu"]
+    evidence = _finding_evidence(open_findings) or ["no file imports torch_npu"]
     return _item("C3", Status.FAILED, evidence, "Port what the errors name; see the findings' suggestions.")
 
 
 def _loss_scaling(inputs: _Inputs) -> Item:
+    if not inputs.uses_torch:
+        return _without_torch("C4")
     scalers = inputs.ported("grad_scaler")
     scaled = inputs.ported("scaled_backward")
     bf16 = inputs.ported("autocast_bf16")
@@ -251,14 +321,19 @@ def _loss_scaling(inputs: _Inputs) -> Item:
 def _static_item(inputs: _Inputs, item_id: str) -> Item:
     checked_by = inputs.checked_by(item_id)
     if not checked_by:
-        return _item(item_id, Status.NOT_CHECKED, ["no rule checks this item yet"], "Review by hand.")
+        evidence = [] if inputs.left_out(item_id) else ["no rule checks this item yet"]
+        return _item(item_id, Status.NOT_CHECKED, evidence, "Review by hand.")
     open_findings = inputs.open_findings(item_id)
     fixed = [f"fixed: {text}" for text in _finding_evidence(inputs.fixed(item_id))]
     if open_findings:
         return _item(
             item_id, Status.FAILED, [*_finding_evidence(open_findings), *fixed], "See each finding's suggestion."
         )
-    return _item(item_id, Status.PASSED, fixed or [f"nothing found by {', '.join(checked_by)}"])
+    ran = [code for code in checked_by if code in inputs.rules_run]
+    if not ran:
+        what = f"nothing for {', '.join(checked_by)} to look at in the source that was read"
+        return _item(item_id, Status.NOT_CHECKED, [what], "Review by hand.")
+    return _item(item_id, Status.PASSED, fixed or [f"nothing found by {', '.join(ran)}"])
 
 
 def _hyperparameters(inputs: _Inputs) -> Item:
@@ -271,6 +346,8 @@ def _hyperparameters(inputs: _Inputs) -> Item:
     runtime = f"At run time `{inputs.verify_command}` compares every param_group of both optimizers."
     if differences:
         return _item("C9", Status.FAILED, differences, "Make the port's values equal the original's. " + runtime)
+    if not count:
+        return _item("C9", Status.NOT_CHECKED, ["no hyperparameter found in the source that was read"], runtime)
     return _item("C9", Status.PASSED, [f"{count} hyperparameters identical in the original and the port"], runtime)
 
 

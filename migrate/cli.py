@@ -1,11 +1,13 @@
 """`migrate`: port GPU training scripts to Ascend NPUs.
 
 Exit codes: 0 done or nothing to do; 1 changes pending (--check, --diff); 2 usage, parse or internal error.
-Diffs go to stdout; the summary, progress and errors go to stderr.
+Diffs go to stdout; the summary, progress and errors go to stderr, errors first. Where a stream is not a terminal
+(a pipe, a file), tables become plain lines, one record each, never cut to a width.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import shlex
 from enum import IntEnum
@@ -21,7 +23,7 @@ from rich.table import Table
 from migrate import __version__, checklist
 from migrate.files import PlanError, plan, run_jobs
 from migrate.report import Summary, finding_text, write_reports
-from migrate.types import Action, AmpPolicy, FileResult, Mode, Settings, Severity
+from migrate.types import Action, AmpPolicy, FileResult, FileStatus, Mode, Settings, Severity
 from rules import RuleError, all_rules, rule_by_code, select_rules
 
 stdout = Console(highlight=False, soft_wrap=True)
@@ -98,11 +100,15 @@ def migrate(
         stderr.print(f"[red]error:[/] {error}")
         raise typer.Exit(ExitCode.ERROR) from None
     results = _run(planned, rules, jobs or os.cpu_count() or 1, quiet)
+    for result in results:  # first: what follows (diffs, checklist, summary) is about the files that were read
+        if result.error:
+            stderr.print(f"[red]error:[/] {escape(result.error)}")
     if diff:
         for result in results:
             stdout.out(result.diff, end="")
     report = None
-    if writes and results:
+    # A run that read no file has nothing to report on: no report folder, no checklist.
+    if writes and any(result.status is not FileStatus.ERROR for result in results):
         directory = report_dir or _default_report_dir(paths[0], out, in_place)
         original, ported = _first_port(results)
         items = checklist.build(results, settings, rules, _verify_command(original, ported), original)
@@ -135,9 +141,6 @@ def _default_report_dir(first: Path, out: Optional[Path], in_place: bool) -> Pat
 
 def _exit_code(results: list[FileResult], writes: bool, quiet: bool, report: Optional[Path]) -> int:
     summary = Summary.of(results)
-    for result in results:
-        if result.error:
-            stderr.print(f"[red]error:[/] {result.error}")
     if not quiet:
         _print_findings(results)
         stderr.print(_summary_line(summary, writes))
@@ -197,35 +200,62 @@ def _verify_command(original: str, ported: str) -> str:
 
 
 def _print_checklist(items: list[checklist.Item]) -> None:
-    """One line per item, the first piece of evidence cut to the terminal's width."""
+    """One line per item with its first piece of evidence: cut to the width of a terminal, whole in a pipe."""
     colours = {checklist.Status.PASSED: "green", checklist.Status.FAILED: "red", checklist.Status.NOT_CHECKED: "yellow"}
+    rows = []
+    for item in items:
+        evidence = item.evidence[0] if item.evidence else item.action
+        more = f" (+{len(item.evidence) - 1} more)" if len(item.evidence) > 1 else ""
+        rows.append((item.id, item.status.value.lower(), f"{item.title}: {evidence}{more}"))
+    if not stderr.is_terminal:
+        stderr.out("Accuracy checklist", highlight=False)
+        _print_plain(stderr, rows)
+        return
     grid = Table.grid(padding=(0, 1), expand=True)
     grid.add_column(no_wrap=True, min_width=2)
     grid.add_column(no_wrap=True, min_width=11)
     grid.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
-    for item in items:
-        evidence = item.evidence[0] if item.evidence else item.action
-        more = f" (+{len(item.evidence) - 1} more)" if len(item.evidence) > 1 else ""
-        status = f"[{colours[item.status]}]{item.status.value.lower()}[/]"
-        grid.add_row(item.id, status, escape(f"{item.title}: {evidence}{more}"))
+    for (item_id, status, text), item in zip(rows, items):
+        grid.add_row(item_id, f"[{colours[item.status]}]{status}[/]", escape(text))
     stderr.print("[bold]Accuracy checklist[/]")
     stderr.print(grid)
 
 
 def _list_rules() -> None:
+    columns = ("code", "name", "safety", "modes", "checklist", "summary")
+    rows = [
+        (
+            rule.CODE,
+            rule.name(),
+            rule.SAFETY.value,
+            ",".join(sorted(mode.value for mode in rule.MODES)),
+            " ".join(rule.CHECKLIST) or "-",
+            rule.summary(),
+        )
+        for rule in all_rules()
+    ]
+    if not stdout.is_terminal:  # one rule a line, whole, for grep, cut and less (as ruff does)
+        return _print_plain(stdout, rows)
     table = Table(title="npu-port rules")
-    for column in ("code", "name", "safety", "modes", "checklist", "summary"):
+    for column in columns:
         table.add_column(column)
-    for rule in all_rules():
-        modes = ",".join(sorted(mode.value for mode in rule.MODES))
-        table.add_row(rule.CODE, rule.name(), rule.SAFETY.value, modes, " ".join(rule.CHECKLIST), rule.summary())
+    for row in rows:
+        table.add_row(*map(escape, row))
     stdout.print(table)
+
+
+def _print_plain(console: Console, rows: list[tuple[str, ...]]) -> None:
+    """Rows as lines, every column but the last padded to its widest value; nothing is cut, nothing is markup."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)] if rows else []
+    for row in rows:
+        console.out(" ".join([*(cell.ljust(width) for cell, width in zip(row, widths)), row[-1]]), highlight=False)
 
 
 def _explain(code: str) -> None:
     rule = rule_by_code(code)
-    stdout.print(f"# {rule.name()} ({rule.CODE}) - {rule.SAFETY.value}")
-    stdout.print(rule.__doc__ or "")
+    # Printed as is: a manual's `[i]` or `[CODE]` is text, not rich markup, and a pipe gets every line whole.
+    stdout.out(f"# {rule.name()} ({rule.CODE}) - {rule.SAFETY.value}", highlight=False)
+    stdout.out(inspect.cleandoc(rule.__doc__ or ""), highlight=False)
 
 
 def main() -> None:

@@ -195,7 +195,8 @@ def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
         write_atomic(job.target, encode(result.code, decoded), like=job.source)
     status = FileStatus.CHANGED if result.changed else FileStatus.UNCHANGED
     # The checklist's facts cost two more parses: only a run that writes its reports needs them.
-    facts = file_facts(result.original, result.code) if job.write else None
+    ran = (rule.CODE for rule in rules if rule.wants(result.original, job.settings))  # as the engine chose them
+    facts = file_facts(result.original, result.code, ran) if job.write else None
     target = str(job.target) if writes else None
     return FileResult(str(job.source), target, status, findings=result.findings, diff=diff, facts=facts)
 

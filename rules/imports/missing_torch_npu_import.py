@@ -27,8 +27,10 @@ class MissingTorchNpuImport(PortRule):
     run time and must run before any of them is used, so it goes at the top of the process's entry file.
 
     ## Safety
-    Safe. A file that already imports `torch_npu` or uses `torch.npu` is taken as NPU-aware and left alone, so a
-    second run adds nothing.
+    Safe. A file that already imports `torch_npu` (or `transfer_to_npu`), anywhere in it, is already ported and left
+    alone, so a second run adds nothing. Naming the NPU is not enough: code that uses `torch.npu` in a device branch,
+    maps "npu" to "hccl" in a table, or imports device modules named on the command line (`--device-modules`) runs
+    on the NPU only once `torch_npu` is imported, so it gets the import like any other script.
 
     ## References
     rules-catalogue IMP-01, IMP-02; torch_npu/contrib/transfer_to_npu.py.
@@ -86,12 +88,54 @@ class MissingTorchNpuImport(PortRule):
             """,
             lines=[1],
         ),
+        Case(
+            """
+            import importlib
+            import torch
+            BACKENDS = {"cuda": "nccl", "npu": "hccl"}  # device type -> collective backend
+
+            def synchronize(device, modules=()):
+                for name in modules:  # --device-modules: the backends to import
+                    importlib.import_module(name)
+                if device.type == "npu":
+                    torch.npu.synchronize()
+            """,
+            """
+            import importlib
+            import torch
+            import torch_npu
+            from torch_npu.contrib import transfer_to_npu
+            BACKENDS = {"cuda": "nccl", "npu": "hccl"}  # device type -> collective backend
+
+            def synchronize(device, modules=()):
+                for name in modules:  # --device-modules: the backends to import
+                    importlib.import_module(name)
+                if device.type == "npu":
+                    torch.npu.synchronize()
+            """,
+            lines=[2],
+        ),
         Unchanged(
             """
             import torch
-            if torch.npu.is_available():
-                device = "npu"
+
+            def load_backend(device):
+                if device == "npu":
+                    import torch_npu  # only where the NPU is asked for
             """
+        ),
+        Case(
+            """
+            import torch
+            HELP = "run on the NPU with torch_npu installed"
+            """,
+            """
+            import torch
+            import torch_npu
+            from torch_npu.contrib import transfer_to_npu
+            HELP = "run on the NPU with torch_npu installed"
+            """,
+            lines=[1],
         ),
         Unchanged(
             """
@@ -107,7 +151,7 @@ class MissingTorchNpuImport(PortRule):
     )
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        if _is_npu_aware(self.file.source) or not _imports_torch(original_node):
+        if _is_ported(original_node, self.file.source) or not _imports_torch(original_node):
             return updated_node
         if not self.settings.is_entry and not self._file_was_ported():
             return updated_node
@@ -129,8 +173,11 @@ class MissingTorchNpuImport(PortRule):
         return any(finding.action is Action.CHANGED for finding in self.file.findings)
 
 
-def _is_npu_aware(source: str) -> bool:
-    return "torch_npu" in source or "torch.npu." in source
+def _is_ported(module: cst.Module, source: str) -> bool:
+    """Whether the file imports torch_npu somewhere: the port's own marker (a mention in a string is not)."""
+    if "torch_npu" not in source:  # the common case, without a walk
+        return False
+    return any("torch_npu" in _roots(node) for node in findall(module, m.Import() | m.ImportFrom()))
 
 
 def _roots(node: cst.Import | cst.ImportFrom) -> set[str]:
