@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from verify import metrics, tolerances
+from verify import environment, metrics, tolerances
 from verify.align import AlignStatus, align_ops
 from verify.store import RunDirError, resolve_inside
 from verify.schema import GRAD_COLUMNS, HPARAM_COLUMNS, LOSS_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS, RunManifest, Status
@@ -82,6 +82,7 @@ class FindingCode(str, Enum):
     GRAD_DIVERGES = "grad_diverges"
     AMP_ONE_SIDE = "amp_one_side"
     LOW_MATCH = "low_match"
+    ENVIRONMENT_DIFFERS = "environment_differs"  # not failing by itself: it names a cause (verify/environment.py)
 
 
 # Findings that fail the verdict, most fundamental first: the one-line reason names the first that is present.
@@ -169,6 +170,8 @@ class ComparisonResult:
             "ops": {**self.status_counts(), "past_tolerance": int((self.ops["passed"] == False).sum())},  # noqa: E712
             "first_divergent": _json_safe(self.first_divergent),
             "hparam_differences": self.hparams["message"].tolist(),
+            "environment_differences": [asdict(d) for d in
+                                        environment.differences(self.ref.manifest, self.actual.manifest)],
             "overflow": _json_safe(self.overflow),
             "findings": [{"code": f.code.value, "message": f.message, "detail": _json_safe(f.detail)}
                          for f in self.findings],
@@ -517,6 +520,17 @@ def _run_findings(ref: RunData, actual: RunData) -> list[Finding]:
     return findings
 
 
+def _environment_finding(ref: RunData, actual: RunData, first: dict[str, Any] | None) -> list[Finding]:
+    found = environment.differences(ref.manifest, actual.manifest)
+    if not found:
+        return []
+    explains = environment.explaining(found, first)
+    message = f"environments differ in {len(found)} setting(s): " + "; ".join(d.text for d in found[:6]) + (
+        f"; and {len(found) - 6} more (summary.json)" if len(found) > 6 else "")
+    return [Finding(FindingCode.ENVIRONMENT_DIFFERS, message, {
+        "explains": "; ".join(d.text for d in explains), "op": (first or {}).get("op"), "step": (first or {}).get("step")})]
+
+
 def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
     findings = []
     for side in ("ref", "actual"):
@@ -652,6 +666,7 @@ def compare_runs(ref: RunData, actual: RunData, options: CompareOptions = Compar
         *_run_findings(ref, actual),
         *(Finding(FindingCode.HPARAM_MISMATCH, f"hyperparameter differs: {message}", {"name": name})
           for message, name in zip(hparams["message"], hparams["name"])),
+        *_environment_finding(ref, actual, first),
         *_overflow_findings(overflow),
         *_loss_finding(loss),
         *_output_finding(outputs),

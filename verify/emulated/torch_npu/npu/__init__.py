@@ -5,8 +5,8 @@ memory statistics are 0 (there is no device memory to count) and mem_get_info re
 random generator is the CPU's default generator, so torch.npu.manual_seed also seeds CPU-side randomness, which
 the real NPU does not. On cuda: each call goes to the matching torch.cuda function of the GPU standing in.
 
-matmul/conv allow_hf32, set_compile_mode, set_option and config are kept but not emulated: the target computes
-fp32 as fp32. Turning HF32 on prints a warning, because the real NPU would then compute differently.
+matmul/conv allow_hf32 are emulated (see _hf32: inputs rounded to HF32's mantissa on cpu, TF32 on cuda), with the
+NPU's defaults: matmul off, convolutions on. set_compile_mode, set_option and config are kept but not emulated.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .._hf32 import install_hf32_rounding, set_cuda_tf32
 from .._target import EMULATION, TARGET, check_index, device_index
 from .._target import device_count as device_count
 from . import amp
@@ -344,11 +345,11 @@ def _warn_not_emulated(setting: str) -> None:
 
 
 class _Hf32Flag:
-    """torch.npu.matmul / torch.npu.conv: `allow_hf32`, kept; True warns, as HF32 is not emulated."""
+    """torch.npu.matmul / torch.npu.conv: `allow_hf32`, emulated (_hf32)."""
 
     def __init__(self, kind: str, allow_hf32: bool):
         self._kind = kind
-        self._allow_hf32 = allow_hf32
+        self.allow_hf32 = allow_hf32
 
     @property
     def allow_hf32(self) -> bool:
@@ -358,12 +359,14 @@ class _Hf32Flag:
     def allow_hf32(self, value: bool) -> None:
         if not isinstance(value, bool):
             raise TypeError(f"allow_hf32 must be a bool, but got {type(value).__name__}")
-        if value:
-            _warn_not_emulated(f"torch.npu.{self._kind}.allow_hf32=True")
         self._allow_hf32 = value
+        if ON_CUDA:
+            set_cuda_tf32(self._kind, value)
 
 
-# The real defaults: HF32 off for matmul, on for convolutions (which the CPU computes in exact fp32 regardless).
+# The real defaults: HF32 off for matmul, on for convolutions.
 matmul = _Hf32Flag("matmul", allow_hf32=False)
 conv = _Hf32Flag("conv", allow_hf32=True)
+if not ON_CUDA:
+    install_hf32_rounding(lambda: matmul.allow_hf32, lambda: conv.allow_hf32)
 config = types.SimpleNamespace(allow_internal_format=False)
