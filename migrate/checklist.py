@@ -262,7 +262,9 @@ def _constant_results(inputs: _Inputs) -> Item:
         "C1",
         Status.NOT_CHECKED,
         [*map(str, evidence), *_finding_evidence(inputs.open_findings("C1"))],
-        f"Run `verify determinism {script}`: it runs the original twice and lists the operators that differ.",
+        f"Run `verify determinism {script}`: it runs the original twice and lists the operators that differ. On the "
+        "NPU, constant results need torch.use_deterministic_algorithms(True), CLOSE_MATMUL_K_SHIFT=1 and, with "
+        "collectives, HCCL_DETERMINISTIC=true (migrate --deterministic sets them, DET003).",
     )
 
 

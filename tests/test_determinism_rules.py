@@ -44,7 +44,8 @@ def test_spawned_worker_is_seeded_and_deterministic_before_the_process_group():
     code = port(SPAWN, seed=3, deterministic=True, mode=Mode.EXPLICIT)
     body = function_body(code, "worker")
     init = next(i for i, text in enumerate(body) if "init_process_group" in text)
-    for line in ("os.environ['HCCL_DETERMINISTIC'] = 'true'", "torch.use_deterministic_algorithms(True)",
+    for line in ("os.environ.setdefault('HCCL_DETERMINISTIC', 'true')",
+                 "os.environ.setdefault('CLOSE_MATMUL_K_SHIFT', '1')", "torch.use_deterministic_algorithms(True)",
                  "random.seed(3)", "torch.manual_seed(3)", "torch.npu.manual_seed_all(3)"):
         assert body.index(line) < init
     main_guard = code[code.index('if __name__'):]

@@ -47,6 +47,11 @@ def _swapped(finding: Finding) -> bool:
     return bool(op and actual_op) and RELATED_OPS.get(op, op) != RELATED_OPS.get(actual_op, actual_op)
 
 
+def _float64_lost(finding: Finding) -> bool:
+    """The reference computed the op in float64 and the port in another dtype (the NPU's float32, say)."""
+    return finding.detail.get("dtype") == "float64" and finding.detail.get("actual_dtype") not in ("float64", None)
+
+
 def _follows_hparams(finding: Finding) -> bool:
     """The op diverges after a differing hyperparameter took effect (compare._hparams_behind): not evidence of a
     numerical issue, since the runs no longer compute on the same values."""
@@ -60,6 +65,12 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
     AdviceRule(FindingCode.HPARAM_MISMATCH, (
         "Make {name} equal on both sides (an argparse default, a config file or a literal the port changed), then "
         "compare again: differences further down follow from it."), ("C9",)),
+    AdviceRule(FindingCode.ENVIRONMENT_DIFFERS, (
+        "{op} (step {step}) diverges with a cause outside the model: the environments differ in {explains}. Make "
+        "that setting equal on both sides (TF32 on the GPU: torch.backends.cuda.matmul.allow_tf32 and "
+        "torch.backends.cudnn.allow_tf32; HF32 on the NPU: torch.npu.matmul.allow_hf32 and torch.npu.conv.allow_hf32) "
+        "and compare again: the operator findings below follow from it."), ("C3",),
+        lambda finding: bool(finding.detail.get("explains"))),
     AdviceRule(FindingCode.DATA_ORDER, (
         "The first step's inputs already differ: make the data order identical. Seed the DataLoader (generator=, "
         "worker_init_fn), do not derive num_workers or shuffling from cpu/device counts, sort listdir/glob results "
@@ -95,7 +106,12 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "{op} in {module} diverges although its inputs agree: an operator accuracy issue. Run it in fp32 (exclude it "
         "from autocast), disable fusion (call the unfused eager ops instead of a torch_npu fused kernel; "
         "torch_npu.npu.set_compile_mode(jit_compile=False)), and dump it in tensor mode for cosine/error figures."),
-        (), lambda finding: not _swapped(finding) and not _follows_hparams(finding)),
+        (), lambda finding: not _swapped(finding) and not _follows_hparams(finding) and not _float64_lost(finding)),
+    AdviceRule(FindingCode.OP_DIVERGES, (
+        "{op} ran in float64 on the reference and in {actual_dtype} on the port ({module} {phase}, step {step}): the "
+        "lost precision is the cause, not the operator. Ascend NPUs support float64 partly (transfer_to_npu even maps "
+        "torch.cuda.DoubleTensor to float32): compute the reference in float32 too, or keep this computation on the "
+        "CPU in float64 on both sides (migrate reports each float64 use, UNS004)."), ("C3",), _float64_lost),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} ({phase}, step {step}) and the ops after it diverge because {follows_hparams} differs: the optimizer's "
         "update uses it and later steps start from the weights it updated, so they are consequences of that "

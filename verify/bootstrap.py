@@ -56,6 +56,7 @@ from verify.capture import (
     summarize,
     tensors_in,
 )
+from verify import environment
 from verify.schema import (GRADS_DIR, LOSS_SCALER_ENV, OPS_DIR, OUTPUTS_DIR, DumpMode, LossScalerPlan, RunManifest,
                            Status, step_file)
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
@@ -645,8 +646,9 @@ def run(run_dir: Path) -> Status:
     capture = _make_capture(manifest, writer, batch)
     recorder = StepRecorder(manifest, run_dir, writer, capture, batch)
     recorder.install()
-    write_manifest(run_dir, manifest)
-    _run_script(manifest, recorder, capture)
+    with environment.recorded(manifest):  # versions, precision/determinism switches, loaders (issue 12)
+        write_manifest(run_dir, manifest)
+        _run_script(manifest, recorder, capture)
     recorder.discard_partial_step()
     if capture is not None and capture.saver is not None and capture.saver.budget_exhausted:
         manifest.extra["tensor_cap_reached"] = True

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from verify import metrics, tolerances
+from verify import environment, metrics, tolerances
 from verify.align import CARRIER_OPS, AlignStatus, align_ops
 from verify.store import RunDirError, resolve_inside
 from verify.schema import (GRAD_COLUMNS, HPARAM_COLUMNS, INPUT_OP, LOSS_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS,
@@ -85,6 +85,7 @@ class FindingCode(str, Enum):
     LOW_MATCH = "low_match"
     GRADS_NOT_RESET = "grads_not_reset"
     SCALE_STUCK = "scale_stuck"
+    ENVIRONMENT_DIFFERS = "environment_differs"  # not failing by itself: it names a cause (verify/environment.py)
 
 
 # Findings that fail the verdict, causes before symptoms: the one-line reason names the first that is present. The
@@ -173,6 +174,8 @@ class ComparisonResult:
             "ops": {**self.status_counts(), "past_tolerance": int((self.ops["passed"] == False).sum())},  # noqa: E712
             "first_divergent": _json_safe(self.first_divergent),
             "hparam_differences": self.hparams["message"].tolist(),
+            "environment_differences": [asdict(d) for d in
+                                        environment.differences(self.ref.manifest, self.actual.manifest)],
             "overflow": _json_safe(self.overflow),
             "findings": [{"code": f.code.value, "message": f.message, "detail": _json_safe(f.detail)}
                          for f in self.findings],
@@ -601,6 +604,17 @@ def _run_findings(ref: RunData, actual: RunData) -> list[Finding]:
     return findings
 
 
+def _environment_finding(ref: RunData, actual: RunData, first: dict[str, Any] | None) -> list[Finding]:
+    found = environment.differences(ref.manifest, actual.manifest)
+    if not found:
+        return []
+    explains = environment.explaining(found, first)
+    message = f"environments differ in {len(found)} setting(s): " + "; ".join(d.text for d in found[:6]) + (
+        f"; and {len(found) - 6} more (summary.json)" if len(found) > 6 else "")
+    return [Finding(FindingCode.ENVIRONMENT_DIFFERS, message, {
+        "explains": "; ".join(d.text for d in explains), "op": (first or {}).get("op"), "step": (first or {}).get("step")})]
+
+
 def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
     findings = []
     for side in ("ref", "actual"):
@@ -795,6 +809,7 @@ def compare_runs(ref: RunData, actual: RunData, options: CompareOptions = Compar
         *(Finding(FindingCode.HPARAM_MISMATCH, f"hyperparameter differs: {message}", {"name": name})
           for message, name in zip(hparams["message"], hparams["name"])),
         *_grads_reset_findings(ref, actual),
+        *_environment_finding(ref, actual, first),
         *_overflow_findings(overflow),
         *_loss_finding(loss),
         *_output_finding(outputs),

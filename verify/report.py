@@ -19,6 +19,7 @@ from openpyxl.styles import Font, PatternFill
 from rich.console import Console
 from rich.table import Table
 
+from verify import environment
 from verify.devices import title
 from verify.advice import Advice, advise
 from verify.compare import RunData, ComparisonResult
@@ -351,6 +352,8 @@ def _misc_sections(result: ComparisonResult) -> str:
     parts = []
     if len(result.hparams):
         parts.append(_section("Hyperparameter differences", _html_table(result.hparams)))
+    if differing := environment.differences(result.ref.manifest, result.actual.manifest):  # verify/environment.py
+        parts.append(_section("Environment differences", _html_table(pd.DataFrame(differing).astype(str))))
     overflow = result.overflow
     rows = [{"side": side, "first inf/nan op": (f"{first['op']} ({first['module']}, step {first['step']})"
                                                 if (first := overflow[f"{side}_first"]) else "none"),

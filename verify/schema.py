@@ -12,6 +12,14 @@ A run directory is written incrementally, so a crash or a timeout keeps every co
     tensors/step-NNNNNN/...npy   full tensors of the ops selected with --ops in `tensor` mode, under a size cap
     output.log             the script's stdout and stderr
 
+manifest.extra["environment"] (verify/environment.py) is the environment the run computed in, written at the start
+and again when the script ends: {"versions": {python, torch, torch_npu, cann}, "precision": {fp32_matmul,
+fp32_conv ("fp32", "tf32" or "hf32": what the device computes fp32 matmuls/convolutions in),
+float32_matmul_precision}, "determinism": {deterministic_algorithms, deterministic_warn_only,
+fill_uninitialized_memory, cudnn_deterministic, cudnn_benchmark}, "amp": {imposed_autocast, acl_precision_mode},
+"environment": {allow-listed variable: value}, "data_loaders": [{batch_size, shuffle, num_workers, sampler,
+drop_last, seeded_generator}, ...]}.
+
 A table (ops, grads, outputs) is one Arrow IPC stream, TABLE_FILE in its folder: the schema, then one record batch
 per step, appended and flushed to the OS as the step ends (every step pays for it: no file to create and no parquet
 encoding keeps it cheap). The folder appears with the table's first step, so a training run has no outputs/. A

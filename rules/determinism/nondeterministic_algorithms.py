@@ -9,23 +9,36 @@ from rules.base import Case, PortRule, Unchanged
 from rules.determinism.entry_points import Entry, at_start, process_entry, spawn_target
 from rules.tree import findall
 
+# Each setting with the cost it names.
+_OPERATORS = "torch.use_deterministic_algorithms(True)  # cost: slower kernels; ops lacking one raise"
+_VARIABLES = {
+    "CLOSE_MATMUL_K_SHIFT": 'os.environ.setdefault("CLOSE_MATMUL_K_SHIFT", "1")  # cost: matmuls without K-axis shift, '
+                            "slower",
+    "HCCL_DETERMINISTIC": 'os.environ.setdefault("HCCL_DETERMINISTIC", "true")  # cost: fixed-order all-reduce, slower',
+}
 _INIT = frozenset({"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"})
 
 
 class NondeterministicAlgorithms(PortRule):
-    """Switch on deterministic algorithms (and deterministic HCCL collectives) in each training process.
+    """Switch on the Ascend determinism bundle: deterministic operators, matmuls and HCCL collectives.
 
     ## What it does
-    With `--deterministic`, in a file that does not call `torch.use_deterministic_algorithms` yet, inserts
-    `torch.use_deterministic_algorithms(True)` at the start of the training process: the function `mp.spawn`
-    starts, else the function that calls `init_process_group`, else `main()`, else the `if __name__ == "__main__":`
-    block, else the script after its imports. In a distributed script it also inserts
-    `os.environ["HCCL_DETERMINISTIC"] = "true"` there, before the process group exists.
+    With `--deterministic`, in a file that does not call `torch.use_deterministic_algorithms` yet:
+    at the start of the training process (the function `mp.spawn` starts, else the function that calls
+    `init_process_group`, else `main()`, else the `if __name__ == "__main__":` block, else the script after its
+    imports), so before the process group and the first operator exist:
+    - sets `CLOSE_MATMUL_K_SHIFT=1` and, in a distributed script, `HCCL_DETERMINISTIC=true`, with
+      `os.environ.setdefault` so that a launcher's own value wins;
+    - inserts `torch.use_deterministic_algorithms(True)`.
+    Each line's comment names its cost.
 
     ## Why
-    `torch.use_deterministic_algorithms(True)` is the NPU's determinism switch (the cudnn flags do nothing there);
-    it must run in the process that trains, and only the first setting counts. HCCL reduces in a fixed order only
-    with HCCL_DETERMINISTIC set before the communicator is created. Both make C1's run-twice check meaningful.
+    `torch.use_deterministic_algorithms(True)` is the NPU's operator determinism switch (torch_npu passes it to CANN
+    as ACL_OP_DETERMINISTIC; the cudnn flags do nothing there); it must run in the process that trains. Matmul
+    kernels shift their K-axis split by default, so a matmul's reduction order can vary: CLOSE_MATMUL_K_SHIFT=1 fixes
+    it. HCCL reduces (all-reduce, reduce-scatter) in a fixed order only with HCCL_DETERMINISTIC set before the
+    communicator is created ("strict" also fixes the order across machines, on A2 symmetric clusters only). Spawned
+    workers inherit the variables. Together they make C1's run-twice check meaningful.
 
     ## Safety
     Safe: asked for with `--deterministic`. Operators without a deterministic kernel then raise an error that names
@@ -58,8 +71,9 @@ class NondeterministicAlgorithms(PortRule):
             import os
 
             def worker(rank, world):
-                os.environ["HCCL_DETERMINISTIC"] = "true"
-                torch.use_deterministic_algorithms(True)
+                os.environ.setdefault("CLOSE_MATMUL_K_SHIFT", "1")  # cost: matmuls without K-axis shift, slower
+                os.environ.setdefault("HCCL_DETERMINISTIC", "true")  # cost: fixed-order all-reduce, slower
+                torch.use_deterministic_algorithms(True)  # cost: slower kernels; ops lacking one raise
                 dist.init_process_group("nccl", rank=rank, world_size=world)
 
             if __name__ == "__main__":
@@ -75,7 +89,10 @@ class NondeterministicAlgorithms(PortRule):
             """,
             """
             import torch
-            torch.use_deterministic_algorithms(True)
+            import os
+
+            os.environ.setdefault("CLOSE_MATMUL_K_SHIFT", "1")  # cost: matmuls without K-axis shift, slower
+            torch.use_deterministic_algorithms(True)  # cost: slower kernels; ops lacking one raise
             model = Net()
             """,
             lines=[1],
@@ -113,13 +130,13 @@ class NondeterministicAlgorithms(PortRule):
     def _switch_on(self, original: Entry, updated: Entry):
         if original is not self._entry:
             return updated
-        lines = ["torch.use_deterministic_algorithms(True)"]
-        if self._distributed and "HCCL_DETERMINISTIC" not in self.file.source:
-            lines.insert(0, 'os.environ["HCCL_DETERMINISTIC"] = "true"')
-        imports = [("torch", None)] + ([("os", None)] if len(lines) > 1 else [])
-        new = at_start(updated, [statement(line) for line in lines])
+        variables = [line for name, line in _VARIABLES.items()
+                     if name not in self.file.source and (self._distributed or name != "HCCL_DETERMINISTIC")]
+        new = at_start(updated, [statement(line) for line in [*variables, _OPERATORS]])
+        imports = [("torch", None)] + ([("os", None)] if variables else [])
         anchor = original.body[0] if isinstance(original, cst.Module) and original.body else original
-        message = "deterministic algorithms" + (" and HCCL collectives" if len(lines) > 1 else "") + " switched on"
+        message = "Ascend determinism switched on: deterministic algorithms" + "".join(
+            f", {name}" for name in _VARIABLES if any(name in line for line in variables))
         return self.replace(original, updated, new, message, imports=imports, at=anchor)
 
 

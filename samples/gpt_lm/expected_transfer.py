@@ -238,8 +238,8 @@ if master_process:
 torch.manual_seed(seed + seed_offset)
 random.seed(seed + seed_offset)
 np.random.seed(seed + seed_offset)
-torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on Ampere and newer
-torch.backends.cudnn.allow_tf32 = True  # TF32 convolutions
+torch.npu.matmul.allow_hf32 = True  # TF32 matmuls on Ampere and newer
+torch.npu.conv.allow_hf32 = True  # TF32 convolutions
 device_type = "cuda" if "cuda" in device else "cpu"  # for torch.autocast
 ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 ctx = nullcontext() if device_type == "cpu" else torch.amp.autocast(device_type=device_type, dtype=ptdtype)

@@ -187,6 +187,7 @@ def main():
         torch.manual_seed(args.seed)
         # Reproducible convolutions: cudnn may no longer pick its fastest (nondeterministic) algorithms.
         cudnn.deterministic = True
+        torch.use_deterministic_algorithms(True, warn_only=True)
         cudnn.benchmark = False
         warnings.warn("Seeded run: cudnn is deterministic now, expect slower training.")
 

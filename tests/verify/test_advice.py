@@ -81,3 +81,14 @@ def test_the_same_script_with_another_lr_on_the_same_device_is_not_called_nondet
     assert FindingCode.NONDETERMINISM not in {f.code for f in result.findings}
     assert not any("the benchmark is not constant" in text for text in advice)
     assert any("because lr differs" in text for text in advice)
+
+
+def test_a_float64_reference_op_computed_in_float32_by_the_port_is_named_as_the_cause(tmp_path):
+    ref_ops = trace_ops().assign(dtype="float64")
+    actual_ops = trace_ops()
+    actual_ops.loc[actual_ops["seq"] == 0, "mean"] *= 1.01  # the forward addmm of each step, in float32
+    result = compare_runs(run(tmp_path / "ref", ref_ops, [0.1, 0.1], "cuda"),
+                          run(tmp_path / "actual", actual_ops, [0.1, 0.1], "npu"))
+    advice = [item.message for item in advise(result.findings) if item.code is FindingCode.OP_DIVERGES]
+    assert advice[0].startswith("aten.addmm ran in float64 on the reference and in float32 on the port")
+    assert not any("operator accuracy issue" in message for message in advice)

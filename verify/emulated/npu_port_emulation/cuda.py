@@ -3,9 +3,11 @@
 After `install()`, torch.cuda.is_available() and torch.accelerator.is_available() are True, cuda devices and
 tensors land on the CPU (`tensor.device` says cpu, `tensor.is_cuda` is True), torch.cuda's device API answers as one
 GPU of compute capability 8.0 (bf16 supported, as on the A100 and newer), autocast("cuda") is CPU autocast with
-CUDA's float16 default and CUDA's op lists, GradScaler("cuda") scales on the CPU, and nccl runs as gloo. So a script
-that branches on CUDA (shuffling, workers, pin_memory, its AMP dtype) reads the same data and takes the same
-branches as on a real GPU. Not reproduced: GPU kernels' numerics (TF32, cuDNN algorithms, atomics), memory
+CUDA's float16 default and CUDA's op lists, GradScaler("cuda") scales on the CPU, nccl runs as gloo, and fp32
+convolutions and matmuls round their inputs to TF32 where torch.backends allows it (convolutions by default, as
+cuDNN does). So a script that branches on CUDA (shuffling, workers, pin_memory, its AMP dtype) reads the same data
+and takes the same branches as on a real GPU. Not reproduced: GPU kernels' other numerics (cuDNN algorithms,
+accumulation order, atomics), memory
 statistics (0), torch.Generator(device="cuda"), CUDA graphs and CUDA extensions.
 """
 
@@ -19,6 +21,7 @@ import torch
 from . import device_api
 from .autocast_policy import install_npu_autocast_policy
 from .patches import install_accelerator, install_amp_patches, install_device_patches, install_distributed_patches
+from .reduced_precision import install_hf32_rounding
 from .target import TARGET, device_index, redirected_types
 
 EMULATION = "npu-port's EMULATED CUDA (a test double on the CPU, not a GPU)"
@@ -79,4 +82,6 @@ def install() -> None:
     install_distributed_patches("cuda")
     install_accelerator("cuda", device_api)
     _installed.append(install_npu_autocast_policy())
+    # TF32 as a GPU computes it (10-bit mantissa inputs) wherever torch.backends allows it: convolutions by default
+    install_hf32_rounding(lambda: torch.backends.cuda.matmul.allow_tf32, lambda: torch.backends.cudnn.allow_tf32)
     print(f"npu-port: {EMULATION}: cuda calls run on the CPU", file=sys.stderr)

@@ -3,7 +3,7 @@
 `verify` puts this package on the PYTHONPATH of the child process that runs a ported script when the real torch_npu
 cannot run. Importing it maps the "npu" device and the torch.npu API onto the CPU (or a CUDA GPU), with the NPU's
 mixed-precision numerics (float16 autocast with CUDA's op lists), and says so on stderr. It refuses to load anywhere
-else: outside a process started with verify.emulate.emulation_env(), or under any name but `torch_npu`.
+else: outside a process started with verify.devices.emulation_env(), or under any name but `torch_npu`.
 
 What a script sees differently from a real NPU is listed in the docstrings of npu_port_emulation.patches (devices),
 npu_port_emulation.device_api and npu (device API), npu_port_emulation.autocast_policy (numerics),

@@ -1,8 +1,8 @@
 """torch.npu of the emulated NPU: the device API that ported scripts call (npu_port_emulation.device_api, shared with
 the CUDA stand-in), with what only the NPU has: its properties, capability, precision switches and compile modes.
 
-matmul/conv allow_hf32, set_compile_mode, set_option and config are kept but not emulated: the target computes
-fp32 as fp32. Turning HF32 on prints a warning, because the real NPU would then compute differently.
+matmul/conv allow_hf32 are emulated (see npu_port_emulation.reduced_precision: inputs rounded to HF32's mantissa on cpu, TF32 on cuda), with the
+NPU's defaults: matmul off, convolutions on. set_compile_mode, set_option and config are kept but not emulated.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from npu_port_emulation.device_api import *  # noqa: F401,F403  (the device API,
 from npu_port_emulation.device_api import ON_CUDA, _cuda, _host_memory, _is_in_bad_fork  # noqa: F401
 from npu_port_emulation.target import EMULATION, device_index
 
+from npu_port_emulation.reduced_precision import install_hf32_rounding, set_cuda_tf32
 from . import amp
 
 __all__ = [
@@ -81,11 +82,11 @@ def _warn_not_emulated(setting: str) -> None:
 
 
 class _Hf32Flag:
-    """torch.npu.matmul / torch.npu.conv: `allow_hf32`, kept; True warns, as HF32 is not emulated."""
+    """torch.npu.matmul / torch.npu.conv: `allow_hf32`, emulated (npu_port_emulation.reduced_precision)."""
 
     def __init__(self, kind: str, allow_hf32: bool):
         self._kind = kind
-        self._allow_hf32 = allow_hf32
+        self.allow_hf32 = allow_hf32
 
     @property
     def allow_hf32(self) -> bool:
@@ -95,12 +96,14 @@ class _Hf32Flag:
     def allow_hf32(self, value: bool) -> None:
         if not isinstance(value, bool):
             raise TypeError(f"allow_hf32 must be a bool, but got {type(value).__name__}")
-        if value:
-            _warn_not_emulated(f"torch.npu.{self._kind}.allow_hf32=True")
         self._allow_hf32 = value
+        if ON_CUDA:
+            set_cuda_tf32(self._kind, value)
 
 
-# The real defaults: HF32 off for matmul, on for convolutions (which the CPU computes in exact fp32 regardless).
+# The real defaults: HF32 off for matmul, on for convolutions.
 matmul = _Hf32Flag("matmul", allow_hf32=False)
 conv = _Hf32Flag("conv", allow_hf32=True)
+if not ON_CUDA:
+    install_hf32_rounding(lambda: matmul.allow_hf32, lambda: conv.allow_hf32)
 config = types.SimpleNamespace(allow_internal_format=False)

@@ -1,0 +1,80 @@
+"""The environment each run records and the differences a comparison lists (verify/environment.py): the pure diff
+on hand-made manifests, and a real pair whose port switches HF32 on, which the emulated NPU computes."""
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from verify.cli import app
+from verify.environment import Difference, differences, explaining, recorded_variables
+from verify.pair import route
+from verify.schema import RunManifest
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def manifest(**groups) -> RunManifest:
+    record = {"versions": {"torch": "2.13.0"}, "precision": {"fp32_matmul": "fp32", "fp32_conv": "fp32"},
+              "environment": {}, "data_loaders": [{"shuffle": False, "num_workers": 0}]}
+    for group, values in groups.items():
+        record[group] = values
+    return RunManifest(extra={"environment": record})
+
+
+def test_differences_lists_each_differing_setting_numerics_first():
+    ref = manifest(versions={"torch": "2.13.0+cu130"}, environment={"HCCL_DETERMINISTIC": "true"})
+    actual = manifest(precision={"fp32_matmul": "hf32", "fp32_conv": "fp32"},
+                      data_loaders=[{"shuffle": True, "num_workers": 0}])
+    assert differences(ref, actual) == [
+        Difference("precision.fp32_matmul", "fp32", "hf32"),
+        Difference("data_loaders.0.shuffle", False, True),
+        Difference("environment.HCCL_DETERMINISTIC", "true", None),
+        Difference("versions.torch", "2.13.0+cu130", "2.13.0"),
+    ]
+    assert differences(ref, ref) == []
+    assert differences(ref, RunManifest()) == []  # a run without a record (older verify, msprobe dump)
+
+
+@pytest.mark.parametrize(("op", "step", "explained"), [
+    ("aten.addmm", 2, ["precision.fp32_matmul"]),
+    ("aten.convolution", 2, []),
+    ("aten.relu", 0, ["data_loaders.0.shuffle"]),
+])
+def test_explaining_keys_a_difference_to_the_ops_it_changes(op, step, explained):
+    found = [Difference("precision.fp32_matmul", "fp32", "hf32"), Difference("data_loaders.0.shuffle", False, True),
+             Difference("versions.torch", "a", "b")]
+    first = {"op": op, "actual_op": op, "step": step}
+    assert [d.setting for d in explaining(found, first)] == explained
+    assert explaining(found, None) == []
+
+
+def test_recorded_variables_are_allow_listed_and_never_secrets():
+    environ = {"HCCL_DETERMINISTIC": "true", "CLOSE_MATMUL_K_SHIFT": "1", "HOME": "/root", "AWS_SECRET_KEY": "x",
+               "HCCL_AUTH_TOKEN": "x", "NCCL_DEBUG": "INFO", "PYTHONHASHSEED": "0"}
+    assert recorded_variables(environ) == {"CLOSE_MATMUL_K_SHIFT": "1", "HCCL_DETERMINISTIC": "true",
+                                           "NCCL_DEBUG": "INFO", "PYTHONHASHSEED": "0"}
+
+
+@pytest.mark.slow
+def test_a_pair_differing_in_hf32_lists_it_and_the_advice_names_it(tmp_path):
+    """The port is the original on the (emulated) NPU with HF32 matmuls: its linear layer loses the small difference
+    of two inputs near 1.0. The environment diff says so, and the advice names it before any operator advice."""
+    original = SCRIPTS / "cancelling_linear.py"
+    port = tmp_path / "cancelling_linear_npu.py"
+    port.write_text(original.read_text().replace(
+        "import torch\n", "import torch\nimport torch_npu\n", 1).replace(
+        'device = "cuda" if torch.cuda.is_available() else "cpu"',
+        'device = "npu"\ntorch.npu.matmul.allow_hf32 = True'))
+    out = tmp_path / "out"
+    argv = [str(original), str(port), "-n", "3", "-q", "-o", str(out)]
+    result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
+    assert result.exit_code == 1, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"setting": "precision.fp32_matmul", "ref": "fp32", "actual": "hf32"} in summary["environment_differences"]
+    environment = next(f for f in summary["findings"] if f["code"] == "environment_differs")
+    assert "precision.fp32_matmul: ref fp32, actual hf32" in environment["detail"]["explains"]
+    assert "precision.fp32_matmul" in summary["advice"][0]
+    assert "Environment differences" in (out / "report.html").read_text()
