@@ -178,6 +178,10 @@ class Shipment:
         self._places = places
         self._copies = copies
 
+    def arrived(self) -> bool:
+        """Whether every copy is done (on the CPU at once), so that `read` would not wait."""
+        return all(done.query() for _, done in self._copies.values())
+
     def read(self) -> Callable[[Handle], list[float]]:
         for _, done in self._copies.values():
             done.synchronize()
@@ -822,17 +826,14 @@ class OpCapture:
 
     def take_step(self, step: int, fetched: Callable[[Handle], list[float]]) -> dict[str, list[Any]]:
         """The rows of `step` as OP_COLUMNS lists (statistics resolved from `fetched`); starts the next step."""
+        return step_columns(step, self.close_step(step), fetched)
+
+    def close_step(self, step: int) -> list[OpRow]:
+        """The rows of `step`, whose statistics may still be on their way (`step_columns` resolves them once read);
+        starts the next step."""
         rows = self.rows
-        records = [(*_ROW_FIELDS(row), *_PENDING_FIELDS(row.stats), *row.stats.values(fetched)) for row in rows]
-        names = (*_ROW_COLUMNS, *_PENDING_COLUMNS, *STAT_COLUMNS)
-        columns: dict[str, list[Any]] = {
-            "step": [step] * len(rows),
-            "key": [f"{step}/{row.phase}/{row.module}/{row.op}#{row.call_index}" for row in rows],
-            **{name: list(column) for name, column in zip(names, zip(*records))},
-            **({} if records else {name: [] for name in names}),
-        }
         self.discard_step(step + 1)
-        return columns
+        return rows
 
     def discard_step(self, next_step: int) -> None:
         self.small_tensors.discard()
@@ -842,3 +843,15 @@ class OpCapture:
         self._seq = 0
         self._call_counts = {}
         self._step = next_step
+
+
+def step_columns(step: int, rows: list[OpRow], fetched: Callable[[Handle], list[float]]) -> dict[str, list[Any]]:
+    """A step's rows as OP_COLUMNS lists, their statistics resolved from `fetched`."""
+    records = [(*_ROW_FIELDS(row), *_PENDING_FIELDS(row.stats), *row.stats.values(fetched)) for row in rows]
+    names = (*_ROW_COLUMNS, *_PENDING_COLUMNS, *STAT_COLUMNS)
+    return {
+        "step": [step] * len(rows),
+        "key": [f"{step}/{row.phase}/{row.module}/{row.op}#{row.call_index}" for row in rows],
+        **{name: list(column) for name, column in zip(names, zip(*records))},
+        **({} if records else {name: [] for name in names}),
+    }
