@@ -3,10 +3,15 @@ phase that torch.utils.module_tracker.ModuleTracker would report, at a cost clos
 
 Why it is cheap:
 - on the CPU, a tensor's statistics are taken in one pass by the optional C extension `verify._stats` (torch needs
-  three: aminmax, sum and vector_norm); without it, as on other devices, by the reductions below;
-- statistics are reductions left on the device; they are stacked and fetched once per step (`StatBatch.fetch`), so
-  there is no host sync per op;
-- without the C extension, a small tensor's reductions cost mostly the fixed overhead of each call, so small
+  three: aminmax, sum and vector_norm); without it, by torch's reductions below;
+- on an accelerator (CUDA, or the NPU through the same torch.get_device_module code) statistics stay on the device
+  until the step ends (`DeviceStats`: small tensors cost one copy and are reduced together by segment_reduce, large
+  ones by a few reductions at once); `StatBatch.ship` copies a step's statistics to pinned host memory once per
+  device, on a side stream, and the bootstrap reads them a step later where the copy is not done yet: no host sync
+  per op, nor per step. `StatBatch(device_path_on_cpu=True)` runs that code on CPU tensors, for tests;
+- ops are seen by a dispatch mode, not by module and autograd-node hooks, which see modules and not the aten ops
+  inside them (a functional call, the loss's arithmetic): hooks would give other records;
+- on the CPU without the C extension, a small tensor's reductions cost mostly the fixed overhead of each call, so small
   tensors are copied (one call) and reduced many at a time (`SmallTensorStats`); only large tensors are reduced one
   by one, while still in cache;
 - NaN/inf counting needs two extra passes that are slow on CPU; there, where reading a number is not a device sync,
