@@ -53,6 +53,7 @@ from verify.capture import (
     TensorSaver,
     has_readable_data,
     host_array,
+    step_columns,
     summarize,
     tensors_in,
 )
@@ -195,6 +196,7 @@ class StepRecorder:
         self._grads: list[tuple[str, Any]] = []
         self._stepping: list[tuple[str, Any]] = []  # (name, parameter) of the optimizer whose step() is running
         self._outputs: list[tuple[str, Any, str]] = []
+        self._unwritten: tuple | None = None  # an ended step whose statistics were still on their way
 
     # -- installation -------------------------------------------------------------------------------------------
 
@@ -433,35 +435,64 @@ class StepRecorder:
             self._outputs.append((name, summarize(tensor, self.batch), saved))
 
     def _end_step(self) -> None:
+        """Ends the step and writes it once its statistics are on the host. They are shipped (one copy per device,
+        off the compute stream); where the copy is not done yet (a GPU still running the step), the step is written
+        at the end of the next one, by when it is, so the device never waits for the host. The last step asked for
+        is written at once; one a run ends after, by discard_partial_step (a run killed loses it)."""
         step = self.steps_done
         with self._own_work():
-            fetched = self.batch.fetch()
-            ops = self.capture.take_step(step, fetched) if self.capture is not None else None
-        losses = [
-            (step, micro, fetched(handle)[0], scale, round(wall_ms, 3))
-            for micro, handle, scale, wall_ms in self._losses
-        ]
-        if self._carried_grads is not None and fetched(self._carried_grads)[0] > 0:
-            self.manifest.grads_carried_steps.append(step)
+            shipment = self.batch.ship()
+            ops = self.capture.close_step(step) if self.capture is not None else None
+        outputs = self._outputs if self.manifest.inference else None
+        ended = (step, shipment, ops, self._losses, self._hparams, self._grads, outputs, self._carried_grads)
         self._carried_grads = None
         if self.twin is not None:
             self.manifest.loss_scaler = self.twin.record()
-        self.writer.append_losses(losses)
-        self.writer.append_hparams(self._hparams)
-        self._write_stats(GRADS_DIR, step, "param", self._grads, fetched)
-        if self.manifest.inference:
-            named = [(name, stats) for name, stats, _ in self._outputs]
-            saved = [saved for _, _, saved in self._outputs]
-            self._write_stats(OUTPUTS_DIR, step, "output", named, fetched, tensor_file=saved)
-        if ops is not None:
-            self.writer.write_step_table(OPS_DIR, step, ops)
         self._losses, self._hparams, self._grads, self._outputs = [], [], [], []
         self.steps_done += 1
         self.manifest.steps_completed = self.steps_done
         self.manifest.step_wall_s.append(round(time.perf_counter() - self._step_started, 6))
+        previous, self._unwritten = self._unwritten, ended
+        if previous is not None:
+            self._write_step(*previous)
+        last = self.steps_done >= self.manifest.steps_requested
+        if last or shipment.arrived():
+            self._write_unwritten()
         write_manifest(self.run_dir, self.manifest)
         self._step_started = time.perf_counter()
-        self._stop_if_done(step, [row[2] for row in losses])
+        if last:
+            raise StopRun(Status.OK, f"ran the {self.steps_done} requested steps")
+
+    def _write_unwritten(self) -> None:
+        unwritten, self._unwritten = self._unwritten, None
+        if unwritten is not None:
+            self._write_step(*unwritten)
+
+    def _write_step(self, step: int, shipment, ops, losses, hparams, grads, outputs, carried_grads) -> None:
+        """Writes an ended step's records; a NaN or inf loss stops the run there (a step ended after it is not kept)."""
+        with self._own_work():
+            fetched = shipment.read()
+        if carried_grads is not None and fetched(carried_grads)[0] > 0:
+            self.manifest.grads_carried_steps.append(step)
+        losses = [
+            (step, micro, fetched(handle)[0], scale, round(wall_ms, 3)) for micro, handle, scale, wall_ms in losses
+        ]
+        self.writer.append_losses(losses)
+        self.writer.append_hparams(hparams)
+        self._write_stats(GRADS_DIR, step, "param", grads, fetched)
+        if outputs is not None:
+            named = [(name, stats) for name, stats, _ in outputs]
+            saved = [saved for _, _, saved in outputs]
+            self._write_stats(OUTPUTS_DIR, step, "output", named, fetched, tensor_file=saved)
+        if ops is not None:
+            self.writer.write_step_table(OPS_DIR, step, step_columns(step, ops, fetched))
+        bad = [loss for _, _, loss, _, _ in losses if not math.isfinite(loss)]
+        if bad:
+            self._unwritten = None
+            self.steps_done = self.manifest.steps_completed = step + 1
+            del self.manifest.step_wall_s[step + 1 :]
+            write_manifest(self.run_dir, self.manifest)
+            raise StopRun(Status.NAN, f"loss is {bad[0]} at step {step}")
 
     def _write_stats(self, folder: str, step: int, label: str, named, fetched, **extra: list[Any]) -> None:
         """One row per (name, PendingStats) of `named`, the name in column `label` (grads: "param", outputs:
@@ -477,15 +508,13 @@ class StepRecorder:
         }
         self.writer.write_step_table(folder, step, columns)
 
-    def _stop_if_done(self, step: int, losses: list[float]) -> None:
-        bad = [loss for loss in losses if not math.isfinite(loss)]
-        if bad:
-            raise StopRun(Status.NAN, f"loss is {bad[0]} at step {step}")
-        if self.steps_done >= self.manifest.steps_requested:
-            raise StopRun(Status.OK, f"ran the {self.steps_done} requested steps")
-
     def discard_partial_step(self) -> None:
-        """Work after the last completed step (a validation loop, say) belongs to no step."""
+        """Writes the last completed step, where the run ended without writing it, and drops the work after it (a
+        validation loop, say), which belongs to no step."""
+        try:
+            self._write_unwritten()
+        except StopRun as stop:  # that step's loss is NaN: the run stopped there, whatever came after
+            self.manifest.status, self.manifest.message, self.manifest.exit_code = stop.status.value, stop.message, 1
         self.batch.fetch()
         if self.capture is not None:
             self.capture.discard_step(self.steps_done)

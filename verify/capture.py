@@ -3,10 +3,15 @@ phase that torch.utils.module_tracker.ModuleTracker would report, at a cost clos
 
 Why it is cheap:
 - on the CPU, a tensor's statistics are taken in one pass by the optional C extension `verify._stats` (torch needs
-  three: aminmax, sum and vector_norm); without it, as on other devices, by the reductions below;
-- statistics are reductions left on the device; they are stacked and fetched once per step (`StatBatch.fetch`), so
-  there is no host sync per op;
-- without the C extension, a small tensor's reductions cost mostly the fixed overhead of each call, so small
+  three: aminmax, sum and vector_norm); without it, by torch's reductions below;
+- on an accelerator (CUDA, or the NPU through the same torch.get_device_module code) statistics stay on the device
+  until the step ends (`DeviceStats`: small tensors cost one copy and are reduced together by segment_reduce, large
+  ones by a few reductions at once); `StatBatch.ship` copies a step's statistics to pinned host memory once per
+  device, on a side stream, and the bootstrap reads them a step later where the copy is not done yet: no host sync
+  per op, nor per step. `StatBatch(device_path_on_cpu=True)` runs that code on CPU tensors, for tests;
+- ops are seen by a dispatch mode, not by module and autograd-node hooks, which see modules and not the aten ops
+  inside them (a functional call, the loss's arithmetic): hooks would give other records;
+- on the CPU without the C extension, a small tensor's reductions cost mostly the fixed overhead of each call, so small
   tensors are copied (one call) and reduced many at a time (`SmallTensorStats`); only large tensors are reduced one
   by one, while still in cache;
 - NaN/inf counting needs two extra passes that are slow on CPU; there, where reading a number is not a device sync,
@@ -63,36 +68,132 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 class StatBatch:
-    """0-d statistic tensors left on their device until the step ends, then fetched with one stack per
-    (device, dtype): one transfer per step instead of one per tensor, and no per-tensor stack either. Numbers
-    already on the host (`add_numbers`) are handed back through the same handles."""
+    """Statistics left on their devices until the step ends, then shipped to the host with one copy per device
+    (`ship`), read later (`Shipment.read`): no host sync per op, nor per (device, dtype).
+
+    On an accelerator the copy runs on a side stream into pinned memory, so a caller that reads a step's numbers
+    only once the next step is queued (the bootstrap writes step N's records at the end of step N+1) never makes the
+    device wait for the host. Tensors on an accelerator are reduced there (`DeviceStats`); CPU tensors on the host
+    (the C extension, `SmallTensorStats`), unless `device_path_on_cpu`, which sends them through the accelerator's
+    code (tests drive it on CPU tensors). Numbers already on the host (`add_numbers`) come back through the same
+    handles."""
 
     _NUMBERS = "numbers"  # the group of host numbers
+    _ROWS = "rows"  # keys (device, dtype, _ROWS): groups of 1-d tensors (DeviceStats' per-tensor rows)
 
-    def __init__(self) -> None:
+    def __init__(self, device_path_on_cpu: bool = False) -> None:
+        self.device_path_on_cpu = device_path_on_cpu
         self._groups: dict[Any, list[Any]] = {}
+        self._sizes: dict[Any, int] = {}
         self._producers: list[Callable[[], None]] = []
+        self._side_copies: dict[torch.device, _SideCopy] = {}
+        self.device_stats = DeviceStats(self)
+
+    def keeps_on_device(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor`'s statistics are reduced by torch on its device and read only after the step's copy."""
+        return not tensor.is_cpu or self.device_path_on_cpu
 
     def add(self, *scalars: torch.Tensor) -> Handle:
-        return self._extend((scalars[0].device, scalars[0].dtype), scalars)
+        """0-d tensors of one device and dtype."""
+        return self._extend((scalars[0].device, scalars[0].dtype), scalars, len(scalars))
+
+    def add_rows(self, rows: torch.Tensor) -> tuple[Any, int]:
+        """A 2-d tensor of statistics, one row per tensor; returns (key, offset of its first element): the handle of
+        row i is (key, offset + i * width, width)."""
+        key = (rows.device, rows.dtype, self._ROWS)
+        return key, self._extend(key, [rows.reshape(-1)], rows.numel())[1]
 
     def add_numbers(self, *numbers: float) -> Handle:
-        return self._extend(self._NUMBERS, numbers)
+        return self._extend(self._NUMBERS, numbers, len(numbers))
 
-    def _extend(self, key: Any, values: Sequence[Any]) -> Handle:
-        group = self._groups.setdefault(key, [])
+    def _extend(self, key: Any, values: Sequence[Any], size: int) -> Handle:
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = []
+            self._sizes[key] = 0
         group.extend(values)
-        return key, len(group) - len(values), len(values)
+        start = self._sizes[key]
+        self._sizes[key] = start + size
+        return key, start, size
 
     def before_fetch(self, producer: Callable[[], None]) -> None:
-        """`producer` runs at the start of every fetch, to add what its owner computes in batches."""
+        """`producer` runs at the start of every ship, to add what its owner computes in batches."""
         self._producers.append(producer)
 
-    def fetch(self) -> Callable[[Handle], list[float]]:
+    def ship(self) -> Shipment:
+        """Starts the copy of everything added so far (one per device, the groups' bytes end to end) and starts
+        the next batch. Queued on the device's current stream: call it where the step's work is queued."""
         for producer in self._producers:
             producer()
-        groups, self._groups = self._groups, {}
-        values = {key: group if key == self._NUMBERS else torch.stack(group).tolist() for key, group in groups.items()}
+        groups, self._groups, self._sizes = self._groups, {}, {}
+        numbers = groups.pop(self._NUMBERS, [])
+        on_devices: dict[torch.device, list[tuple[Any, torch.Tensor]]] = {}
+        for key, group in groups.items():
+            flat = torch.cat(group) if key[2:] == (self._ROWS,) else torch.stack(group)
+            on_devices.setdefault(key[0], []).append((key, flat))
+        places: dict[Any, tuple[torch.device, int, int]] = {}  # key: (device, first byte, bytes)
+        copies: dict[torch.device, tuple[torch.Tensor, Any]] = {}
+        for device, flats in on_devices.items():
+            start = 0
+            for key, flat in flats:
+                places[key] = (device, start, flat.numel() * flat.element_size())
+                start += places[key][2]
+            as_bytes = torch.cat([flat.view(torch.uint8) for _, flat in flats])
+            side = self._side_copies.get(device) or self._side_copies.setdefault(device, _SideCopy(device))
+            copies[device] = side.start(as_bytes)
+        return Shipment(numbers, places, copies)
+
+    def fetch(self) -> Callable[[Handle], list[float]]:
+        """ship() and read at once (a sync: for callers that need the numbers now)."""
+        return self.ship().read()
+
+
+class _SideCopy:
+    """The per-step copy of one device's statistics to the host, on a side stream into pinned memory, so that the
+    device's compute stream goes on at once. Written once for every accelerator through torch.get_device_module:
+    CUDA, and the NPU, whose torch.npu streams and events mirror torch.cuda's. On the CPU (the device path forced
+    in tests) torch.cpu's stand-ins, where the copy is done when it returns."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._module = torch.get_device_module(device.type)
+        self._accelerator = device.type != "cpu"
+        self._stream = self._module.Stream(device=device) if self._accelerator else self._module.Stream()
+
+    def start(self, values: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Queues the copy of `values` after the work queued so far; returns (host tensor, event of its end)."""
+        self._stream.wait_stream(self._module.current_stream(self._device))
+        with self._module.stream(self._stream):
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=self._accelerator)
+            host.copy_(values, non_blocking=self._accelerator)
+            done = self._module.Event()
+            done.record(self._stream)
+        if self._accelerator:  # made on the compute stream, read on the side one: not to be reused before
+            values.record_stream(self._stream)
+        return host, done
+
+
+class Shipment:
+    """One step's statistics on their way to the host; `read` waits for the copies (long done, where it is called
+    a step later) and hands back the numbers by handle."""
+
+    def __init__(self, numbers: list[float], places: dict[Any, tuple[torch.device, int, int]],
+                 copies: dict[torch.device, tuple[torch.Tensor, Any]]) -> None:
+        self._numbers = numbers
+        self._places = places
+        self._copies = copies
+
+    def arrived(self) -> bool:
+        """Whether every copy is done (on the CPU at once), so that `read` would not wait."""
+        return all(done.query() for _, done in self._copies.values())
+
+    def read(self) -> Callable[[Handle], list[float]]:
+        for _, done in self._copies.values():
+            done.synchronize()
+        values: dict[Any, list[float]] = {StatBatch._NUMBERS: self._numbers}
+        for key, (device, start, size) in self._places.items():
+            host = self._copies[device][0]
+            values[key] = host[start : start + size].clone().view(key[1]).tolist()  # clone: aligned for the view
         return lambda handle: values[handle[0]][handle[1] : handle[1] + handle[2]]
 
 
@@ -161,13 +262,18 @@ def has_statistics(tensor: torch.Tensor) -> bool:
     return has_readable_data(tensor) and not tensor.dtype.is_complex
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What floating statistics are computed and kept in: float64 for float64, float32 for every other dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def reductions(values: torch.Tensor, dim: int | None) -> list[torch.Tensor]:
     """min and max, and for floating point also sum and L2 norm, over `dim` (None: the whole tensor). Floating
     results are all in the accumulation dtype (float32, float64 for float64), so that they stack together."""
     low, high = torch.aminmax(values, dim=dim)
     if not values.is_floating_point():
         return [low, high]
-    accumulate = torch.float64 if values.dtype == torch.float64 else torch.float32
+    accumulate = accumulation_dtype(values.dtype)
     if values.dtype != accumulate:
         low, high = low.to(accumulate), high.to(accumulate)
     total = values.sum(dim, dtype=accumulate)
@@ -175,27 +281,102 @@ def reductions(values: torch.Tensor, dim: int | None) -> list[torch.Tensor]:
 
 
 def summarize(tensor: torch.Tensor, batch: StatBatch, small: SmallTensorStats | None = None) -> PendingStats:
-    """A tensor's dtype, shape and numel, with its statistics queued: on the CPU by verify._stats, else by torch's
-    reductions (small CPU tensors by `small` when given). Callers outside the dispatch mode hold torch.no_grad()."""
+    """A tensor's dtype, shape and numel, with its statistics queued: on an accelerator (or where the batch sends CPU
+    tensors the same way) by `batch.device_stats`, on the CPU by verify._stats, else by torch's reductions (small
+    CPU tensors by `small` when given). Callers outside the dispatch mode hold torch.no_grad()."""
     stats = describe(tensor)
+    if not has_statistics(tensor):
+        return stats
+    if batch.keeps_on_device(tensor):
+        batch.device_stats.add(tensor, stats)
+        return stats
     kind = native_kind(tensor)
     if kind is not None:
-        if stats.numel:
-            summarize_natively(tensor, kind, stats)
-    elif has_statistics(tensor):
-        if small is not None and small.takes(tensor, stats.numel):
-            small.add(tensor, stats)
-        else:
-            queue_reductions(tensor, stats, batch)
+        summarize_natively(tensor, kind, stats)
+    elif small is not None and small.takes(tensor, stats.numel):
+        small.add(tensor, stats)
+    else:
+        queue_reductions(tensor, stats, batch)
     return stats
 
 
 def queue_reductions(tensor: torch.Tensor, stats: PendingStats, batch: StatBatch) -> None:
+    """The reductions of one tensor, left where they are computed. On the host path, a large tensor's NaN and inf
+    counts are taken only where its sum is not finite (any NaN or inf makes it so; reading it there is no sync);
+    on the device path they are always queued, as reading the sum would wait for the device."""
     values = reductions(tensor, None)
     stats.extremes_and_sums = batch.add(*values)
-    # Any NaN or inf makes the sum NaN or inf, so a finite sum means no NaN and no inf.
-    if len(values) == 4 and (not tensor.is_cpu or not math.isfinite(values[2].item())):
+    if len(values) == 4 and (batch.keeps_on_device(tensor) or not math.isfinite(values[2].item())):
         stats.nonfinite_counts = batch.add(tensor.isnan().sum(), tensor.isinf().sum())
+
+
+class DeviceStats:
+    """Statistics of tensors that stay on their device until the step is shipped (`StatBatch.keeps_on_device`), with
+    no host sync. A large floating tensor is reduced at once, while the op that wrote it may have left it in cache
+    (`queue_reductions`, a handful of kernels); integer and bool ones too (one aminmax). A small floating tensor, whose
+    reductions would cost mostly their launches, costs one: a copy in its accumulation dtype (an in-place op may
+    overwrite it later in the step). At ship time, or once the copies hold MAX_ELEMENTS, the copies of one (device,
+    dtype) are laid end to end and torch.segment_reduce reduces all of them at once, a few kernels for the lot."""
+
+    LARGEST = 1 << 16  # elements
+    MAX_ELEMENTS = 1 << 22
+    _WIDTH = 6  # a row: min, max, sum, L2 norm, NaN count, inf count
+
+    def __init__(self, batch: StatBatch) -> None:
+        self._batch = batch
+        self._copies: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[PendingStats]]] = {}
+        self._elements = 0
+        batch.before_fetch(self.reduce)
+
+    def add(self, tensor: torch.Tensor, stats: PendingStats) -> None:
+        if stats.numel > self.LARGEST or not tensor.is_floating_point():
+            queue_reductions(tensor, stats, self._batch)
+            return
+        accumulate = accumulation_dtype(tensor.dtype)
+        copies, owners = self._copies.setdefault((tensor.device, accumulate), ([], []))
+        copies.append(tensor.to(accumulate, memory_format=torch.contiguous_format, copy=True).view(-1))
+        owners.append(stats)
+        self._elements += stats.numel
+        if self._elements >= self.MAX_ELEMENTS:
+            self.reduce()
+
+    def discard(self) -> None:
+        self._copies, self._elements = {}, 0
+
+    def reduce(self) -> None:
+        """Adds one row of statistics per copy to the batch, still on the device, and drops the copies."""
+        waiting, self._copies, self._elements = self._copies, {}, 0
+        for (device, _), (copies, owners) in waiting.items():
+            lengths = _on_device([stats.numel for stats in owners], device)
+            key, offset = self._batch.add_rows(self._rows(torch.cat(copies), lengths))
+            for position, stats in enumerate(owners):
+                first = offset + position * self._WIDTH
+                stats.extremes_and_sums = (key, first, 4)
+                stats.nonfinite_counts = (key, first + 4, 2)
+
+    @staticmethod
+    def _rows(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        def per_tensor(data: torch.Tensor, reduction: str) -> torch.Tensor:
+            # unsafe: no check of the lengths, which would read them back to the host (a sync)
+            return torch.segment_reduce(data, reduction, lengths=lengths, unsafe=True)
+
+        columns = [
+            per_tensor(values, "min"),
+            per_tensor(values, "max"),
+            per_tensor(values, "sum"),
+            per_tensor(values * values, "sum").sqrt(),
+            per_tensor(values.isnan().to(values.dtype), "sum"),
+            per_tensor(values.isinf().to(values.dtype), "sum"),
+        ]
+        return torch.stack(columns, dim=1)
+
+
+def _on_device(numbers: list[int], device: torch.device) -> torch.Tensor:
+    """An int64 tensor on `device`, copied from pinned memory without waiting (torch keeps the pinned block until
+    the copy is done)."""
+    if device.type == "cpu":
+        return torch.tensor(numbers, dtype=torch.int64)
+    return torch.tensor(numbers, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
 
 
 # What verify._stats reads each dtype as (bool is one byte, 0 or 1).
@@ -667,17 +848,14 @@ class OpCapture:
 
     def take_step(self, step: int, fetched: Callable[[Handle], list[float]]) -> dict[str, list[Any]]:
         """The rows of `step` as OP_COLUMNS lists (statistics resolved from `fetched`); starts the next step."""
+        return step_columns(step, self.close_step(step), fetched)
+
+    def close_step(self, step: int) -> list[OpRow]:
+        """The rows of `step`, whose statistics may still be on their way (`step_columns` resolves them once read);
+        starts the next step."""
         rows = self.rows
-        records = [(*_ROW_FIELDS(row), *_PENDING_FIELDS(row.stats), *row.stats.values(fetched)) for row in rows]
-        names = (*_ROW_COLUMNS, *_PENDING_COLUMNS, *STAT_COLUMNS)
-        columns: dict[str, list[Any]] = {
-            "step": [step] * len(rows),
-            "key": [f"{step}/{row.phase}/{row.module}/{row.op}#{row.call_index}" for row in rows],
-            **{name: list(column) for name, column in zip(names, zip(*records))},
-            **({} if records else {name: [] for name in names}),
-        }
         self.discard_step(step + 1)
-        return columns
+        return rows
 
     def discard_step(self, next_step: int) -> None:
         self.small_tensors.discard()
@@ -687,3 +865,15 @@ class OpCapture:
         self._seq = 0
         self._call_counts = {}
         self._step = next_step
+
+
+def step_columns(step: int, rows: list[OpRow], fetched: Callable[[Handle], list[float]]) -> dict[str, list[Any]]:
+    """A step's rows as OP_COLUMNS lists, their statistics resolved from `fetched`."""
+    records = [(*_ROW_FIELDS(row), *_PENDING_FIELDS(row.stats), *row.stats.values(fetched)) for row in rows]
+    names = (*_ROW_COLUMNS, *_PENDING_COLUMNS, *STAT_COLUMNS)
+    return {
+        "step": [step] * len(rows),
+        "key": [f"{step}/{row.phase}/{row.module}/{row.op}#{row.call_index}" for row in rows],
+        **{name: list(column) for name, column in zip(names, zip(*records))},
+        **({} if records else {name: [] for name in names}),
+    }

@@ -80,10 +80,10 @@ def plain_runner() -> Callable[[int], None]:
 
 def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
     """verify's capture as the bootstrap uses it: ops recorded during forward and backward, the parameters after
-    optimizer.step() (not its ops one by one), one fetch and one table write per step. native=False: statistics by
+    optimizer.step() (not its ops one by one), one ship and one table write per step. native=False: statistics by
     torch's reductions, as where verify._stats (the C extension) is not built."""
     import verify.capture
-    from verify.capture import OpCapture, StatBatch
+    from verify.capture import OpCapture, StatBatch, step_columns
     from verify.schema import OPS_DIR, DumpMode
     from verify.store import RunWriter
 
@@ -105,8 +105,9 @@ def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
                 for _ in range(steps):
                     step()
                     index = next(counter)
-                    with capture.paused():
-                        writer.write_step_table(OPS_DIR, index, capture.take_step(index, batch.fetch()))
+                    with capture.paused():  # as StepRecorder._end_step, where the copy is done at once (CPU)
+                        shipment, rows = batch.ship(), capture.close_step(index)
+                        writer.write_step_table(OPS_DIR, index, step_columns(index, rows, shipment.read()))
         finally:
             verify.capture.native_stats = extension
 

@@ -278,3 +278,130 @@ def test_an_optimizer_step_is_recorded_as_its_updated_parameters():
     assert first["key"] == "0/optimizer/0.weight/update#0" and first["shape"] == "4x3"
     assert (first["min"], first["max"]) == (weight.min().item(), weight.max().item())
     assert first["mean"] == pytest.approx(weight.mean().item()) and records[-1]["seq"] == len(records) - 1
+
+
+# -- the device path: what runs on a GPU or NPU, driven here on CPU tensors (StatBatch(device_path_on_cpu=True)) --
+
+_ODD_SIZED = [
+    torch.tensor([1.0, -2.0, float("nan"), float("inf"), 4.0, float("nan")]),
+    torch.randn(3, 5).t(),  # not contiguous
+    torch.tensor(2.5),
+    torch.randn(7, dtype=torch.bfloat16),
+    torch.randn(9, dtype=torch.float16),
+    torch.randn(4, dtype=torch.float64),
+    torch.tensor([3, -7, 5]),
+    torch.tensor([True, False]),
+    torch.randn(100_000),  # large: reduced at once, not batched
+    torch.tensor([float("inf"), 1.0, -3.0]).repeat(30_000),  # large, with infinities
+    torch.randn(70_000, dtype=torch.float16),
+]
+
+
+def _same_statistics(got, expected, tolerance=1e-5):
+    assert {name for name, value in got.items() if value is None} == {n for n, v in expected.items() if v is None}
+    numbers = [name for name, value in expected.items() if value is not None]
+    assert [got[name] for name in numbers] == pytest.approx(
+        [expected[name] for name in numbers], rel=tolerance, abs=tolerance, nan_ok=True
+    )
+
+
+def test_the_device_path_gets_the_host_path_statistics_without_reading_any_number(monkeypatch):
+    host_batch = StatBatch()
+    expected = [summarize(tensor, host_batch) for tensor in _ODD_SIZED]
+    expected = [stats.resolve(host_batch.fetch()) for stats in expected]
+    device_batch = StatBatch(device_path_on_cpu=True)
+
+    def no_host_read(*args, **kwargs):
+        raise AssertionError("a statistic was read back to the host before the step's copy")
+
+    for reads_back in ("item", "tolist", "cpu", "numpy"):
+        monkeypatch.setattr(torch.Tensor, reads_back, no_host_read)
+    pending = [summarize(tensor, device_batch) for tensor in _ODD_SIZED]
+    shipment = device_batch.ship()
+    monkeypatch.undo()
+    fetched = shipment.read()
+    for tensor, stats, reference in zip(_ODD_SIZED, pending, expected):
+        _same_statistics(stats.resolve(fetched), reference, 1e-2 if tensor.dtype.itemsize == 2 else 1e-5)
+    assert pending[0].resolve(fetched)["nan_count"] == 2 and pending[9].resolve(fetched)["inf_count"] == 30_000
+
+
+def _small_cnn_step():
+    """(model, optimizer, step) of a small CNN under SGD with momentum: batched small tensors, and large ones (the
+    first linear layer's weight and its gradient) reduced at once."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Linear(4 * 8 * 8, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10),
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    inputs, targets = torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))
+
+    def step() -> float:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return model, optimizer, step
+
+
+def _cnn_steps(device_path, steps):
+    """Op records of `steps` training steps of the benchmark's small CNN, each read only once the next step is
+    shipped, as the bootstrap does where the copy is still under way on a GPU."""
+    model, optimizer, step = _small_cnn_step()
+    parameters = list(model.named_parameters())
+    batch = StatBatch(device_path_on_cpu=device_path)
+    capture = OpCapture(DumpMode.STATS, batch)
+    optimizer.register_step_pre_hook(lambda *_: capture.optimizer_step_begins())
+    optimizer.register_step_post_hook(lambda *_: capture.optimizer_step_ends(parameters))
+    shipped, columns = [], []
+    with capture:
+        for index in range(steps):
+            step()
+            with capture.paused():
+                shipped.append((index, capture.close_step(index), batch.ship()))
+                if len(shipped) == 2:
+                    columns.append(_read(*shipped.pop(0)))
+    columns.append(_read(*shipped.pop(0)))
+    return columns
+
+
+def _read(index, rows, shipment):
+    from verify.capture import step_columns
+
+    return step_columns(index, rows, shipment.read())
+
+
+def test_a_training_step_on_the_device_path_records_what_the_host_path_records(monkeypatch):
+    """Same op records, key by key, whether the statistics are taken on the host at once or left on the device,
+    batched, copied once per step and read a step later (after the optimizer has changed the parameters in place)."""
+    import verify.capture
+
+    copies = []
+    start = verify.capture._SideCopy.start
+    monkeypatch.setattr(verify.capture._SideCopy, "start", lambda self, values: copies.append(1) or start(self, values))
+    on_device = _cnn_steps(device_path=True, steps=3)
+    assert len(copies) == 3  # one copy per step, for all of its statistics
+    on_host = _cnn_steps(device_path=False, steps=3)
+    for device_step, host_step in zip(on_device, on_host, strict=True):
+        assert device_step["key"] == host_step["key"] and device_step["shape"] == host_step["shape"]
+        for device_row, host_row in zip(rows(device_step), rows(host_step)):
+            _same_statistics({name: device_row[name] for name in verify.capture.STAT_COLUMNS},
+                             {name: host_row[name] for name in verify.capture.STAT_COLUMNS}, 1e-4)
+    assert {"forward", "backward", "optimizer"} <= set(on_device[0]["phase"])
+
+
+def test_capture_on_the_device_path_does_not_change_the_losses():
+    """Bit-identical training: the losses of steps with capture (device path) equal those without it."""
+    _, _, plain_step = _small_cnn_step()
+    plain = [plain_step() for _ in range(4)]
+    _, _, step = _small_cnn_step()
+    batch = StatBatch(device_path_on_cpu=True)
+    with OpCapture(DumpMode.STATS, batch) as capture:
+        captured = []
+        for index in range(4):
+            captured.append(step())
+            with capture.paused():
+                capture.take_step(index, batch.fetch())
+    assert captured == plain

@@ -1,0 +1,117 @@
+"""verify's op capture on a CUDA GPU: it changes no number of the training, its statistics are those taken on the
+host, and it makes no host synchronisation while the steps run (issue 10).
+
+The workloads are those of tests/perf/bench_capture_gpu.py, driven by its BootstrapLikeCapture, which ends steps as
+verify/bootstrap.py does.
+"""
+
+import os
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; read when CUDA starts
+
+import importlib.util  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from verify.capture import STAT_COLUMNS, OpCapture, StatBatch, summarize  # noqa: E402
+from verify.schema import DumpMode  # noqa: E402
+
+STEPS = 4
+
+
+def _bench():
+    path = Path(__file__).parents[1] / "perf" / "bench_capture_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_capture_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def deterministic():
+    """Deterministic kernels, cuDNN without autotuning, and attention by its math backend (flash attention's
+    backward is not deterministic); warn_only, as the test first checks that the plain run repeats itself."""
+    settings = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+    with sdpa_kernel(SDPBackend.MATH):
+        yield
+    torch.use_deterministic_algorithms(settings[0], warn_only=settings[1])
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = settings[2:]
+
+
+@pytest.mark.parametrize("name", ["cnn", "gpt"])
+def test_capture_changes_no_loss_bit_for_bit(name, deterministic, tmp_path):
+    bench = _bench()
+    device = torch.device("cuda")
+
+    def plain_losses() -> list[float]:
+        workload = bench.make_workload(name, device)
+        return [loss.item() for loss in [workload.step() for _ in range(STEPS)]]
+
+    plain = plain_losses()
+    assert plain_losses() == plain, "the plain run does not repeat itself: a kernel here is not deterministic"
+    captured = bench.BootstrapLikeCapture(bench.make_workload(name, device), tmp_path).run(STEPS)
+    assert captured == plain  # float32 losses, compared as exact Python floats: bit for bit
+
+
+def test_device_statistics_equal_the_host_statistics():
+    torch.manual_seed(0)
+    tensors = [
+        torch.randn(1000) * 3 + 1,  # small: batched with the other small ones
+        torch.randn(300, 70).t(),  # not contiguous
+        torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 2.0] * 7),
+        torch.randn(5000, dtype=torch.float16),
+        torch.randn(5000, dtype=torch.bfloat16),
+        torch.randn(4, dtype=torch.float64),
+        torch.randn(1 << 20),  # large: reduced at once
+        torch.tensor([float("inf"), 1.0, -3.0]).repeat(40_000),
+        torch.randint(-50, 50, (999,)),
+        torch.rand(50) > 0.5,
+    ]
+    host_batch, device_batch = StatBatch(), StatBatch()
+    on_host = [summarize(tensor, host_batch) for tensor in tensors]
+    on_device = [summarize(tensor.cuda(), device_batch) for tensor in tensors]
+    host_fetched, device_fetched = host_batch.fetch(), device_batch.ship().read()
+    for tensor, expected, got in zip(tensors, on_host, on_device):
+        expected, got = expected.resolve(host_fetched), got.resolve(device_fetched)
+        assert {name for name, value in got.items() if value is None} == {n for n, v in expected.items() if v is None}
+        numbers = [name for name in STAT_COLUMNS if expected[name] is not None]
+        tolerance = 1e-2 if tensor.dtype in (torch.float16, torch.bfloat16) else 1e-5
+        assert [got[name] for name in numbers] == pytest.approx(
+            [expected[name] for name in numbers], rel=tolerance, abs=tolerance, nan_ok=True
+        ), (tensor.dtype, tensor.shape)
+
+
+def test_captured_steps_never_wait_for_the_device():
+    """No host synchronisation from the first op of a step to the ship of its statistics: torch's sync debug mode
+    raises on any (.item(), .tolist(), a copy to pageable memory, a size read back from the device)."""
+    bench = _bench()
+    workload = bench.make_workload("cnn", torch.device("cuda"))
+    workload.step()  # cuDNN plans and lazy initialisation outside the checked part
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        workload.step()  # the premise: the plain step itself never waits
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    batch = StatBatch()
+    capture = OpCapture(DumpMode.STATS, batch)
+    parameters = list(workload.model.named_parameters())
+    workload.optimizer.register_step_pre_hook(lambda *_: capture.optimizer_step_begins())
+    workload.optimizer.register_step_post_hook(lambda *_: capture.optimizer_step_ends(parameters))
+    with capture:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for index in range(2):
+                workload.step()
+                with capture.paused():
+                    shipment, rows = batch.ship(), capture.close_step(index)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    fetched = shipment.read()
+    assert rows and all(row.stats.values(fetched)[0] is not None for row in rows if row.stats.dtype == "float32")
