@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from verify.align import RELATED_OPS
-from verify.compare import HALF_DTYPES, Finding, FindingCode
+from verify.compare import Finding, FindingCode
+from verify.schema import HALF_DTYPES
 
 # Ops whose GPU kernels accumulate with atomics, so two runs of the same script differ (PyTorch's reproducibility
 # notes; Huawei's precision advice lists embedding backward too).

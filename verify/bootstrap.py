@@ -47,7 +47,6 @@ from torch.utils._pytree import tree_flatten
 from verify import devices
 from verify.capture import (
     Handle,
-    STAT_COLUMNS,
     OpCapture,
     StatBatch,
     TensorSaver,
@@ -58,13 +57,12 @@ from verify.capture import (
     tensors_in,
 )
 from verify import environment
-from verify.schema import (GRADS_DIR, LOSS_SCALER_ENV, OPS_DIR, OUTPUTS_DIR, DumpMode, LossScalerPlan, RunManifest,
-                           Status, step_file)
+from verify.schema import (AUTOCAST_DTYPES, GRADS_DIR, LOSS_SCALER_ENV, OPS_DIR, OUTPUTS_DIR, STAT_COLUMNS, DumpMode,
+                           LossScalerPlan, RunManifest, Status, step_file)
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
 
 OUTPUT_ARRAY_CAP_BYTES = 4 << 20  # inference outputs are saved for top-k agreement; logits of a batch fit easily
 _DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
-_AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 _VERIFY_DIR = str(Path(__file__).resolve().parent) + os.sep
 # Frames that an op passes through only because the capture's TorchDispatchMode is active: a traceback without them
 # reads as it would in a plain run.
@@ -599,7 +597,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
             if manifest.device == "cpu":
                 stack.enter_context(_cuda_autocast_casts_on_cpu())
                 manifest.extra["autocast_casts"] = "CUDA/NPU op lists (as the emulated NPU), not CPU autocast's own"
-            dtype = getattr(torch, _AUTOCAST_DTYPES[manifest.autocast])
+            dtype = getattr(torch, AUTOCAST_DTYPES[manifest.autocast])
             # No cast cache: it lives until the outermost autocast exits, which here is the end of the script, so the
             # weights' half-precision copies would stay those of step 0 while the optimizer updates the weights.
             stack.enter_context(torch.autocast(devices.autocast_device_type(manifest.device), dtype=dtype,

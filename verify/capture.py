@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
-from verify.schema import INPUT_OP, UPDATE_OP, DumpMode, Phase, TENSORS_DIR, step_file
+from verify.schema import INPUT_OP, STAT_COLUMNS, UPDATE_OP, DumpMode, Phase, TENSORS_DIR, step_file
 
 try:  # built by `pip install` where a C compiler is found (verify/_stats.c)
     from verify import _stats as native_stats
@@ -489,7 +489,6 @@ def md5_of(tensor: torch.Tensor) -> str:
     return hashlib.md5(raw.numpy().tobytes()).hexdigest()
 
 
-STAT_COLUMNS = ("min", "max", "mean", "l2_norm", "nan_count", "inf_count")
 _ROW_COLUMNS = ("seq", "phase", "module", "op", "call_index", "io", "md5", "tensor_file")
 _PENDING_COLUMNS = ("dtype", "shape", "numel")
 _ROW_FIELDS, _PENDING_FIELDS = operator.attrgetter(*_ROW_COLUMNS), operator.attrgetter(*_PENDING_COLUMNS)

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from verify import compare_cli, devices, pair
 from verify.runner import RunOptions, VerifyError, run_script
-from verify.schema import DumpMode, RunManifest, Status
+from verify.schema import EXIT_ERROR, EXIT_FAILED, EXIT_OK, DumpMode, RunManifest, Status
 from verify.store import read_losses, read_manifest
 
 stdout = Console(highlight=False, soft_wrap=True)
@@ -37,7 +37,6 @@ app = typer.Typer(
     help=__doc__,
 )
 
-EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 _SUCCESS = {Status.OK.value, Status.SHORT.value}
 _STYLES = {Status.OK.value: "bold green", Status.SHORT.value: "bold yellow"}
 

@@ -1,6 +1,6 @@
 """Compare a reference run with a ported run: loss curves, hyperparameters, operators, gradients, overflow, outputs.
 
-Pure computation over two `RunData` (read by compare_cli from a run directory or an msprobe dump): it returns a
+Pure computation over two `Run` (read by compare_cli from a run directory or an msprobe dump): it returns a
 `ComparisonResult` that report.py renders. It never imports torch, so a comparison runs on any laptop.
 
 The first divergent operator is the earliest op, in reference execution order, whose outputs break their tolerance
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,12 +23,9 @@ import pandas as pd
 
 from verify import environment, metrics, tolerances
 from verify.align import CARRIER_OPS, AlignStatus, align_ops
-from verify.store import RunDirError, resolve_inside
-from verify.schema import (GRAD_COLUMNS, HPARAM_COLUMNS, INPUT_OP, LOSS_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS,
-                           RunManifest, Status)
+from verify.store import Run, RunDirError
+from verify.schema import AUTOCAST_DTYPES, HALF_DTYPES, INPUT_OP, Status
 
-HALF_DTYPES = ("float16", "bfloat16")
-AUTOCAST_DTYPES = {"fp16": "float16", "float16": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 MATCHED = (AlignStatus.EXACT.value, AlignStatus.RELATED.value, AlignStatus.SEQUENCE.value)
 JUDGED_BY = ["stats", "md5", "tensor"]  # which evidence decided a matched row's `passed`
 # How few matched ops make two runs look like different scripts rather than a port of one script.
@@ -38,31 +34,6 @@ LOW_MATCH_SHARE = 0.5
 
 class CompareError(Exception):
     """Inputs that cannot be compared at all (unreadable run directory, unsafe path): exit code 2."""
-
-
-def empty_frame(columns: dict[str, str] | tuple[str, ...]) -> pd.DataFrame:
-    if isinstance(columns, dict):
-        return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in columns.items()})
-    return pd.DataFrame({name: pd.Series(dtype="object") for name in columns})
-
-
-@dataclass
-class RunData:
-    """One side of a comparison, whatever it was read from. Frames follow verify.schema's columns."""
-
-    root: Path
-    manifest: RunManifest
-    ops: pd.DataFrame = field(default_factory=lambda: empty_frame(OP_COLUMNS))
-    losses: pd.DataFrame = field(default_factory=lambda: empty_frame(LOSS_COLUMNS))
-    hparams: pd.DataFrame = field(default_factory=lambda: empty_frame(HPARAM_COLUMNS))
-    grads: pd.DataFrame = field(default_factory=lambda: empty_frame(GRAD_COLUMNS))
-    outputs: pd.DataFrame = field(default_factory=lambda: empty_frame(OUTPUT_COLUMNS))
-    source: str = "npu-port run directory"
-    notes: list[str] = field(default_factory=list)  # what was missing or skipped while reading
-
-    def load_array(self, relative: str) -> np.ndarray:
-        """A .npy file named by the run itself, confined to the run directory and never unpickled."""
-        return np.load(resolve_inside(self.root, relative), allow_pickle=False)
 
 
 @dataclass(frozen=True)
@@ -141,8 +112,8 @@ class Verdict:
 class ComparisonResult:
     verdict: Verdict
     policy: PrecisionPolicy
-    ref: RunData
-    actual: RunData
+    ref: Run
+    actual: Run
     loss: LossComparison
     ops: pd.DataFrame  # align_ops + metrics + tolerance + passed
     first_divergent: dict[str, Any] | None
@@ -204,9 +175,10 @@ def _json_safe(value: Any) -> Any:
 # --- precision policy ----------------------------------------------------------------------------------------------
 
 
-def amp_dtype(run: RunData) -> str:
+def amp_dtype(run: Run) -> str:
     """The half dtype a run computed its forward in: the autocast it was given, else what its ops show."""
-    imposed = AUTOCAST_DTYPES.get(run.manifest.autocast, "")
+    imposed = AUTOCAST_DTYPES.get(run.manifest.autocast, run.manifest.autocast if run.manifest.autocast in HALF_DTYPES
+                                  else "")
     if imposed:
         return imposed
     forward = run.ops.loc[run.ops["phase"] == "forward", "dtype"]
@@ -214,7 +186,7 @@ def amp_dtype(run: RunData) -> str:
     return str(seen.mode().iloc[0]) if len(seen) else ""
 
 
-def precision_policy(ref: RunData, actual: RunData, options: CompareOptions) -> PrecisionPolicy:
+def precision_policy(ref: Run, actual: Run, options: CompareOptions) -> PrecisionPolicy:
     ref_amp, actual_amp = amp_dtype(ref), amp_dtype(actual)
     if ref_amp == actual_amp:
         widen, loss_rtol = 1.0, tolerances.LOSS_RTOL
@@ -233,7 +205,7 @@ def precision_policy(ref: RunData, actual: RunData, options: CompareOptions) -> 
 # --- operators -----------------------------------------------------------------------------------------------------
 
 
-def op_metrics(aligned: pd.DataFrame, ref: RunData, actual: RunData, policy: PrecisionPolicy,
+def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPolicy,
                notes: list[str]) -> pd.DataFrame:
     """Adds statistic differences, the judged error, tolerances, tensor/md5 metrics and `passed` to aligned rows."""
     table = aligned
@@ -260,12 +232,12 @@ def op_metrics(aligned: pd.DataFrame, ref: RunData, actual: RunData, policy: Pre
     return table
 
 
-def skipped_steps(ref: RunData, actual: RunData) -> list[int]:
+def skipped_steps(ref: Run, actual: Run) -> list[int]:
     """Steps whose update a loss scaler skipped on either side: their gradients overflowed on purpose."""
     return sorted(set(ref.manifest.skipped_steps) | set(actual.manifest.skipped_steps))
 
 
-def _scaler_overflow(table: pd.DataFrame, ref: RunData, actual: RunData) -> np.ndarray:
+def _scaler_overflow(table: pd.DataFrame, ref: Run, actual: Run) -> np.ndarray:
     """Backward rows of a skipped step holding inf/nan on either side: dynamic loss scaling at work (compared by
     compare_overflow, skip for skip), not values to judge. An fp32 reference never overflows where its AMP port does."""
     nonfinite = (_has(table, "ref_nan_count") | _has(table, "ref_inf_count") | _has(table, "actual_nan_count")
@@ -297,7 +269,7 @@ def _judge_md5(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray, non
 
 
 def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray, nonfinite_agree: np.ndarray,
-                   judged_by: np.ndarray, limits: pd.DataFrame, ref: RunData, actual: RunData, notes: list[str]) -> np.ndarray:
+                   judged_by: np.ndarray, limits: pd.DataFrame, ref: Run, actual: Run, notes: list[str]) -> np.ndarray:
     """Tensor mode: full-tensor metrics for the (few) rows whose both sides saved their tensor."""
     rows = np.flatnonzero(matched & _filled(table["ref_tensor_file"]) & _filled(table["actual_tensor_file"]))
     ref_files, actual_files = table["ref_tensor_file"].to_numpy()[rows], table["actual_tensor_file"].to_numpy()[rows]
@@ -388,7 +360,7 @@ def _op_label(op: dict[str, Any]) -> str:
 # --- losses, hyperparameters, gradients, outputs ---------------------------------------------------------------------
 
 
-def compare_losses(ref: RunData, actual: RunData, rtol: float) -> LossComparison:
+def compare_losses(ref: Run, actual: Run, rtol: float) -> LossComparison:
     keys = ["step", "micro_step"]
     left = ref.losses.loc[:, ["step", "micro_step", "loss", "loss_scale"]].rename(
         columns={"loss": "ref_loss", "loss_scale": "ref_loss_scale"})
@@ -425,7 +397,7 @@ def _hparam_text(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def compare_hparams(ref: RunData, actual: RunData) -> pd.DataFrame:
+def compare_hparams(ref: Run, actual: Run) -> pd.DataFrame:
     """Every hyperparameter that differs, at the first step it differs: 'lr 0.1 vs 0.01 in group 0'. Only steps both
     runs made count: a run that stopped early (a crash, a NaN loss) has not lost its optimizer."""
     keys = [key for key in ("step", "optimizer", "group", "name") if key in ref.hparams and key in actual.hparams]
@@ -459,7 +431,7 @@ def _hparam_message(name: Any, ref_value: str, actual_value: str, group: Any, op
     return f"{name} {ref_value} vs {actual_value}{group_text}{optimizer_text}{since}"
 
 
-def compare_grads(ref: RunData, actual: RunData, rtol: float) -> pd.DataFrame:
+def compare_grads(ref: Run, actual: Run, rtol: float) -> pd.DataFrame:
     keys = ["step", "param"]
     columns = [*keys, "dtype", "norm", "nan_count", "inf_count"]
     # The gradients of a step a loss scaler skipped were never applied, and overflowed on purpose on the scaled side.
@@ -477,7 +449,7 @@ def compare_grads(ref: RunData, actual: RunData, rtol: float) -> pd.DataFrame:
     return merged.sort_values(keys).reset_index(drop=True)
 
 
-def compare_outputs(ref: RunData, actual: RunData, policy: PrecisionPolicy, notes: list[str]) -> pd.DataFrame:
+def compare_outputs(ref: Run, actual: Run, policy: PrecisionPolicy, notes: list[str]) -> pd.DataFrame:
     """Inference: the outermost module's outputs, by full tensors when saved, else by statistics."""
     keys = ["step", "output"]
     merged = ref.outputs.merge(actual.outputs, on=keys, how="inner", suffixes=("_ref", "_actual"))
@@ -529,7 +501,7 @@ def _first_nonfinite(ops: pd.DataFrame, skipped: list[int]) -> dict[str, Any] | 
             ("step", "seq", "phase", "module", "op", "io", "dtype", "nan_count", "inf_count")}
 
 
-def _scale_trace(run: RunData) -> dict[str, Any]:
+def _scale_trace(run: Run) -> dict[str, Any]:
     """The loss scale per step and how it moved. The first steps of dynamic loss scaling back off until the scale
     fits (the calibration): only drops after the first step that was not skipped count as overflows in training."""
     scale = pd.to_numeric(run.losses.groupby("step")["loss_scale"].first(), errors="coerce").dropna()
@@ -560,7 +532,7 @@ def _longest_unskipped_run(steps: pd.Index, skipped: set[int]) -> int:
     return longest
 
 
-def _one_sided_skips(ref: RunData, actual: RunData) -> list[dict[str, Any]]:
+def _one_sided_skips(ref: Run, actual: Run) -> list[dict[str, Any]]:
     """Steps where, under the same loss scale, one side's gradients overflowed and the other's did not. A reference
     that follows the port's scaler (the twin) skips the port's steps whatever happens, so its own overflows are in
     manifest.loss_scaler["overflowed"]; a side with its own GradScaler overflowed exactly at its skipped steps."""
@@ -577,7 +549,7 @@ def _one_sided_skips(ref: RunData, actual: RunData) -> list[dict[str, Any]]:
     return differing
 
 
-def compare_overflow(ref: RunData, actual: RunData) -> dict[str, Any]:
+def compare_overflow(ref: Run, actual: Run) -> dict[str, Any]:
     ref_first = _first_nonfinite(ref.ops, ref.manifest.skipped_steps)
     actual_first = _first_nonfinite(actual.ops, actual.manifest.skipped_steps)
     same_op = bool(ref_first and actual_first and all(
@@ -592,7 +564,7 @@ def compare_overflow(ref: RunData, actual: RunData) -> dict[str, Any]:
 # --- findings and the verdict ----------------------------------------------------------------------------------------
 
 
-def _run_findings(ref: RunData, actual: RunData) -> list[Finding]:
+def _run_findings(ref: Run, actual: Run) -> list[Finding]:
     findings = []
     for side, run in (("ref", ref), ("actual", actual)):
         status = run.manifest.status
@@ -604,7 +576,7 @@ def _run_findings(ref: RunData, actual: RunData) -> list[Finding]:
     return findings
 
 
-def _environment_finding(ref: RunData, actual: RunData, first: dict[str, Any] | None) -> list[Finding]:
+def _environment_finding(ref: Run, actual: Run, first: dict[str, Any] | None) -> list[Finding]:
     found = environment.differences(ref.manifest, actual.manifest)
     if not found:
         return []
@@ -612,7 +584,8 @@ def _environment_finding(ref: RunData, actual: RunData, first: dict[str, Any] | 
     message = f"environments differ in {len(found)} setting(s): " + "; ".join(d.text for d in found[:6]) + (
         f"; and {len(found) - 6} more (summary.json)" if len(found) > 6 else "")
     return [Finding(FindingCode.ENVIRONMENT_DIFFERS, message, {
-        "explains": "; ".join(d.text for d in explains), "op": (first or {}).get("op"), "step": (first or {}).get("step")})]
+        "explains": "; ".join(d.text for d in explains), "op": (first or {}).get("op"),
+        "step": (first or {}).get("step")})]
 
 
 def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
@@ -642,7 +615,7 @@ def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
     return findings
 
 
-def _grads_reset_findings(ref: RunData, actual: RunData) -> list[Finding]:
+def _grads_reset_findings(ref: Run, actual: Run) -> list[Finding]:
     """A side whose backward() finds the previous step's gradients still there accumulates across steps."""
     common = set(ref.losses["step"]) & set(actual.losses["step"])
     carried = [set(run.manifest.grads_carried_steps) & common for run in (ref, actual)]
@@ -657,7 +630,7 @@ def _grads_reset_findings(ref: RunData, actual: RunData) -> list[Finding]:
     return findings
 
 
-def _op_findings(first: dict[str, Any] | None, ref: RunData, actual: RunData, hparams: pd.DataFrame,
+def _op_findings(first: dict[str, Any] | None, ref: Run, actual: Run, hparams: pd.DataFrame,
                  inputs_differ: bool) -> list[Finding]:
     if first is None:
         return []
@@ -765,7 +738,7 @@ def _verdict(findings: list[Finding], loss: LossComparison, table: pd.DataFrame,
                          f"({policy.description.split(':')[0]})")
 
 
-def _step_notes(ref: RunData, actual: RunData) -> list[str]:
+def _step_notes(ref: Run, actual: Run) -> list[str]:
     notes = []
     ref_steps, actual_steps = set(ref.losses["step"].tolist()), set(actual.losses["step"].tolist())
     if ref_steps != actual_steps and ref_steps and actual_steps:
@@ -776,7 +749,7 @@ def _step_notes(ref: RunData, actual: RunData) -> list[str]:
     return notes
 
 
-def unscaled_backward(run: RunData) -> pd.DataFrame:
+def unscaled_backward(run: Run) -> pd.DataFrame:
     """The run's op records with the statistics of backward ops divided by the loss scale of their step: under a
     GradScaler every gradient flowing back is multiplied by the scale, so an fp32 reference and its scaled AMP port
     (or two sides under different scales) are compared on the gradients themselves."""
@@ -793,7 +766,7 @@ def unscaled_backward(run: RunData) -> pd.DataFrame:
     return ops
 
 
-def compare_runs(ref: RunData, actual: RunData, options: CompareOptions = CompareOptions()) -> ComparisonResult:
+def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions()) -> ComparisonResult:
     notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual)]
     policy = precision_policy(ref, actual, options)
     table = op_metrics(align_ops(unscaled_backward(ref), unscaled_backward(actual)), ref, actual, policy, notes)

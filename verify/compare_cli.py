@@ -18,31 +18,26 @@ import typer
 from rich.console import Console
 
 from verify import msprobe, report as reports
-from verify.compare import CompareError, CompareOptions, RunData, compare_runs
-from verify.store import RunDirError, read_run
+from verify.compare import CompareError, CompareOptions, compare_runs
+from verify.schema import EXIT_ERROR
+from verify.store import Run, RunDirError, read_run
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
-ERROR_EXIT = 2
 
 
-def read_run_directory(root: Path) -> RunData:
-    """A run directory via verify.store; what it had to skip becomes notes (shown in every report)."""
+def read_run_directory(root: Path) -> Run:
+    """A run directory via verify.store; what it had to skip is in the run's notes (shown in every report)."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the same problems come back as Run.warnings and are reported as notes
-            run = read_run(root)
+            warnings.simplefilter("ignore")  # the same problems come back as Run.notes
+            return read_run(root)
     except RunDirError as error:
         raise CompareError(f"{error} (and it is not an msprobe dump either)") from None
-    notes = list(run.warnings)
-    if run.losses.empty and not run.manifest.inference:
-        notes.append("no loss recorded")
-    return RunData(root=run.path, manifest=run.manifest, ops=run.ops, losses=run.losses, hparams=run.hparams,
-                   grads=run.grads, outputs=run.outputs, notes=notes)
 
 
-def read_side(path: Path) -> RunData:
+def read_side(path: Path) -> Run:
     """A verify run directory or an msprobe dump (any layout, see verify/msprobe.py)."""
     if not path.exists():
         raise CompareError(f"{path}: no such file or directory")
@@ -68,7 +63,7 @@ def compare(
             if out else []
     except (CompareError, OSError) as error:
         stderr.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(ERROR_EXIT) from None
+        raise typer.Exit(EXIT_ERROR) from None
     reports.print_summary(result, stdout, max_rows=max_rows)
     for path in written:
         stderr.print(f"wrote {path}")
@@ -83,11 +78,11 @@ def report(
         if (run_or_result / reports.SUMMARY_JSON).is_file():
             summary = json.loads((run_or_result / reports.SUMMARY_JSON).read_text(encoding="utf-8"))
             reports.print_saved_summary(summary, stdout)
-            raise typer.Exit(int(summary.get("exit_code", ERROR_EXIT)))
+            raise typer.Exit(int(summary.get("exit_code", EXIT_ERROR)))
         reports.print_run(read_side(run_or_result), stdout)
     except (CompareError, OSError, ValueError) as error:
         stderr.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(ERROR_EXIT) from None
+        raise typer.Exit(EXIT_ERROR) from None
 
 
 def export(
@@ -100,10 +95,10 @@ def export(
     """Export a run's operator records as an msprobe dump that `msprobe compare` accepts."""
     if not msprobe_format:
         stderr.print("[red]error:[/red] name the format to export: --msprobe (the only one so far)")
-        raise typer.Exit(ERROR_EXIT)
+        raise typer.Exit(EXIT_ERROR)
     try:
         written = msprobe.write_dump(read_run_directory(run), out, layout)
     except (CompareError, OSError) as error:
         stderr.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(ERROR_EXIT) from None
+        raise typer.Exit(EXIT_ERROR) from None
     stderr.print(f"wrote {len(written)} msprobe step folder(s) under {out}")

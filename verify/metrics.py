@@ -10,7 +10,9 @@ from typing import Callable
 
 import numpy as np
 
-STAT_NAMES = ("min", "max", "mean", "l2_norm")
+from verify.schema import STAT_COLUMNS
+
+STAT_NAMES = STAT_COLUMNS[:4]  # the compared statistics (the nan/inf counts are compared as flags)
 TINY = 1e-30  # guards divisions; far below any fp16/bf16 subnormal, so it never hides a real difference
 
 

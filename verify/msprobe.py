@@ -24,8 +24,9 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd
 
-from verify.compare import CompareError, RunData, empty_frame
+from verify.compare import CompareError
 from verify.schema import OP_COLUMNS, RunManifest, Status
+from verify.store import Run, empty_frame
 
 DUMP_JSON = "dump.json"
 STEP_DIR = re.compile(r"^step(\d+)$")
@@ -171,7 +172,7 @@ def _rows(step: int, dump_file: Path, root: Path, skipped: list[str]) -> list[tu
     return rows
 
 
-def read_dump(path: Path) -> RunData:
+def read_dump(path: Path) -> Run:
     """An msprobe dump (file, process dir, step dir or dump root) as one comparison side."""
     root = path.parent if path.is_file() else path
     files = [(0, path, [path.parent])] if path.is_file() else list(_dump_files(path))
@@ -195,7 +196,7 @@ def read_dump(path: Path) -> RunData:
     mode = "md5" if (ops["md5"] != "").any() else "tensor" if (ops["tensor_file"] != "").any() else "stats"
     manifest = RunManifest(script=str(path), device=f"msprobe dump ({version} layout)", dump_mode=mode,
                            steps_completed=len(files), status=Status.OK.value)
-    return RunData(root=root, manifest=manifest, ops=ops, source=f"msprobe dump ({version} layout)", notes=notes)
+    return Run(root=root, manifest=manifest, ops=ops, source=f"msprobe dump ({version} layout)", notes=notes)
 
 
 # --- writing -------------------------------------------------------------------------------------------------------
@@ -238,7 +239,7 @@ def _step_dump(ops: pd.DataFrame) -> dict[str, Any]:
     return {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}
 
 
-def write_dump(run: RunData, out: Path, layout: Layout = Layout.PROC) -> list[Path]:
+def write_dump(run: Run, out: Path, layout: Layout = Layout.PROC) -> list[Path]:
     """One step{N}/{proc0|rank}/ folder per step with dump.json, an empty stack.json and construct.json."""
     if run.ops.empty:
         raise CompareError(f"{run.root}: no operator records to export")

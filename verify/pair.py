@@ -36,19 +36,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from verify import report as reports
-from verify.compare import AUTOCAST_DTYPES, CompareError, CompareOptions, ComparisonResult, RunData, amp_dtype, \
+from verify.compare import CompareError, CompareOptions, ComparisonResult, amp_dtype, \
     compare_runs
 from verify.compare_cli import read_side
 from verify import devices
 from verify.runner import RunOptions, VerifyError, run_script
-from verify.schema import LOSS_SCALER_ENV, DumpMode, LossScalerPlan, Status
+from verify.store import Run
+from verify.schema import (AUTOCAST_DTYPES, EXIT_ERROR, EXIT_FAILED, EXIT_OK, LOSS_SCALER_ENV, DumpMode, LossScalerPlan,
+                           Status)
 
 PAIR_COMMAND = "pair"
 DETERMINISM_JSON = "determinism.json"
 AMP_EFFECT_DIR = "amp-effect"
-EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 _RUN_ENDED_WELL = (Status.OK.value, Status.SHORT.value)
-_AUTOCAST_FLAGS = {dtype: flag for flag, dtype in AUTOCAST_DTYPES.items() if len(flag) == 4}  # float16 -> fp16
+_AUTOCAST_FLAGS = {dtype: flag for flag, dtype in AUTOCAST_DTYPES.items()}  # float16 -> fp16
 DIFFERING_OPS_SHOWN = 15
 
 stdout = Console(highlight=False, soft_wrap=True)
@@ -122,7 +123,7 @@ class SideRunner:
         self.progress = progress
         self.quiet = quiet
 
-    def run(self, label: str, script: Path, args: list[str], options: RunOptions, run_dir: Path) -> RunData:
+    def run(self, label: str, script: Path, args: list[str], options: RunOptions, run_dir: Path) -> Run:
         task = self.progress.add_task(f"{label}: {script.name}", total=options.steps)
         echo = None if self.quiet else (
             lambda line: self.progress.console.print(f"[{label}] {line}", markup=False, style="dim"))
@@ -143,7 +144,7 @@ def side_runner(quiet: bool) -> Iterator[SideRunner]:
         yield SideRunner(progress, quiet)
 
 
-def _device_words(run: RunData) -> str:
+def _device_words(run: Run) -> str:
     return devices.title(run.manifest.device, run.manifest.emulated_on)
 
 
@@ -193,11 +194,11 @@ class PairPlan:
 
 @dataclass
 class PairRuns:
-    actual: RunData
-    ref: RunData
+    actual: Run
+    ref: Run
     imposed: str  # the autocast the reference ran under: "off", "fp16", "bf16"
     port_amp: str  # the half dtype the port computed its forward in, "" for fp32
-    ref_fp32: RunData | None = None  # --amp-effect
+    ref_fp32: Run | None = None  # --amp-effect
 
 
 def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
@@ -218,7 +219,7 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
     return PairRuns(actual, ref, imposed, port_amp, ref_fp32)
 
 
-def _scaler_twin(actual: RunData, imposed: str) -> dict[str, str]:
+def _scaler_twin(actual: Run, imposed: str) -> dict[str, str]:
     """The loss-scaler twin the reference follows when the port trained under a GradScaler (bootstrap.LossScalerTwin):
     under the port's autocast it scales as the port did, step by step, so that backward ops are comparable and fp16
     gradients overflow alike; in fp32 it only skips the updates the port skipped. Without a GradScaler in the port,
@@ -289,7 +290,7 @@ def _skipped_words(twin: dict[str, Any]) -> str:
     return f" (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})" if steps else ""
 
 
-def _amp_effect(ref_fp32: RunData, ref_amp: RunData, out: Path) -> dict[str, Any]:
+def _amp_effect(ref_fp32: Run, ref_amp: Run, out: Path) -> dict[str, Any]:
     """The reference in fp32 against the reference under autocast: what AMP alone does to the loss curve, judged by
     compare's documented fp32-vs-AMP tolerances (verify/tolerances.py), since one side computes in half precision."""
     effect = compare_runs(ref_fp32, ref_amp)

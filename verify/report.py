@@ -20,9 +20,10 @@ from rich.console import Console
 from rich.table import Table
 
 from verify import environment
-from verify.devices import title
 from verify.advice import Advice, advise
-from verify.compare import RunData, ComparisonResult
+from verify.compare import ComparisonResult
+from verify.devices import title
+from verify.store import Run
 
 SUMMARY_JSON = "summary.json"
 CHECKLIST_JSON = "checklist.json"  # written by `migrate` (migrate/checklist.py: id, title, status, evidence, action)
@@ -128,7 +129,7 @@ def write_reports(result: ComparisonResult, out: Path, checklist: list[dict[str,
 # --- terminal ----------------------------------------------------------------------------------------------------
 
 
-def _emulation(run: RunData) -> str:
+def _emulation(run: Run) -> str:
     """"EMULATED NPU", "EMULATED CUDA": what a run's device stood in for."""
     return title(run.manifest.device, run.manifest.emulated_on).split(" (")[0]
 
@@ -219,7 +220,7 @@ def print_saved_summary(summary: dict[str, Any], console: Console) -> None:
         console.print(f"[bold]{n}.[/] {text}")
 
 
-def print_run(run: RunData, console: Console) -> None:
+def print_run(run: Run, console: Console) -> None:
     manifest = run.manifest
     if manifest.emulated:
         console.print(f"[bold black on yellow] {manifest.title} [/]")

@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verify import devices
-from verify.schema import LOG, DumpMode, RunManifest, Status
+from verify.schema import AUTOCAST_DTYPES, LOG, DumpMode, RunManifest, Status
 from verify.store import RunDirError, now_iso, read_manifest, write_manifest
 
-AUTOCAST = ("off", "fp16", "bf16")
 _KILL_GRACE_S = 5.0
 _PROGRESS_POLL_S = 0.5
 
@@ -77,8 +76,8 @@ def _check_inputs(script: Path, options: RunOptions, run_dir: Path) -> None:
         raise VerifyError("--steps must be at least 1")
     if options.device not in devices.DEVICES:
         raise VerifyError(f"--device must be one of {', '.join(devices.DEVICES)}")
-    if options.autocast not in AUTOCAST:
-        raise VerifyError(f"--autocast must be one of {', '.join(AUTOCAST)}")
+    if options.autocast not in ("off", *AUTOCAST_DTYPES):
+        raise VerifyError(f"--autocast must be one of off, {', '.join(AUTOCAST_DTYPES)}")
     if options.ops:
         try:
             re.compile(options.ops)

@@ -74,6 +74,16 @@ class Phase(str, Enum):
     OTHER = "other"  # outside any module: data preparation, loss arithmetic at top level
 
 
+# Exit codes of every verify command: PASS / the requested steps ran; FAIL / the script failed; verify's own error.
+EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+
+# The half-precision dtypes autocast computes in, and the --autocast flag naming each.
+HALF_DTYPES = ("float16", "bfloat16")
+AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+# The statistics of a tensor, as columns of every table that has them (ops, grads, outputs).
+STAT_COLUMNS = ("min", "max", "mean", "l2_norm", "nan_count", "inf_count")
+
 # Records that are no aten op: a parameter after optimizer.step() (phase optimizer, module the parameter's name), and
 # the tensors the outermost module's forward receives (phase forward, io in0, in1...): the batch each side read.
 UPDATE_OP = "update"

@@ -171,22 +171,31 @@ def resolve_inside(run_dir: Path, relative: str) -> Path:
     return path
 
 
+def empty_frame(columns: Mapping[str, str] | Sequence[str]) -> pd.DataFrame:
+    if isinstance(columns, Mapping):
+        return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in columns.items()})
+    return pd.DataFrame({name: pd.Series(dtype="object") for name in columns})
+
+
 @dataclass
 class Run:
-    """A run directory read into memory: the manifest and one frame per table (empty frames keep their columns)."""
+    """One run in memory, whatever it was read from (a run directory here, an msprobe dump by verify/msprobe.py): the
+    manifest and one frame per table, following verify.schema's columns (empty frames keep them). `notes` say what
+    was missing or skipped while reading; compare and report take this and read no file themselves."""
 
-    path: Path
+    root: Path
     manifest: RunManifest
-    losses: pd.DataFrame
-    hparams: pd.DataFrame
-    ops: pd.DataFrame
-    grads: pd.DataFrame
-    outputs: pd.DataFrame
-    warnings: list[str] = field(default_factory=list)
+    ops: pd.DataFrame = field(default_factory=lambda: empty_frame(OP_COLUMNS))
+    losses: pd.DataFrame = field(default_factory=lambda: empty_frame(LOSS_COLUMNS))
+    hparams: pd.DataFrame = field(default_factory=lambda: empty_frame(HPARAM_COLUMNS))
+    grads: pd.DataFrame = field(default_factory=lambda: empty_frame(GRAD_COLUMNS))
+    outputs: pd.DataFrame = field(default_factory=lambda: empty_frame(OUTPUT_COLUMNS))
+    source: str = "npu-port run directory"
+    notes: list[str] = field(default_factory=list)
 
     def load_array(self, relative: str) -> np.ndarray:
-        """A tensor saved in the run (a `tensor_file` cell), loaded without pickle."""
-        return np.load(resolve_inside(self.path, relative), allow_pickle=False)
+        """A tensor saved in the run (a `tensor_file` cell), confined to the run directory and never unpickled."""
+        return np.load(resolve_inside(self.root, relative), allow_pickle=False)
 
 
 def _empty(columns: Mapping[str, str]) -> pd.DataFrame:
@@ -242,7 +251,7 @@ def read_losses(run_dir: Path, problems: list[str] | None = None) -> pd.DataFram
 
 
 def read_run(run_dir: Path) -> Run:
-    """Reads a run directory written by `verify run` (or one cut short by a crash). Problems become `Run.warnings`
+    """Reads a run directory written by `verify run` (or one cut short by a crash). Problems become `Run.notes`
     and Python warnings; only a missing or corrupt manifest is an error (RunDirError)."""
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
@@ -253,7 +262,10 @@ def read_run(run_dir: Path) -> Run:
     tables = {folder: _read_steps(run_dir, folder, problems) for folder in TABLES}
     for problem in problems:
         warnings.warn(f"{run_dir}: {problem}", stacklevel=2)
-    return Run(run_dir, manifest, losses, hparams, tables[OPS_DIR], tables[GRADS_DIR], tables[OUTPUTS_DIR], problems)
+    if losses.empty and not manifest.inference:
+        problems.append("no loss recorded")
+    return Run(run_dir, manifest, ops=tables[OPS_DIR], losses=losses, hparams=hparams, grads=tables[GRADS_DIR],
+               outputs=tables[OUTPUTS_DIR], notes=problems)
 
 
 def _json_or_text(cell: str) -> Any:

@@ -20,8 +20,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from verify.align import align_ops  # noqa: E402
-from verify.compare import CompareOptions, RunData, first_divergent_op, op_metrics, precision_policy  # noqa: E402
+from verify.compare import CompareOptions, first_divergent_op, op_metrics, precision_policy  # noqa: E402
 from verify.schema import OP_COLUMNS, RunManifest  # noqa: E402
+from verify.store import Run  # noqa: E402
 
 OPS = ["aten.convolution", "aten.relu", "aten.addmm", "aten.native_layer_norm", "aten.gelu", "aten.mm", "aten.add",
        "aten.mul", "aten._softmax", "aten.view"]
@@ -63,8 +64,8 @@ def ported(ref: pd.DataFrame, seed: int) -> pd.DataFrame:
     return pd.concat([actual.loc[~dropped], extra], ignore_index=True)
 
 
-def side(ops: pd.DataFrame) -> RunData:
-    return RunData(root=Path("."), manifest=RunManifest(), ops=ops)
+def side(ops: pd.DataFrame) -> Run:
+    return Run(root=Path("."), manifest=RunManifest(), ops=ops)
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Advice for the first divergent operator when a hyperparameter differs: ops that ran after the differing value
 took effect (the optimizer's update of that step, every op of later steps) follow from it; earlier ones do not.
 
-The runs are built in memory (RunData), two steps of forward, backward and optimizer ops with identical statistics
+The runs are built in memory (Run), two steps of forward, backward and optimizer ops with identical statistics
 on both sides unless a test perturbs them.
 """
 
@@ -13,8 +13,9 @@ from pathlib import Path
 import pandas as pd
 
 from verify.advice import advise
-from verify.compare import FindingCode, RunData, compare_runs
+from verify.compare import FindingCode, compare_runs
 from verify.schema import OP_COLUMNS, RunManifest
+from verify.store import Run
 
 TRACE = [("forward", "Net.fc", "aten.addmm"), ("backward", "Net.fc", "aten.mm"), ("optimizer", "", "aten.add_")]
 STEPS = 2
@@ -33,9 +34,9 @@ def hparams(lrs: list[float]) -> pd.DataFrame:
                          for step, lr in enumerate(lrs)])
 
 
-def run(root: Path, ops: pd.DataFrame, lrs: list[float], device: str) -> RunData:
+def run(root: Path, ops: pd.DataFrame, lrs: list[float], device: str) -> Run:
     manifest = RunManifest(script_sha256="one script", device=device, status="ok", steps_completed=STEPS)
-    return RunData(root=root, manifest=manifest, ops=ops, hparams=hparams(lrs))
+    return Run(root=root, manifest=manifest, ops=ops, hparams=hparams(lrs))
 
 
 def diverging_from(first: tuple[int, str], lrs: list[float], tmp_path: Path, device: str = "npu"):

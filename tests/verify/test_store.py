@@ -41,7 +41,7 @@ def write_run(run_dir, steps: int = 2) -> list[int]:
 def test_round_trip_keeps_the_schema_types(tmp_path):
     write_run(tmp_path)
     run = read_run(tmp_path)
-    assert run.manifest.script == "train.py" and not run.warnings
+    assert run.manifest.script == "train.py" and not run.notes
     assert dict(run.ops.dtypes.astype(str)) == {name: dtype for name, dtype in OP_COLUMNS.items()}
     assert run.ops["key"].tolist()[:2] == ["0/forward/Net.fc/aten.addmm#0", "0/backward//aten.mm#0"]
     assert run.ops["min"].isna().tolist() == [False, True, False, True] and run.ops["md5"].eq("").all()
@@ -61,7 +61,7 @@ def test_truncated_stream_and_csv_line_are_skipped_with_a_warning(tmp_path):
         run = read_run(tmp_path)
     assert set(run.ops["step"]) == {0}
     assert run.losses["step"].tolist() in ([0, 1], [0, 1, 2])  # a short row is kept only if its numbers parse
-    assert any(f"unreadable end of {OPS_DIR}/{TABLE_FILE} after 1 step(s)" in warning for warning in run.warnings)
+    assert any(f"unreadable end of {OPS_DIR}/{TABLE_FILE} after 1 step(s)" in warning for warning in run.notes)
 
 
 def metadata_end(data: bytes, start: int) -> int:
@@ -106,7 +106,7 @@ def test_a_writer_killed_without_closing_keeps_every_step_written(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=False)
     assert done.returncode == -signal.SIGKILL
     run = read_run(tmp_path)
-    assert run.ops["step"].tolist() == [0, 0, 1, 1, 2, 2] and not run.warnings
+    assert run.ops["step"].tolist() == [0, 0, 1, 1, 2, 2] and run.notes == ["no loss recorded"]  # only ops were written
 
 
 def test_missing_or_corrupt_manifest_is_a_clear_error(tmp_path):

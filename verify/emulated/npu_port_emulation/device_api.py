@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .target import TARGET, check_index, device_index
+from .target import EMULATION, TARGET, check_index, device_index
 from .target import device_count as device_count
 
 ON_CUDA = TARGET == "cuda"

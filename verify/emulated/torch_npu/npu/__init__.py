@@ -1,8 +1,9 @@
 """torch.npu of the emulated NPU: the device API that ported scripts call (npu_port_emulation.device_api, shared with
 the CUDA stand-in), with what only the NPU has: its properties, capability, precision switches and compile modes.
 
-matmul/conv allow_hf32 are emulated (see npu_port_emulation.reduced_precision: inputs rounded to HF32's mantissa on cpu, TF32 on cuda), with the
-NPU's defaults: matmul off, convolutions on. set_compile_mode, set_option and config are kept but not emulated.
+matmul/conv allow_hf32 are emulated (see npu_port_emulation.reduced_precision: inputs rounded to HF32's mantissa on
+cpu, TF32 on cuda), with the NPU's defaults: matmul off, convolutions on. set_compile_mode, set_option and config are
+kept but not emulated.
 """
 
 from __future__ import annotations
