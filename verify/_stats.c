@@ -163,15 +163,22 @@ COUNT_NONFINITE(nonfinite_float64, double, from_double)
 COUNT_NONFINITE(nonfinite_float16, half, from_half)
 COUNT_NONFINITE(nonfinite_bfloat16, uint16_t, from_bfloat16)
 
+/* Integers (indices, token ids, labels) are compared exactly: their sum and sum of squares too, in double, which
+   holds them exactly up to 2^53. */
 #define INTEGER_EXTREMES(NAME, TYPE, TARGET)                                                            \
-    TARGET static void NAME(const TYPE *data, Py_ssize_t count, TYPE *low, TYPE *high) {                \
+    TARGET static void NAME(const TYPE *data, Py_ssize_t count, FloatStats *stats) {                    \
         TYPE lowest = data[count - 1], highest = data[count - 1];                                       \
-        for (Py_ssize_t i = count - 2; i >= 0; i--) { /* from the end: see BACKWARDS */                 \
+        double sum = 0.0, squares = 0.0;                                                                \
+        for (Py_ssize_t i = count - 1; i >= 0; i--) { /* from the end: see BACKWARDS */                 \
             lowest = data[i] < lowest ? data[i] : lowest;                                               \
             highest = data[i] > highest ? data[i] : highest;                                            \
+            sum += (double)data[i];                                                                     \
+            squares += (double)data[i] * (double)data[i];                                               \
         }                                                                                               \
-        *low = lowest;                                                                                  \
-        *high = highest;                                                                                \
+        stats->low = (double)lowest;                                                                    \
+        stats->high = (double)highest;                                                                  \
+        stats->sum = sum;                                                                               \
+        stats->squares = squares;                                                                       \
     }
 
 BOTH_BUILDS(INTEGER_EXTREMES, extremes_int64, int64_t)
@@ -188,15 +195,14 @@ BOTH_BUILDS(INTEGER_EXTREMES, extremes_uint8, uint8_t)
 
 #define RUN_INTEGER(KERNEL, TYPE)                                                                       \
     do {                                                                                                \
-        TYPE low, high;                                                                                 \
-        Py_BEGIN_ALLOW_THREADS CHOOSE(KERNEL)((const TYPE *)data, count, &low, &high);                  \
-        Py_END_ALLOW_THREADS return Py_BuildValue("(LL)", (long long)low, (long long)high);             \
+        Py_BEGIN_ALLOW_THREADS CHOOSE(KERNEL)((const TYPE *)data, count, &stats);                       \
+        Py_END_ALLOW_THREADS                                                                            \
     } while (0)
 
 PyDoc_STRVAR(summarize_doc,
              "summarize(address, count, kind) -> (min, max, sum, sum_of_squares, nan_count, inf_count) for the float "
-             "kinds 'float32', 'float64', 'float16', 'bfloat16'; (min, max) for 'int64', 'int32', 'uint8' (bool "
-             "too). address: a live contiguous CPU tensor's data_ptr(); count > 0: its numel(). min and max leave "
+             "kinds 'float32', 'float64', 'float16', 'bfloat16' and the integer kinds 'int64', 'int32', 'uint8' (bool "
+             "too; counts 0). address: a live contiguous CPU tensor's data_ptr(); count > 0: its numel(). min and max leave "
              "NaN out (nan_count says whether there was one).");
 
 static PyObject *summarize(PyObject *self, PyObject *args) {

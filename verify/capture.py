@@ -268,13 +268,14 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def reductions(values: torch.Tensor, dim: int | None) -> list[torch.Tensor]:
-    """min and max, and for floating point also sum and L2 norm, over `dim` (None: the whole tensor). Floating
-    results are all in the accumulation dtype (float32, float64 for float64), so that they stack together."""
+    """min, max, sum and L2 norm over `dim` (None: the whole tensor), all in the accumulation dtype (float32, float64
+    for float64 and for integers), so that they stack together. Integers (indices, token ids, labels) get their sum
+    and norm too, exact in float64: two index tensors with the same extremes are still told apart."""
     low, high = torch.aminmax(values, dim=dim)
     if not values.is_floating_point():
-        return [low, high]
+        values = values.to(torch.float64)
     accumulate = accumulation_dtype(values.dtype)
-    if values.dtype != accumulate:
+    if low.dtype != accumulate:
         low, high = low.to(accumulate), high.to(accumulate)
     total = values.sum(dim, dtype=accumulate)
     return [low, high, total, torch.linalg.vector_norm(values, dim=dim, dtype=accumulate)]
@@ -306,14 +307,15 @@ def queue_reductions(tensor: torch.Tensor, stats: PendingStats, batch: StatBatch
     on the device path they are always queued, as reading the sum would wait for the device."""
     values = reductions(tensor, None)
     stats.extremes_and_sums = batch.add(*values)
-    if len(values) == 4 and (batch.keeps_on_device(tensor) or not math.isfinite(values[2].item())):
+    if tensor.is_floating_point() and (batch.keeps_on_device(tensor) or not math.isfinite(values[2].item())):
         stats.nonfinite_counts = batch.add(tensor.isnan().sum(), tensor.isinf().sum())
 
 
 class DeviceStats:
     """Statistics of tensors that stay on their device until the step is shipped (`StatBatch.keeps_on_device`), with
     no host sync. A large floating tensor is reduced at once, while the op that wrote it may have left it in cache
-    (`queue_reductions`, a handful of kernels); integer and bool ones too (one aminmax). A small floating tensor, whose
+    (`queue_reductions`, a handful of kernels); integer and bool ones too (their extremes, sum and norm in float64). A
+    small floating tensor, whose
     reductions would cost mostly their launches, costs one: a copy in its accumulation dtype (an in-place op may
     overwrite it later in the step). At ship time, or once the copies hold MAX_ELEMENTS, the copies of one (device,
     dtype) are laid end to end and torch.segment_reduce reduces all of them at once, a few kernels for the lot."""
@@ -403,11 +405,7 @@ def summarize_natively(tensor: torch.Tensor, kind: str, stats: PendingStats) -> 
     does."""
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
-    values = native_stats.summarize(tensor.data_ptr(), stats.numel, kind)
-    if len(values) == 2:  # integers and bool: min and max
-        stats.known = (float(values[0]), float(values[1]), None, None, 0, 0)
-        return
-    low, high, total, squares, nan, inf = values
+    low, high, total, squares, nan, inf = native_stats.summarize(tensor.data_ptr(), stats.numel, kind)
     if nan:
         low = high = math.nan
     stats.known = (low, high, total / stats.numel, math.sqrt(squares), nan, inf)
@@ -458,10 +456,6 @@ class SmallTensorStats:
     def _reduce_segments(self, values: np.ndarray, owners: list[PendingStats]) -> None:
         starts = np.cumsum([0] + [stats.numel for stats in owners[:-1]])
         lows, highs = np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)
-        if values.dtype.kind != "f":
-            for stats, low, high in zip(owners, lows.tolist(), highs.tolist()):
-                stats.extremes_and_sums = self._batch.add_numbers(low, high)
-            return
         sums = np.add.reduceat(values, starts, dtype=np.float64)
         norms = np.sqrt(np.add.reduceat(np.square(values, dtype=np.float64), starts))
         for stats, *numbers in zip(owners, lows.tolist(), highs.tolist(), sums.tolist(), norms.tolist()):

@@ -61,8 +61,9 @@ def test_statistics_match_numpy_and_count_nan_and_inf():
 @pytest.mark.parametrize(
     ("tensor", "expected"),
     [
-        (torch.tensor([True, False]), {"min": 0.0, "max": 1.0, "mean": None}),
-        (torch.tensor([3, -7, 5]), {"min": -7.0, "max": 5.0, "mean": None}),
+        # integers and bools are compared exactly: their mean and norm too
+        (torch.tensor([True, False]), {"min": 0.0, "max": 1.0, "mean": 0.5}),
+        (torch.tensor([3, -7, 5]), {"min": -7.0, "max": 5.0, "mean": 1 / 3}),
         (torch.tensor([1 + 2j]), {"min": None}),
         (torch.empty(0, 3), {"min": None}),
         (torch.ones(2, dtype=torch.bfloat16), {"min": 1.0, "mean": 1.0}),
@@ -188,7 +189,7 @@ def test_small_tensors_batched_get_the_statistics_of_one_by_one():
         assert {name for name, value in got.items() if value is None} == {n for n, v in expected.items() if v is None}
         numbers = [name for name, value in expected.items() if value is not None]
         assert [got[name] for name in numbers] == pytest.approx([expected[name] for name in numbers], nan_ok=True)
-    assert batched[0].resolve(fetched)["nan_count"] == 2 and batched[5].resolve(fetched)["mean"] is None
+    assert batched[0].resolve(fetched)["nan_count"] == 2 and batched[5].resolve(fetched)["mean"] == 1 / 3
 
 
 def test_a_step_that_never_ends_stops_recording_at_its_bound(monkeypatch, capsys):
