@@ -7,10 +7,10 @@ import libcst.matchers as m
 import pytest
 from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 
-from migrate.names import QualifiedNames
-from migrate.walk import Walk
-from rules.tree import findall
 from rules import all_rules
+from rules.names import QualifiedNames
+from rules.tree import findall
+from rules.walk import Walk
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,10 +20,10 @@ from rich.console import Console
 from rich.table import Table
 
 from verify.advice import Advice, advise
+from verify.checklist_items import CHECKLIST_JSON  # written by `migrate` (id, title, status, evidence, action)
 from verify.compare import RunData, ComparisonResult
 
 SUMMARY_JSON = "summary.json"
-CHECKLIST_JSON = "checklist.json"  # written by `migrate` (migrate/checklist.py: id, title, status, evidence, action)
 XLSX_MAX_ROWS = 200_000  # openpyxl writes ~20k styled rows/s; ops.csv always has every row
 HTML_MAX_OP_ROWS = 200
 OP_REPORT_COLUMNS = [

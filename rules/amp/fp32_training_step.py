@@ -6,7 +6,7 @@ from typing import Callable
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.types import AmpPolicy, Settings
+from rules.types import AmpPolicy, Settings
 from rules.amp.loss_scaling import (
     TORCH,
     Edit,

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import string_value
+from rules.types import Safety, Severity
 
 _SWITCH = "use `torch.use_deterministic_algorithms(True)` in each training process (migrate --deterministic adds it)"
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.types import Settings
 from rules.amp.loss_scaling import statement
 from rules.base import Case, PortRule, Unchanged
 from rules.determinism.entry_points import Entry, at_start, process_entry, spawn_target
 from rules.tree import findall
+from rules.types import Settings
 
 _INIT = frozenset({"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"})
 

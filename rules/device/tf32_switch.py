@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from migrate.types import Safety
 from rules.base import Case, Unchanged
 from rules.device._api_rename import ApiRename
+from rules.types import Safety
 
 _RENAMES = {
     "torch.backends.cuda.matmul.allow_tf32": "torch.npu.matmul.allow_hf32",

@@ -6,10 +6,10 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import QualifiedNameProvider, ScopeProvider
 
-from migrate.types import Mode
 from rules.base import Case, PortRule, Unchanged
 from rules.calls import argument, replace_argument_value, same_quotes, string_value
 from rules.tree import findall
+from rules.types import Mode
 
 _C10D = ("torch.distributed", "torch.distributed.distributed_c10d")
 # The process-group calls that take a backend, and the positional index of their `backend` parameter.

@@ -21,10 +21,10 @@ from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProv
 
 from migrate.engine import migrate_source
 from migrate.files import plan, run_jobs
-from migrate.names import QualifiedNames
-from migrate.types import Settings
-from migrate.walk import TRIVIA, Walk
 from rules import all_rules
+from rules.names import QualifiedNames
+from rules.types import Settings
+from rules.walk import TRIVIA, Walk
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET_RATIO = 1.5
@@ -141,9 +141,9 @@ def pieces(source: str, repeat: int) -> None:
         "parse_module": lambda: cst.parse_module(source),
         "Module.code": lambda: module.code,
         "libcst no-op CSTTransformer walk (before)": lambda: module.visit(cst.CSTTransformer()),
-        "migrate.walk no-op walk (after)": lambda: nothing.run(module),
+        "rules.walk no-op walk (after)": lambda: nothing.run(module),
         "QualifiedNameProvider, all nodes (before)": lambda: _all_qualified_names(module, libcst=True),
-        "migrate.names, all nodes (after)": lambda: _all_qualified_names(module, libcst=False),
+        "rules.names, all nodes (after)": lambda: _all_qualified_names(module, libcst=False),
         "PositionProvider (on first finding)": lambda: MetadataWrapper(module, unsafe_skip_copy=True).resolve(
             PositionProvider
         ),
