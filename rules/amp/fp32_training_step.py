@@ -7,7 +7,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.types import AmpPolicy, Settings
-from rules.amp.loss_scaling import (
+from rules.amp._loss_scaling import (
     TORCH,
     Edit,
     StatementEdits,
@@ -23,7 +23,7 @@ from rules.amp.loss_scaling import (
     unscale_edits,
     update_edits,
 )
-from rules.amp.step_analysis import AutocastBans, Body, Step, analyse, autocast_bans, code, plan_autocast, scopes
+from rules.amp._step_analysis import AutocastBans, Body, Step, analyse, autocast_bans, code, plan_autocast, scopes
 from rules.base import Case, PortRule, Unchanged
 from rules.tree import findall
 

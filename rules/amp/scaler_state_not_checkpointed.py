@@ -3,8 +3,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.amp.loss_scaling import StatementEdits, checkpoint_with_scaler, existing_scaler, resume_edits
-from rules.amp.step_analysis import code
+from rules.amp._loss_scaling import StatementEdits, checkpoint_with_scaler, existing_scaler, resume_edits
+from rules.amp._step_analysis import code
 from rules.base import Case, PortRule, Unchanged
 from rules.tree import findall
 

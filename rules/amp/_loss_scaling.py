@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from rules.amp.step_analysis import Body, Step, code
+from rules.amp._step_analysis import Body, Step, code
 from rules.calls import argument, same_quotes, string_value
 from rules.tree import findall
 
