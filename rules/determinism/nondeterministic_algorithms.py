@@ -3,9 +3,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.amp._loss_scaling import statement
 from rules.base import Case, PortRule, Unchanged
 from rules.determinism._entry_points import Entry, at_start, process_entry, spawn_target
+from rules.edits import statement
 from rules.tree import findall
 from rules.types import Settings
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.amp._loss_scaling import statement
 from rules.base import Case, PortRule, Unchanged
 from rules.calls import argument, keyword, keyword_names, with_args
 from rules.determinism._entry_points import numpy_alias
+from rules.edits import statement
 from rules.types import Settings
 
 _DATA_LOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})

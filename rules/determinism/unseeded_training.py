@@ -3,9 +3,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.amp._loss_scaling import Edit, StatementEdits, statement
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.determinism._entry_points import Entry, at_start, numpy_alias, process_entry
+from rules.edits import Edit, StatementEdits, statement
 from rules.tree import findall
 from rules.types import Mode, Severity
 
