@@ -20,6 +20,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from rules.names import QualifiedNames
+from rules.positions import Positions
 from rules.types import Action, Finding, Mode, Safety, Settings, Severity
 
 # `# npu-port: ignore` or `# npu-port: ignore[NPU101, DIST001]` on a line silences rules there.
@@ -81,7 +82,7 @@ class FileState:
         self.wrapper = wrapper
         self.findings: list[Finding] = []
         self.qualified_names = QualifiedNames(wrapper.module)
-        self.positions = _LazyMetadata(wrapper, PositionProvider)
+        self.positions = Positions(wrapper.module)
         self._suppressed = _suppressions(source)
 
     def position(self, node: cst.CSTNode) -> CodeRange:
