@@ -23,8 +23,10 @@ from rich.table import Table
 from migrate import __version__, checklist
 from migrate.files import PlanError, plan, run_jobs
 from migrate.report import Summary, finding_text, write_reports
-from migrate.types import Action, AmpPolicy, FileResult, FileStatus, Mode, Settings, Severity
+from migrate.types import FileResult, FileStatus
 from rules import RuleError, all_rules, rule_by_code, select_rules
+from rules.types import Action, AmpPolicy, Mode, Settings, Severity
+from verify.checklist_items import REPORT_SUFFIX
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # one error, one line: grep-able
@@ -136,7 +138,7 @@ def _default_report_dir(first: Path, out: Optional[Path], in_place: bool) -> Pat
         resolved = first.resolve()
         base = resolved.with_name(f"{resolved.name}_npu")
     base = base.with_suffix("") if base.suffix == ".py" else base
-    return base.with_name(f"{base.name}_report")
+    return base.with_name(base.name + REPORT_SUFFIX)
 
 
 def _exit_code(results: list[FileResult], writes: bool, quiet: bool, report: Optional[Path]) -> int:

@@ -16,9 +16,10 @@ from libcst.codemod.visitors import AddImportsVisitor, ImportItem, RemoveImports
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper
 
-from migrate.types import MigrationResult, Settings
-from migrate.walk import TRIVIA, Walk
+from migrate.types import MigrationResult
 from rules import FileState, PortRule, all_rules
+from rules.types import Settings
+from rules.walk import TRIVIA, Walk
 
 
 class SourceError(Exception):

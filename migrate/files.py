@@ -16,11 +16,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
-from migrate.checklist import file_facts
 from migrate.diff import unified_diff
 from migrate.engine import SourceError, migrate_source
-from migrate.types import FileResult, FileStatus, Settings
+from migrate.facts import file_facts
+from migrate.types import FileResult, FileStatus
 from rules import PortRule
+from rules.types import Settings
+from verify.checklist_items import REPORT_SUFFIX
 
 SKIPPED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", ".tox", ".mypy_cache", ".pytest_cache"}
 
@@ -30,7 +32,6 @@ class PlanError(Exception):
 
 
 OUTPUT_SUFFIX = "_npu"
-REPORT_SUFFIX = "_report"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ import pandas as pd
 
 from migrate import checklist
 from migrate.files import write_atomic
-from migrate.types import Action, FileResult, FileStatus, Finding, Severity
+from migrate.types import FileResult, FileStatus
+from rules.types import Action, Finding, Severity
+from verify.checklist_items import CHECKLIST_JSON
 
 FINDING_COLUMNS = [
     "path",
@@ -81,7 +83,7 @@ def write_reports(
     }
     if checklist_items:
         files["checklist.md"] = checklist.to_markdown(checklist_items).encode()
-        files["checklist.json"] = checklist.to_json(checklist_items).encode()
+        files[CHECKLIST_JSON] = checklist.to_json(checklist_items).encode()
     written = []
     for name, data in files.items():
         write_atomic(directory / name, data)

@@ -19,8 +19,9 @@ from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameProvider
 
-from migrate.names import QualifiedNames
-from migrate.types import Action, Finding, Mode, Safety, Settings, Severity
+from rules.names import QualifiedNames
+from rules.positions import Positions
+from rules.types import Action, Finding, Mode, Safety, Settings, Severity
 
 # `# npu-port: ignore` or `# npu-port: ignore[NPU101, DIST001]` on a line silences rules there.
 _SUPPRESSION = re.compile(r"#\s*npu-port:\s*ignore(?:\[(?P<codes>[A-Z0-9_,\s]+)\])?")
@@ -81,7 +82,7 @@ class FileState:
         self.wrapper = wrapper
         self.findings: list[Finding] = []
         self.qualified_names = QualifiedNames(wrapper.module)
-        self.positions = _LazyMetadata(wrapper, PositionProvider)
+        self.positions = Positions(wrapper.module)
         self._suppressed = _suppressions(source)
 
     def position(self, node: cst.CSTNode) -> CodeRange:

@@ -1,4 +1,6 @@
-"""What a training loop looks like in source: the facts the training-process rules share (no rule lives here)."""
+"""What a training loop looks like in source: the facts the training-process and loss-scaling rules share (no rule
+lives here). rules/amp/_step_analysis.py builds the AMP rules' finer analysis (loss slices, autocast regions) on it.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import libcst.matchers as m
 from rules.calls import dotted_name
 from rules.tree import findall, preorder
 
-_NOT_AN_OPTIMIZER = re.compile(r"sched|lr_|warmup|scaler", re.IGNORECASE)
+# What steps but is no optimizer: `scheduler.step()`, `lr_sched.step()`, `warmup.step()`, `scaler.step(opt)`, and
+# a reinforcement-learning `env.step(action)`.
+_NOT_AN_OPTIMIZER = re.compile(r"sched|lr_|warmup|scaler|env", re.IGNORECASE)
 _LOOP = m.For() | m.While()
 
 
@@ -36,11 +40,11 @@ def own_calls(loop: cst.For | cst.While) -> list[cst.Call]:
 def training_step(loop: cst.For | cst.While) -> TrainingStep | None:
     """The training step `loop` runs, or None when it has no backward() and optimizer step of its own."""
     calls = own_calls(loop)
-    backward = tuple(call for call in calls if _method(call) == "backward")
+    backward = tuple(call for call in calls if method(call) == "backward")
     optimizers = tuple(dict.fromkeys(name for call in calls for name in _stepped(call)))
     if not backward or not optimizers:
         return None
-    zero_grad = any(_method(call) == "zero_grad" for call in calls) or _clears_grads_by_assignment(loop)
+    zero_grad = any(method(call) == "zero_grad" for call in calls) or _clears_grads_by_assignment(loop)
     return TrainingStep(backward, optimizers, zero_grad)
 
 
@@ -63,17 +67,24 @@ def backward_receivers(step: TrainingStep) -> set[str]:
     return names
 
 
-def _method(call: cst.Call) -> str:
+def method(call: cst.Call) -> str:
+    """The method name of `x.name(...)`; empty for a plain function call."""
     return call.func.attr.value if isinstance(call.func, cst.Attribute) else ""
 
 
+def is_optimizer(receiver: cst.BaseExpression) -> bool:
+    """Whether the receiver of a `.step()` may be an optimizer: a name that no scheduler, scaler or env has."""
+    name = dotted_name(receiver)
+    return bool(name) and not _NOT_AN_OPTIMIZER.search(name.rsplit(".", 1)[-1])
+
+
 def _stepped(call: cst.Call) -> list[str]:
-    if _method(call) != "step":
+    if method(call) != "step":
         return []
     receiver = dotted_name(call.func.value)  # type: ignore[attr-defined]
     if "scaler" in receiver.lower() and call.args:  # scaler.step(optimizer)
         return [dotted_name(call.args[0].value)] if dotted_name(call.args[0].value) else []
-    return [receiver] if receiver and not _NOT_AN_OPTIMIZER.search(receiver) else []
+    return [receiver] if is_optimizer(call.func.value) else []  # type: ignore[attr-defined]
 
 
 def _clears_grads_by_assignment(loop: cst.For | cst.While) -> bool:

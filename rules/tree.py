@@ -16,7 +16,7 @@ from typing import Iterator
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.walk import TRIVIA, walk_children
+from rules.walk import TRIVIA, walk_children
 
 _DO_NOT_CARE = m.DoNotCare()
 _NO_PRUNING: tuple[type[cst.CSTNode], ...] = ()

@@ -4,8 +4,8 @@ import ast
 import textwrap
 
 from migrate.engine import migrate_source
-from migrate.types import AmpPolicy, Settings
 from rules import select_rules
+from rules.types import AmpPolicy, Settings
 
 AMP = select_rules(["AMP"])
 

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from migrate.checklist import Status, build, file_facts
+from migrate.checklist import Status, build
 from migrate.cli import app
+from migrate.facts import file_facts
 from migrate.hyperparams import SourceText, extract
-from migrate.types import FileResult, FileStatus, Settings
+from migrate.types import FileResult, FileStatus
 from rules import all_rules
+from rules.types import Settings
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 

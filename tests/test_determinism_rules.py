@@ -4,8 +4,8 @@ import ast
 import textwrap
 
 from migrate.engine import migrate_source
-from migrate.types import Mode, Settings
 from rules import select_rules
+from rules.types import Mode, Settings
 
 DET = select_rules(["DET"])
 

@@ -5,12 +5,13 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 import pytest
-from libcst.metadata import MetadataWrapper, QualifiedNameProvider
+from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
-from migrate.names import QualifiedNames
-from migrate.walk import Walk
-from rules.tree import findall
 from rules import all_rules
+from rules.names import QualifiedNames
+from rules.positions import Positions
+from rules.tree import findall
+from rules.walk import Walk
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,6 +91,16 @@ def test_qualified_names_equal_libcst(source: str):
         expected = theirs.get(node, set())
         expected = expected() if callable(expected) else expected  # libcst stores lazy values
         assert {q.name for q in ours.get(node, set())} == {q.name for q in expected}, module.code_for_node(node)
+
+
+@pytest.mark.parametrize("source", corpus() + [pytest.param("x = 1\r\nif x:\r\n\ty = (1,\r\n  2)\r\n", id="crlf-tabs")])
+def test_positions_equal_libcst(source: str):
+    module = cst.parse_module(source)
+    theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    ours = Positions(module)
+    assert len(ours) == len(theirs)
+    for node, expected in theirs.items():
+        assert ours[node] == expected, module.code_for_node(node)
 
 
 class _Recorder(cst.CSTTransformer):

@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 
 from migrate import checklist, cli
 from migrate.cli import app
-from migrate.types import FileResult, FileStatus, Settings
+from migrate.facts import file_facts
+from migrate.types import FileResult, FileStatus
+from rules.types import Settings
 from rules import all_rules, rule_by_code
 
 runner = CliRunner()
@@ -169,7 +171,7 @@ def _checklist_of(script: Path, tmp_path: Path, *options: str) -> dict[str, dict
 
 def test_facts_python_cannot_read_are_unknown_not_absent():
     """libcst reads some syntax that the running Python's `ast` does not: such a file's facts are not 'none found'."""
-    facts = checklist.file_facts(BROKEN, BROKEN)
+    facts = file_facts(BROKEN, BROKEN)
     assert not facts.readable
     items = _build(FileResult("train.py", "train_npu.py", FileStatus.UNCHANGED, facts=facts))
     assert all(item.status is not checklist.Status.PASSED for item in items.values())

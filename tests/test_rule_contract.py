@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 import rules
-from migrate.types import Safety
 from rules import all_rules
 from rules.base import Case, Flag, Unchanged
 from rules.catalog import RULES_MD, render
+from rules.types import Safety
 
 RULES = [pytest.param(rule, id=rule.CODE) for rule in all_rules()]
 SECTIONS = ("## What it does", "## Why", "## Safety")

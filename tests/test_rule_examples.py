@@ -2,8 +2,8 @@
 
 import pytest
 
+from migrate.testing import check_example
 from rules import all_rules
-from rules.testing import check_example
 
 CASES = [
     pytest.param(rule, example, id=f"{rule.CODE}-{index}")

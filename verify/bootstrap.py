@@ -56,7 +56,7 @@ from verify.capture import (
     summarize,
     tensors_in,
 )
-from verify import environment
+from verify import environment_record
 from verify.schema import (AUTOCAST_DTYPES, GRADS_DIR, LOSS_SCALER_ENV, OPS_DIR, OUTPUTS_DIR, STAT_COLUMNS, DumpMode,
                            LossScalerPlan, RunManifest, Status, step_file)
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
@@ -673,7 +673,7 @@ def run(run_dir: Path) -> Status:
     capture = _make_capture(manifest, writer, batch)
     recorder = StepRecorder(manifest, run_dir, writer, capture, batch)
     recorder.install()
-    with environment.recorded(manifest):  # versions, precision/determinism switches, loaders (issue 12)
+    with environment_record.recorded(manifest):  # versions, precision/determinism switches, loaders (issue 12)
         write_manifest(run_dir, manifest)
         _run_script(manifest, recorder, capture)
     recorder.discard_partial_step()

@@ -1,6 +1,9 @@
 """Every device a side of `verify` runs on, in one place: the choice, the probe, the child's environment and the
 child's setup. The CLI, runner, pair and bootstrap ask this module; adding a device is an entry here.
 
+The names and titles are the run directory's vocabulary (verify/schema.py: DEVICES, title), so that reports name a
+device without loading this module.
+
 | device          | where it runs                                          | how reports name it         |
 |-----------------|--------------------------------------------------------|-----------------------------|
 | `cpu`           | the CPU, CUDA hidden                                   | cpu                         |
@@ -32,10 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from verify.schema import DEVICES, EMULATED_DEVICES, title  # noqa: F401  (the device names: the run directory's)
+
 STAND_IN_DIR = Path(__file__).resolve().parent / "emulated"
 EMULATION_PACKAGE = "npu_port_emulation"  # in STAND_IN_DIR: what both stand-ins share
-DEVICES = ("auto", "cpu", "cuda", "emulated-cuda", "npu", "emulated-npu")
-EMULATED_DEVICES = {"emulated-npu": "NPU", "emulated-cuda": "CUDA"}  # device -> what it stands in for
+
 EMULATE_ON_VAR = "NPU_PORT_EMULATE_ON"  # read by the stand-ins (verify/emulated/npu_port_emulation/target.py)
 EMULATION_TARGETS = ("cpu", "cuda")
 AUTOLOAD_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
@@ -62,15 +66,6 @@ print(json.dumps(report))
 
 class EmulationError(ValueError):
     """The emulation cannot be set up as asked."""
-
-
-def title(device: str, emulated_on: str) -> str:
-    """How every manifest, terminal line and report names a device: an emulation is never hidden."""
-    if device == "emulated-npu":
-        return f"EMULATED NPU (a test double on {emulated_on or 'cpu'})"
-    if device == "emulated-cuda":
-        return f"EMULATED CUDA (on {emulated_on or 'cpu'})"
-    return device
 
 
 def imports_torch_npu(script: Path) -> bool:

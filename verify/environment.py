@@ -4,9 +4,10 @@ Two runs of one model differ for reasons outside the model: library versions, a 
 environment variable, a DataLoader that shuffles on one side only. msprobe's `config_check` compares these between
 two machines as a separate step; here every run records them and every comparison lists the differences.
 
-The child (verify/bootstrap.py) calls `recorded(manifest)` around the script: it records the DataLoaders the script
-builds and, when the script ends, the settings in effect then, into manifest.extra["environment"] (verify/schema.py).
-The comparison side (`differences`, `explaining`) is pure: it reads two manifests and never imports torch.
+The child (verify/bootstrap.py) calls verify.environment_record.recorded(manifest) around the script: it records the
+DataLoaders the script builds and, when the script ends, the settings in effect then, into
+manifest.extra["environment"] (verify/schema.py). This module holds what a record holds and compares two (`differences`,
+`explaining`): pure, it reads two manifests and never imports torch, so a report can be made on any laptop.
 
 Environment variables are recorded by an allow-list of names, never wholesale: a variable that may hold a secret
 (a name containing KEY, TOKEN, SECRET, PASSWORD or CREDENTIAL) is never recorded, whatever its prefix.
@@ -14,14 +15,9 @@ Environment variables are recorded by an allow-list of names, never wholesale: a
 
 from __future__ import annotations
 
-import contextlib
-import os
-import platform
 import re
-import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 ENVIRONMENT_KEY = "environment"  # the manifest.extra key
 MAX_LOADERS = 8  # a script that builds loaders in a loop would otherwise record one per iteration
@@ -34,7 +30,7 @@ RECORDED_NAMES = frozenset({
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED", "TORCH_DETERMINISTIC", "LCCL_DETERMINISTIC",
 })
 RECORDED_PREFIXES = ("HCCL_", "NCCL_", "ACL_", "ATB_")
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 FULL_FP32 = "fp32"
 # What each reduced-precision switch computes fp32 matmuls/convolutions in (10-bit mantissa inputs).
@@ -58,118 +54,6 @@ _EXPLAINS: dict[str, frozenset[str]] = {
     "precision.float32_matmul_precision": MATMUL_OPS,
     "environment.CLOSE_MATMUL_K_SHIFT": MATMUL_OPS,
 }
-
-
-# --- the child: what is recorded ------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def recorded(manifest: Any) -> Iterator[None]:
-    """Records the DataLoaders built inside the block and, at its end, the environment, into `manifest.extra`.
-
-    A record is written at the start too, so a run that never ends still says which versions and variables it had.
-    """
-    import torch.utils.data
-
-    loaders: list[dict[str, Any]] = []
-    original_init = torch.utils.data.DataLoader.__init__
-
-    def init(loader: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(loader, *args, **kwargs)
-        if len(loaders) < MAX_LOADERS:
-            loaders.append(_loader_settings(loader))
-
-    manifest.extra[ENVIRONMENT_KEY] = collect(manifest, loaders)
-    torch.utils.data.DataLoader.__init__ = init
-    try:
-        yield
-    finally:
-        torch.utils.data.DataLoader.__init__ = original_init
-        manifest.extra[ENVIRONMENT_KEY] = collect(manifest, loaders)
-
-
-def collect(manifest: Any, loaders: list[dict[str, Any]]) -> dict[str, Any]:
-    """The record: versions, precision, determinism and AMP settings, variables, data loaders."""
-    import torch
-
-    return {
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "torch_npu": _torch_npu_version(), "cann": _cann_version()},
-        "precision": _precision(manifest.device),
-        "determinism": {
-            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-            "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
-            "fill_uninitialized_memory": bool(torch.utils.deterministic.fill_uninitialized_memory),
-            "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
-            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-        },
-        "amp": {"imposed_autocast": manifest.autocast or "off", **_npu_options()},
-        "environment": recorded_variables(os.environ),
-        "data_loaders": list(loaders),
-    }
-
-
-def recorded_variables(environ: Any) -> dict[str, str]:
-    """The allow-listed variables of `environ`, never one whose name suggests a secret."""
-    return {name: environ[name] for name in sorted(environ)
-            if (name in RECORDED_NAMES or name.startswith(RECORDED_PREFIXES)) and not _SECRET.search(name)}
-
-
-def _torch_npu_version() -> str:
-    """torch_npu's version ("" without it); the emulated NPU's says "+emulated"."""
-    return str(getattr(sys.modules.get("torch_npu"), "__version__", ""))
-
-
-def _cann_version() -> str:
-    """The CANN toolkit's version, from its install folder's version file; "" without CANN."""
-    home = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH")
-    if not home:
-        return ""
-    for name in ("version.cfg", "compiler/version.info", "runtime/version.info"):
-        try:
-            text = (Path(home) / name).read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        match = re.search(r"(?:Version|version)\s*[=:]\s*([\w.\-]+)", text)
-        if match:
-            return match.group(1)
-    return ""
-
-
-def _precision(device: str) -> dict[str, Any]:
-    """What fp32 matmuls and convolutions compute in on this run's device: the switch that counts there."""
-    import torch
-
-    matmul, conv = FULL_FP32, FULL_FP32
-    if device in ("cuda", "emulated-cuda"):
-        matmul = TF32 if torch.backends.cuda.matmul.allow_tf32 else FULL_FP32
-        conv = TF32 if torch.backends.cudnn.allow_tf32 else FULL_FP32
-    elif device in ("npu", "emulated-npu") and hasattr(torch, "npu"):
-        matmul = HF32 if torch.npu.matmul.allow_hf32 else FULL_FP32
-        conv = HF32 if torch.npu.conv.allow_hf32 else FULL_FP32
-    # A CPU computes fp32 as fp32 whatever the CUDA switches say.
-    return {"fp32_matmul": matmul, "fp32_conv": conv,
-            "float32_matmul_precision": torch.get_float32_matmul_precision()}
-
-
-def _npu_options() -> dict[str, Any]:
-    """ACL_PRECISION_MODE as set through torch_npu.npu.set_option (implicit fp16 on Atlas training series)."""
-    npu = getattr(sys.modules.get("torch_npu"), "npu", None)
-    options = getattr(npu, "_settings", {}).get("options", {}) if npu is not None else {}
-    return {"acl_precision_mode": options["ACL_PRECISION_MODE"]} if "ACL_PRECISION_MODE" in options else {}
-
-
-def _loader_settings(loader: Any) -> dict[str, Any]:
-    sampler = loader.sampler
-    shuffle = type(sampler).__name__ == "RandomSampler" or bool(getattr(sampler, "shuffle", False))
-    return {
-        "batch_size": loader.batch_size,
-        "shuffle": shuffle,
-        "num_workers": loader.num_workers,
-        "sampler": type(sampler).__name__,
-        "drop_last": loader.drop_last,
-        "seeded_generator": loader.generator is not None,
-    }
 
 
 # --- the comparison: pure, no torch ---------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from verify import report as reports
+from verify.checklist_items import REPORT_SUFFIX, TITLES, Status as ChecklistStatus
 from verify.compare import CompareError, CompareOptions, ComparisonResult, amp_dtype, \
     compare_runs
 from verify.compare_cli import read_side
@@ -245,7 +246,7 @@ def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
         result.notes.append("--amp-effect: nothing to measure, the port computes in fp32")
     amp_effect = _amp_effect(runs.ref_fp32, runs.ref, plan.out / AMP_EFFECT_DIR) if runs.ref_fp32 else None
     # migrate writes its checklist into <port>_report/ beside the port (its default report folder).
-    migrate_reports = plan.ported.with_name(f"{plan.ported.stem}_report")
+    migrate_reports = plan.ported.with_name(plan.ported.stem + REPORT_SUFFIX)
     _write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent)
     _extend_summary(plan.out, pair=how | {"amp_effect": amp_effect})
     reports.print_summary(result, stdout)
@@ -373,8 +374,6 @@ def differing_ops(result: ComparisonResult) -> pd.DataFrame:
 def determinism_record(result: ComparisonResult, differing: pd.DataFrame, deterministic: bool) -> dict[str, Any]:
     """determinism.json: the verdict, the loss difference, the differing ops, and checklist item C1 in the shape
     migrate's checklist.json uses (id, title, status, evidence, action)."""
-    from migrate.checklist import TITLES, Status as ChecklistStatus  # the item must match migrate's exactly
-
     summary = result.summary()
     manifest = result.ref.manifest
     evidence = [result.verdict.reason.replace("PASS: ", "").replace("FAIL: ", "")]

@@ -21,12 +21,12 @@ from rich.table import Table
 
 from verify import environment
 from verify.advice import Advice, advise
+from verify.checklist_items import CHECKLIST_JSON  # written by `migrate` (id, title, status, evidence, action)
 from verify.compare import ComparisonResult
-from verify.devices import title
+from verify.schema import title
 from verify.store import Run
 
 SUMMARY_JSON = "summary.json"
-CHECKLIST_JSON = "checklist.json"  # written by `migrate` (migrate/checklist.py: id, title, status, evidence, action)
 XLSX_MAX_ROWS = 200_000  # openpyxl writes ~20k styled rows/s; ops.csv always has every row
 HTML_MAX_OP_ROWS = 200
 OP_REPORT_COLUMNS = [

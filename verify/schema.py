@@ -74,6 +74,20 @@ class Phase(str, Enum):
     OTHER = "other"  # outside any module: data preparation, loss arithmetic at top level
 
 
+# The devices a side runs on (verify/devices.py sets each up), the emulations among them, and how reports name them.
+DEVICES = ("auto", "cpu", "cuda", "emulated-cuda", "npu", "emulated-npu")
+EMULATED_DEVICES = {"emulated-npu": "NPU", "emulated-cuda": "CUDA"}  # device -> what it stands in for
+
+
+def title(device: str, emulated_on: str) -> str:
+    """How every manifest, terminal line and report names a device: an emulation is never hidden."""
+    if device == "emulated-npu":
+        return f"EMULATED NPU (a test double on {emulated_on or 'cpu'})"
+    if device == "emulated-cuda":
+        return f"EMULATED CUDA (on {emulated_on or 'cpu'})"
+    return device
+
+
 # Exit codes of every verify command: PASS / the requested steps ran; FAIL / the script failed; verify's own error.
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 
@@ -173,7 +187,7 @@ class RunManifest:
     python_version: str = ""
     torch_version: str = ""
     torch_npu_version: str = ""  # "" when torch_npu is absent or emulated
-    device: str = ""  # verify.devices.DEVICES: "cpu", "cuda", "emulated-cuda", "npu", "emulated-npu"
+    device: str = ""  # DEVICES: "cpu", "cuda", "emulated-cuda", "npu", "emulated-npu"
     device_name: str = ""  # e.g. "NVIDIA H100", "Ascend910B", "CPU (emulated NPU)"
     emulated: bool = False  # True: the device was an emulation (a test double), not an Ascend NPU or a GPU
     emulated_on: str = ""  # the device the emulation ran on ("cpu" or "cuda")
@@ -217,9 +231,7 @@ class RunManifest:
 
     @property
     def title(self) -> str:
-        """How every report names this run; an emulated NPU is never hidden."""
-        from verify.devices import title  # the one place that names devices; it imports nothing of verify
-
+        """How every report names this run; an emulation is never hidden."""
         return f"{self.script} on {title(self.device, self.emulated_on)}"
 
 

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import argument, string_value, under
+from rules.types import Safety, Severity
 
 _INITIALIZE = "apex.amp.initialize"
 

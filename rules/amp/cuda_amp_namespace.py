@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.types import Mode
 from rules.base import Case, PortRule, Unchanged
 from rules.calls import attribute_chain, keyword, with_args
+from rules.types import Mode
 
 _NPU = cst.SimpleString('"npu"')
 # Parameters of torch.cuda.amp.autocast in positional order: torch.autocast takes them in another order.

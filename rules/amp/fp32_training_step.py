@@ -6,25 +6,23 @@ from typing import Callable
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.types import AmpPolicy, Settings
-from rules.amp.loss_scaling import (
+from rules.types import AmpPolicy, Settings
+from rules.amp._loss_scaling import (
     TORCH,
-    Edit,
-    StatementEdits,
+    SavesScalerState,
     autocast,
-    checkpoint_with_scaler,
     float32_inputs,
     free_name,
     manages_precision,
     resume_edits,
     scaled,
     scaler_step,
-    statement,
     unscale_edits,
     update_edits,
 )
-from rules.amp.step_analysis import AutocastBans, Body, Step, analyse, autocast_bans, code, plan_autocast, scopes
+from rules.amp._step_analysis import AutocastBans, Step, analyse, autocast_bans, code, plan_autocast, scopes
 from rules.base import Case, PortRule, Unchanged
+from rules.edits import Body, Edit, StatementEdits, statement
 from rules.tree import findall
 
 
@@ -38,7 +36,7 @@ _MODULE_SCALER_COMMENT = (
 )
 
 
-class Fp32TrainingStep(StatementEdits, PortRule):
+class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
     """Train an fp32 training step under autocast, with a GradScaler around backward and the optimizer step.
 
     ## What it does
@@ -357,13 +355,6 @@ class Fp32TrainingStep(StatementEdits, PortRule):
         message, rewrite = planned
         return self.replace(original_node, updated_node, rewrite(updated_node), message)
 
-    def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.BaseExpression:
-        if original_node not in self._checkpoints:
-            return updated_node
-        new = checkpoint_with_scaler(updated_node, self._scaler)
-        if new is None:
-            return updated_node
-        return self.replace(original_node, updated_node, new, "the scaler's state saved next to the optimizer's")
 
 
 def _scaler_home(steps: list[Step]) -> tuple[Body, int] | None:

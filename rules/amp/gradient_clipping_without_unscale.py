@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.amp.loss_scaling import StatementEdits, existing_scaler, unscale_edits
-from rules.amp.step_analysis import analyse, scopes
+from rules.amp._loss_scaling import existing_scaler, unscale_edits
+from rules.amp._step_analysis import analyse, scopes
 from rules.base import Case, PortRule, Unchanged
+from rules.edits import StatementEdits
 
 
 class GradientClippingWithoutUnscale(StatementEdits, PortRule):

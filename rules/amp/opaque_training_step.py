@@ -3,11 +3,11 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.types import AmpPolicy, Safety, Settings, Severity
-from rules.amp.loss_scaling import manages_precision
-from rules.amp.step_analysis import Problem, analyse, autocast_bans, plan_autocast, scopes
+from rules.amp._loss_scaling import manages_precision
+from rules.amp._step_analysis import Problem, analyse, autocast_bans, plan_autocast, scopes
 from rules.base import Flag, PortRule, Unchanged
 from rules.tree import findall
+from rules.types import AmpPolicy, Safety, Settings, Severity
 
 
 class OpaqueTrainingStep(PortRule):

@@ -3,13 +3,14 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.amp.loss_scaling import StatementEdits, checkpoint_with_scaler, existing_scaler, resume_edits
-from rules.amp.step_analysis import code
+from rules.amp._loss_scaling import SavesScalerState, existing_scaler, resume_edits
+from rules.amp._step_analysis import code
 from rules.base import Case, PortRule, Unchanged
+from rules.edits import StatementEdits
 from rules.tree import findall
 
 
-class ScalerStateNotCheckpointed(StatementEdits, PortRule):
+class ScalerStateNotCheckpointed(SavesScalerState, StatementEdits, PortRule):
     """Save the GradScaler's state next to the optimizer's in checkpoint dictionaries, and load it back on resume.
 
     ## What it does
@@ -140,7 +141,7 @@ class ScalerStateNotCheckpointed(StatementEdits, PortRule):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._scaler = ""
-        self._reached: set[cst.Dict] = set()
+        self._checkpoints: set[cst.Dict] = set()
 
     def visit_Module(self, node: cst.Module) -> None:
         scaler = existing_scaler(node, self.qualified_names)
@@ -148,17 +149,10 @@ class ScalerStateNotCheckpointed(StatementEdits, PortRule):
             return
         self._scaler = scaler
         home = _home(node, scaler)
-        self._reached = set(findall(home, m.Dict()))  # type: ignore[arg-type]
+        self._checkpoints = set(findall(home, m.Dict()))  # type: ignore[arg-type]
         for block, edit in resume_edits(home, scaler):
             self.edit(block, edit)
 
-    def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.BaseExpression:
-        if original_node not in self._reached:
-            return updated_node
-        new = checkpoint_with_scaler(updated_node, self._scaler)
-        if new is None:
-            return updated_node
-        return self.replace(original_node, updated_node, new, "the scaler's state saved next to the optimizer's")
 
 
 def _home(module: cst.Module, scaler: str) -> cst.CSTNode:

@@ -5,9 +5,9 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.types import Severity
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.data._loaders import assigned_calls, source
+from rules.types import Severity
 
 _SET = ("builtins.set", "builtins.frozenset")
 _SET_METHODS = {"union", "intersection", "difference", "symmetric_difference", "copy"}

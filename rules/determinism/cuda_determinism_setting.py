@@ -3,9 +3,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.types import Severity
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.calls import string_value
+from rules.types import Safety, Severity
 
 _SWITCH = "use `torch.use_deterministic_algorithms(True)` in each training process (migrate --deterministic adds it)"
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import argument, string_value
+from rules.types import Safety, Severity
 
 
 class SeedArgumentWithoutDefault(PortRule):

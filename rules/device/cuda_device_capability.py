@@ -3,9 +3,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.types import Safety, Severity
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.device._rewrite import renamed_reference
+from rules.types import Safety, Severity
 
 _CAPABILITY = ("torch.cuda.get_device_capability",)
 _PROPERTIES = ("torch.cuda.get_device_properties",)

@@ -5,12 +5,12 @@ from enum import Enum
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 import libcst.matchers as m
-from libcst.metadata import Assignment, QualifiedNameProvider, ScopeProvider
+from libcst.metadata import Assignment, QualifiedNameProvider
 
-from migrate.types import Mode, Severity
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.device._rewrite import is_device_name, retarget
 from rules.tree import findall
+from rules.types import Mode, Severity
 
 _EQUALITY = (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)
 # Receivers whose `.device` is a setting the script chose, not a tensor's device.
@@ -49,7 +49,7 @@ class CudaDeviceComparison(PortRule):
     CODE = "DEV006"
     CHECKLIST = ("C3",)
     TRIGGERS = ("cuda",)
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider)
+    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
     EXAMPLES = (
         Case(
             """
@@ -207,16 +207,12 @@ class CudaDeviceComparison(PortRule):
 
     def _assigned_origin(self, name: cst.Name, depth: int) -> _Origin | None:
         """The common origin of every value assigned to `name` in its scope; None if any is unknown."""
-        scope = self.get_metadata(ScopeProvider, name, None)
-        if scope is None:
-            return None
         origins: set[_Origin | None] = set()
-        for access in scope.accesses[name]:
-            for referent in access.referents:
-                value = self._assigned_value(referent) if isinstance(referent, Assignment) else None
-                if value is None:
-                    return None
-                origins.add(self._origin(value, depth + 1))
+        for referent in self.file.qualified_names.referents(name):
+            value = self._assigned_value(referent) if isinstance(referent, Assignment) else None
+            if value is None:
+                return None
+            origins.add(self._origin(value, depth + 1))
         return origins.pop() if len(origins) == 1 else None
 
     def __init__(self, *args, **kwargs) -> None:

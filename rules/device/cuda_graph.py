@@ -2,10 +2,10 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from migrate.types import Mode, Safety
 from rules.base import Case, Unchanged
 from rules.device._api_rename import ApiRename
 from rules.device._cuda_api import GRAPHS
+from rules.types import Mode, Safety
 
 _RENAMES = {f"torch.cuda.{name}": f"torch.npu.{target}" for name, target in GRAPHS.items()}
 

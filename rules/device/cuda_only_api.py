@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.types import Mode, Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.device._cuda_api import CUDA_ONLY
+from rules.types import Mode, Safety, Severity
 
 
 class CudaOnlyApi(PortRule):

@@ -4,10 +4,10 @@ from typing import Mapping
 
 import libcst as cst
 
-from migrate.types import Mode
 from rules.base import Case, Unchanged
 from rules.calls import argument, keyword
 from rules.device._api_rename import ApiRename
+from rules.types import Mode
 
 _RENAMES = {
     **{

@@ -5,7 +5,7 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.types import Mode, Severity
+from rules.types import Mode, Severity
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.calls import argument, dotted_name, replace_argument_value, string_value
 from rules.device._rewrite import retarget

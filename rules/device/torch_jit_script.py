@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.types import Mode, Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
+from rules.types import Mode, Safety, Severity
 
 _SCRIPT = ("torch.jit.script", "torch.jit.script_method")
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 import libcst as cst
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from migrate.types import Safety, Severity
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.calls import attribute_chain
+from rules.types import Safety, Severity
 
 # apex name -> (torch replacement, apex-only keywords with the value torch behaves as; any other value blocks the port)
 _PORTS = {

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.types import Mode
 from rules.base import Case, PortRule, Unchanged
 from rules.calls import attribute_chain
+from rules.types import Mode
 
 _NAMES = ("torch.distributed.is_nccl_available", "torch.distributed.distributed_c10d.is_nccl_available")
 

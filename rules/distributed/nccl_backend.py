@@ -4,12 +4,12 @@ import re
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import QualifiedNameProvider, ScopeProvider
+from libcst.metadata import QualifiedNameProvider
 
-from migrate.types import Mode
 from rules.base import Case, PortRule, Unchanged
 from rules.calls import argument, replace_argument_value, same_quotes, string_value
 from rules.tree import findall
+from rules.types import Mode
 
 _C10D = ("torch.distributed", "torch.distributed.distributed_c10d")
 # The process-group calls that take a backend, and the positional index of their `backend` parameter.
@@ -64,7 +64,7 @@ class NcclBackend(PortRule):
     CODE = "DIST001"
     CHECKLIST = ("C3",)
     TRIGGERS = ("nccl", "NCCL")
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider)
+    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
     EXAMPLES = (
         Case(
             """
@@ -229,16 +229,8 @@ class NcclBackend(PortRule):
 
     def _only_used_as_backend(self, target: cst.Name) -> bool:
         if all(use.value != target.value for use in self._backend_uses):  # its uses, if any, are not all backends
-            return False  # decided without resolving ScopeProvider for the whole module
-        scope = self.get_metadata(ScopeProvider, target, None)
-        if scope is None:
-            return False
-        references = [
-            access.node
-            for assignment in scope.assignments[target.value]
-            if assignment.node is target  # type: ignore[attr-defined]
-            for access in assignment.references
-        ]
+            return False  # decided without recording the scopes' reads
+        references = self.file.qualified_names.references(target)
         return bool(references) and all(node in self._backend_uses for node in references)
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:

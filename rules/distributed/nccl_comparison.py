@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.types import Mode
 from rules.base import Case, PortRule, Unchanged
 from rules.calls import same_quotes, string_value
+from rules.types import Mode
 
 _MEMBERSHIP = (cst.In, cst.NotIn)
 _EQUALITY = (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)

@@ -5,9 +5,9 @@ from typing import Sequence, TypeVar
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.types import Safety, Severity
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.tree import findall
+from rules.types import Safety, Severity
 
 _INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
 _SET_DEVICE = (

@@ -4,9 +4,9 @@ from typing import NamedTuple
 
 import libcst as cst
 
-from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import dotted_name
+from rules.types import Safety, Severity
 
 
 class _Verdict(NamedTuple):

@@ -5,11 +5,11 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.types import Safety, Severity
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.calls import dotted_name
 from rules.loops import backward_receivers, own_calls, training_step
 from rules.tree import findall
+from rules.types import Safety, Severity
 
 
 class LossKeptAcrossSteps(PortRule):

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.types import Safety, Severity
 from rules.base import Case, PortRule, Unchanged
 from rules.loops import is_innermost_training_loop, training_step
+from rules.types import Safety, Severity
 
 
 class MissingZeroGrad(PortRule):

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import under
+from rules.types import Safety, Severity
 
 _QUANTIZATION = ("bitsandbytes", "transformers.BitsAndBytesConfig", "transformers.utils.quantization_config")
 _SWITCHES = {"load_in_8bit", "load_in_4bit"}

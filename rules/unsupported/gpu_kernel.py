@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import under
+from rules.types import Safety, Severity
 
 # Decorators that compile the function for an NVIDIA GPU.
 _KERNEL_DECORATORS = ("triton.jit", "triton.autotune", "triton.heuristics", "numba.cuda.jit")

@@ -3,10 +3,10 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import string_value, under
 from rules.tree import findall
+from rules.types import Safety, Severity
 
 _SHELL = ("subprocess", "os.system", "os.popen", "os.popen2", "os.execvp", "os.spawnlp")
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from migrate.types import Safety, Severity
 from rules.base import Flag, PortRule, Unchanged
+from rules.types import Safety, Severity
 
 _COMPILE = ("torch.compile", "torch._dynamo.optimize")
 

@@ -1,16 +1,16 @@
-"""The code the loss-scaling rules write, and how they edit statement lists (no rule lives here)."""
+"""The code the loss-scaling rules write, and the edits that put it in place (no rule lives here)."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import libcst as cst
 import libcst.matchers as m
 
-from rules.amp.step_analysis import Body, Step, code
+from rules.amp._step_analysis import Step, code
 from rules.calls import argument, same_quotes, string_value
+from rules.edits import Body, Edit, statement
 from rules.tree import findall
 
 TORCH = (("torch", None),)
@@ -29,10 +29,6 @@ def free_name(module: cst.Module, *candidates: str) -> str:
     """The first of `candidates` that no name in `module` uses."""
     used = {node.value for node in findall(module, m.Name())}  # type: ignore[attr-defined]
     return next((name for name in candidates if name not in used), f"{candidates[-1]}_")
-
-
-def statement(text: str) -> cst.BaseStatement:
-    return cst.parse_statement(text + "\n")
 
 
 def autocast(statements: Sequence[cst.BaseStatement], dtype: str) -> cst.With:
@@ -202,71 +198,6 @@ def _separator(entries: cst.Dict) -> cst.Comma:
     return cst.Comma(whitespace_after=opening if multiline else cst.SimpleWhitespace(" "))
 
 
-@dataclass(frozen=True)
-class Edit:
-    """A change to a statement list, at an index of the original list.
-
-    `insert_after` statements go after `index`, `insert_before` ones before it, and `wrap_until` makes the
-    statements `index..wrap_until` the body of `wrapper(statements)`.
-    """
-
-    index: int
-    message: str
-    insert_before: tuple[cst.BaseStatement, ...] = ()
-    insert_after: tuple[cst.BaseStatement, ...] = ()
-    wrap_until: int | None = None
-    wrapper: Callable[[Sequence[cst.BaseStatement]], cst.BaseStatement] | None = None
-    imports: tuple[tuple[str, str | None], ...] = ()  # what the new code needs imported, as PortRule.replace takes
-
-
-Apply = Callable[[Body, Body, Edit], Body]
-
-
-def apply_edits(original: Body, updated: Body, edits: Sequence[Edit], record: Apply) -> Body:
-    """Apply `edits` to `updated`, last index first, finding each original statement in it.
-
-    `record(updated, new, edit)` keeps or refuses each change, as `PortRule.replace` does. An edit whose statements
-    cannot be found for sure (another rule restructured the list around them) is dropped.
-    """
-    where = _align(original.body, updated.body)
-    for edit in sorted(edits, key=lambda e: e.index, reverse=True):
-        first = where[edit.index]
-        last = where[edit.wrap_until] if edit.wrap_until is not None else first
-        if first is None or last is None:
-            continue
-        body = list(updated.body)
-        if edit.wrapper is not None:
-            body[first : last + 1] = [edit.wrapper(body[first : last + 1])]
-        body[first + 1 : first + 1] = edit.insert_after
-        body[first:first] = edit.insert_before
-        updated = record(updated, updated.with_changes(body=body), edit)
-    return updated
-
-
-def _align(original: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]) -> list[int | None]:
-    """For each original statement, its index in `updated`, when other rules only inserted statements there.
-
-    An unchanged statement is found as an equal node no further than the number of insertions away; a changed one
-    only when it is alone between two found ones.
-    """
-    extra = len(updated) - len(original)
-    if extra == 0:
-        return list(range(len(original)))
-    where: list[int | None] = []
-    start = 0
-    for index, node in enumerate(original):
-        window = range(start, min(index + extra, len(updated) - 1) + 1) if extra > 0 else range(0)
-        found = next((k for k in window if updated[k] is node or updated[k].deep_equals(node)), None)
-        where.append(found)
-        start = found + 1 if found is not None else start
-    for index, position in enumerate(where):
-        if position is None:
-            before = max((w for w in where[:index] if w is not None), default=-1)
-            after = min((w for w in where[index + 1 :] if w is not None), default=len(updated))
-            where[index] = before + 1 if after - before == 2 else None
-    return where
-
-
 def update_edits(step: Step, scaler: str) -> list[tuple[Body, Edit]]:
     """`scaler.update()` after the last optimizer step of each block: once per iteration, only where a step ran."""
     last_in_block: dict[Body, int] = {}
@@ -291,32 +222,21 @@ def unscale_edits(step: Step, scaler: str) -> list[tuple[Body, Edit]]:
     return [(block, edit) for (block, _), edit in edits.items()]
 
 
-class StatementEdits:
-    """Mixin for rules that plan `Edit`s on the original tree and apply them when leaving each statement list."""
+class SavesScalerState:
+    """Mixin for the rules that save the scaler's state in checkpoints: each dictionary among `_checkpoints` (the
+    original nodes the rule planned to change) that holds an optimizer's state gets `_scaler`'s state next to it."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._edits: dict[Body, list[Edit]] = {}
+    _scaler: str
+    _checkpoints: set[cst.Dict]
 
-    def edit(self, block: Body, edit: Edit) -> None:
-        self._edits.setdefault(block, []).append(edit)
-
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        return self._apply(original_node, updated_node)
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        return self._apply(original_node, updated_node)
-
-    def _apply(self, original: Body, updated: Body) -> Body:
-        edits = self._edits.get(original)
-        if not edits:
-            return updated
-
-        def record(current: Body, new: Body, edit: Edit) -> Body:
-            at = original.body[edit.index]
-            return self.replace(original, current, new, edit.message, imports=edit.imports, at=at)  # type: ignore
-
-        return apply_edits(original, updated, edits, record)
+    def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.BaseExpression:
+        if original_node not in self._checkpoints:
+            return updated_node
+        new = checkpoint_with_scaler(updated_node, self._scaler)
+        if new is None:
+            return updated_node
+        return self.replace(  # type: ignore[attr-defined]
+            original_node, updated_node, new, "the scaler's state saved next to the optimizer's")
 
 
 GRAD_SCALERS = frozenset(

@@ -6,8 +6,8 @@ import dataclasses
 import difflib
 
 from migrate.engine import migrate_source
-from migrate.types import Action, Safety
 from rules.base import Case, Example, Flag, PortRule
+from rules.types import Action, Safety
 
 
 class ExampleFailure(AssertionError):

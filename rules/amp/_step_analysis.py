@@ -7,20 +7,19 @@ slice over the names the loss reads, within one loop iteration). The AMP1xx rule
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence, Union
+from typing import Callable, Iterator, Sequence
 
 import libcst as cst
 import libcst.matchers as m
 
 from rules.calls import dotted_name
+from rules.edits import Body
+from rules.loops import is_optimizer, method
 from rules.tree import findall, visit
 
-Body = Union[cst.Module, cst.IndentedBlock]
 Resolver = Callable[[cst.CSTNode], "set[str]"]
 
-_NOT_AN_OPTIMIZER = re.compile(r"sched|lr_|warmup|scaler|env", re.IGNORECASE)
 CLIP_FUNCTIONS = frozenset(
     f"torch.nn.utils{module}.{name}"
     for module in ("", ".clip_grad")
@@ -139,7 +138,7 @@ def autocast_bans(module: cst.Module, resolve: Resolver) -> AutocastBans:
 
 def _without_moves(call: cst.Call) -> cst.Call:
     """`nn.BCELoss()` for `nn.BCELoss().to(device)`."""
-    while _method(call) in _DATA_MOVES and isinstance(call.func.value, cst.Call):  # type: ignore[attr-defined]
+    while method(call) in _DATA_MOVES and isinstance(call.func.value, cst.Call):  # type: ignore[attr-defined]
         call = call.func.value  # type: ignore[attr-defined]
     return call
 
@@ -340,9 +339,9 @@ def _collect(line: cst.SimpleStatementLine, step: Step, resolve: Resolver, scale
                 step.clips.append(line)
             elif not names.isdisjoint(_CUSTOM_BACKWARD):
                 step.problems.append(Problem(call, *_CUSTOM, scaling_only=True))
-            elif _method(call) == "backward":
+            elif method(call) == "backward":
                 _add_backward(call, line, step, scaler, plain is call)
-            elif _method(call) == "step" and plain is call:
+            elif method(call) == "step" and plain is call:
                 _add_step(call, line, step, scaler, closures)
 
 
@@ -380,10 +379,10 @@ def _add_step(call: cst.Call, line: cst.SimpleStatementLine, step: Step, scaler:
     if scaler is not None:
         if m.matches(receiver, m.Name(scaler)) and call.args:
             step.steps.append(Site(call, line, call.args[0].value))
-        elif not call.args and _is_optimizer(receiver):
+        elif not call.args and is_optimizer(receiver):
             step.steps.append(Site(call, line, receiver))  # bypasses the scaler; the rules tell them apart
         return
-    if not _is_optimizer(receiver):
+    if not is_optimizer(receiver):
         return
     if call.args and (isinstance(call.args[0].value, cst.Lambda) or code(call.args[0].value) in closures):
         step.problems.append(
@@ -413,15 +412,6 @@ def _has_other_branch(owner: cst.BaseCompoundStatement | None) -> bool:
     return isinstance(owner, cst.If) and owner.orelse is not None
 
 
-def _is_optimizer(receiver: cst.BaseExpression) -> bool:
-    name = dotted_name(receiver)
-    return bool(name) and not _NOT_AN_OPTIMIZER.search(name.rsplit(".", 1)[-1])
-
-
-def _method(call: cst.Call) -> str:
-    return call.func.attr.value if isinstance(call.func, cst.Attribute) else ""
-
-
 def _computes(node: cst.CSTNode) -> bool:
     """Whether `node` calls something other than a data move (`x.to(device)`) or a tensor factory."""
     return any(not _makes_data(call) for call in findall(node, m.Call()))  # type: ignore[arg-type]
@@ -431,7 +421,7 @@ def _makes_data(call: cst.Call) -> bool:
     callee = dotted_name(call.func)
     if callee.startswith("torch.") and callee.rsplit(".", 1)[-1] in _FACTORIES:
         return True
-    return _method(call) in _DATA_MOVES
+    return method(call) in _DATA_MOVES
 
 
 def _writes(statement: cst.BaseStatement) -> set[str]:
@@ -484,7 +474,7 @@ class _Writes(cst.CSTVisitor):
         self._target(node.target)
 
     def visit_Call(self, node: cst.Call) -> None:
-        if _method(node) in _FILLS:
+        if method(node) in _FILLS:
             self._target(node.func.value)  # type: ignore[attr-defined]
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:

@@ -19,6 +19,7 @@ from libcst.metadata import QualifiedName
 from libcst.metadata.scope_provider import (
     _ASSIGNMENT_LIKE_NODES,
     AnnotationScope,
+    BaseAssignment,
     ClassScope,
     ComprehensionScope,
     FunctionScope,
@@ -26,7 +27,7 @@ from libcst.metadata.scope_provider import (
     Scope,
 )
 
-from migrate.walk import TRIVIA, child_fields
+from rules.walk import TRIVIA, child_fields
 
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 _ASSIGNMENT_LIKE = frozenset(_ASSIGNMENT_LIKE_NODES)
@@ -64,17 +65,34 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
         return names
 
     def _resolve(self, node: CSTNode) -> set[QualifiedName]:
-        scope = self.scopes[node]
-        read = self._recorder.reads.get(node)
-        if read is None:
+        scope = self.scopes[node]  # records the scopes and reads on first use
+        if node not in self._recorder.reads:
             return set(scope.get_qualified_names_for(node))
+        referents = self.referents(node)
+        return {qualified for referent in referents for qualified in referent.get_qualified_names_for(referent.name)}
+
+    def referents(self, node: CSTNode) -> set[BaseAssignment]:
+        """The assignments a read of `node` may refer to, as libcst's `Access.referents`; empty for no read."""
+        scope = self.scopes.get(node)
+        read = self._recorder.reads.get(node)
+        if scope is None or read is None:
+            return set()
         # A name read in its own scope before any assignment there refers to none of them (libcst's Access).
         name, index = read
         assignments = scope._resolve_scope_for_access(name, scope)
         earlier = {a for a in assignments if a.scope is not scope or a._index < index}
         if not earlier and assignments and scope.parent is not scope:
-            earlier = scope.parent._resolve_scope_for_access(name, scope)
-        return {qualified for referent in earlier for qualified in referent.get_qualified_names_for(referent.name)}
+            earlier = set(scope.parent._resolve_scope_for_access(name, scope))
+        return earlier
+
+    def references(self, target: cst.Name) -> list[CSTNode]:
+        """The reads that may refer to the assignment of `target`, as libcst's `Assignment.references`."""
+        self.scopes  # records the reads
+        return [
+            node
+            for node, (name, _) in self._recorder.reads.items()
+            if name == target.value and any(getattr(a, "node", None) is target for a in self.referents(node))
+        ]
 
     def __iter__(self) -> Iterator[CSTNode]:
         return iter(self.scopes)

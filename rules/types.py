@@ -1,0 +1,84 @@
+"""The vocabulary of a rule: the settings it runs under, how safe its fix is, and the findings it records.
+
+Everything here is frozen and picklable, so findings cross process boundaries unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+
+class Mode(str, Enum):
+    """How the port reaches the NPU."""
+
+    TRANSFER = "transfer"  # import transfer_to_npu, which patches cuda APIs at run time
+    EXPLICIT = "explicit"  # no runtime patching: rewrite every cuda API to its npu counterpart
+
+
+class Safety(str, Enum):
+    """Whether a rule's rewrite is applied by default (ruff's fix applicability)."""
+
+    SAFE = "safe"  # applied by default
+    UNSAFE = "unsafe"  # may change behaviour: applied only with --unsafe-fixes, reported otherwise
+    REPORT = "report-only"  # never rewrites; reports what a person must do
+
+
+class Severity(str, Enum):
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class Action(str, Enum):
+    """What happened at a finding's location."""
+
+    CHANGED = "changed"  # the code was rewritten
+    PENDING = "unsafe-fix-available"  # an unsafe rewrite exists but was not applied
+    REPORTED = "reported"  # nothing to rewrite; a person must look
+
+
+class AmpPolicy(str, Enum):
+    FP16 = "fp16"
+    BF16 = "bf16"
+    OFF = "off"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a rule may consult besides the source. One instance per file."""
+
+    mode: Mode = Mode.TRANSFER
+    unsafe_fixes: bool = False
+    is_entry: bool = True  # named on the command line, or has a __main__ guard
+    amp: AmpPolicy = AmpPolicy.FP16
+    seed: int | None = None
+    deterministic: bool = False
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One change or one finding, with the evidence a person needs to review it."""
+
+    path: str
+    line: int
+    column: int
+    code: str
+    severity: Severity
+    action: Action
+    message: str
+    suggestion: str = ""
+    end_line: int = 0
+    checklist: tuple[str, ...] = ()
+    old_code: str = ""
+    new_code: str = ""
+
+    @property
+    def location(self) -> str:
+        return f"{self.path}:{self.line}:{self.column}"
+
+    def as_row(self) -> dict[str, object]:
+        row = asdict(self)
+        row["severity"] = self.severity.value
+        row["action"] = self.action.value
+        row["checklist"] = " ".join(self.checklist)
+        return row

@@ -1,0 +1,114 @@
+"""The import graph between the packages (ARCHITECTURE.md): migrate -> rules, never back; verify stands alone and
+never loads libcst; verify's compare, report and store never load torch, so a report can be made on any laptop.
+
+Checked twice: every import statement in the package files, at any depth (so an import inside a function counts),
+followed through the project's own modules; and a fresh interpreter's sys.modules after importing the module.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("migrate", "rules", "verify")
+
+# (importer, what it may never import, directly or through other project modules)
+FORBIDDEN = [
+    ("rules", {"migrate", "verify"}),
+    ("verify", {"migrate", "rules", "libcst"}),
+]
+TORCH_FREE = ("verify.compare", "verify.report", "verify.store")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@lru_cache(maxsize=1)
+def _modules() -> dict[str, Path]:
+    return {
+        _module_name(path): path
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "emulated" not in path.relative_to(ROOT).parts  # data for verify's child processes, never imported here
+    }
+
+
+@lru_cache(maxsize=None)
+def _imports(module: str) -> frozenset[tuple[str, int]]:
+    """(imported module, line) for every import statement in `module`'s file, relative imports resolved."""
+    path = _modules()[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add((base, node.lineno))
+            # `from verify import report` imports the module verify.report
+            found.update((f"{base}.{alias.name}", node.lineno) for alias in node.names if f"{base}.{alias.name}" in _modules())
+    return frozenset(found)
+
+
+def _violations(start: str, forbidden: set[str]) -> list[str]:
+    """Each import statement through which `start` reaches a forbidden package, directly or through project
+    modules, as `path:line imports name (via a -> b -> ...)`."""
+    via = {start: [start]}
+    pending, found = [start], set()
+    while pending:
+        module = pending.pop()
+        for imported, line in sorted(_imports(module)):
+            where = f"{_modules()[module].relative_to(ROOT)}:{line}"
+            if imported.split(".")[0] in forbidden:
+                found.add(f"{where} imports {imported} (via {' -> '.join(via[module])})")
+            elif imported in _modules() and imported not in via:
+                via[imported] = [*via[module], imported]
+                pending.append(imported)
+    return sorted(found)
+
+
+@pytest.mark.parametrize("importer, forbidden", FORBIDDEN, ids=[f"{p}-imports-no-{'-'.join(sorted(f))}" for p, f in FORBIDDEN])
+def test_package_never_imports_the_layers_above_it(importer: str, forbidden: set[str]):
+    modules = [name for name in _modules() if name.split(".")[0] == importer]
+    assert modules
+    # Every module of the package is checked, so its own direct imports are enough.
+    violations = [
+        f"{_modules()[module].relative_to(ROOT)}:{line} imports {imported}"
+        for module in modules
+        for imported, line in sorted(_imports(module))
+        if imported.split(".")[0] in forbidden
+    ]
+    assert not violations, "\n".join(violations)
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_report_side_of_verify_never_imports_torch(module: str):
+    violations = _violations(module, {"torch", "torch_npu"})
+    assert not violations, "\n".join(violations)
+
+
+@pytest.mark.parametrize(
+    "module, forbidden",
+    [("rules", {"migrate", "verify"}), ("verify.cli", {"migrate", "rules", "libcst"}),
+     *((name, {"torch"}) for name in TORCH_FREE)],
+)
+def test_importing_loads_no_forbidden_package(module: str, forbidden: set[str]):
+    """What a fresh interpreter holds after the import: catches imports made by code that runs at import time."""
+    code = (
+        f"import sys, importlib; m = importlib.import_module({module!r}); "
+        f"getattr(m, 'all_rules', lambda: None)(); "  # the registry imports every rule module
+        f"print(sorted({{n.split('.')[0] for n in sys.modules}} & set({sorted(forbidden)!r})))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]", f"importing {module} loaded {loaded.stdout.strip()}"

@@ -1,0 +1,31 @@
+"""The accuracy checklist's items (shared/design/checklist.md, C1..C9) and where migrate writes it: the facts that
+`migrate` (which builds the checklist) and `verify` (which fills in C1 and shows the checklist in its reports) must
+agree on. Standard library only, so that verify reads them without loading migrate, the rules or libcst.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+# migrate writes its reports into <port stem>_report/ beside the port, the checklist as checklist.json in it.
+REPORT_SUFFIX = "_report"
+CHECKLIST_JSON = "checklist.json"
+
+
+class Status(str, Enum):
+    PASSED = "Passed"
+    FAILED = "Failed"
+    NOT_CHECKED = "Not checked"
+
+
+TITLES = {
+    "C1": "The benchmark gives constant results (same seed, same loss)",
+    "C2": "Mixed precision is enabled in the port",
+    "C3": "The port is complete (runs on the NPU; hccl for distributed; mixed precision)",
+    "C4": "Loss scaling is enabled (a dynamic scaler around backward and the optimizer step)",
+    "C5": "The dataset is complete and the same on both sides",
+    "C6": "Preprocessing has no resource-dependent setting; shuffling is seeded",
+    "C7": "Sharding does not depend on file-system order; the sampler's epoch is set",
+    "C8": "The training process is correct (zero_grad, no kept graphs, validation under no_grad/eval)",
+    "C9": "Hyperparameters of the port equal the benchmark's",
+}
