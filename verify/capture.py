@@ -311,44 +311,62 @@ def queue_reductions(tensor: torch.Tensor, stats: PendingStats, batch: StatBatch
         stats.nonfinite_counts = batch.add(tensor.isnan().sum(), tensor.isinf().sum())
 
 
-class DeviceStats:
+class _PendingCopies:
+    """Copies of small tensors waiting to be reduced together, grouped by a key (dtype, or device and dtype): a copy
+    because an in-place op may overwrite the tensor later in the step. The copies are reduced (`reduce`, by each
+    subclass) at the batch's next fetch or ship, or once they hold MAX_ELEMENTS."""
+
+    MAX_ELEMENTS = 1 << 20
+
+    def __init__(self, batch: StatBatch) -> None:
+        self._batch = batch
+        self._copies: dict[Any, tuple[list[torch.Tensor], list[PendingStats]]] = {}
+        self._elements = 0
+        batch.before_fetch(self.reduce)
+
+    def _keep(self, key: Any, copy: torch.Tensor, stats: PendingStats) -> None:
+        copies, owners = self._copies.setdefault(key, ([], []))
+        copies.append(copy)
+        owners.append(stats)
+        self._elements += stats.numel
+        if self._elements >= self.MAX_ELEMENTS:
+            self.reduce()
+
+    def _take(self) -> dict[Any, tuple[list[torch.Tensor], list[PendingStats]]]:
+        """The copies waiting, which are the caller's to reduce from now on."""
+        waiting, self._copies, self._elements = self._copies, {}, 0
+        return waiting
+
+    def discard(self) -> None:
+        self._copies, self._elements = {}, 0
+
+    def reduce(self) -> None:
+        raise NotImplementedError
+
+
+class DeviceStats(_PendingCopies):
     """Statistics of tensors that stay on their device until the step is shipped (`StatBatch.keeps_on_device`), with
     no host sync. A large floating tensor is reduced at once, while the op that wrote it may have left it in cache
     (`queue_reductions`, a handful of kernels); integer and bool ones too (their extremes, sum and norm in float64). A
-    small floating tensor, whose
-    reductions would cost mostly their launches, costs one: a copy in its accumulation dtype (an in-place op may
-    overwrite it later in the step). At ship time, or once the copies hold MAX_ELEMENTS, the copies of one (device,
+    small floating tensor, whose reductions would cost mostly their launches, costs one: a copy in its accumulation
+    dtype. At ship time, or once the copies hold MAX_ELEMENTS, the copies of one (device,
     dtype) are laid end to end and torch.segment_reduce reduces all of them at once, a few kernels for the lot."""
 
     LARGEST = 1 << 16  # elements
     MAX_ELEMENTS = 1 << 22
     _WIDTH = 6  # a row: min, max, sum, L2 norm, NaN count, inf count
 
-    def __init__(self, batch: StatBatch) -> None:
-        self._batch = batch
-        self._copies: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[PendingStats]]] = {}
-        self._elements = 0
-        batch.before_fetch(self.reduce)
-
     def add(self, tensor: torch.Tensor, stats: PendingStats) -> None:
         if stats.numel > self.LARGEST or not tensor.is_floating_point():
             queue_reductions(tensor, stats, self._batch)
             return
         accumulate = accumulation_dtype(tensor.dtype)
-        copies, owners = self._copies.setdefault((tensor.device, accumulate), ([], []))
-        copies.append(tensor.to(accumulate, memory_format=torch.contiguous_format, copy=True).view(-1))
-        owners.append(stats)
-        self._elements += stats.numel
-        if self._elements >= self.MAX_ELEMENTS:
-            self.reduce()
-
-    def discard(self) -> None:
-        self._copies, self._elements = {}, 0
+        copy = tensor.to(accumulate, memory_format=torch.contiguous_format, copy=True).view(-1)
+        self._keep((tensor.device, accumulate), copy, stats)
 
     def reduce(self) -> None:
         """Adds one row of statistics per copy to the batch, still on the device, and drops the copies."""
-        waiting, self._copies, self._elements = self._copies, {}, 0
-        for (device, _), (copies, owners) in waiting.items():
+        for (device, _), (copies, owners) in self._take().items():
             lengths = _on_device([stats.numel for stats in owners], device)
             key, offset = self._batch.add_rows(self._rows(torch.cat(copies), lengths))
             for position, stats in enumerate(owners):
@@ -411,7 +429,7 @@ def summarize_natively(tensor: torch.Tensor, kind: str, stats: PendingStats) -> 
     stats.known = (low, high, total / stats.numel, math.sqrt(squares), nan, inf)
 
 
-class SmallTensorStats:
+class SmallTensorStats(_PendingCopies):
     """Statistics of small CPU tensors, computed many at a time. Reducing a small tensor costs mostly the fixed
     overhead of the calls (four reductions and a read of the sum, ~25 us on CPU) whatever its size, and batching them
     in torch keeps most of it (reductions along a dimension and the foreach ops are slow on CPU). Here a small tensor
@@ -420,13 +438,6 @@ class SmallTensorStats:
     in one call per statistic."""
 
     LARGEST = 8192  # elements; larger tensors are cheaper to reduce at once, while they are still in cache
-    MAX_ELEMENTS = 1 << 20
-
-    def __init__(self, batch: StatBatch) -> None:
-        self._batch = batch
-        self._copies: dict[torch.dtype, tuple[list[torch.Tensor], list[PendingStats]]] = {}
-        self._elements = 0
-        batch.before_fetch(self.reduce)
 
     @classmethod
     def takes(cls, tensor: torch.Tensor, numel: int) -> bool:
@@ -434,20 +445,11 @@ class SmallTensorStats:
         return numel <= cls.LARGEST and tensor.is_cpu and type(tensor) in _PLAIN_TENSORS
 
     def add(self, tensor: torch.Tensor, stats: PendingStats) -> None:
-        copies, owners = self._copies.setdefault(tensor.dtype, ([], []))
-        copies.append(tensor.clone(memory_format=torch.contiguous_format))
-        owners.append(stats)
-        self._elements += stats.numel
-        if self._elements >= self.MAX_ELEMENTS:
-            self.reduce()
-
-    def discard(self) -> None:
-        self._copies, self._elements = {}, 0
+        self._keep(tensor.dtype, tensor.clone(memory_format=torch.contiguous_format), stats)
 
     def reduce(self) -> None:
         """Adds the statistics of every copy to the batch, as host numbers, and drops the copies."""
-        waiting, self._copies, self._elements = self._copies, {}, 0
-        for dtype, (copies, owners) in waiting.items():
+        for dtype, (copies, owners) in self._take().items():
             values = torch.cat([copy.view(-1) for copy in copies])
             if dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
                 values = values.float()
