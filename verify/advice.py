@@ -53,6 +53,11 @@ def _float64_lost(finding: Finding) -> bool:
     return finding.detail.get("dtype") == "float64" and finding.detail.get("actual_dtype") not in ("float64", None)
 
 
+def _update_by_hand(finding: Finding) -> bool:
+    """The divergent op is the script's own parameter update (compare._updates_by_hand)."""
+    return bool(finding.detail.get("update_by_hand"))
+
+
 def _follows_hparams(finding: Finding) -> bool:
     """The op diverges after a differing hyperparameter took effect (compare._hparams_behind): not evidence of a
     numerical issue, since the runs no longer compute on the same values."""
@@ -107,7 +112,12 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "{op} in {module} diverges although its inputs agree: an operator accuracy issue. Run it in fp32 (exclude it "
         "from autocast), disable fusion (call the unfused eager ops instead of a torch_npu fused kernel; "
         "torch_npu.npu.set_compile_mode(jit_compile=False)), and dump it in tensor mode for cosine/error figures."),
-        (), lambda finding: not _swapped(finding) and not _follows_hparams(finding) and not _float64_lost(finding)),
+        (), lambda finding: not (_swapped(finding) or _follows_hparams(finding) or _float64_lost(finding)
+                                 or _update_by_hand(finding))),
+    AdviceRule(FindingCode.OP_DIVERGES, (
+        "{op} ({phase}, step {step}) is the script's own parameter update (it trains without an optimizer, so no "
+        "learning rate is recorded): make the learning rate and the update rule of the two scripts equal (an "
+        "argparse default, a config value or a literal the port changed)."), ("C9",), _update_by_hand),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} ran in float64 on the reference and in {actual_dtype} on the port ({module} {phase}, step {step}): the "
         "lost precision is the cause, not the operator. Ascend NPUs support float64 partly (transfer_to_npu even maps "

@@ -639,15 +639,28 @@ def _op_findings(first: dict[str, Any] | None, ref: Run, actual: Run, hparams: p
     same_device = ref.manifest.device == actual.manifest.device
     # Same script and device but other hyperparameters (its arguments) is not a repeat of one run.
     code = FindingCode.NONDETERMINISM if same_script and same_device and not follows else FindingCode.OP_DIVERGES
+    by_hand = _updates_by_hand(first, ref, actual)
     message = (f"first divergent operator: {_op_label(first)}, stats error {first['stats_error']:.3g} > "
                f"{first['tolerance']:.3g}; {first['inputs_evidence']}"
-               + (f"; it follows from the {follows} difference" if follows else ""))
-    findings = [Finding(code, message, {**first, "follows_hparams": follows})]
+               + (f"; it follows from the {follows} difference" if follows else "")
+               + ("; it is the script's own parameter update (no optimizer): its learning rate or rule differs"
+                  if by_hand else ""))
+    findings = [Finding(code, message, {**first, "follows_hparams": follows, "update_by_hand": by_hand})]
     if first["step"] == 0 and (first["first_of_step"] or _before_first_forward(first, ref.ops)) and not inputs_differ:
         findings.append(Finding(FindingCode.DATA_ORDER, (
             f"{_op_label(first)} runs before the first forward of step 0 and already differs: the batch or the "
             "initial weights differ"), first))
     return findings
+
+
+def _updates_by_hand(op: dict[str, Any], ref: Run, actual: Run) -> bool:
+    """An in-place op at the top level after the step's backward, in runs without an optimizer: the script updates
+    its parameters itself (`p.data.add_(p.grad, alpha=-lr)`), so a learning rate there is no recorded hyperparameter
+    and the update is where a different one shows first."""
+    if op["phase"] != "other" or not op["op"].endswith("_") or not (ref.hparams.empty and actual.hparams.empty):
+        return False
+    backward = ref.ops.loc[(ref.ops["step"] == op["step"]) & (ref.ops["phase"] == "backward"), "seq"]
+    return bool(len(backward)) and op["seq"] > backward.min()
 
 
 def _input_findings(table: pd.DataFrame) -> list[Finding]:

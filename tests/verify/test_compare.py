@@ -460,3 +460,20 @@ def test_a_static_loss_scale_is_reported_but_does_not_fail(tmp_path):
     assert result.verdict.passed, result.verdict.reason
     stuck = next(f for f in result.findings if f.code == FindingCode.SCALE_STUCK)
     assert stuck.message.startswith("actual loss scale never grows (1024)")
+
+
+def test_a_script_that_updates_its_parameters_itself_is_told_its_learning_rate_differs(tmp_path):
+    """No optimizer (pytorch/examples word_language_model's `p.data.add_(p.grad, alpha=-lr)`): no learning rate is
+    recorded, so the first op to differ, the in-place update after backward(), is named as the script's own update."""
+    trace = [*TRACE[:15], ("other", "", "aten.add_", "float32", (16, 3, 3, 3))]
+    no_hparams = pd.DataFrame(columns=["step", "group", "name", "value", "optimizer"])
+    ref_ops = trace_ops(trace=trace)
+    actual_ops = with_noise(ref_ops)
+    update = actual_ops["op"] == "aten.add_"
+    actual_ops.loc[update, ["min", "max", "mean", "l2_norm"]] *= 1.01
+    later = actual_ops["step"] > 0
+    actual_ops.loc[later & ~update, "l2_norm"] *= 1.01
+    result = compare_runs(read_side(write_run(tmp_path / "ref", ops=ref_ops, hparam=no_hparams)),
+                          read_side(write_run(tmp_path / "actual", ops=actual_ops, hparam=no_hparams)))
+    assert result.verdict.reason.startswith("FAIL: first divergent operator: aten.add_ (other, step 0")
+    assert "the script's own parameter update (no optimizer): its learning rate or rule differs" in result.verdict.reason
