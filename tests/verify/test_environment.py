@@ -9,7 +9,8 @@ import typer
 from typer.testing import CliRunner
 
 from verify.cli import app
-from verify.environment import Difference, differences, explaining, recorded_variables
+from verify.environment import Difference, differences, explaining
+from verify.environment_record import recorded_variables
 from verify.pair import route
 from verify.schema import RunManifest
 
