@@ -236,19 +236,25 @@ def _sequence_pairs(ref: _Side, actual: _Side, ref_rows: np.ndarray, actual_rows
     one_sided = np.append(pd.Index(vocab["op"]).isin(list(ONE_SIDED_OPS)), False)  # index -1: a missing op
     groups = _combined_key([np.concatenate(pair) for pair in zip(_group_columns(ref, ref_rows),
                                                                    _group_columns(actual, actual_rows))])
+    # Signatures and slots of both sides in one vocabulary: a mixed-radix key made per side would number the same
+    # (family, io, shape) differently wherever one side has an op the other lacks (a swapped activation).
+    sides = ((ref, ref_rows), (actual, actual_rows))
+    ops = np.concatenate([side.codes["op"][rows] for side, rows in sides])
+    slot = _combined_key([np.concatenate([side.codes[column][rows] for side, rows in sides]) for column in ("io", "shape")])
+    signature = _combined_key([family[ops], slot])
+    slot[one_sided[ops]] = -1  # an expected one-sided op (a cast) never stands in for another
 
-    def by_group(side: _Side, rows: np.ndarray, group: np.ndarray) -> dict[int, tuple[np.ndarray, list, np.ndarray]]:
+    def by_group(side: _Side, rows: np.ndarray, part: slice) -> dict[int, tuple[np.ndarray, list, np.ndarray]]:
+        group, side_signature, side_slot = groups[part], signature[part], slot[part]
         order = np.lexsort((side.codes["io"][rows], side.numbers["seq"][rows], group))
-        rows, group = rows[order], group[order]
-        slot = _combined_key([side.codes["io"][rows], side.codes["shape"][rows]])
-        signature = _combined_key([family[side.codes["op"][rows]], slot])
-        slot[one_sided[side.codes["op"][rows]]] = -1  # an expected one-sided op (a cast) never stands in for another
+        rows, group, side_signature, side_slot = rows[order], group[order], side_signature[order], side_slot[order]
         bounds = np.flatnonzero(np.diff(group)) + 1
         return {int(g[0]): (r, s.tolist(), t) for g, r, s, t in zip(
-            np.split(group, bounds), np.split(rows, bounds), np.split(signature, bounds), np.split(slot, bounds))}
+            np.split(group, bounds), np.split(rows, bounds), np.split(side_signature, bounds),
+            np.split(side_slot, bounds))}
 
-    ref_groups = by_group(ref, ref_rows, groups[:len(ref_rows)])
-    actual_groups = by_group(actual, actual_rows, groups[len(ref_rows):])
+    ref_groups = by_group(ref, ref_rows, slice(0, len(ref_rows)))
+    actual_groups = by_group(actual, actual_rows, slice(len(ref_rows), None))
     ref_ids, actual_ids = [], []
     for group, (ref_group, ref_signature, ref_slot) in ref_groups.items():  # one iteration per module call, not row
         if group not in actual_groups:

@@ -217,6 +217,8 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
         {s: table[f"ref_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES},
         {s: table[f"actual_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES})
     limits = tolerances.pair_tolerances(table["ref_dtype"], table["actual_dtype"], policy.op_widen)
+    batch = (table["ref_op"] == INPUT_OP).to_numpy(dtype=bool, na_value=False)
+    limits.loc[batch, "stats_rtol"] = np.minimum(limits.loc[batch, "stats_rtol"], tolerances.BATCH_RTOL)
     table["tolerance"] = limits["stats_rtol"].to_numpy()
     matched = table["status"].isin(MATCHED).to_numpy()
     nonfinite_agree = (_has(table, "ref_nan_count") == _has(table, "actual_nan_count")) & (
@@ -408,7 +410,10 @@ def compare_hparams(ref: Run, actual: Run) -> pd.DataFrame:
     merged = sides[0].merge(sides[1], on=keys, how="outer", suffixes=("_ref", "_actual"))
     merged["ref_value"] = merged["text_ref"].fillna("(absent)")
     merged["actual_value"] = merged["text_actual"].fillna("(absent)")
-    differing = merged.loc[merged["ref_value"] != merged["actual_value"]].sort_values(keys)
+    # A scheduler's bookkeeping copies (initial_lr, ...) sort after the value they copy (lr), which names the cause.
+    differing = (merged.loc[merged["ref_value"] != merged["actual_value"]]
+                 .assign(derived=lambda rows: rows["name"].astype(str).str.startswith("initial_"))
+                 .sort_values([key for key in keys if key != "name"] + ["derived", "name"]))
     first = differing.drop_duplicates([k for k in keys if k != "step"]).reset_index(drop=True)
     first_step = int(merged["step"].min()) if len(merged) else 0
     # Composed in Python, row by row (a handful of rows): pandas arithmetic on strings depends on each column's dtype
@@ -738,8 +743,19 @@ def _match_finding(table: pd.DataFrame) -> list[Finding]:
         "models"), {"share": share})]
 
 
-def _verdict(findings: list[Finding], loss: LossComparison, table: pd.DataFrame, policy: PrecisionPolicy) -> Verdict:
-    failing = sorted((f for f in findings if f.code in FAILING), key=lambda f: FAILING.index(f.code))
+def _cause_rank(finding: Finding, first: dict[str, Any] | None) -> float:
+    """Causes before symptoms: FAILING's order, except that an overflow at a later step than the first divergent
+    operator follows from that divergence and ranks after it."""
+    rank = FAILING.index(finding.code)
+    later = first is not None and finding.detail.get("step") is not None and finding.detail["step"] > first["step"]
+    if finding.code is FindingCode.OVERFLOW and later:
+        return FAILING.index(FindingCode.OP_DIVERGES) + 0.5
+    return rank
+
+
+def _verdict(findings: list[Finding], loss: LossComparison, table: pd.DataFrame, policy: PrecisionPolicy,
+             first: dict[str, Any] | None) -> Verdict:
+    failing = sorted((f for f in findings if f.code in FAILING), key=lambda f: _cause_rank(f, first))
     if failing:
         return Verdict(False, f"FAIL: {failing[0].message}")
     if loss.steps_compared == 0 and table.empty:
@@ -808,6 +824,6 @@ def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions
         findings.append(Finding(FindingCode.AMP_ONE_SIDE, policy.description,
                                 {"ref_amp": policy.ref_amp, "actual_amp": policy.actual_amp}))
     return ComparisonResult(
-        verdict=_verdict(findings, loss, table, policy), policy=policy, ref=ref, actual=actual, loss=loss,
+        verdict=_verdict(findings, loss, table, policy, first), policy=policy, ref=ref, actual=actual, loss=loss,
         ops=table, first_divergent=first, hparams=hparams, grads=grads, outputs=outputs, overflow=overflow,
         findings=findings, notes=notes)

@@ -37,6 +37,9 @@ OP_TOLERANCES: dict[str, OpTolerance] = {
     # cosine 0.99 is msprobe's own threshold, which was tuned on bf16 LLM training.
     "bfloat16": OpTolerance(stats_rtol=4e-2, cosine_min=0.99, max_abs_error=5e-2, within_5e3_min=0.5, looseness=3),
 }
+# The batch a model receives (compare's INPUT_OP records) is data, not computation: both sides read it from the same
+# files through the same code, so it agrees to the summation order of its statistics, or the sides read other data.
+BATCH_RTOL = 1e-6
 # Integers and booleans (indices, masks, argmax) must be identical: any difference is a real divergence.
 EXACT = OpTolerance(stats_rtol=0.0, cosine_min=1.0, max_abs_error=0.0, within_5e3_min=1.0, looseness=-1)
 # A dtype we do not know (float8, complex, a dtype string from a newer writer) is judged like fp32 rather than skipped.

@@ -86,3 +86,15 @@ def test_empty_sides():
     table = align_ops(ops([("m", "aten.mm")]), empty)
     assert pairs(table) == [("only_ref", "aten.mm", None)]
 
+
+
+def test_a_swapped_function_pairs_and_the_same_function_after_it_still_pairs():
+    """F.relu swapped for F.gelu in a module that calls F.relu again later (pytorch/examples mnist's Net.forward): the
+    sequence pass numbered signatures per side, so the later relu, identical on both sides, paired with nothing."""
+    ref = pd.concat([ops([("Net", "aten.relu")], shape="8x26"), ops([("Net", "aten.relu")], shape="8x24")])
+    actual = pd.concat([ops([("Net", "aten.gelu")], shape="8x26"), ops([("Net", "aten.relu")], shape="8x24")])
+    for frame in (ref, actual):
+        frame["seq"] = range(len(frame))
+        frame["call_index"] = frame.groupby(["module", "op"]).cumcount()
+    table = align_ops(ref, actual)
+    assert pairs(table) == [("sequence", "aten.relu", "aten.gelu"), ("sequence", "aten.relu", "aten.relu")]

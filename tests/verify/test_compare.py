@@ -184,6 +184,10 @@ def test_inf_on_one_side_is_named_overflow(tmp_path):
     hit = (actual["step"] == 2) & (actual["op"] == "aten.addmm") & (actual["module"] == "Net.fc1")
     actual.loc[hit, ["max", "inf_count"]] = [np.inf, 3]
     scale = [65536.0, 32768.0, 16384.0]
+    backward = actual["phase"] == "backward"  # a GradScaler's backward carries the scale of its step
+    factor = actual["step"].map(dict(enumerate(scale)))
+    actual.loc[backward, ["min", "max", "mean", "l2_norm"]] = actual.loc[backward, ["min", "max", "mean", "l2_norm"]].mul(
+        factor[backward], axis=0)
     loss = losses().assign(loss_scale=scale)
     result = run_pair(tmp_path, actual_ops=actual, loss=loss)
     assert not result.verdict.passed
@@ -477,3 +481,35 @@ def test_a_script_that_updates_its_parameters_itself_is_told_its_learning_rate_d
                           read_side(write_run(tmp_path / "actual", ops=actual_ops, hparam=no_hparams)))
     assert result.verdict.reason.startswith("FAIL: first divergent operator: aten.add_ (other, step 0")
     assert "the script's own parameter update (no optimizer): its learning rate or rule differs" in result.verdict.reason
+
+
+def test_a_first_batch_that_differs_by_less_than_an_ops_tolerance_is_still_other_data(tmp_path):
+    """Two batches of normalised images differ by well under fp32's 1e-3 in their statistics; a batch is data, not
+    computation, so it is held to its summation order (tolerances.BATCH_RTOL)."""
+    batch = [("forward", "Net", "input", "float32", (64, 1, 28, 28))]
+    ref_ops = trace_ops(trace=batch + TRACE).assign(io=lambda ops: np.where(ops["op"] == "input", "in0", "out0"))
+    actual_ops = ref_ops.copy()
+    actual_ops.loc[actual_ops["op"] == "input", "l2_norm"] *= 1.0004
+    result = compare_runs(read_side(write_run(tmp_path / "ref", ops=ref_ops)),
+                          read_side(write_run(tmp_path / "actual", ops=actual_ops)))
+    assert result.verdict.reason.startswith("FAIL: the sides read different data"), result.verdict.reason
+
+
+def test_an_overflow_after_the_first_divergent_op_is_its_consequence(tmp_path):
+    actual_ops = with_noise(trace_ops())
+    actual_ops.loc[(actual_ops["step"] == 0) & (actual_ops["op"] == "aten.relu"), "l2_norm"] *= 1.5
+    actual_ops = overflowing(actual_ops, [1])
+    ref = write_run(tmp_path / "ref", loss=losses(scale=65536.0), skipped_steps=[1],
+                    loss_scaler={"twin": "scale", "followed": [1], "overflowed": []})
+    actual = write_run(tmp_path / "actual", ops=actual_ops, loss=losses(scale=65536.0), skipped_steps=[1],
+                       loss_scaler={"init_scale": 65536.0, "growth_interval": 2000})
+    result = compare_runs(read_side(ref), read_side(actual))
+    assert result.verdict.reason.startswith("FAIL: first divergent operator: aten.relu (Net.relu forward, step 0")
+    assert any(f.code == FindingCode.OVERFLOW for f in result.findings)
+
+
+def test_a_changed_learning_rate_is_named_by_lr_not_the_schedulers_copy(tmp_path):
+    changed = hparams(lr=0.2)
+    changed = pd.concat([changed, changed.loc[changed["name"] == "lr"].assign(name="initial_lr")])
+    result = run_pair(tmp_path, hparam=changed)
+    assert result.verdict.reason.startswith("FAIL: hyperparameter differs: lr 0.1 vs 0.2")
