@@ -240,7 +240,8 @@ def _sequence_pairs(ref: _Side, actual: _Side, ref_rows: np.ndarray, actual_rows
     # (family, io, shape) differently wherever one side has an op the other lacks (a swapped activation).
     sides = ((ref, ref_rows), (actual, actual_rows))
     ops = np.concatenate([side.codes["op"][rows] for side, rows in sides])
-    slot = _combined_key([np.concatenate([side.codes[column][rows] for side, rows in sides]) for column in ("io", "shape")])
+    slot = _combined_key([np.concatenate([side.codes[column][rows] for side, rows in sides])
+                          for column in ("io", "shape")])
     signature = _combined_key([family[ops], slot])
     slot[one_sided[ops]] = -1  # an expected one-sided op (a cast) never stands in for another
 

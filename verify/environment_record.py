@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from verify.environment import (ENVIRONMENT_KEY, FULL_FP32, HF32, MAX_LOADERS, RECORDED_NAMES, RECORDED_PREFIXES, SECRET,
-                                TF32)
+from verify.environment import (ENVIRONMENT_KEY, FULL_FP32, HF32, MAX_LOADERS, RECORDED_NAMES, RECORDED_PREFIXES,
+                                SECRET, TF32)
 
 
 @contextlib.contextmanager

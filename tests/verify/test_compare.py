@@ -186,8 +186,8 @@ def test_inf_on_one_side_is_named_overflow(tmp_path):
     scale = [65536.0, 32768.0, 16384.0]
     backward = actual["phase"] == "backward"  # a GradScaler's backward carries the scale of its step
     factor = actual["step"].map(dict(enumerate(scale)))
-    actual.loc[backward, ["min", "max", "mean", "l2_norm"]] = actual.loc[backward, ["min", "max", "mean", "l2_norm"]].mul(
-        factor[backward], axis=0)
+    stats = ["min", "max", "mean", "l2_norm"]
+    actual.loc[backward, stats] = actual.loc[backward, stats].mul(factor[backward], axis=0)
     loss = losses().assign(loss_scale=scale)
     result = run_pair(tmp_path, actual_ops=actual, loss=loss)
     assert not result.verdict.passed
@@ -480,7 +480,8 @@ def test_a_script_that_updates_its_parameters_itself_is_told_its_learning_rate_d
     result = compare_runs(read_side(write_run(tmp_path / "ref", ops=ref_ops, hparam=no_hparams)),
                           read_side(write_run(tmp_path / "actual", ops=actual_ops, hparam=no_hparams)))
     assert result.verdict.reason.startswith("FAIL: first divergent operator: aten.add_ (other, step 0")
-    assert "the script's own parameter update (no optimizer): its learning rate or rule differs" in result.verdict.reason
+    assert ("the script's own parameter update (no optimizer): its learning rate or rule differs"
+            in result.verdict.reason)
 
 
 def test_a_first_batch_that_differs_by_less_than_an_ops_tolerance_is_still_other_data(tmp_path):
