@@ -373,6 +373,8 @@ class StepRecorder:
 
     def _after_forward(self, module, args, output) -> None:
         self._root_depth -= 1
+        if self._root_depth == 0 and self.enabled and self.capture is not None:
+            self.capture.note_outputs(output)
         if self._root_depth or not self.enabled or self.optimizers_created:
             return
         if not self.training:

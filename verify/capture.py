@@ -64,6 +64,7 @@ _NOT_RECORDED = {
 }
 
 Handle = tuple[Any, int, int]
+_DEAD = lambda: None  # noqa: E731  (a weak reference whose tensor is gone)
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -739,6 +740,7 @@ class OpCapture:
         self.small_tensors = SmallTensorStats(batch)
         self.recording = True
         self.rows: list[OpRow] = []
+        self._computed: dict[int, weakref.ref] = {}  # note_outputs
         self.truncated = False  # this step reached MAX_ROWS_PER_STEP
         self._seq = 0
         self._call_counts: dict[tuple[str, str, str], int] = {}
@@ -787,11 +789,27 @@ class OpCapture:
             for name, parameter in parameters:
                 self.record(self._call(_OPTIMIZER, name, UPDATE_OP), "out", [parameter.detach()])
 
+    def note_outputs(self, output: Any) -> None:
+        """An outermost module's outputs: what a later outermost module (a loss) receives of them is computed, not
+        data, and record_inputs leaves it out. Kept by id with a weak reference (a tensor's == is elementwise)."""
+        for leaf in _leaves(output):
+            if isinstance(leaf, torch.Tensor):
+                self._computed[id(leaf)] = weakref.ref(leaf)
+
+    def _is_data(self, tensor: torch.Tensor) -> bool:
+        """Read from a dataset rather than computed in this step: no autograd history, and no outermost module's
+        output (nor a view of one)."""
+        if tensor.grad_fn is not None:
+            return False
+        return not any(candidate is not None and self._computed.get(id(candidate), _DEAD)() is candidate
+                       for candidate in (tensor, tensor._base))
+
     def record_inputs(self, module: torch.nn.Module, args: Any) -> None:
-        """The tensors an outermost module's forward receives (op INPUT_OP, io in0, in1...): the batch each side read,
-        which the comparison checks before any operator. Integer tensors (token ids, labels) are summarised as float64
-        values, so that their mean and norm, not only their min and max, tell two batches apart."""
-        tensors = [leaf for leaf in _leaves(args) if isinstance(leaf, torch.Tensor)]
+        """The data an outermost module's forward receives (op INPUT_OP, io in0, in1...): the batch each side read,
+        which the comparison checks before any operator; a loss module's labels too, not the predictions it gets
+        (note_outputs). Integer tensors (token ids, labels) are summarised as float64 values, so that their mean and
+        norm, not only their min and max, tell two batches apart."""
+        tensors = [leaf for leaf in _leaves(args) if isinstance(leaf, torch.Tensor) and self._is_data(leaf)]
         if not tensors or not self.recording:
             return
         with self.paused(), torch.no_grad():
@@ -854,6 +872,7 @@ class OpCapture:
 
     def discard_step(self, next_step: int) -> None:
         self.small_tensors.discard()
+        self._computed = {}
         self.modules.release_leaf_hooks()
         self.rows = []
         self.truncated = False

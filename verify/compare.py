@@ -229,9 +229,25 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     passed = _judge_md5(table, matched, passed, nonfinite_agree, judged_by)
     passed = _judge_tensors(table, matched, passed, nonfinite_agree, judged_by, limits, ref, actual, notes)
     table["judged_by"] = pd.Categorical.from_codes(judged_by, categories=JUDGED_BY)
+    passed = passed | _indices_of_agreeing_values(table, matched, passed)
     judged = matched & ~_scaler_overflow(table, ref, actual)
     table["passed"] = pd.arrays.BooleanArray(passed & judged, ~judged)  # unmatched rows: NA, neither pass nor fail
     return table
+
+
+def _indices_of_agreeing_values(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray) -> np.ndarray:
+    """Integer outputs of an op whose floating outputs agree: the indices of max_pool2d_with_indices, topk, sort or
+    max.dim. They come from comparing floats, and values within tolerance may tie-break to other positions, so the
+    values they index decide. An op with integer outputs only (argmax, an index computation) stays exact."""
+    exact = table["ref_dtype"].isin(tolerances.EXACT_DTYPES).to_numpy(dtype=bool, na_value=False)
+    call = pd.factorize(table["step"].to_numpy() * (int(np.nan_to_num(table["ref_seq"].max(), nan=0)) + 1)
+                        + table["ref_seq"].to_numpy(dtype="int64", na_value=-1))[0]
+    size = int(call.max(initial=-1)) + 1
+    floats = matched & ~exact
+    values_agree = (np.bincount(call, weights=floats & passed, minlength=size)
+                    == np.bincount(call, weights=floats, minlength=size)) & (np.bincount(call, weights=floats,
+                                                                                          minlength=size) > 0)
+    return matched & exact & values_agree[call]
 
 
 def skipped_steps(ref: Run, actual: Run) -> list[int]:

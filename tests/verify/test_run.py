@@ -208,3 +208,14 @@ def test_an_error_inside_optimizer_step_is_the_scripts_own_crash(tmp_path):
     manifest = run(tmp_path, "failing_optimizer.py").manifest
     assert (manifest.status, manifest.steps_completed) == (Status.CRASHED.value, 1)
     assert "the optimizer broke at its second step" in manifest.message and not manifest.verify_error
+
+
+def test_a_gpu_script_takes_its_gpu_code_path_on_emulated_cuda(tmp_path):
+    """auto on a machine without a GPU: EMULATED CUDA, where torch.accelerator, DataParallel, pin_memory and Adam's
+    graph-capture check all answer as on one GPU (DataParallel used to refuse parameters on the CPU)."""
+    options = RunOptions(steps=3, device="auto")
+    run_dir = run_script(SCRIPTS / "cuda_code_path.py", [], options, tmp_path / "run")
+    manifest = read_run(run_dir).manifest
+    assert (manifest.status, manifest.device, manifest.emulated) == (Status.OK.value, "emulated-cuda", True)
+    assert manifest.title.endswith("on EMULATED CUDA (on cpu)")
+    assert '"device": "cuda", "cuda": true, "name": "Emulated CUDA (CPU)"' in (run_dir / "output.log").read_text()

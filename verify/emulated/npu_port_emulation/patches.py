@@ -14,6 +14,7 @@ stand-in) to the emulation target. Consequences a script can see:
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any, Callable
 
 import torch
@@ -145,7 +146,8 @@ def install_device_patches(face: str) -> None:
     ddp = torch.nn.parallel.DistributedDataParallel
     ddp.__init__ = _ddp_init(ddp.__init__)
     if TARGET == "cpu":
-        torch.nn.parallel.data_parallel._get_available_device_type = _no_data_parallel_device
+        # the module, not torch.nn.parallel.data_parallel: that name is the data_parallel() function
+        importlib.import_module("torch.nn.parallel.data_parallel")._get_available_device_type = _no_data_parallel_device
 
 
 def _autocast_init(original: Callable) -> Callable:
