@@ -514,3 +514,25 @@ def test_a_changed_learning_rate_is_named_by_lr_not_the_schedulers_copy(tmp_path
     changed = pd.concat([changed, changed.loc[changed["name"] == "lr"].assign(name="initial_lr")])
     result = run_pair(tmp_path, hparam=changed)
     assert result.verdict.reason.startswith("FAIL: hyperparameter differs: lr 0.1 vs 0.2")
+
+
+def test_indices_follow_the_values_they_index_but_integer_only_ops_stay_exact(tmp_path):
+    """max_pool2d_with_indices' out1 (indices) may tie-break elsewhere on another device while its values (out0) agree;
+    an argmax, whose output is all there is, must match exactly."""
+    pool = [("forward", "Net.pool", "aten.max_pool2d_with_indices", "float32", (8, 16, 16, 16))]
+    ref_ops = trace_ops(trace=[*TRACE[:3], *pool, ("other", "", "aten.argmax", "int64", (8,)), *TRACE[4:]])
+    indices = ref_ops.loc[ref_ops["op"] == "aten.max_pool2d_with_indices"].assign(io="out1", dtype="int64")
+    ref_ops = pd.concat([ref_ops, indices]).sort_values(["step", "seq", "io"]).reset_index(drop=True)
+    actual_ops = with_noise(ref_ops)
+    integers = actual_ops["dtype"] == "int64"
+    actual_ops.loc[integers] = ref_ops.loc[integers]  # device noise moves floats only
+    tie_breaks = actual_ops["io"] == "out1"
+    actual_ops.loc[tie_breaks, "mean"] += 1e-3
+    result = compare_runs(read_side(write_run(tmp_path / "ref", ops=ref_ops)),
+                          read_side(write_run(tmp_path / "actual", ops=actual_ops)))
+    assert result.verdict.passed, result.verdict.reason
+    argmax = actual_ops["op"] == "aten.argmax"
+    actual_ops.loc[argmax, "mean"] += 1e-3
+    result = compare_runs(read_side(write_run(tmp_path / "ref2", ops=ref_ops)),
+                          read_side(write_run(tmp_path / "actual2", ops=actual_ops)))
+    assert result.verdict.reason.startswith("FAIL: first divergent operator: aten.argmax"), result.verdict.reason

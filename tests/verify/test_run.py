@@ -219,3 +219,12 @@ def test_a_gpu_script_takes_its_gpu_code_path_on_emulated_cuda(tmp_path):
     assert (manifest.status, manifest.device, manifest.emulated) == (Status.OK.value, "emulated-cuda", True)
     assert manifest.title.endswith("on EMULATED CUDA (on cpu)")
     assert '"device": "cuda", "cuda": true, "name": "Emulated CUDA (CPU)"' in (run_dir / "output.log").read_text()
+
+
+def test_the_batch_is_recorded_but_not_a_loss_modules_predictions(tmp_path):
+    """op 'input' records hold the data the outermost modules receive: the model's batch and the loss module's labels,
+    not the predictions the loss module receives from the model (computed, not read)."""
+    ops = run(tmp_path, "cuda_code_path.py", steps=2).ops
+    inputs = ops.loc[ops["op"] == "input"]
+    assert set(inputs["module"]) == {"Linear"} and set(inputs["io"]) == {"in0"}
+    assert inputs["dtype"].eq("float32").all() and inputs["mean"].notna().all()
