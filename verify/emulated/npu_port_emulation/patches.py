@@ -121,7 +121,9 @@ def _no_data_parallel_device() -> None:
 def install_accelerator(face: str, device_api: Any) -> None:
     """torch.accelerator answers for the face's device (scripts such as pytorch/examples choose their device by it),
     asking the emulated device API."""
-    accelerator = torch.accelerator
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None:  # torch < 2.6 has no torch.accelerator for a script to ask
+        return
     accelerator.is_available = lambda: True
     accelerator.current_accelerator = lambda check_available=False: torch.device(face)
     accelerator.device_count = device_api.device_count
