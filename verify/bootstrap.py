@@ -267,20 +267,20 @@ class StepRecorder:
         return list({id(p): p for ref in self._roots if ref() is not None for p in ref().parameters()}.values())
 
     def _scaled_backward(self, original, loss, *args, **kwargs):
-        """Backward of loss * the twin's scale; the fresh gradients are unscaled right after (LossScalerTwin), then
-        added to those of earlier micro-steps."""
+        """Backward of loss * the twin's scale, then every gradient unscaled (LossScalerTwin). Gradients held from
+        earlier micro-steps are scaled first, so that backward accumulates into scaled gradients as under the port's
+        GradScaler (the same in-place adds); the scales are powers of two, so nothing is rounded by it."""
+        scale = self.twin.scale_at(self.steps_done)
         parameters = self._root_parameters()
-        kept = [parameter.grad for parameter in parameters]
-        for parameter in parameters:
-            parameter.grad = None
+        with self._own_work():
+            held = [parameter.grad for parameter in parameters if parameter.grad is not None]
+            if held:
+                torch._foreach_mul_(held, scale)
         with self._paused_capture():  # as a GradScaler's scale() is
-            scaled = loss * self.twin.scale_at(self.steps_done)
+            scaled = loss * scale
         result = original(scaled, *args, **kwargs)
         with self._own_work():
             self.twin.unscale_([parameter.grad for parameter in parameters if parameter.grad is not None])
-            for parameter, earlier in zip(parameters, kept):
-                if earlier is not None:
-                    parameter.grad = earlier if parameter.grad is None else earlier + parameter.grad
         return result
 
     def _check_gradients_reset(self) -> None:

@@ -230,7 +230,10 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     passed = _judge_tensors(table, matched, passed, nonfinite_agree, judged_by, limits, ref, actual, notes)
     table["judged_by"] = pd.Categorical.from_codes(judged_by, categories=JUDGED_BY)
     passed = passed | _indices_of_agreeing_values(table, matched, passed)
-    judged = matched & ~_scaler_overflow(table, ref, actual)
+    # Casts and copies carry values, they compute none: what they carry is judged at the ops that use it (their n-th
+    # call on one side need not be the n-th on the other), so they are neither passed nor failed themselves.
+    carried = table["ref_op"].isin(list(CARRIER_OPS)).to_numpy(dtype=bool, na_value=False)
+    judged = matched & ~_scaler_overflow(table, ref, actual) & ~carried
     table["passed"] = pd.arrays.BooleanArray(passed & judged, ~judged)  # unmatched rows: NA, neither pass nor fail
     return table
 

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from verify import environment
 from verify.advice import Advice, advise
+from verify.align import AlignStatus
 from verify.checklist_items import CHECKLIST_JSON  # written by `migrate` (id, title, status, evidence, action)
 from verify.compare import ComparisonResult
 from verify.schema import title
@@ -149,7 +150,8 @@ def diverging_rows(result: ComparisonResult, limit: int) -> pd.DataFrame:
     """Rows past tolerance, in execution order, then unmatched rows (those without an expected-one-side note)."""
     ops = result.ops
     failing = ops.loc[ops["passed"] == False]  # noqa: E712 (nullable boolean: NA rows are unmatched, not failing)
-    unmatched = ops.loc[ops["passed"].isna() & ops["note"].isna()]
+    one_sided = ops["status"].isin([AlignStatus.ONLY_REF.value, AlignStatus.ONLY_ACTUAL.value])
+    unmatched = ops.loc[one_sided & ops["note"].isna()]
     return pd.concat([failing.head(limit), unmatched.head(max(0, limit - len(failing)))])
 
 
