@@ -55,6 +55,7 @@ from verify.capture import (
     step_columns,
     summarize,
     tensors_in,
+    unwrapped,
 )
 from verify import environment_record
 from verify.schema import (AUTOCAST_DTYPES, GRADS_DIR, LOSS_SCALER_ENV, OPS_DIR, OUTPUTS_DIR, STAT_COLUMNS, DumpMode,
@@ -405,7 +406,7 @@ class StepRecorder:
             root = ref()
             if root is None:
                 continue
-            for name, parameter in root.named_parameters():
+            for name, parameter in unwrapped(root).named_parameters():  # "conv1.weight", wrapped or not
                 if id(parameter) not in names:  # two models with the same layout: the later one gets its class name
                     names[id(parameter)] = name if name not in names.values() else f"{type(root).__name__}.{name}"
         return names

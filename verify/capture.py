@@ -543,6 +543,23 @@ def _leaves(value: Any) -> Sequence[Any]:
     return tree_flatten(value)[0]
 
 
+# Modules that wrap a model without computing anything of their own, and the attribute holding the model.
+_WRAPPERS = {"DataParallel": "module", "DistributedDataParallel": "module", "OptimizedModule": "_orig_mod"}
+
+
+def _wrapped(module: torch.nn.Module) -> torch.nn.Module | None:
+    attribute = _WRAPPERS.get(type(module).__name__)
+    inner = getattr(module, attribute, None) if attribute else None
+    return inner if isinstance(inner, torch.nn.Module) else None
+
+
+def unwrapped(module: torch.nn.Module) -> torch.nn.Module:
+    """The model inside any wrappers (DataParallel(model).module, DDP, torch.compile's _orig_mod)."""
+    while (inner := _wrapped(module)) is not None:
+        module = inner
+    return module
+
+
 class ModuleScopes:
     """The module an op runs in, forward or backward, as torch.utils.module_tracker.ModuleTracker reports it: its
     names, its events (in backward a module is entered when the gradients of its outputs are ready and left when
@@ -588,13 +605,15 @@ class ModuleScopes:
 
     def name(self, module: torch.nn.Module) -> str:
         """The outermost module is named after its class; a module seen for the first time names its children (and
-        theirs) after itself."""
+        theirs) after itself. A wrapper (DataParallel, DDP, torch.compile's) and the model it wraps share the model's
+        name, so that a script wrapping its model on one device and not on another still pairs op for op."""
         name = self._names.get(module)
         if name is None:
-            name = self._names[module] = type(module).__name__
+            name = self._names[module] = type(unwrapped(module)).__name__
         if module not in self._named_children:
+            inner = _wrapped(module)
             for child_name, child in module.named_children():
-                self._names[child] = f"{name}.{child_name}"
+                self._names[child] = name if child is inner else f"{name}.{child_name}"
                 self.name(child)
             self._named_children.add(module)
         return name

@@ -228,3 +228,18 @@ def test_the_batch_is_recorded_but_not_a_loss_modules_predictions(tmp_path):
     inputs = ops.loc[ops["op"] == "input"]
     assert set(inputs["module"]) == {"Linear"} and set(inputs["io"]) == {"in0"}
     assert inputs["dtype"].eq("float32").all() and inputs["mean"].notna().all()
+
+
+def test_a_model_wrapped_on_one_side_only_pairs_op_for_op(tmp_path):
+    """DataParallel on EMULATED CUDA, the bare model on the CPU: module paths and parameter names are the model's on
+    both sides (imagenet's port on an NPU skips its DataParallel; only 19% of its ops paired)."""
+    from verify.compare import compare_runs
+    from verify.compare_cli import read_side
+
+    runs = [run_script(SCRIPTS / "wrapped_on_gpu.py", [], RunOptions(steps=2, device=device), tmp_path / device)
+            for device in ("emulated-cuda", "cpu")]
+    wrapped, bare = (read_side(path) for path in runs)
+    assert set(wrapped.ops["module"]) == set(bare.ops["module"]) and "Net.fc" in set(bare.ops["module"])
+    assert set(wrapped.grads["param"]) == set(bare.grads["param"]) == {"fc.weight", "fc.bias"}
+    result = compare_runs(wrapped, bare)
+    assert result.verdict.passed and result.status_counts()["only_ref"] == 0, result.verdict.reason
