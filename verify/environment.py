@@ -71,7 +71,10 @@ class Difference:
 
 
 def _shown(value: Any) -> str:
-    return "unset" if value in (None, "") else str(value)
+    """How a setting reads in the diff: a variable set to "" (CUDA_VISIBLE_DEVICES="" hides every GPU) is not unset."""
+    if value is None:
+        return "unset"
+    return '""' if value == "" else str(value)
 
 
 def record_of(manifest: Any) -> dict[str, Any] | None:
