@@ -10,7 +10,8 @@ runs only on the nodes of its own type.
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict, defaultdict
 from typing import Iterator
 
 import libcst as cst
@@ -23,12 +24,15 @@ _NO_PRUNING: tuple[type[cst.CSTNode], ...] = ()
 
 
 class _Index:
-    """The non-trivia nodes of one tree in visit order; the subtree of `nodes[i]` is `nodes[i:ends[i]]`."""
+    """The non-trivia nodes of one tree in visit order; the subtree of `nodes[i]` is `nodes[i:ends[i]]`, and
+    `by_type[t]` lists the indexes of the nodes of type `t`, ascending."""
 
     def __init__(self, tree: cst.CSTNode):
         self.nodes: list[cst.CSTNode] = []
         self.ends: list[int] = []
         self.position: dict[cst.CSTNode, int] = {}
+        self.by_type: defaultdict[type[cst.CSTNode], list[int]] = defaultdict(list)
+        self._child_starts: dict[int, list[int]] = {}
         pending: list[tuple[cst.CSTNode, int]] = [(tree, -1)]  # (node, -1) to enter, (node, i) to close
         while pending:
             node, index = pending.pop()
@@ -39,6 +43,7 @@ class _Index:
             self.nodes.append(node)
             self.ends.append(index + 1)
             self.position[node] = index
+            self.by_type[type(node)].append(index)
             pending.append((node, index))
             pending.extend((child, -1) for child in reversed(walk_children(node)))
 
@@ -53,6 +58,31 @@ class _Index:
             node = self.nodes[index]
             yield node
             index = self.ends[index] if isinstance(node, prune) else index + 1
+
+    def child_starts(self, parent: int) -> list[int]:
+        """The indexes of the children of `nodes[parent]`: each child's subtree ends where the next child starts."""
+        starts = self._child_starts.get(parent)
+        if starts is None:
+            starts, child = [], parent + 1
+            while child < self.ends[parent]:
+                starts.append(child)
+                child = self.ends[child]
+            self._child_starts[parent] = starts
+        return starts
+
+    def of_types(self, root: cst.CSTNode, types: frozenset[type[cst.CSTNode]]) -> list[cst.CSTNode]:
+        """The nodes of `types` in the subtree of `root`, in visit order: a search costs what it finds, not the
+        size of the subtree (rules search each statement and block of a module)."""
+        start = self.position[root]
+        end = self.ends[start]
+        found: list[int] = []
+        for kind in types:
+            indexes = self.by_type.get(kind)
+            if indexes:
+                found.extend(indexes[bisect_left(indexes, start) : bisect_left(indexes, end)])
+        if len(types) > 1:
+            found.sort()
+        return [self.nodes[i] for i in found]
 
 
 # The indexes of the last few modules searched: the rules of one file search the same module over and over.
@@ -77,13 +107,26 @@ def preorder(tree: cst.CSTNode, prune: tuple[type[cst.CSTNode], ...] = _NO_PRUNI
     return _index_holding(tree).subtree(tree, prune)
 
 
+def enclosing_statement(module: cst.Module, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The statement of `module.body` whose subtree holds `node`; None for the module itself and for whitespace,
+    punctuation and comments, which the index leaves out."""
+    index = _index_holding(module)
+    where = index.position.get(node)
+    if not where:  # not indexed, or the module (index 0)
+        return None
+    starts = index.child_starts(0)
+    return index.nodes[starts[bisect_right(starts, where) - 1]]
+
+
 def findall(tree: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
     """What `m.findall(tree, matcher)` finds, in the same order: `matcher` is one node matcher or a `|` of them."""
     types = _node_types(matcher)
     if types is None or types & TRIVIA:  # not about non-trivia node types: only libcst's own search knows
         return m.findall(tree, matcher)
-    test = None if _matches_any_node_of_its_type(matcher) else matcher
-    return [node for node in preorder(tree) if type(node) in types and (test is None or m.matches(node, test))]
+    candidates = _index_holding(tree).of_types(tree, types)
+    if _matches_any_node_of_its_type(matcher):
+        return candidates
+    return [node for node in candidates if m.matches(node, matcher)]
 
 
 def visit(tree: cst.CSTNode, visitor: cst.CSTVisitor) -> None:

@@ -5,12 +5,15 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 import pytest
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
+from migrate.engine import _add_imports
 from rules import all_rules
 from rules.names import QualifiedNames
 from rules.positions import Positions
-from rules.tree import findall
+from rules.tree import findall, preorder
 from rules.walk import Walk
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +104,21 @@ def test_positions_equal_libcst(source: str):
     assert len(ours) == len(theirs)
     for node, expected in theirs.items():
         assert ours[node] == expected, module.code_for_node(node)
+    one_statement_at_a_time = Positions(module)  # as rules ask: a node, then another, never the whole module first
+    for node in reversed(list(preorder(module))):
+        assert one_statement_at_a_time[node] == theirs[node], module.code_for_node(node)
+
+
+@pytest.mark.parametrize("source", corpus()[::7] + ["x = 1", "", "# only a comment\n", "import os\n\n# end\n"])
+def test_ported_code_reuses_the_statements_it_shares(source: str):
+    """The ported module's code, built from the kept text of each statement no rule changed, is its whole code."""
+    module = cst.parse_module(source)
+    positions = Positions(module)
+    if module.body:
+        positions[module.body[-1]]  # lays the statements out
+    changed = module.with_changes(body=[cst.parse_statement("import torch_npu\n"), *module.body[1:]])
+    assert positions.code(module) == module.code
+    assert positions.code(changed) == changed.code
 
 
 class _Recorder(cst.CSTTransformer):
@@ -185,3 +203,30 @@ def test_findall_finds_what_libcst_finds(matcher):
     for param in corpus():
         module = cst.parse_module(param.values[0])
         assert findall(module, matcher) == m.findall(module, matcher)
+
+
+HEADS = [
+    '"""Doc."""\nimport os\nfrom torch.cuda import amp\n\n# a comment\ndef main():\n    pass\n',
+    "from __future__ import annotations\n__strict__ = True\nimport torch\nx = 1\n",
+    "x = 1\nimport torch\n",
+    '"""Only a docstring."""\n',
+    "import torch\nfrom torch_npu.contrib import other\n",
+]
+
+
+@pytest.mark.parametrize("source", corpus()[::5] + HEADS)
+def test_imports_added_to_the_head_as_to_the_whole_module(source: str):
+    """The engine runs AddImportsVisitor on the module's head only: the result is the whole module's."""
+    module = cst.parse_module(source)
+    results = []
+    for add in (AddImportsVisitor(_context()).transform_module, lambda tree: _add_imports(_context(), tree)):
+        results.append(add(module).code)
+    assert results[0] == results[1]
+
+
+def _context() -> CodemodContext:
+    context = CodemodContext()
+    wanted = [("torch_npu", None), ("torch_npu.contrib", "transfer_to_npu"), ("torch", None), ("os", "path")]
+    for module, name in wanted:
+        AddImportsVisitor.add_needed_import(context, module, name)
+    return context
