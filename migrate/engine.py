@@ -6,9 +6,12 @@ Pure: no file system, no printing. `migrate.files` does the I/O around it.
 from __future__ import annotations
 
 import ast
+import gc
 import re
-from contextlib import ExitStack
-from typing import Callable, NamedTuple, Sequence
+import sys
+from contextlib import ExitStack, contextmanager
+from functools import lru_cache
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -19,6 +22,7 @@ from libcst.metadata import MetadataWrapper
 
 from migrate.types import MigrationResult
 from rules import FileState, PortRule, all_rules
+from rules.base import CheapMatcherScan
 from rules.types import Settings
 from rules.walk import TRIVIA, Walk
 
@@ -71,6 +75,26 @@ def migrate_source(
     wanted = [rule for rule in (all_rules() if rules is None else rules) if rule.wants(code, settings)]
     if not wanted:
         return MigrationResult(original=code, code=code)
+    with _tree_kept_out_of_gc():
+        return _port(module, code, path, settings, wanted)
+
+
+@contextmanager
+def _tree_kept_out_of_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while the rules run: the tree (a hundred thousand objects on a real
+    script) lives until the end, and each collection of the oldest generation walked all of it to free nothing."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _port(
+    module: cst.Module, code: str, path: str, settings: Settings, wanted: list[type[PortRule]]
+) -> MigrationResult:
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     context = CodemodContext(filename=path, wrapper=wrapper)
     file = FileState(path, code, settings, wrapper)
@@ -91,16 +115,47 @@ def _add_imports(context: CodemodContext, module: cst.Module) -> cst.Module:
     """AddImportsVisitor's result, from running it on the module's head only.
 
     It reads and changes only the statements up to the first that is not an import (a docstring, the top imports,
-    and the statement that gets an empty line before it), but it copies and rebuilds the whole module: the
-    statements after the head are kept as they are, so their code is not generated again.
+    and the statement after them, which may get an empty line before it), but it copies and walks the whole module.
+    Here it sees the top imports and, in place of the statement after them, a `pass` with that statement's leading
+    lines; the statements after the head are kept as they are, so their code is not generated again.
     """
-    head = 1
-    for statement in module.body:
-        if not m.matches(statement, _IMPORT_OR_DOCSTRING):
-            break
+    head = 0
+    while head < len(module.body) and m.matches(module.body[head], _IMPORT_OR_DOCSTRING):
         head += 1
-    added = AddImportsVisitor(context).transform_module(module.with_changes(body=module.body[:head]))
-    return added.with_changes(body=(*added.body, *module.body[head:]))
+    if head == len(module.body):
+        return _AddImports(context).transform_module(module)
+    after = module.body[head]
+    stand_in = cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=after.leading_lines)
+    added = _AddImports(context).transform_module(module.with_changes(body=(*module.body[:head], stand_in)))
+    *imports, moved = added.body
+    if not _same_lines(moved.leading_lines, after.leading_lines):
+        after = after.with_changes(leading_lines=moved.leading_lines)
+    return added.with_changes(body=(*imports, after, *module.body[head + 1 :]))
+
+
+class _AddImports(CheapMatcherScan, AddImportsVisitor):
+    """AddImportsVisitor, made and run without libcst's scan of every method name (twice: it makes a gatherer)."""
+
+    def visit_Module(self, node: cst.Module) -> None:
+        # AddImportsVisitor.visit_Module makes its gatherer by a module-level name: have it make the cheap kind.
+        module = sys.modules[AddImportsVisitor.__module__]
+        gatherer = getattr(module, "_GatherTopImportsBeforeStatements", None)
+        if gatherer is None:  # another libcst: its own, at its own cost
+            return super().visit_Module(node)
+        module._GatherTopImportsBeforeStatements = _cheaply_scanned(gatherer)
+        try:
+            return super().visit_Module(node)
+        finally:
+            module._GatherTopImportsBeforeStatements = gatherer
+
+
+@lru_cache(maxsize=None)
+def _cheaply_scanned(visitor: type) -> type:
+    return type(visitor.__name__, (CheapMatcherScan, visitor), {})
+
+
+def _same_lines(lines: Sequence[cst.EmptyLine], others: Sequence[cst.EmptyLine]) -> bool:
+    return len(lines) == len(others) and all(line.deep_equals(other) for line, other in zip(lines, others))
 
 
 # What AddImportsVisitor may step over to find where the imports go: `__strict__ = ...`, a docstring, imports.

@@ -2,17 +2,15 @@
 
 libcst's provider generates the code of the whole module while counting lines and columns at every token and
 building a CodeRange for every node: about three parse-and-codegen round trips on a real script, paid as soon as a
-rule records its first finding. Here the module's top-level statements are generated once as plain text, which gives
-where each one starts; a node's position is then found by generating only its own statement again while adding up
-character offsets (with libcst's own syntactic-position hooks), and an offset becomes a line and column when asked
-(tests/test_engine.py compares the two on every rule example and sample). The statements' text is kept, and the
-ported module's code reuses it for every statement no rule changed.
+rule records its first finding. Here the module's statements are generated in order only as far as the statement a
+rule asks about, recording where each node's tokens start and end; a token index becomes a character offset, and an
+offset a line and column, only for the nodes asked about (tests/test_engine.py compares the two on every rule example
+and sample). The statements' text is kept, and the ported module's code reuses it for every statement no rule changed.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from contextlib import contextmanager
 from itertools import accumulate
 from typing import Iterator, Mapping
 
@@ -26,47 +24,46 @@ from rules.tree import enclosing_statement
 
 
 class Positions(Mapping[CSTNode, CodeRange]):
-    """node -> the CodeRange PositionProvider gives it, computed statement by statement as rules ask."""
+    """node -> the CodeRange PositionProvider gives it; the module's code is generated as far as rules ask."""
 
     def __init__(self, module: cst.Module):
         self._module = module
-        self._spans: dict[CSTNode, tuple[int, int]] = {}  # node -> (start, end) character offsets
-        self._texts: dict[CSTNode, str] | None = None  # top-level statement -> its code, once laid out
-        self._starts: dict[CSTNode, int] = {}  # top-level statement -> its offset in the module's code
-        self._spanned: set[CSTNode] = set()  # statements whose nodes' spans are in _spans
-        self._whole = False  # every node's span is in _spans
-        self._length = 0
-        self._line_starts: list[int] = []
+        self._state = _SpanState(module.default_indent, module.default_newline)
+        self._generated = 0  # how many of module.body's statements the state has generated
+        self._texts: dict[CSTNode, str] = {}  # generated statement -> its code
+        self._char_at: list[int] = [0]  # token index -> character offset, for the tokens generated so far
+        self._line_starts: list[int] = [0]
+        self._whole: _SpanState | None = None  # the whole module's spans, for nodes outside its statements
 
     def __getitem__(self, node: CSTNode) -> CodeRange:
-        span = self._spans.get(node)
-        if span is None:
-            span = self._span(node)
-        start, end = span
-        return CodeRange(self._position(start), self._position(end))
+        if self._whole is None:
+            statement = enclosing_statement(self._module, node)
+            if statement is not None:
+                self._generate_through(statement)
+                return self._range(self._state.spans[id(node)])
+        return self._range(self._whole_spans()[id(node)])
 
     def __iter__(self) -> Iterator[CSTNode]:
-        return iter(self._all())
+        return iter(self._whole_nodes())
 
     def __len__(self) -> int:
-        return len(self._all())
+        return len(self._whole_nodes())
 
     def code(self, module: cst.Module) -> str:
-        """`module.code`, where `module` is the ported module: its statements that are the original's are not
-        generated again."""
-        texts = self._texts
+        """`module.code`, where `module` is the ported module: its statements that are the original's and whose
+        code is already known are not generated again."""
         same_layout = (module.default_indent, module.default_newline) == (
             self._module.default_indent,
             self._module.default_newline,
         )
-        if not texts or not same_layout or not module.has_trailing_newline:
+        if not self._texts or not same_layout or not module.has_trailing_newline:
             return module.code
         state = CodegenState(module.default_indent, module.default_newline)
-        # Module._codegen_impl, with the kept text of each unchanged statement.
+        # Module._codegen_impl, with the kept text of each statement known.
         for line in module.header:
             line._codegen(state)
         for statement in module.body:
-            text = texts.get(statement)
+            text = self._texts.get(statement)
             if text is None:
                 statement._codegen(state)
             else:
@@ -75,100 +72,97 @@ class Positions(Mapping[CSTNode, CodeRange]):
             line._codegen(state)
         return "".join(state.tokens) or module.default_newline
 
-    def _span(self, node: CSTNode) -> tuple[int, int]:
-        if self._lay_out():
-            if node is self._module:
-                return (0, self._length)
-            statement = enclosing_statement(self._module, node)
-            if statement is not None and statement not in self._spanned:
-                self._spanned.add(statement)
-                self._spans.update(_offsets(statement, self._module, self._starts[statement]))
-                span = self._spans.get(node)
-                if span is not None:
-                    return span
-        return self._all()[node]  # whitespace, punctuation, comments, the header and the footer
+    def _generate_through(self, statement: CSTNode) -> None:
+        """Generate the module's code on from where it stopped, up to and including `statement`."""
+        if statement in self._texts:
+            return
+        state, body = self._state, self._module.body
+        if self._generated == 0:
+            for line in self._module.header:
+                line._codegen(state)
+            self._account(0)
+        while self._generated < len(body):
+            generated = body[self._generated]
+            first_token = len(state.tokens)
+            generated._codegen(state)
+            self._texts[generated] = self._account(first_token)
+            self._generated += 1
+            if generated is statement:
+                return
 
-    def _lay_out(self) -> bool:
-        """Generate each top-level statement's code once; False where that would not add up to the module's code."""
-        if self._texts is None:
-            module = self._module
-            self._texts = {}
-            if not module.has_trailing_newline or not module.body:  # Module.code adds or drops a newline there
-                return False
-            header = "".join(module.code_for_node(line) for line in module.header)
-            self._texts = {statement: module.code_for_node(statement) for statement in module.body}
-            footer = "".join(module.code_for_node(line) for line in module.footer)
-            texts = list(self._texts.values())
-            starts = accumulate(map(len, texts), initial=len(header))
-            self._starts = dict(zip(module.body, starts))
-            text = "".join([header, *texts, footer])
-            self._length = len(text)
-            self._line_starts = [0, *(match.end() for match in NEWLINE_RE.finditer(text))]
-        return bool(self._texts)
+    def _account(self, first_token: int) -> str:
+        """Extend the character offsets and line starts over the tokens from `first_token` on; their text."""
+        tokens = self._state.tokens[first_token:]
+        start = self._char_at[-1]
+        self._char_at.extend(list(accumulate(map(len, tokens), initial=start))[1:])
+        text = "".join(tokens)
+        self._line_starts.extend(start + match.end() for match in NEWLINE_RE.finditer(text))
+        return text
 
-    def _all(self) -> dict[CSTNode, tuple[int, int]]:
-        if not self._whole:
-            state = _OffsetState(self._module.default_indent, self._module.default_newline)
-            self._module._codegen(state)
-            text = "".join(state.tokens)
+    def _whole_spans(self) -> dict[int, tuple[int, int]]:
+        if self._whole is None:
+            whole = _SpanState(self._module.default_indent, self._module.default_newline)
+            self._module._codegen(whole)
+            self._char_at = list(accumulate(map(len, whole.tokens), initial=0))
+            text = "".join(whole.tokens)
             self._line_starts = [0, *(match.end() for match in NEWLINE_RE.finditer(text))]
-            self._spans = state.spans
-            self._whole = True
-        return self._spans
+            self._whole = whole
+        return self._whole.spans
+
+    def _whole_nodes(self) -> list[CSTNode]:
+        self._whole_spans()
+        assert self._whole is not None
+        return list(self._whole.nodes.values())
+
+    def _range(self, span: tuple[int, int]) -> CodeRange:
+        return CodeRange(self._position(self._char_at[span[0]]), self._position(self._char_at[span[1]]))
 
     def _position(self, offset: int) -> CodePosition:
         line = bisect_right(self._line_starts, offset)
         return CodePosition(line, offset - self._line_starts[line - 1])
 
 
-def _offsets(statement: CSTNode, module: cst.Module, start: int) -> dict[CSTNode, tuple[int, int]]:
-    """The spans of `statement` and the nodes in it, for a top-level statement that starts at offset `start`."""
-    state = _OffsetState(module.default_indent, module.default_newline)
-    state.offset = start
-    statement._codegen(state)
-    return state.spans
-
-
-class _OffsetState(CodegenState):
-    """libcst's code generation, recording each node's (start, end) character offsets as PositionProvider's state
-    records its lines and columns: a syntactic position recorded inside a node wins over the whole node's."""
+class _SpanState(CodegenState):
+    """libcst's code generation, recording the tokens each node spans as PositionProvider's state records its lines
+    and columns: a syntactic position recorded inside a node wins over the whole node's. Spans are token indexes
+    keyed by id(node) (the module keeps the nodes alive): the hooks run at every node, so they stay this small."""
 
     def __init__(self, default_indent: str, default_newline: str):
         super().__init__(default_indent, default_newline)
-        self.offset = 0
-        self.spans: dict[CSTNode, tuple[int, int]] = {}
+        self.spans: dict[int, tuple[int, int]] = {}
+        self.nodes: dict[int, CSTNode] = {}
         self._starts: list[int] = []
-
-    def add_indent_tokens(self) -> None:
-        self.tokens.extend(self.indent_tokens)
-        self.offset += sum(map(len, self.indent_tokens))
-
-    def add_token(self, value: str) -> None:
-        self.tokens.append(value)
-        self.offset += len(value)
 
     def pop_trailing_newline(self) -> None:
         """Kept: the text only serves to find the line starts, and positions count the newline as libcst does."""
 
     def before_codegen(self, node: CSTNode) -> None:
-        self._starts.append(self.offset)
+        self._starts.append(len(self.tokens))
 
     def after_codegen(self, node: CSTNode) -> None:
-        start = self._starts.pop()
-        if node not in self.spans:
-            self.spans[node] = (start, self.offset)
+        self.spans.setdefault(id(node), (self._starts.pop(), len(self.tokens)))
+        self.nodes[id(node)] = node
 
-    @contextmanager
     def record_syntactic_position(
         self, node: CSTNode, *, start_node: CSTNode | None = None, end_node: CSTNode | None = None
-    ) -> Iterator[None]:
-        start = self.offset
-        try:
-            yield
-        finally:
-            end = self.offset
-            if start_node is not None:
-                start = self.spans[start_node][0]
-            if end_node is not None:
-                end = self.spans[end_node][1]
-            self.spans[node] = (start, end)
+    ) -> _SyntacticPosition:
+        return _SyntacticPosition(self, node, start_node, end_node)
+
+
+class _SyntacticPosition:
+    """The span of the tokens generated inside `with state.record_syntactic_position(node)` (a class: libcst enters
+    one for most statements and expressions, and a generator-based context manager costs several calls more)."""
+
+    __slots__ = ("_state", "_node", "_start_node", "_end_node", "_start")
+
+    def __init__(self, state: _SpanState, node: CSTNode, start_node: CSTNode | None, end_node: CSTNode | None):
+        self._state, self._node, self._start_node, self._end_node = state, node, start_node, end_node
+
+    def __enter__(self) -> None:
+        self._start = len(self._state.tokens)
+
+    def __exit__(self, *exc_info: object) -> None:
+        spans = self._state.spans
+        start = self._start if self._start_node is None else spans[id(self._start_node)][0]
+        end = len(self._state.tokens) if self._end_node is None else spans[id(self._end_node)][1]
+        spans[id(self._node)] = (start, end)

@@ -211,6 +211,10 @@ HEADS = [
     "x = 1\nimport torch\n",
     '"""Only a docstring."""\n',
     "import torch\nfrom torch_npu.contrib import other\n",
+    "import os\n# a comment right above\ndef f():\n    pass\n",
+    "import os\ndef f():\n    pass\n",
+    "import os\n",
+    "from os import sep\nx = 1\n",
 ]
 
 
