@@ -209,10 +209,7 @@ class PortRule(CheapMatcherScan, VisitorBasedCodemodCommand):
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """The fully qualified names `node` may refer to, through any import alias in scope."""
-        try:
-            return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
-        except KeyError:  # a node this rule built itself has no metadata
-            return set()
+        return set(self.file.qualified_names.texts(node))
 
     def refers_to(self, node: cst.CSTNode, *names: str) -> bool:
         return not self.qualified_names(node).isdisjoint(names)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+from functools import lru_cache
 from typing import Iterable
 
 import libcst as cst
@@ -9,10 +11,19 @@ import libcst as cst
 
 def string_value(node: cst.CSTNode | None) -> str | None:
     """The text of a plain (non-f, non-bytes) string literal, else None."""
-    if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
+    if isinstance(node, cst.SimpleString):
+        value = _evaluated(node.value)
+    elif isinstance(node, cst.ConcatenatedString):
         value = node.evaluated_value
-        return value if isinstance(value, str) else None
-    return None
+    else:
+        return None
+    return value if isinstance(value, str) else None
+
+
+@lru_cache(maxsize=4096)
+def _evaluated(literal: str) -> str | bytes:
+    """SimpleString.evaluated_value (ast.literal_eval of its text), once per text: rules read every string."""
+    return ast.literal_eval(literal)
 
 
 def same_quotes(literal: cst.SimpleString, text: str) -> cst.SimpleString:

@@ -50,6 +50,11 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
         self._module = module
         self._scopes: dict[CSTNode, Scope] | None = None
         self._names: dict[CSTNode, set[QualifiedName]] = {}
+        self._texts: dict[CSTNode, frozenset[str]] = {}
+        # Resolutions shared by nodes that must resolve alike: a dotted name read in one scope, after the same
+        # assignments (libcst walks every assignment of the name each time, hundreds for `model` in a long script).
+        self._by_read: dict[tuple[int, str, int], set[QualifiedName]] = {}
+        self._by_dotted: dict[tuple[int, str], set[QualifiedName]] = {}
 
     @property
     def scopes(self) -> dict[CSTNode, Scope]:
@@ -64,12 +69,31 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
             names = self._names[node] = self._resolve(node)
         return names
 
+    def texts(self, node: CSTNode) -> frozenset[str]:
+        """The names of `node`'s QualifiedNames; empty for a node not in the module (one a rule built)."""
+        texts = self._texts.get(node)
+        if texts is None:
+            texts = self._texts[node] = frozenset(q.name for q in self.get(node, ()))
+        return texts
+
     def _resolve(self, node: CSTNode) -> set[QualifiedName]:
         scope = self.scopes[node]  # records the scopes and reads on first use
-        if node not in self._recorder.reads:
-            return set(scope.get_qualified_names_for(node))
-        referents = self.referents(node)
-        return {qualified for referent in referents for qualified in referent.get_qualified_names_for(referent.name)}
+        read = self._recorder.reads.get(node)
+        if read is None:
+            dotted = cst.helpers.get_full_name_for_node(node) if isinstance(node, cst.Attribute) else None
+            if dotted is None or id(node) in self._recorder.import_names:  # libcst answers these by the node
+                return set(scope.get_qualified_names_for(node))
+            key = (id(scope), dotted)
+            if key not in self._by_dotted:
+                self._by_dotted[key] = set(scope.get_qualified_names_for(node))
+            return set(self._by_dotted[key])
+        read_key = (id(scope), *read)
+        if read_key not in self._by_read:
+            referents = self.referents(node)
+            self._by_read[read_key] = {
+                qualified for referent in referents for qualified in referent.get_qualified_names_for(referent.name)
+            }
+        return set(self._by_read[read_key])
 
     def referents(self, node: CSTNode) -> set[BaseAssignment]:
         """The assignments a read of `node` may refer to, as libcst's `Access.referents`; empty for no read."""
@@ -107,6 +131,7 @@ class _ScopeRecorder:
     def __init__(self) -> None:
         self.scope_of: dict[CSTNode, Scope] = {}
         self.reads: dict[CSTNode, tuple[str, int]] = {}  # read node -> (name read, assignments in scope before it)
+        self.import_names: set[int] = set()  # ids of the names in import statements (libcst's assignment nodes)
         self._pending_reads: list[tuple[cst.Name, cst.Attribute | None, int]] = []  # settled once scopes are known
         self._outermost_attribute: list[cst.Attribute | None] = [None]
         self._special: dict[type, Callable[[CSTNode, Scope], None]] = {
@@ -201,6 +226,9 @@ class _ScopeRecorder:
             return
         for alias in node.names:
             self.scope_of[alias] = scope
+            self.import_names.add(id(alias.name))
+            if alias.asname is not None:
+                self.import_names.add(id(alias.asname.name))
             as_name = alias.asname.name if alias.asname is not None else alias.name
             dotted = cst.helpers.get_full_name_for_node_or_raise(as_name)
             parts = dotted.split(".")

@@ -56,9 +56,10 @@ class Positions(Mapping[CSTNode, CodeRange]):
             self._module.default_indent,
             self._module.default_newline,
         )
+        state = _PlainState(module.default_indent, module.default_newline)
         if not self._texts or not same_layout or not module.has_trailing_newline:
-            return module.code
-        state = CodegenState(module.default_indent, module.default_newline)
+            module._codegen(state)  # Module.code, with the cheaper state
+            return "".join(state.tokens)
         # Module._codegen_impl, with the kept text of each statement known.
         for line in module.header:
             line._codegen(state)
@@ -122,6 +123,27 @@ class Positions(Mapping[CSTNode, CodeRange]):
         return CodePosition(line, offset - self._line_starts[line - 1])
 
 
+class _PlainState(CodegenState):
+    """libcst's code generation, with a no-op syntactic-position context that costs one call instead of a
+    generator's several (libcst enters one for most statements and expressions)."""
+
+    def record_syntactic_position(
+        self, node: CSTNode, *, start_node: CSTNode | None = None, end_node: CSTNode | None = None
+    ) -> _NoPosition:
+        return _NO_POSITION
+
+
+class _NoPosition:
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+
+_NO_POSITION = _NoPosition()
+
+
 class _SpanState(CodegenState):
     """libcst's code generation, recording the tokens each node spans as PositionProvider's state records its lines
     and columns: a syntactic position recorded inside a node wins over the whole node's. Spans are token indexes
@@ -150,8 +172,8 @@ class _SpanState(CodegenState):
 
 
 class _SyntacticPosition:
-    """The span of the tokens generated inside `with state.record_syntactic_position(node)` (a class: libcst enters
-    one for most statements and expressions, and a generator-based context manager costs several calls more)."""
+    """The span of the tokens generated inside `with state.record_syntactic_position(node)` (a class, as
+    _NoPosition)."""
 
     __slots__ = ("_state", "_node", "_start_node", "_end_node", "_start")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict, defaultdict
-from typing import Iterator
+from typing import Callable, Iterator
 
 import libcst as cst
 import libcst.matchers as m
@@ -30,7 +30,7 @@ class _Index:
     def __init__(self, tree: cst.CSTNode):
         self.nodes: list[cst.CSTNode] = []
         self.ends: list[int] = []
-        self.position: dict[cst.CSTNode, int] = {}
+        self.position: dict[int, int] = {}  # id(node) -> its index (the list keeps the nodes alive)
         self.by_type: defaultdict[type[cst.CSTNode], list[int]] = defaultdict(list)
         self._child_starts: dict[int, list[int]] = {}
         pending: list[tuple[cst.CSTNode, int]] = [(tree, -1)]  # (node, -1) to enter, (node, i) to close
@@ -42,13 +42,13 @@ class _Index:
             index = len(self.nodes)
             self.nodes.append(node)
             self.ends.append(index + 1)
-            self.position[node] = index
+            self.position[id(node)] = index
             self.by_type[type(node)].append(index)
             pending.append((node, index))
             pending.extend((child, -1) for child in reversed(walk_children(node)))
 
     def subtree(self, root: cst.CSTNode, prune: tuple[type[cst.CSTNode], ...]) -> Iterator[cst.CSTNode]:
-        start = self.position[root]
+        start = self.position[id(root)]
         if not prune:
             yield from self.nodes[start : self.ends[start]]
             return
@@ -73,7 +73,7 @@ class _Index:
     def of_types(self, root: cst.CSTNode, types: frozenset[type[cst.CSTNode]]) -> list[cst.CSTNode]:
         """The nodes of `types` in the subtree of `root`, in visit order: a search costs what it finds, not the
         size of the subtree (rules search each statement and block of a module)."""
-        start = self.position[root]
+        start = self.position[id(root)]
         end = self.ends[start]
         found: list[int] = []
         for kind in types:
@@ -92,7 +92,7 @@ _KEPT = 4
 
 def _index_holding(tree: cst.CSTNode) -> _Index:
     for index in reversed(_INDEXES.values()):
-        if tree in index.position:
+        if id(tree) in index.position:
             return index
     index = _Index(tree)
     if isinstance(tree, cst.Module):  # a subtree not in any module seen is a rule's own new node: not kept
@@ -111,7 +111,7 @@ def enclosing_statement(module: cst.Module, node: cst.CSTNode) -> cst.CSTNode | 
     """The statement of `module.body` whose subtree holds `node`; None for the module itself and for whitespace,
     punctuation and comments, which the index leaves out."""
     index = _index_holding(module)
-    where = index.position.get(node)
+    where = index.position.get(id(node))
     if not where:  # not indexed, or the module (index 0)
         return None
     starts = index.child_starts(0)
@@ -120,13 +120,128 @@ def enclosing_statement(module: cst.Module, node: cst.CSTNode) -> cst.CSTNode | 
 
 def findall(tree: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
     """What `m.findall(tree, matcher)` finds, in the same order: `matcher` is one node matcher or a `|` of them."""
-    types = _node_types(matcher)
+    types, test = _compiled(matcher)
     if types is None or types & TRIVIA:  # not about non-trivia node types: only libcst's own search knows
         return m.findall(tree, matcher)
-    candidates = _index_holding(tree).of_types(tree, types)
-    if _matches_any_node_of_its_type(matcher):
-        return candidates
-    return [node for node in candidates if m.matches(node, matcher)]
+    return [node for node in _index_holding(tree).of_types(tree, types) if test(node)]
+
+
+def matches(node: object, matcher: m.BaseMatcherNode) -> bool:
+    """`m.matches(node, matcher)`, compiled once per matcher into a plain function for the shapes rules use (node
+    matchers, `|`, literal and nested node fields, MatchIfTrue): libcst's general matching costs tens of
+    microseconds a node, and rules test thousands of nodes. Any other shape is left to libcst."""
+    return _compiled(matcher)[1](node)
+
+
+class _Undecided(Exception):
+    """A compiled matcher met what only libcst decides (a sequence where a node matcher stands)."""
+
+
+_Compiled = tuple[frozenset[type[cst.CSTNode]] | None, Callable[[object], bool]]
+_COMPILED: dict[object, _Compiled] = {}  # matcher -> (the node types it can match, its test)
+
+
+def _compiled(matcher: m.BaseMatcherNode) -> _Compiled:
+    """Matchers are looked up by shape: rules build most of theirs anew at each call, and libcst's compare by
+    identity."""
+    key = _shape(matcher)
+    try:
+        compiled = _COMPILED.get(key)
+    except TypeError:  # something unhashable inside: libcst's own matching
+        return _node_types(matcher), _libcst(matcher)
+    if compiled is None:
+        if len(_COMPILED) > 4096:  # matchers holding a rule's lambdas, made at each call: bounded
+            _COMPILED.clear()
+        test = _compile(matcher)
+        decide = _with_fallback(test, matcher) if test else _libcst(matcher)
+        compiled = _COMPILED[key] = (_node_types(matcher), decide)
+    return compiled
+
+
+def _shape(value: object) -> object:
+    """A hashable key equal for equal matchers: their type and fields, all the way down."""
+    kind = type(value)
+    if kind in _LITERALS or value is _DO_NOT_CARE:
+        return value
+    if kind is list or kind is tuple:
+        return (list, tuple([_shape(item) for item in value]))  # type: ignore[attr-defined]
+    if kind is m.OneOf:
+        return (m.OneOf, tuple([_shape(option) for option in value.options]))  # type: ignore[attr-defined]
+    names = _MATCHER_FIELDS.get(kind, ())
+    if names == ():
+        is_matcher = dataclasses.is_dataclass(value) and kind.__module__.startswith("libcst.matchers")
+        names = _MATCHER_FIELDS[kind] = tuple(f.name for f in dataclasses.fields(value)) if is_matcher else None
+    if names is None:
+        return (id(value), value)  # a lambda's MatchIfTrue, say: itself (kept alive by the key)
+    return (kind, tuple([_shape(getattr(value, name)) for name in names]))
+
+
+_LITERALS = frozenset({str, bool, int, type(None)})
+_MATCHER_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _libcst(matcher: m.BaseMatcherNode) -> Callable[[object], bool]:
+    return lambda node: m.matches(node, matcher)  # type: ignore[arg-type]
+
+
+def _with_fallback(test: Callable[[object], bool], matcher: m.BaseMatcherNode) -> Callable[[object], bool]:
+    def decide(node: object) -> bool:
+        try:
+            return test(node)
+        except _Undecided:
+            return m.matches(node, matcher)  # type: ignore[arg-type]
+
+    return decide
+
+
+def _compile(matcher: object) -> Callable[[object], bool] | None:
+    """A test equal to libcst's `_matches(node, matcher)`, or None for a shape not compiled."""
+    if isinstance(matcher, m.OneOf):
+        options = [_compile(option) for option in matcher.options]
+        if not all(options):
+            return None
+        return lambda node: any(test(node) for test in options)  # type: ignore[misc]
+    if isinstance(matcher, m.MatchIfTrue):
+        return lambda node: bool(matcher.func(node))
+    if _node_types(matcher) is None:  # type: ignore[arg-type]
+        return None
+    fields: list[tuple[str, Callable[[object], bool]]] = []
+    for field in dataclasses.fields(matcher):  # type: ignore[arg-type]
+        desired = getattr(matcher, field.name)
+        if field.name == "_metadata" or desired is _DO_NOT_CARE:
+            continue
+        test = None if field.name == "metadata" else _compile_field(desired)
+        if test is None:
+            return None
+        fields.append((field.name, test))
+    name = type(matcher).__name__  # libcst compares class names
+
+    def node_matches(node: object) -> bool:
+        return type(node).__name__ == name and all(test(getattr(node, field)) for field, test in fields)
+
+    return node_matches
+
+
+def _compile_field(desired: object) -> Callable[[object], bool] | None:
+    """A test equal to libcst's `_attribute_matches(value, desired)`, or None."""
+    if desired is None:
+        return lambda value: value is None
+    if isinstance(desired, bool):
+        return lambda value: value is desired
+    if isinstance(desired, str):
+        return lambda value: value == desired
+    if isinstance(desired, m.MatchIfTrue):
+        return lambda value: bool(desired.func(value))
+    node_test = _compile(desired) if isinstance(desired, (m.OneOf, m.BaseMatcherNode)) else None
+    if node_test is None:
+        return None
+
+    def field_matches(value: object) -> bool:
+        if isinstance(value, (list, tuple)):
+            raise _Undecided
+        return node_test(value)
+
+    return field_matches
 
 
 def visit(tree: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
@@ -143,14 +258,6 @@ def _node_types(matcher: m.BaseMatcherNode) -> frozenset[type[cst.CSTNode]] | No
     if not all(type(option).__module__.startswith("libcst.matchers") and kind for option, kind in zip(options, types)):
         return None
     return frozenset(types)  # type: ignore[arg-type]
-
-
-def _matches_any_node_of_its_type(matcher: m.BaseMatcherNode) -> bool:
-    """`m.Call()`: no field constrained, so the type test alone decides."""
-    options = matcher.options if isinstance(matcher, m.OneOf) else (matcher,)
-    return all(
-        getattr(option, field.name) is _DO_NOT_CARE for option in options for field in dataclasses.fields(option)
-    )
 
 
 # Where libcst's ExpressionContextProvider starts a STORE context: the field of each node that holds a target.

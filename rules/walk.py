@@ -13,6 +13,7 @@ import inspect
 import sys
 import textwrap
 from functools import lru_cache
+from operator import attrgetter
 from typing import Callable, Sequence
 
 import libcst as cst
@@ -50,16 +51,27 @@ def child_fields(node_type: type[CSTNode]) -> tuple[tuple[str, str], ...]:
     return tuple(fields.items())
 
 
+@lru_cache(maxsize=None)
+def _field_values(node_type: type[CSTNode]) -> Callable[[CSTNode], tuple]:
+    """A function giving the values of `node_type`'s child fields, in order, in one call."""
+    names = [name for name, _ in child_fields(node_type)]
+    if not names:
+        return lambda node: ()
+    if len(names) == 1:
+        get = attrgetter(names[0])
+        return lambda node: (get(node),)
+    return attrgetter(*names)
+
+
 def walk_children(node: CSTNode, skip: frozenset[type[CSTNode]] = TRIVIA) -> list[CSTNode]:
     """The direct children of `node` in source order, without the `skip` types; nothing is rebuilt."""
     children: list[CSTNode] = []
-    for name, _ in child_fields(type(node)):
-        value = getattr(node, name)
-        if isinstance(value, CSTNode):
-            if type(value) not in skip:
-                children.append(value)
-        elif isinstance(value, (tuple, list)):
+    for value in _field_values(type(node))(node):
+        kind = type(value)  # type tests, not isinstance: CSTNode is an ABC, and this runs for every node
+        if kind is tuple or kind is list:
             children.extend(child for child in value if type(child) not in skip)
+        elif value is not None and kind is not MaybeSentinel and kind not in skip:
+            children.append(value)
     return children
 
 
@@ -107,18 +119,17 @@ class Walk:
 
     def _children(self, node: CSTNode) -> CSTNode:
         changes: dict[str, object] = {}
-        for name, visit in child_fields(type(node)):
-            value = getattr(node, name)
-            if isinstance(value, CSTNode):
-                if type(value) in self._skip:
-                    continue
+        node_type = type(node)
+        for (name, visit), value in zip(child_fields(node_type), _field_values(node_type)(node)):
+            kind = type(value)
+            if kind is tuple or kind is list:
+                items = self._sequence(value, visit == "visit_body_sequence") if value else None
+                if items is not None:
+                    changes[name] = items
+            elif value is not None and kind is not MaybeSentinel and kind not in self._skip:
                 new = self._node(value)
                 if new is not value:
                     changes[name] = _single(new, value, visit)
-            elif isinstance(value, (tuple, list)) and value:
-                items = self._sequence(value, visit == "visit_body_sequence")
-                if items is not None:
-                    changes[name] = items
         return node.with_changes(**changes) if changes else node
 
     def _sequence(self, children: Sequence[CSTNode], is_body: bool) -> tuple[CSTNode, ...] | None:

@@ -13,7 +13,7 @@ from migrate.engine import _add_imports
 from rules import all_rules
 from rules.names import QualifiedNames
 from rules.positions import Positions
-from rules.tree import findall, preorder
+from rules.tree import findall, matches, preorder
 from rules.walk import Walk
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,3 +234,34 @@ def _context() -> CodemodContext:
     for module, name in wanted:
         AddImportsVisitor.add_needed_import(context, module, name)
     return context
+
+
+MATCHERS = [
+    m.Call(),
+    m.Call(func=m.Name() | m.Attribute()),
+    m.Call(func=m.Attribute(attr=m.Name("cuda"))),
+    m.Attribute(value=m.Name("torch"), attr=m.Name("cuda") | m.Name("device")),
+    m.Name("torch") | m.Attribute(attr=m.Name("to")),
+    m.Arg(keyword=m.Name("device"), value=m.SimpleString()),
+    m.Arg(keyword=None),
+    m.Call(args=[m.Arg(), m.ZeroOrMore()]),
+    m.Call(args=m.MatchIfTrue(lambda args: len(args) == 2)),
+    m.Name(value=m.MatchIfTrue(lambda value: value.startswith("c"))),
+    m.SimpleStatementLine(body=[m.Expr(value=m.Call())]),
+    m.Assign(value=m.Call(func=m.Attribute(value=m.Name("nn")))),
+    m.AllOf(m.Call(), m.Call(func=m.Name())),
+    m.Param(star=""),
+    m.DoesNotMatch(m.Name("torch")),
+    m.Call(func=m.SaveMatchedNode(m.Name(), "f")),
+]
+
+
+@pytest.mark.parametrize("source", corpus()[::3])
+def test_compiled_matchers_agree_with_libcst(source: str):
+    """rules.tree compiles the matchers rules test thousands of nodes with; libcst's answer is the reference."""
+    module = cst.parse_module(source)
+    everything = _Everything()
+    module.visit(everything)
+    for matcher in MATCHERS:
+        for node in everything.nodes:
+            assert matches(node, matcher) == m.matches(node, matcher), (matcher, module.code_for_node(node))

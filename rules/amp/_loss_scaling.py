@@ -11,7 +11,7 @@ import libcst.matchers as m
 from rules.amp._step_analysis import Step, code
 from rules.calls import argument, same_quotes, string_value
 from rules.edits import Body, Edit, statement
-from rules.tree import findall
+from rules.tree import findall, matches
 
 TORCH = (("torch", None),)
 # A file mentioning one of these already manages its precision: mixed precision is not inserted a second time.
@@ -63,7 +63,7 @@ def float32_inputs(call: cst.Call) -> cst.Call:
 
 
 def _as_float(value: cst.BaseExpression) -> cst.BaseExpression:
-    if m.matches(value, m.Call(func=m.Attribute(attr=m.Name("float")), args=[])):
+    if matches(value, m.Call(func=m.Attribute(attr=m.Name("float")), args=[])):
         return value
     receiver = value if isinstance(value, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)) else _parenthesized(value)
     return cst.Call(func=cst.Attribute(receiver, cst.Name("float")))
@@ -155,19 +155,33 @@ def _loaded_optimizer_state(
     line: cst.BaseStatement, keys: set[str]
 ) -> tuple[cst.BaseExpression, cst.SimpleString] | None:
     """(checkpoint, key) for a line `<optimizer>.load_state_dict(<checkpoint>[<key>])` with a key of `keys`."""
-    key = m.SaveMatchedNode(m.SimpleString(), "key")
-    checkpoint = m.SaveMatchedNode(m.Name() | m.Attribute(), "checkpoint")
-    load = m.Call(
-        func=m.Attribute(attr=m.Name("load_state_dict")),
-        args=[m.Arg(m.Subscript(value=checkpoint, slice=[m.SubscriptElement(m.Index(key))]))],
-    )
-    found = m.extract(line, m.SimpleStatementLine(body=[m.Expr(load)]))
+    found = m.extract(line, _LOAD_STATE_LINE)
     if found is None or string_value(found["key"]) not in keys:  # type: ignore[arg-type]
         return None
     optimizer = line.body[0].value.func.value  # type: ignore[attr-defined]
     if "optim" not in code(optimizer).lower():
         return None
     return found["checkpoint"], found["key"]  # type: ignore[return-value]
+
+
+# `<optimizer>.load_state_dict(<checkpoint>[<key>])` alone on a line, capturing the checkpoint and the key.
+_LOAD_STATE_LINE = m.SimpleStatementLine(
+    body=[
+        m.Expr(
+            m.Call(
+                func=m.Attribute(attr=m.Name("load_state_dict")),
+                args=[
+                    m.Arg(
+                        m.Subscript(
+                            value=m.SaveMatchedNode(m.Name() | m.Attribute(), "checkpoint"),
+                            slice=[m.SubscriptElement(m.Index(m.SaveMatchedNode(m.SimpleString(), "key")))],
+                        )
+                    )
+                ],
+            )
+        )
+    ]
+)
 
 
 def _load_scaler(checkpoint: cst.BaseExpression, optimizer_key: cst.SimpleString, scaler: str) -> cst.BaseStatement:
@@ -183,7 +197,7 @@ def _is_optimizer_state(element: cst.BaseDictElement) -> bool:
     if not isinstance(element, cst.DictElement):
         return False
     value = element.value
-    return m.matches(value, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])) and "optim" in code(
+    return matches(value, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])) and "optim" in code(
         value.func.value  # type: ignore[attr-defined]
     ).lower()
 

@@ -16,7 +16,7 @@ import libcst.matchers as m
 from rules.calls import dotted_name
 from rules.edits import Body
 from rules.loops import is_optimizer, method
-from rules.tree import findall, visit
+from rules.tree import findall, matches, visit
 
 Resolver = Callable[[cst.CSTNode], "set[str]"]
 
@@ -284,7 +284,7 @@ def _slice(step: Step, site: Site, barriers: set) -> list[cst.BaseStatement]:
 def _rebinds_only(statement: cst.BaseStatement) -> bool:
     """`a = ...` / `a, b = ...`: the names' old values no longer matter (unlike `a += ...` or `a[i] = ...`)."""
     targets = m.Name() | m.Tuple() | m.List()
-    return m.matches(statement, m.SimpleStatementLine(body=[m.AtLeastN(m.Assign(targets=[m.ZeroOrMore(m.AssignTarget(target=targets))]), n=1)]))
+    return matches(statement, m.SimpleStatementLine(body=[m.AtLeastN(m.Assign(targets=[m.ZeroOrMore(m.AssignTarget(target=targets))]), n=1)]))
 
 
 def _covers(written: str, needed: set[str]) -> bool:
@@ -355,7 +355,7 @@ _CUSTOM = (
 def _add_backward(call: cst.Call, line: cst.SimpleStatementLine, step: Step, scaler: str | None, plain: bool) -> None:
     receiver = call.func.value  # type: ignore[attr-defined]
     if scaler is not None:  # an existing scaler: only `scaler.scale(loss).backward()` counts
-        if m.matches(receiver, m.Call(func=m.Attribute(value=m.Name(scaler), attr=m.Name("scale")))):
+        if matches(receiver, m.Call(func=m.Attribute(value=m.Name(scaler), attr=m.Name("scale")))):
             step.backwards.append(Site(call, line, receiver.args[0].value))
         return
     positional = [arg for arg in call.args if arg.keyword is None]
@@ -377,7 +377,7 @@ def _add_backward(call: cst.Call, line: cst.SimpleStatementLine, step: Step, sca
 def _add_step(call: cst.Call, line: cst.SimpleStatementLine, step: Step, scaler: str | None, closures: set) -> None:
     receiver = call.func.value  # type: ignore[attr-defined]
     if scaler is not None:
-        if m.matches(receiver, m.Name(scaler)) and call.args:
+        if matches(receiver, m.Name(scaler)) and call.args:
             step.steps.append(Site(call, line, call.args[0].value))
         elif not call.args and is_optimizer(receiver):
             step.steps.append(Site(call, line, receiver))  # bypasses the scaler; the rules tell them apart

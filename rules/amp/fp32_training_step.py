@@ -6,7 +6,6 @@ from typing import Callable
 import libcst as cst
 import libcst.matchers as m
 
-from rules.types import AmpPolicy, Settings
 from rules.amp._loss_scaling import (
     TORCH,
     SavesScalerState,
@@ -23,8 +22,8 @@ from rules.amp._loss_scaling import (
 from rules.amp._step_analysis import AutocastBans, Step, analyse, autocast_bans, code, plan_autocast, scopes
 from rules.base import Case, PortRule, Unchanged
 from rules.edits import Body, Edit, StatementEdits, statement
-from rules.tree import findall
-
+from rules.tree import findall, matches
+from rules.types import AmpPolicy, Settings
 
 Rewrite = Callable[[cst.Call], cst.Call]
 _FLOAT32_LOSS = (
@@ -371,7 +370,7 @@ def _scaler_home(steps: list[Step]) -> tuple[Body, int] | None:
         line
         for line in step.places
         if isinstance(line, cst.SimpleStatementLine)
-        and any(m.matches(small, m.Assign()) and _assigns(small, optimizers) for small in line.body)
+        and any(matches(small, m.Assign()) and _assigns(small, optimizers) for small in line.body)
     ]
     if not creations:
         return None
@@ -416,11 +415,11 @@ def _after_imports_and_constants(module: cst.Module, create: cst.BaseStatement, 
     """Put `create` after the imports at the top of `module` and the constants that follow them, under a comment."""
     last = None
     for index, line in enumerate(module.body):
-        if m.matches(line, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) or (
+        if matches(line, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) or (
             last is not None and _defines_constants(line)
         ):
             last = index
-        elif not m.matches(line, m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
+        elif not matches(line, m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
             break
     comment = cst.EmptyLine(comment=cst.Comment(_MODULE_SCALER_COMMENT))
     if last is None:
@@ -449,4 +448,4 @@ _CONSTANTS = m.SimpleStatementLine(
 
 
 def _defines_constants(line: cst.BaseStatement) -> bool:
-    return m.matches(line, _CONSTANTS)
+    return matches(line, _CONSTANTS)

@@ -8,7 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.calls import argument
-from rules.tree import findall
+from rules.tree import findall, matches
 
 LOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 DISTRIBUTED_SAMPLER = frozenset(
@@ -68,11 +68,11 @@ def description(call: cst.Call, positions: dict[str, int], assigned: str, *param
 
 
 def is_true(value: cst.BaseExpression | None) -> bool:
-    return value is not None and m.matches(value, m.Name("True"))
+    return value is not None and matches(value, m.Name("True"))
 
 
 def has_workers(loader: cst.Call) -> bool:
     """`num_workers=` is passed and is not the literal 0 (an expression counts: it is usually above 0)."""
     workers = flag_value(loader, LOADER_POSITIONS, "num_workers")
-    return workers is not None and not m.matches(workers, m.Integer("0"))
+    return workers is not None and not matches(workers, m.Integer("0"))
 

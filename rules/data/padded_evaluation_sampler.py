@@ -5,7 +5,6 @@ import libcst.matchers as m
 
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import dotted_name, has_star_args
-from rules.types import Safety, Severity
 from rules.data._loaders import (
     DISTRIBUTED_SAMPLER,
     LOADER,
@@ -16,6 +15,8 @@ from rules.data._loaders import (
     flag_value,
     names_evaluation_split,
 )
+from rules.tree import matches
+from rules.types import Safety, Severity
 
 
 class PaddedEvaluationSampler(PortRule):
@@ -106,4 +107,4 @@ class PaddedEvaluationSampler(PortRule):
 def _pads(sampler: cst.Call) -> bool:
     """drop_last is left at False (absent or the literal); `**options` may set it, so those calls are skipped."""
     drop_last = flag_value(sampler, SAMPLER_POSITIONS, "drop_last")
-    return not has_star_args(sampler) and (drop_last is None or m.matches(drop_last, m.Name("False")))
+    return not has_star_args(sampler) and (drop_last is None or matches(drop_last, m.Name("False")))

@@ -5,7 +5,6 @@ import libcst.matchers as m
 
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import dotted_name, has_star_args
-from rules.types import Safety, Severity
 from rules.data._loaders import (
     LOADER,
     LOADER_POSITIONS,
@@ -16,6 +15,8 @@ from rules.data._loaders import (
     names_evaluation_split,
     names_training_split,
 )
+from rules.tree import matches
+from rules.types import Safety, Severity
 
 _NO_BATCHING = m.Name("None") | m.Integer("1")  # no batches, or batches of one: no partial last batch
 
@@ -99,8 +100,8 @@ class PartialLastBatch(PortRule):
         sampler = flag_value(loader, LOADER_POSITIONS, "sampler")
         return not (
             batch_size is None
-            or m.matches(batch_size, _NO_BATCHING)
-            or (drop_last is not None and not m.matches(drop_last, m.Name("False")))
+            or matches(batch_size, _NO_BATCHING)
+            or (drop_last is not None and not matches(drop_last, m.Name("False")))
             or flag_value(loader, LOADER_POSITIONS, "batch_sampler") is not None
             or has_star_args(loader)
             or (sampler is not None and self._sampler_drops_last(sampler))
@@ -117,7 +118,7 @@ class PartialLastBatch(PortRule):
         if names_evaluation_split(text):
             return False
         shuffle = flag_value(loader, LOADER_POSITIONS, "shuffle")
-        return names_training_split(text) or (shuffle is not None and not m.matches(shuffle, m.Name("False")))
+        return names_training_split(text) or (shuffle is not None and not matches(shuffle, m.Name("False")))
 
 
 def _drops_last(call: cst.Call) -> bool:

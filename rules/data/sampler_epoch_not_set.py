@@ -8,7 +8,7 @@ import libcst.matchers as m
 
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.calls import dotted_name
-from rules.tree import findall, visit
+from rules.tree import findall, matches, visit
 
 _SAMPLER = {"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"}
 _EPOCH = re.compile(r"epoch", re.IGNORECASE)
@@ -200,7 +200,7 @@ class _AssignmentCollector(cst.CSTVisitor):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         name = dotted_name(node.targets[0].target) if len(node.targets) == 1 else ""
-        if m.matches(node.value, m.Name("None")):
+        if matches(node.value, m.Name("None")):
             self.none_names.add(name)
         call = self._sampler_call(node.value)
         if name and call is not None:
@@ -228,6 +228,6 @@ class _AssignmentCollector(cst.CSTVisitor):
 
 def _shuffles(call: cst.Call) -> bool:
     return not any(
-        arg.keyword is not None and arg.keyword.value == "shuffle" and m.matches(arg.value, m.Name("False"))
+        arg.keyword is not None and arg.keyword.value == "shuffle" and matches(arg.value, m.Name("False"))
         for arg in call.args
     )

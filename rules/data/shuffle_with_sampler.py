@@ -5,6 +5,7 @@ import libcst.matchers as m
 
 from rules.base import Case, PortRule, Unchanged
 from rules.calls import dotted_name
+from rules.tree import matches
 
 _LOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 _SAMPLER = {"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"}
@@ -70,7 +71,7 @@ class ShuffleWithSampler(PortRule):
             return updated_node
         arguments = {arg.keyword.value: arg for arg in original_node.args if arg.keyword is not None}
         sampler, shuffle = arguments.get("sampler"), arguments.get("shuffle")
-        if sampler is None or shuffle is None or not m.matches(shuffle.value, m.Name("True")):
+        if sampler is None or shuffle is None or not matches(shuffle.value, m.Name("True")):
             return updated_node
         if not (self._is_sampler_call(sampler.value) or dotted_name(sampler.value) in self._samplers):
             return updated_node

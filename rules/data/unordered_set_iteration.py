@@ -7,6 +7,7 @@ import libcst.matchers as m
 
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.data._loaders import assigned_calls, source
+from rules.tree import matches
 from rules.types import Severity
 
 _SET = ("builtins.set", "builtins.frozenset")
@@ -130,7 +131,7 @@ class UnorderedSetIteration(PortRule):
             loop = loop.inner_for_in
 
     def _check_iteration(self, iterable: cst.BaseExpression, target: cst.BaseExpression, what: str) -> None:
-        if m.matches(iterable, m.Call(func=m.Name("enumerate"), args=[m.AtLeastN(n=1)])):
+        if matches(iterable, m.Call(func=m.Name("enumerate"), args=[m.AtLeastN(n=1)])):
             iterable = iterable.args[0].value  # type: ignore[attr-defined]
         if self._is_set(iterable) and _holds_strings(iterable, source(target)):
             self._report_iteration(iterable, what)
@@ -153,7 +154,7 @@ class UnorderedSetIteration(PortRule):
 
     def _is_set(self, node: cst.BaseExpression) -> bool:
         """`set(...)`, `frozenset(...)`, `a.union(...)` of one, or `|`, `&`, `-`, `^` with one as an operand."""
-        if isinstance(node, cst.BinaryOperation) and m.matches(node.operator, _SET_OPERATORS):
+        if isinstance(node, cst.BinaryOperation) and matches(node.operator, _SET_OPERATORS):
             return self._is_set(node.left) or self._is_set(node.right)
         if not isinstance(node, cst.Call):
             return False

@@ -5,6 +5,7 @@ import libcst.matchers as m
 
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.calls import dotted_name
+from rules.tree import matches
 
 # Functions whose result order is whatever the file system gives.
 _LISTINGS = {"os.listdir", "os.scandir", "glob.glob", "glob.iglob"}
@@ -110,7 +111,7 @@ class UnsortedFileListing(PortRule):
 
     def visit_Comparison(self, node: cst.Comparison) -> None:
         for target in node.comparisons:
-            if m.matches(target.operator, m.In() | m.NotIn()):
+            if matches(target.operator, m.In() | m.NotIn()):
                 self._order_free.add(target.comparator)
 
     def visit_For(self, node: cst.For) -> None:
@@ -143,7 +144,7 @@ class UnsortedFileListing(PortRule):
         names = self.qualified_names(node.func) & (_LISTINGS | {"os.walk"})
         if names:
             return min(names)
-        if m.matches(node.func, m.Attribute(attr=m.Name())) and node.func.attr.value in _PATH_METHODS:  # type: ignore
+        if matches(node.func, m.Attribute(attr=m.Name())) and node.func.attr.value in _PATH_METHODS:  # type: ignore
             receiver = node.func.value  # type: ignore[attr-defined]
             if self._looks_like_path(receiver):
                 return f"Path.{node.func.attr.value}"  # type: ignore[attr-defined]

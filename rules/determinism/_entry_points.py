@@ -12,7 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.calls import dotted_name
-from rules.tree import findall
+from rules.tree import findall, matches
 
 Entry = Union[cst.FunctionDef, cst.If, cst.Module]
 Resolver = Callable[[cst.CSTNode], "set[str]"]
@@ -31,7 +31,7 @@ def process_entry(module: cst.Module, resolve: Resolver) -> Entry:
     main = _functions(module).get("main")
     if main is not None:
         return main
-    guard = next((node for node in module.body if m.matches(node, _MAIN_GUARD)), None)
+    guard = next((node for node in module.body if matches(node, _MAIN_GUARD)), None)
     return guard if guard is not None else module
 
 
@@ -80,6 +80,6 @@ def _after_preamble(body: list[cst.BaseStatement], imports: bool) -> int:
     if imports:
         preamble = preamble | m.SimpleStatementLine(body=[m.AtLeastN(m.Import() | m.ImportFrom(), n=1)])
     index = 0
-    while index < len(body) and m.matches(body[index], preamble):
+    while index < len(body) and matches(body[index], preamble):
         index += 1
     return index

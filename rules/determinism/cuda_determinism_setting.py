@@ -5,6 +5,7 @@ import libcst.matchers as m
 
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.calls import string_value
+from rules.tree import matches
 from rules.types import Safety, Severity
 
 _SWITCH = "use `torch.use_deterministic_algorithms(True)` in each training process (migrate --deterministic adds it)"
@@ -79,7 +80,7 @@ class CudaDeterminismSetting(PortRule):
         if not self.refers_to(target, "torch.backends.cudnn.deterministic"):
             return updated_node
         already = "use_deterministic_algorithms" in self.file.source
-        literal_true = m.matches(assign.value, m.Name("True"))
+        literal_true = matches(assign.value, m.Name("True"))
         if already or not literal_true or self.settings.deterministic:
             if not already:
                 self.report(target, "torch.backends.cudnn.deterministic has no effect on an NPU", _SWITCH,

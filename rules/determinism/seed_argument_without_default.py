@@ -5,6 +5,7 @@ import libcst.matchers as m
 
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import argument, string_value
+from rules.tree import matches
 from rules.types import Safety, Severity
 
 
@@ -49,7 +50,7 @@ class SeedArgumentWithoutDefault(PortRule):
         if not flag.startswith("--") or "seed" not in flag:
             return
         default = argument(node, None, "default")
-        if default is None or m.matches(default.value, m.Name("None")):
+        if default is None or matches(default.value, m.Name("None")):
             self.report(
                 node,
                 f"{flag} defaults to None: runs without the flag are not seeded (C1)",

@@ -7,6 +7,7 @@ from rules.base import Case, PortRule, Unchanged
 from rules.calls import argument, keyword, keyword_names, with_args
 from rules.determinism._entry_points import numpy_alias
 from rules.edits import statement
+from rules.tree import matches
 from rules.types import Settings
 
 _DATA_LOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
@@ -100,7 +101,7 @@ class UnseededDataLoader(PortRule):
         return settings.seed is not None and super().wants(source, settings)
 
     def visit_Module(self, node: cst.Module) -> None:
-        self._has_helper = any(m.matches(line, m.FunctionDef(name=m.Name(_HELPER))) for line in node.body)
+        self._has_helper = any(matches(line, m.FunctionDef(name=m.Name(_HELPER))) for line in node.body)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if self.qualified_names(original_node.func).isdisjoint(_DATA_LOADER):
@@ -135,7 +136,7 @@ def _first_definition(body) -> int:
 
 def _has_workers(call: cst.Call) -> bool:
     workers = argument(call, 5, "num_workers")
-    return workers is not None and not m.matches(workers.value, m.Integer("0"))
+    return workers is not None and not matches(workers.value, m.Integer("0"))
 
 
 def _seed_worker(numpy: str | None) -> cst.BaseStatement:

@@ -5,6 +5,7 @@ import libcst.matchers as m
 
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.device._rewrite import renamed_reference
+from rules.tree import matches
 from rules.types import Safety, Severity
 
 _CAPABILITY = ("torch.cuda.get_device_capability",)
@@ -125,8 +126,8 @@ class CudaDeviceCapability(PortRule):
         if not isinstance(target.operator, (cst.GreaterThanEqual, cst.LessThan)):
             return None
         left = node.left
-        indexed = m.matches(left, m.Subscript(slice=[m.SubscriptElement(m.Index(m.Integer("0")))]))
+        indexed = matches(left, m.Subscript(slice=[m.SubscriptElement(m.Index(m.Integer("0")))]))
         call = left.value if indexed else left  # type: ignore[attr-defined]
         if not isinstance(call, cst.Call) or not self.refers_to(call.func, *_CAPABILITY):
             return None
-        return call if m.matches(target.comparator, _AMPERE_MAJOR if indexed else _AMPERE) else None
+        return call if matches(target.comparator, _AMPERE_MAJOR if indexed else _AMPERE) else None

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
+from libcst.helpers import get_full_name_for_node
 
 from rules.base import Flag, PortRule, Unchanged
 from rules.device._cuda_api import CUDA_ONLY
+from rules.tree import findall
 from rules.types import Mode, Safety, Severity
 
 
@@ -51,6 +54,14 @@ class CudaOnlyApi(PortRule):
         ),
         Flag(
             """
+            from torch.cuda import memory_usage as usage
+            import torch.cuda.jiterator as jit
+            print(usage(), jit)
+            """,
+            lines=[3, 3],
+        ),
+        Flag(
+            """
             import torch as th
             alloc = th.cuda.CUDAPluggableAllocator("alloc.so", "my_malloc", "my_free")
             """,
@@ -71,6 +82,22 @@ class CudaOnlyApi(PortRule):
         ),
     )
 
+    def visit_Module(self, node: cst.Module) -> None:
+        # A bare name means a torch.cuda name only through `from torch.cuda import x [as y]` or `import torch.cuda.x
+        # as y`: only those names are resolved (resolving every name of a file was this rule's main cost).
+        self._cuda_bound: set[str] = set()
+        for statement in findall(node, m.ImportFrom() | m.Import()):
+            if isinstance(statement, cst.ImportFrom):
+                module = get_full_name_for_node(statement.module) if statement.module and not statement.relative else ""
+                if module == "torch.cuda" and not isinstance(statement.names, cst.ImportStar):
+                    self._cuda_bound.update(_bound_name(alias) for alias in statement.names)
+            else:
+                self._cuda_bound.update(
+                    _bound_name(alias)
+                    for alias in statement.names
+                    if alias.asname and (get_full_name_for_node(alias.name) or "").startswith("torch.cuda.")
+                )
+
     def visit_Import(self, node: cst.Import) -> bool:
         return False  # an import alone does no harm; its uses are reported
 
@@ -83,7 +110,8 @@ class CudaOnlyApi(PortRule):
         return updated_node
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
-        self._check(original_node)
+        if original_node.value in self._cuda_bound:
+            self._check(original_node)
         return updated_node
 
     def _check(self, node: cst.BaseExpression) -> None:
@@ -98,3 +126,9 @@ class CudaOnlyApi(PortRule):
                     severity=Severity.ERROR,
                 )
                 return
+
+
+def _bound_name(alias: cst.ImportAlias) -> str:
+    """The name an import binds: `y` in `import x as y`, `x` in `from m import x`."""
+    name = alias.asname.name if alias.asname else alias.name
+    return get_full_name_for_node(name) or ""

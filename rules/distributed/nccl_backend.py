@@ -8,7 +8,7 @@ from libcst.metadata import QualifiedNameProvider
 
 from rules.base import Case, PortRule, Unchanged
 from rules.calls import argument, replace_argument_value, same_quotes, string_value
-from rules.tree import findall
+from rules.tree import findall, matches
 from rules.types import Mode
 
 _C10D = ("torch.distributed", "torch.distributed.distributed_c10d")
@@ -200,9 +200,9 @@ class NcclBackend(PortRule):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         args = [self._backend_argument(original_node)]
-        if m.matches(original_node.func, m.Attribute(attr=m.Name("add_argument"))) and _is_backend_flag(original_node):
+        if matches(original_node.func, m.Attribute(attr=m.Name("add_argument"))) and _is_backend_flag(original_node):
             args = [argument(original_node, None, "default"), argument(original_node, None, "choices")]
-        elif m.matches(original_node.func, m.Attribute(attr=m.Name("set_defaults"))):
+        elif matches(original_node.func, m.Attribute(attr=m.Name("set_defaults"))):
             args = [arg for arg in original_node.args if arg.keyword and "backend" in arg.keyword.value.lower()]
         new = updated_node
         for arg in filter(None, args):

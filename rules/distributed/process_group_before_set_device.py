@@ -6,7 +6,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.base import Case, Flag, PortRule, Unchanged
-from rules.tree import findall
+from rules.tree import findall, matches
 from rules.types import Safety, Severity
 
 _INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
@@ -159,7 +159,7 @@ class ProcessGroupBeforeSetDevice(PortRule):
         init = self._init_call(original.body[index])
         assert init is not None
         line = self.file.position(init).start.line
-        if any(m.matches(arg.keyword, m.Name("device_id")) for arg in init.args) or any(
+        if any(matches(arg.keyword, m.Name("device_id")) for arg in init.args) or any(
             set_line <= line for set_line in self._set_device_lines
         ):
             return updated
@@ -197,7 +197,7 @@ class ProcessGroupBeforeSetDevice(PortRule):
         """Index of a lone `set_device(x)` statement after `body[index]` whose arguments nothing in between assigns."""
         for later in range(index + 1, len(body)):
             statement = body[later]
-            if m.matches(statement, m.SimpleStatementLine(body=[m.Expr(value=m.Call())])):
+            if matches(statement, m.SimpleStatementLine(body=[m.Expr(value=m.Call())])):
                 call = statement.body[0].value  # type: ignore[attr-defined]
                 if self.refers_to(call.func, *_SET_DEVICE):
                     used = {name.value for name in findall(call, m.Name())}  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.base import Case, PortRule, Unchanged
-from rules.tree import findall
+from rules.tree import findall, matches
 from rules.types import Action, Mode
 
 _TRANSFER_LINES = "import torch_npu\nfrom torch_npu.contrib import transfer_to_npu\n"
@@ -196,7 +196,7 @@ def _imports_torch(module: cst.Module) -> bool:
 
 
 def _is_torch_import(statement: cst.CSTNode) -> bool:
-    return m.matches(statement, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) and "torch" in _roots(
+    return matches(statement, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) and "torch" in _roots(
         statement.body[0]  # type: ignore[attr-defined]
     )
 
@@ -210,6 +210,6 @@ def _insertion_index(body: Sequence[cst.BaseStatement]) -> int:
         if _is_torch_import(statement):
             return index + 1
     for index, statement in enumerate(body):
-        if not m.matches(statement, _PREAMBLE):
+        if not matches(statement, _PREAMBLE):
             return index
     return len(body)

@@ -8,7 +8,7 @@ import libcst.matchers as m
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.calls import dotted_name
 from rules.loops import backward_receivers, own_calls, training_step
-from rules.tree import findall
+from rules.tree import findall, matches
 from rules.types import Safety, Severity
 
 
@@ -129,7 +129,7 @@ class LossKeptAcrossSteps(PortRule):
         self._losses.append(losses)
         if losses:
             for call in own_calls(loop):
-                if m.matches(call, m.Call(func=m.Attribute(attr=m.Name("append")), args=[m.Arg(m.Name())])):
+                if matches(call, m.Call(func=m.Attribute(attr=m.Name("append")), args=[m.Arg(m.Name())])):
                     self._report_append(call)
 
     def _loss_names(self) -> set[str]:
@@ -155,7 +155,7 @@ class LossKeptAcrossSteps(PortRule):
         value = original_node.value
         if not (isinstance(target, cst.Name) and isinstance(value, cst.BinaryOperation)):
             return updated_node
-        if not (isinstance(value.operator, cst.Add) and m.matches(value.left, m.Name(target.value))):
+        if not (isinstance(value.operator, cst.Add) and matches(value.left, m.Name(target.value))):
             return updated_node
         return self._use_item(original_node, updated_node, "value")
 

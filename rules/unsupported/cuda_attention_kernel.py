@@ -5,6 +5,7 @@ import libcst.matchers as m
 
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import string_value, under
+from rules.tree import matches
 from rules.types import Safety, Severity
 
 _KERNELS = ("flash_attn", "xformers.ops")
@@ -73,4 +74,4 @@ def _asks_for_flash_attention(arg: cst.Arg) -> bool:
         return False
     if arg.keyword.value == "attn_implementation":
         return string_value(arg.value) == "flash_attention_2"
-    return arg.keyword.value == "use_flash_attention_2" and m.matches(arg.value, m.Name("True"))
+    return arg.keyword.value == "use_flash_attention_2" and matches(arg.value, m.Name("True"))

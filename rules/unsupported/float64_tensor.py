@@ -5,6 +5,7 @@ import libcst.matchers as m
 
 from rules.base import Flag, PortRule, Unchanged
 from rules.calls import argument, string_value
+from rules.tree import matches
 from rules.types import Safety, Severity
 
 _FLOAT64 = ("torch.float64", "torch.double", "torch.uint64")
@@ -92,7 +93,7 @@ class Float64Tensor(PortRule):
             self._float64_arrays.update(t.target.value for t in node.targets if isinstance(t.target, cst.Name))
 
     def visit_Call(self, node: cst.Call) -> None:
-        wants_float64 = m.matches(node, m.Call(func=m.Attribute(attr=m.Name("double")), args=[])) or any(
+        wants_float64 = matches(node, m.Call(func=m.Attribute(attr=m.Name("double")), args=[])) or any(
             self.refers_to(arg.value, *_FLOAT64) for arg in node.args
         )
         if wants_float64:
@@ -115,7 +116,7 @@ class Float64Tensor(PortRule):
         """`node` makes a float64 numpy array: a float64-by-default call without another dtype, or a float64 dtype."""
         if not isinstance(node, cst.Call):
             return False
-        if m.matches(node.func, m.Attribute(attr=m.Name("astype"))) and node.args:
+        if matches(node.func, m.Attribute(attr=m.Name("astype"))) and node.args:
             return self._float64_dtype(node.args[0].value)
         dtype = argument(node, None, "dtype")
         if dtype is not None:
