@@ -23,6 +23,7 @@ from libcst.metadata import MetadataWrapper
 from migrate.types import MigrationResult
 from rules import FileState, PortRule, all_rules
 from rules.base import CheapMatcherScan
+from rules.tree import forget
 from rules.types import Settings
 from rules.walk import TRIVIA, Walk
 
@@ -75,8 +76,11 @@ def migrate_source(
     wanted = [rule for rule in (all_rules() if rules is None else rules) if rule.wants(code, settings)]
     if not wanted:
         return MigrationResult(original=code, code=code)
-    with _tree_kept_out_of_gc():
-        return _port(module, code, path, settings, wanted)
+    try:
+        with _tree_kept_out_of_gc():
+            return _port(module, code, path, settings, wanted)
+    finally:
+        forget(module)
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from rules.names import QualifiedNames
-from rules.positions import Positions
+from rules.positions import Positions, excerpt
 from rules.types import Action, Finding, Mode, Safety, Settings, Severity
 
 # `# npu-port: ignore` or `# npu-port: ignore[NPU101, DIST001]` on a line silences rules there.
@@ -287,8 +287,8 @@ class PortRule(CheapMatcherScan, VisitorBasedCodemodCommand):
                 message=message,
                 suggestion=suggestion,
                 checklist=self.CHECKLIST,
-                old_code=_clip(self.file.code_for(node)),
-                new_code=_clip(cst.Module([]).code_for_node(new)) if new is not None else "",
+                old_code=excerpt(self.file.wrapper.module, node),
+                new_code=excerpt(_EMPTY_MODULE, new) if new is not None else "",
             )
         )
 
@@ -299,9 +299,7 @@ class PortRule(CheapMatcherScan, VisitorBasedCodemodCommand):
 _SEVERITY_ORDER = [Severity.INFO, Severity.WARNING, Severity.ERROR]
 
 
-def _clip(code: str, limit: int = 200) -> str:
-    code = code.strip()
-    return code if len(code) <= limit else code[: limit - 1] + "…"
+_EMPTY_MODULE = cst.Module([])  # the layout a rule's new code is shown in
 
 
 __all__ = [

@@ -123,6 +123,18 @@ class Positions(Mapping[CSTNode, CodeRange]):
         return CodePosition(line, offset - self._line_starts[line - 1])
 
 
+def excerpt(module: cst.Module, node: CSTNode, limit: int = 200) -> str:
+    """`module.code_for_node(node)`, stripped and cut to `limit` characters (the last an ellipsis), generating no
+    more of a long node than that takes: findings quote what they point at, and that can be a whole function."""
+    state = _ExcerptState(module.default_indent, module.default_newline, limit)
+    try:
+        node._codegen(state)
+    except _ExcerptState.Enough:
+        pass
+    code = "".join(state.tokens).strip()
+    return code if len(code) <= limit else code[: limit - 1] + "…"
+
+
 class _PlainState(CodegenState):
     """libcst's code generation, with a no-op syntactic-position context that costs one call instead of a
     generator's several (libcst enters one for most statements and expressions)."""
@@ -142,6 +154,24 @@ class _NoPosition:
 
 
 _NO_POSITION = _NoPosition()
+
+
+class _ExcerptState(_PlainState):
+    """Stops the code generation once the text, without its leading whitespace, is longer than `limit`."""
+
+    class Enough(Exception):
+        pass
+
+    def __init__(self, default_indent: str, default_newline: str, limit: int):
+        super().__init__(default_indent, default_newline)
+        self._limit = limit
+        self._length = 0
+
+    def add_token(self, value: str) -> None:
+        self.tokens.append(value)
+        self._length += len(value)
+        if self._length > self._limit and len("".join(self.tokens).strip()) > self._limit:
+            raise self.Enough
 
 
 class _SpanState(CodegenState):

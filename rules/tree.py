@@ -102,6 +102,12 @@ def _index_holding(tree: cst.CSTNode) -> _Index:
     return index
 
 
+def forget(module: cst.Module) -> None:
+    """Drop the index of `module`: the engine, when its file is done (a tree kept alive costs memory and every later
+    collection of the oldest generation a walk through it)."""
+    _INDEXES.pop(id(module), None)
+
+
 def preorder(tree: cst.CSTNode, prune: tuple[type[cst.CSTNode], ...] = _NO_PRUNING) -> Iterator[cst.CSTNode]:
     """`tree` and its non-trivia descendants in visit order; nodes of a `prune` type below `tree` are not entered."""
     return _index_holding(tree).subtree(tree, prune)

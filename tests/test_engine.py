@@ -5,6 +5,7 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 import pytest
+from libcst._nodes.base import CSTCodegenError
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
@@ -12,7 +13,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProv
 from migrate.engine import _add_imports
 from rules import all_rules
 from rules.names import QualifiedNames
-from rules.positions import Positions
+from rules.positions import Positions, excerpt
 from rules.tree import findall, matches, preorder
 from rules.walk import Walk
 
@@ -265,3 +266,17 @@ def test_compiled_matchers_agree_with_libcst(source: str):
     for matcher in MATCHERS:
         for node in everything.nodes:
             assert matches(node, matcher) == m.matches(node, matcher), (matcher, module.code_for_node(node))
+
+
+@pytest.mark.parametrize("source", corpus()[::4])
+def test_excerpts_are_the_clipped_code(source: str):
+    """Findings quote a node through `excerpt`, which stops generating code past the limit: same text."""
+    module = cst.parse_module(source)
+    for node in preorder(module):
+        try:
+            code = module.code_for_node(node).strip()
+        except CSTCodegenError:  # a node that has no code of its own (a Param's default without its `=`)
+            continue
+        for limit in (20, 200):
+            expected = code if len(code) <= limit else code[: limit - 1] + "…"
+            assert excerpt(module, node, limit) == expected
