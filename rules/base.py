@@ -12,6 +12,7 @@ import re
 import textwrap
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import libcst as cst
@@ -212,6 +213,8 @@ class PortRule(CheapMatcherScan, VisitorBasedCodemodCommand):
         return set(self.file.qualified_names.texts(node))
 
     def refers_to(self, node: cst.CSTNode, *names: str) -> bool:
+        if not self.file.qualified_names.may_end_with(node, _last_parts(names)):
+            return False  # most calls, arguments and attributes a rule asks about: no resolution needed
         return not self.qualified_names(node).isdisjoint(names)
 
     def qualified_name(self, node: cst.CSTNode) -> str | None:
@@ -297,6 +300,11 @@ class PortRule(CheapMatcherScan, VisitorBasedCodemodCommand):
 
 
 _SEVERITY_ORDER = [Severity.INFO, Severity.WARNING, Severity.ERROR]
+
+
+@lru_cache(maxsize=1024)
+def _last_parts(names: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(name.rpartition(".")[2] for name in names)
 
 
 _EMPTY_MODULE = cst.Module([])  # the layout a rule's new code is shown in

@@ -69,6 +69,26 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
             names = self._names[node] = self._resolve(node)
         return names
 
+    def may_end_with(self, node: CSTNode, last_parts: frozenset[str]) -> bool:
+        """False when no qualified name of `node` can end with one of `last_parts`, found without resolving it.
+
+        libcst names a node by its dotted name (`a.b.c` for `a.b.c` or `a.b.c()`), replacing an imported prefix by
+        what it imports, so the last part stays; unless the whole dotted name is an import's `as` name (`y` in
+        `from m import x as y`), or the name's first part is a builtin or local name, which libcst gives alone
+        (`builtins.str` for `str.join`). tests/test_engine.py holds every node of the corpus to that.
+        """
+        dotted = cst.helpers.get_full_name_for_node(node)
+        if dotted is None:
+            return True
+        first, _, _ = dotted.partition(".")
+        return dotted.rpartition(".")[2] in last_parts or first in last_parts or dotted in self.aliases
+
+    @property
+    def aliases(self) -> set[str]:
+        """The `as` names of the module's imports."""
+        self.scopes  # records them
+        return self._recorder.aliases
+
     def texts(self, node: CSTNode) -> frozenset[str]:
         """The names of `node`'s QualifiedNames; empty for a node not in the module (one a rule built)."""
         texts = self._texts.get(node)
@@ -132,6 +152,7 @@ class _ScopeRecorder:
         self.scope_of: dict[CSTNode, Scope] = {}
         self.reads: dict[CSTNode, tuple[str, int]] = {}  # read node -> (name read, assignments in scope before it)
         self.import_names: set[int] = set()  # ids of the names in import statements (libcst's assignment nodes)
+        self.aliases: set[str] = set()  # `y` of `import x as y` and `from m import x as y`
         self._pending_reads: list[tuple[cst.Name, cst.Attribute | None, int]] = []  # settled once scopes are known
         self._outermost_attribute: list[cst.Attribute | None] = [None]
         self._special: dict[type, Callable[[CSTNode, Scope], None]] = {
@@ -229,6 +250,7 @@ class _ScopeRecorder:
             self.import_names.add(id(alias.name))
             if alias.asname is not None:
                 self.import_names.add(id(alias.asname.name))
+                self.aliases.add(cst.helpers.get_full_name_for_node_or_raise(alias.asname.name))
             as_name = alias.asname.name if alias.asname is not None else alias.name
             dotted = cst.helpers.get_full_name_for_node_or_raise(as_name)
             parts = dotted.split(".")

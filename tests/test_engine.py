@@ -95,6 +95,8 @@ def test_qualified_names_equal_libcst(source: str):
         expected = theirs.get(node, set())
         expected = expected() if callable(expected) else expected  # libcst stores lazy values
         assert {q.name for q in ours.get(node, set())} == {q.name for q in expected}, module.code_for_node(node)
+        last_parts = frozenset(q.name.rpartition(".")[2] for q in expected)
+        assert not last_parts or ours.may_end_with(node, last_parts), module.code_for_node(node)
 
 
 @pytest.mark.parametrize("source", corpus() + [pytest.param("x = 1\r\nif x:\r\n\ty = (1,\r\n  2)\r\n", id="crlf-tabs")])

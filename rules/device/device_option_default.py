@@ -9,7 +9,7 @@ from rules.types import Mode, Severity
 from rules.base import Case, Flag, PortRule, Unchanged
 from rules.calls import argument, dotted_name, replace_argument_value, string_value
 from rules.device._rewrite import retarget
-from rules.tree import findall
+from rules.tree import findall, matches
 
 _NPU = re.compile(r"^npu(?::\d+)?$")
 _ADD_ARGUMENT = m.Call(func=m.Attribute(attr=m.Name("add_argument")))
@@ -111,8 +111,9 @@ class DeviceOptionDefault(PortRule):
         self._module = node
         self._names_npu = any(_is_npu_reference(found) for found in findall(node, m.SimpleString() | m.Attribute()))
 
-    @m.leave(_ADD_ARGUMENT)
-    def port_default(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if not matches(original_node, _ADD_ARGUMENT):
+            return updated_node
         default = argument(original_node, None, "default")
         if default is None or retarget(default.value) is None:
             return updated_node
