@@ -267,12 +267,13 @@ GRAD_SCALERS = frozenset(
 )
 
 
-def existing_scaler(module: cst.Module, resolve: Callable[[cst.CSTNode], set]) -> str | None:
-    """The name (`scaler`, `self.scaler`) of the file's one GradScaler; None when there is none or several."""
+def existing_scaler(module: cst.Module, refers_to: Callable[..., bool]) -> str | None:
+    """The name (`scaler`, `self.scaler`) of the file's one GradScaler; None when there is none or several.
+    `refers_to(node, *names)` is the rule's."""
     names = {
         code(target.target)
         for assign in findall(module, m.Assign(value=m.Call()))
-        if not resolve(assign.value.func).isdisjoint(GRAD_SCALERS)  # type: ignore[attr-defined]
+        if refers_to(assign.value.func, *GRAD_SCALERS)  # type: ignore[attr-defined]
         for target in assign.targets  # type: ignore[attr-defined]
     }
     return names.pop() if len(names) == 1 else None

@@ -104,7 +104,7 @@ class Step:
 class AutocastBans:
     """What in one module runs an op that autocast bans (AUTOCAST_BANNED)."""
 
-    resolve: Resolver
+    refers_to: Callable[..., bool]  # the rule's refers_to(node, *names)
     losses: frozenset[str]  # names bound to a loss module that runs one: `criterion` for `criterion = nn.BCELoss()`
     helpers: frozenset[str]  # the module's functions that call one of those, whose inputs a step cannot see
 
@@ -112,28 +112,28 @@ class AutocastBans:
         """Whether `call` itself runs a banned op on its arguments: `F.binary_cross_entropy(...)`, `criterion(...)`."""
         func = call.func
         if isinstance(func, cst.Call):  # nn.BCELoss()(output, target)
-            return not self.resolve(func.func).isdisjoint(_BANNED_LOSS_MODULES)
-        return not self.resolve(func).isdisjoint(AUTOCAST_BANNED) or dotted_name(func) in self.losses
+            return self.refers_to(func.func, *_BANNED_LOSS_MODULES)
+        return self.refers_to(func, *AUTOCAST_BANNED) or dotted_name(func) in self.losses
 
     def reaches_banned_op(self, call: cst.Call) -> bool:
         name = dotted_name(call.func)
         return self.runs_banned_op(call) or name.removeprefix("self.") in self.helpers
 
 
-def autocast_bans(module: cst.Module, resolve: Resolver) -> AutocastBans:
+def autocast_bans(module: cst.Module, refers_to: Callable[..., bool]) -> AutocastBans:
     losses = frozenset(
         dotted_name(target.target)
         for assign in findall(module, m.Assign(value=m.Call()))
-        if not resolve(_without_moves(assign.value).func).isdisjoint(_BANNED_LOSS_MODULES)  # type: ignore
+        if refers_to(_without_moves(assign.value).func, *_BANNED_LOSS_MODULES)  # type: ignore[attr-defined]
         for target in assign.targets  # type: ignore[attr-defined]
     )
-    direct = AutocastBans(resolve, losses, frozenset())
+    direct = AutocastBans(refers_to, losses, frozenset())
     helpers = frozenset(
         function.name.value  # type: ignore[attr-defined]
         for function in findall(module, m.FunctionDef())
         if any(direct.runs_banned_op(call) for call in findall(function, m.Call()))  # type: ignore[arg-type]
     )
-    return AutocastBans(resolve, losses, helpers)
+    return AutocastBans(refers_to, losses, helpers)
 
 
 def _without_moves(call: cst.Call) -> cst.Call:

@@ -283,7 +283,7 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
     # ----- planning, on the original tree -------------------------------------------------------------------
 
     def visit_Module(self, node: cst.Module) -> None:
-        bans = autocast_bans(node, self.qualified_names)
+        bans = autocast_bans(node, self.refers_to)
         analysed = (self._accepted(analyse(scope, self.qualified_names), bans) for scope in scopes(node))
         steps = [step for step in analysed if step is not None]
         if not steps:

@@ -80,7 +80,7 @@ class GradientClippingWithoutUnscale(StatementEdits, PortRule):
     )
 
     def visit_Module(self, node: cst.Module) -> None:
-        scaler = existing_scaler(node, self.qualified_names)
+        scaler = existing_scaler(node, self.refers_to)
         if scaler is None or f"{scaler}.unscale_(" in self.file.source:
             return
         for scope in scopes(node):

@@ -99,7 +99,7 @@ class IncompleteScalerStep(StatementEdits, PortRule):
         self._bypasses: set[cst.Call] = set()
 
     def visit_Module(self, node: cst.Module) -> None:
-        scaler = existing_scaler(node, self.qualified_names)
+        scaler = existing_scaler(node, self.refers_to)
         if scaler is None:
             return
         self._scaler = scaler

@@ -132,7 +132,7 @@ class OpaqueTrainingStep(PortRule):
                 severity=Severity.WARNING,
             )
             return
-        bans = autocast_bans(node, self.qualified_names)
+        bans = autocast_bans(node, self.refers_to)
         for scope in scopes(node):
             step = analyse(scope, self.qualified_names)
             if step.backwards and not self._blocking(step.problems):

@@ -144,7 +144,7 @@ class ScalerStateNotCheckpointed(SavesScalerState, StatementEdits, PortRule):
         self._checkpoints: set[cst.Dict] = set()
 
     def visit_Module(self, node: cst.Module) -> None:
-        scaler = existing_scaler(node, self.qualified_names)
+        scaler = existing_scaler(node, self.refers_to)
         if scaler is None:
             return
         self._scaler = scaler
