@@ -193,7 +193,7 @@ class _SpanState(CodegenState):
 
     def after_codegen(self, node: CSTNode) -> None:
         self.spans.setdefault(id(node), (self._starts.pop(), len(self.tokens)))
-        self.nodes[id(node)] = node
+        self.nodes[id(node)] = node  # keeps the nodes libcst makes while generating alive: their ids stay theirs
 
     def record_syntactic_position(
         self, node: CSTNode, *, start_node: CSTNode | None = None, end_node: CSTNode | None = None
