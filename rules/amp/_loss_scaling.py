@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
+from functools import lru_cache
 from typing import Callable, Sequence
 
 import libcst as cst
@@ -21,8 +24,37 @@ _OWN_BACKWARD = ("accelerator.backward", "self.manual_backward", "engine.backwar
 
 
 def manages_precision(source: str) -> str | None:
-    """The first marker showing that `source` already chooses its precision, else None."""
-    return next((marker for marker in PRECISION_MARKERS + _OWN_BACKWARD if marker in source), None)
+    """The first marker showing that `source` already chooses its precision, else None. Only code counts: a
+    comment or a docstring that mentions float16 or autocast does not."""
+    markers = PRECISION_MARKERS + _OWN_BACKWARD
+    if not any(marker in source for marker in markers):
+        return None
+    code = _without_comments_and_strings(source)
+    return next((marker for marker in markers if marker in code), None)
+
+
+@lru_cache(maxsize=8)
+def _without_comments_and_strings(source: str) -> str:
+    """`source` with its comments and string literals blanked out (a source tokenize rejects is kept as it is)."""
+    lines = source.splitlines(keepends=True)
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return source
+    kept = [list(line) for line in lines]
+    for token in tokens:
+        if token.type not in _TEXT_TOKENS:
+            continue
+        (start_row, start_col), (end_row, end_col) = token.start, token.end
+        for row in range(start_row, end_row + 1):
+            line = kept[row - 1]
+            first = start_col if row == start_row else 0
+            last = end_col if row == end_row else len(line)
+            line[first:last] = " " * (last - first)
+    return "".join("".join(line) for line in kept)
+
+
+_TEXT_TOKENS = frozenset({tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)})
 
 
 def free_name(module: cst.Module, *candidates: str) -> str:

@@ -260,6 +260,31 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
             optimizer.step(closure)
             """
         ),
+        Case(  # words in a docstring or a comment are not the script choosing its precision
+            """
+            \"\"\"Trains in float32 (float16 and autocast come later).\"\"\"
+            import torch
+
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in loader:  # no GradScaler yet
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            """,
+            """
+            \"\"\"Trains in float32 (float16 and autocast come later).\"\"\"
+            import torch
+
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            scaler = torch.amp.GradScaler("npu")
+            for x, y in loader:  # no GradScaler yet
+                with torch.autocast(device_type="npu", dtype=torch.float16):
+                    loss = criterion(model(x), y)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            """,
+        ),
     )
 
     def __init__(self, *args, **kwargs) -> None:
