@@ -1,6 +1,6 @@
 """How much `migrate` costs over a bare libcst round trip, and how a folder scales with --jobs.
 
-    .venv/bin/python tests/perf/bench_migrate.py [--script FILE ...] [--lines 5000] [--files 200] [--repeat 1]
+    .venv/bin/python tests/perf/bench_migrate.py [--script FILE ...] [--lines 5000] [--files 200] [--repeat 5]
 
 --script adds real training scripts (pytorch/examples, nanoGPT, ... concatenated into one file outside the
 repository) to the per-file table; the largest sample is always in it.

@@ -164,18 +164,25 @@ def test_module_scopes_report_what_module_tracker_reports():
     assert ("_Net.shared", True) in ours and ("_Net.pair", False) in ours
 
 
-def test_small_tensors_batched_get_the_statistics_of_one_by_one():
-    from verify.capture import SmallTensorStats, describe
-
-    tensors = [
+def _odd_small_tensors() -> list[torch.Tensor]:
+    """Small tensors of each kind the statistics must get right: NaN and inf, not contiguous, 0-d, every float dtype,
+    integers, bools."""
+    return [
         torch.tensor([1.0, -2.0, float("nan"), float("inf"), 4.0, float("nan")]),
         torch.randn(3, 5).t(),  # not contiguous
         torch.tensor(2.5),
         torch.randn(7, dtype=torch.bfloat16),
+        torch.randn(9, dtype=torch.float16),
         torch.randn(4, dtype=torch.float64),
         torch.tensor([3, -7, 5]),
         torch.tensor([True, False]),
     ]
+
+
+def test_small_tensors_batched_get_the_statistics_of_one_by_one():
+    from verify.capture import SmallTensorStats, describe
+
+    tensors = _odd_small_tensors()  # zeroed below: its own copies
     batch = StatBatch()
     one_by_one = [summarize(tensor, batch) for tensor in tensors]
     small = SmallTensorStats(batch)
@@ -189,7 +196,7 @@ def test_small_tensors_batched_get_the_statistics_of_one_by_one():
         assert {name for name, value in got.items() if value is None} == {n for n, v in expected.items() if v is None}
         numbers = [name for name, value in expected.items() if value is not None]
         assert [got[name] for name in numbers] == pytest.approx([expected[name] for name in numbers], nan_ok=True)
-    assert batched[0].resolve(fetched)["nan_count"] == 2 and batched[5].resolve(fetched)["mean"] == 1 / 3
+    assert batched[0].resolve(fetched)["nan_count"] == 2 and batched[6].resolve(fetched)["mean"] == 1 / 3
 
 
 def test_a_step_that_never_ends_stops_recording_at_its_bound(monkeypatch, capsys):
@@ -284,14 +291,7 @@ def test_an_optimizer_step_is_recorded_as_its_updated_parameters():
 # -- the device path: what runs on a GPU or NPU, driven here on CPU tensors (StatBatch(device_path_on_cpu=True)) --
 
 _ODD_SIZED = [
-    torch.tensor([1.0, -2.0, float("nan"), float("inf"), 4.0, float("nan")]),
-    torch.randn(3, 5).t(),  # not contiguous
-    torch.tensor(2.5),
-    torch.randn(7, dtype=torch.bfloat16),
-    torch.randn(9, dtype=torch.float16),
-    torch.randn(4, dtype=torch.float64),
-    torch.tensor([3, -7, 5]),
-    torch.tensor([True, False]),
+    *_odd_small_tensors(),
     torch.randn(100_000),  # large: reduced at once, not batched
     torch.tensor([float("inf"), 1.0, -3.0]).repeat(30_000),  # large, with infinities
     torch.randn(70_000, dtype=torch.float16),
