@@ -57,8 +57,8 @@ from verify.capture import (
     tensors_in,
     unwrapped,
 )
-from verify import environment_record
-from verify.schema import (AUTOCAST_DTYPES, GRADS_DIR, LOSS_SCALER_ENV, OPS_DIR, OUTPUTS_DIR, STAT_COLUMNS, DumpMode,
+from verify import environment_record, precision_scopes
+from verify.schema import (GRADS_DIR, LOSS_SCALER_ENV, OPS_DIR, OUTPUTS_DIR, STAT_COLUMNS, DumpMode,
                            LossScalerPlan, RunManifest, Status, step_file)
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
 
@@ -95,14 +95,15 @@ def _json_value(value: Any) -> Any:
 class LossScalerTwin:
     """The port's GradScaler, played on a reference that has none (verify ORIGINAL PORTED, schema.LossScalerPlan).
 
-    Under the port's autocast (`scaling`), each backward() runs on the loss times the scale the port used at that
-    step, and the fresh gradients are unscaled right after with GradScaler's own kernel
-    (torch._amp_foreach_non_finite_check_and_unscale_), so the script's clipping and optimizer see true gradients, as
-    after the port's unscale_(). A step's update is skipped where the port's was, and wherever the reference's own
-    gradients overflowed: an overflow must never reach the weights, or verify itself would make the NaN it reports.
-    Skip-only (an fp32 reference of an AMP port): nothing is scaled, and the port's skipped updates are skipped too, so
-    that both sides train on the same number of updates. Skipping is done by clearing the gradients before
-    optimizer.step(): torch's optimizers leave a parameter without a gradient, and its state, untouched.
+    Under the port's autocast (`scaling`), each backward() runs on the loss times the scale the port's backward()
+    used at that step and micro-step (a GAN's scaler updates between its optimizers, so inside a step), and the fresh
+    gradients are unscaled right after with GradScaler's own kernel (torch._amp_foreach_non_finite_check_and_unscale_),
+    so the script's clipping and optimizer see true gradients, as after the port's unscale_(). An optimizer's update
+    is skipped where the port's GradScaler skipped that optimizer's, and wherever the gradients it is about to apply
+    hold inf/NaN (what GradScaler.step checks): an overflow must never reach the weights, or verify itself would make
+    the NaN it reports. Skip-only (an fp32 reference of an AMP port): nothing is scaled, and the port's skipped
+    updates are skipped too, so that both sides train on the same updates. Skipping is done by clearing the gradients
+    before optimizer.step(): torch's optimizers leave a parameter without a gradient, and its state, untouched.
     """
 
     def __init__(self, plan: LossScalerPlan, scaling: bool) -> None:
@@ -110,39 +111,32 @@ class LossScalerTwin:
         self.scaling = scaling and bool(plan.scales)
         self.scale = plan.scales[min(plan.scales)] if self.scaling else 1.0
         self.overflowed: list[int] = []
-        self._flags: list[torch.Tensor] = []  # this step's overflow flags, one per device and dtype of each unscale
-        self._decided: dict[int, bool] = {}
+        self._last_recorded_step = max((step for step, _ in plan.scales or {}), default=-1)
         self._steps_without_overflow = 0
 
-    def scale_at(self, step: int) -> float:
-        if self.plan.scales and step in self.plan.scales:
-            self.scale = self.plan.scales[step]
+    def scale_at(self, step: int, micro_step: int) -> float:
+        if self.plan.scales and (step, micro_step) in self.plan.scales:
+            self.scale = self.plan.scales[step, micro_step]
         return self.scale
 
     def unscale_(self, gradients: list[torch.Tensor]) -> None:
-        groups: dict[tuple[Any, Any], list[torch.Tensor]] = {}
-        for gradient in gradients:
-            groups.setdefault((gradient.device, gradient.dtype), []).append(gradient)
-        for (device, _), group in groups.items():
-            found = torch.zeros(1, device=device)
-            inverse = torch.full((1,), 1.0 / self.scale, device=device)
+        for group in _by_device_and_dtype(gradients):
+            found = torch.zeros(1, device=group[0].device)
+            inverse = torch.full((1,), 1.0 / self.scale, device=group[0].device)
             torch._amp_foreach_non_finite_check_and_unscale_(group, found, inverse)
-            self._flags.append(found)
 
-    def skips(self, step: int) -> bool:
-        """Whether this step's update is skipped (decided once per step, at its first optimizer.step())."""
-        if step not in self._decided:
-            overflow = bool(self._flags) and bool(torch.stack([flag.cpu() for flag in self._flags]).any())
-            self._flags = []
-            if overflow:
-                self.overflowed.append(step)
-            self._decided[step] = overflow or step in self.plan.skipped
+    def skips(self, step: int, optimizer: int, gradients: list[torch.Tensor]) -> bool:
+        """Whether this optimizer's update at this step is skipped: the port's was, or its gradients overflowed."""
+        overflow = _any_non_finite(gradients)
+        if overflow and step not in self.overflowed:
+            self.overflowed.append(step)
+        if optimizer == 0:
             self._update_dynamically(step, overflow)
-        return self._decided[step]
+        return overflow or [step, optimizer] in self.plan.skipped
 
     def _update_dynamically(self, step: int, overflow: bool) -> None:
-        """Past the port's recorded steps, the scale moves as a GradScaler's would."""
-        if not self.scaling or (self.plan.scales and step + 1 in self.plan.scales):
+        """Past the port's recorded steps, the scale moves as a GradScaler's would (once per lead optimizer step)."""
+        if not self.scaling or step < self._last_recorded_step:
             return
         self._steps_without_overflow = 0 if overflow else self._steps_without_overflow + 1
         if overflow:
@@ -152,9 +146,34 @@ class LossScalerTwin:
             self._steps_without_overflow = 0
 
     def record(self) -> dict[str, Any]:
-        return {"twin": "scale" if self.scaling else "skip-only", "followed": self.plan.skipped,
+        return {"twin": "scale" if self.scaling else "skip-only",
+                "followed": sorted({step for step, _ in self.plan.skipped}),
                 "overflowed": self.overflowed, "growth_factor": self.plan.growth_factor,
                 "backoff_factor": self.plan.backoff_factor, "growth_interval": self.plan.growth_interval}
+
+
+def _by_device_and_dtype(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The groups a foreach kernel takes in one call."""
+    groups: dict[tuple[Any, Any], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+    return list(groups.values())
+
+
+def _any_non_finite(tensors: list[torch.Tensor]) -> bool:
+    """GradScaler's own check (the unscale kernel with a factor of one), one sync for all groups."""
+    flags = []
+    for group in _by_device_and_dtype(tensors):
+        found = torch.zeros(1, device=group[0].device)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found, torch.ones(1, device=group[0].device))
+        flags.append(found.cpu())
+    return bool(flags) and bool(torch.cat(flags).any())
+
+
+def _same_gradient(key: int, grad: torch.Tensor, version: int, parameters: list[Any]) -> bool:
+    """Whether the parameter `key` still holds `grad`, unchanged since `version` (backward added nothing to it)."""
+    parameter = next(p for p in parameters if id(p) == key)
+    return parameter.grad is grad and grad._version == version
 
 
 def _script_scaler(scaler: Any) -> dict[str, Any]:
@@ -194,6 +213,8 @@ class StepRecorder:
         self._hparams: list[tuple[int, Any, str, Any, int]] = []
         self._grads: list[tuple[str, Any]] = []
         self._stepping: list[tuple[str, Any]] = []  # (name, parameter) of the optimizer whose step() is running
+        self._withheld: list[tuple[Any, Any]] = []  # (parameter, gradient) kept from a step the twin skips
+        self._unscaled_by_port: set[int] = set()  # ids of parameters whose gradients an optimizer step has seen
         self._outputs: list[tuple[str, Any, str]] = []
         self._unwritten: tuple | None = None  # an ended step whose statistics were still on their way
 
@@ -268,20 +289,26 @@ class StepRecorder:
         return list({id(p): p for ref in self._roots if ref() is not None for p in ref().parameters()}.values())
 
     def _scaled_backward(self, original, loss, *args, **kwargs):
-        """Backward of loss * the twin's scale, then every gradient unscaled (LossScalerTwin). Gradients held from
+        """Backward of loss * the twin's scale, then the gradients unscaled (LossScalerTwin). Gradients held from
         earlier micro-steps are scaled first, so that backward accumulates into scaled gradients as under the port's
-        GradScaler (the same in-place adds); the scales are powers of two, so nothing is rounded by it."""
-        scale = self.twin.scale_at(self.steps_done)
-        parameters = self._root_parameters()
+        GradScaler (the same in-place adds); the scales are powers of two, so nothing is rounded by it. Gradients an
+        optimizer step has seen since their last backward stay as they are: the port's GradScaler unscaled them in
+        place at that step, skipped or not, and its next backward adds scaled gradients to them."""
+        scale = self.twin.scale_at(self.steps_done, len(self._losses) - 1)  # this backward's loss is recorded
+        parameters = [parameter for parameter in self._root_parameters() if parameter.grad is not None]
         with self._own_work():
-            held = [parameter.grad for parameter in parameters if parameter.grad is not None]
+            seen = {id(p): (p.grad, p.grad._version) for p in parameters if id(p) in self._unscaled_by_port}
+            held = [p.grad for p in parameters if id(p) not in seen]
             if held:
                 torch._foreach_mul_(held, scale)
         with self._paused_capture():  # as a GradScaler's scale() is
             scaled = loss * scale
         result = original(scaled, *args, **kwargs)
         with self._own_work():
-            self.twin.unscale_([parameter.grad for parameter in parameters if parameter.grad is not None])
+            untouched = {key for key, (grad, version) in seen.items() if _same_gradient(key, grad, version, parameters)}
+            self._unscaled_by_port = untouched  # a gradient backward wrote is scaled again, in the port as here
+            self.twin.unscale_([p.grad for p in self._root_parameters()
+                                if p.grad is not None and id(p) not in untouched])
         return result
 
     def _check_gradients_reset(self) -> None:
@@ -294,7 +321,8 @@ class StepRecorder:
             self._carried_grads = self.batch.add(torch.stack([norm.float().to(device) for norm in norms]).sum())
 
     def _record_loss(self, tensors) -> None:
-        scale = self.twin.scale_at(self.steps_done) if self.twin is not None and self.twin.scaling else None
+        scaling = self.twin is not None and self.twin.scaling
+        scale = self.twin.scale_at(self.steps_done, len(self._losses)) if scaling else None
         losses = tensors_in(tensors)
         if self._last_scaled is not None and losses and losses[0] is self._last_scaled[0]:
             _, unscaled, scale = self._last_scaled
@@ -326,7 +354,10 @@ class StepRecorder:
         steps_before = self._optimizer_steps.get(optimizer, 0)
         result = original(scaler, optimizer, *args, **kwargs)
         if self.enabled and self._optimizer_steps.get(optimizer, 0) == steps_before:  # skipped: inf/NaN gradients
-            self.manifest.skipped_steps.append(self.steps_done)
+            index = self._optimizer_index.setdefault(optimizer, len(self._optimizer_index))
+            self.manifest.loss_scaler.setdefault("skipped_updates", []).append([self.steps_done, index])
+            if self.steps_done not in self.manifest.skipped_steps:
+                self.manifest.skipped_steps.append(self.steps_done)
             self._before_optimizer_step(optimizer, (), {})
             self._after_optimizer_step(optimizer, (), {})
         return result
@@ -341,15 +372,22 @@ class StepRecorder:
         with self._own_work():
             self._record_hparams(optimizer, index)
             self._record_grads()
-            if self.twin is not None and self.twin.skips(self.steps_done):
+            if self.twin is not None and self.twin.skips(self.steps_done, index, self._stepping_gradients()):
                 self._skip_update()
+            if self.twin is not None and self.twin.scaling:
+                self._unscaled_by_port |= {id(parameter) for _, parameter in self._stepping}
         if self.capture is not None:
             self.capture.optimizer_step_begins()
 
+    def _stepping_gradients(self) -> list[torch.Tensor]:
+        return [parameter.grad for _, parameter in self._stepping if parameter.grad is not None]
+
     def _skip_update(self) -> None:
         """The twin skips this step's update, as the port's GradScaler did: without gradients, optimizer.step() leaves
-        the parameters and their state as they are."""
-        for _, parameter in self._stepping:
+        the parameters and their state as they are. The gradients come back after it, as a skipping GradScaler leaves
+        them (a GAN's next backward through this model adds to them)."""
+        self._withheld = [(parameter, parameter.grad) for _, parameter in self._stepping if parameter.grad is not None]
+        for parameter, _ in self._withheld:
             parameter.grad = None
         if self.steps_done not in self.manifest.skipped_steps:
             self.manifest.skipped_steps.append(self.steps_done)
@@ -357,6 +395,9 @@ class StepRecorder:
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         if not self.enabled:
             return
+        for parameter, gradient in self._withheld:
+            parameter.grad = gradient
+        self._withheld = []
         if self.capture is not None:
             self.capture.optimizer_step_ends(self._stepping)
         if self._optimizer_index.get(optimizer) == 0:
@@ -596,15 +637,13 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
     with contextlib.ExitStack() as stack:
         if manifest.no_dropout:
             stack.enter_context(_dropout_disabled())
+        device_type = devices.autocast_device_type(manifest.device)
         if manifest.autocast:
             if manifest.device == "cpu":
                 stack.enter_context(_cuda_autocast_casts_on_cpu())
                 manifest.extra["autocast_casts"] = "CUDA/NPU op lists (as the emulated NPU), not CPU autocast's own"
-            dtype = getattr(torch, AUTOCAST_DTYPES[manifest.autocast])
-            # No cast cache: it lives until the outermost autocast exits, which here is the end of the script, so the
-            # weights' half-precision copies would stay those of step 0 while the optimizer updates the weights.
-            stack.enter_context(torch.autocast(devices.autocast_device_type(manifest.device), dtype=dtype,
-                                               cache_enabled=False))
+            stack.enter_context(precision_scopes.imposed(device_type, manifest.autocast, manifest.autocast_follow))
+        stack.enter_context(precision_scopes.recorded(device_type, manifest.autocast_scopes))
         if capture is not None:
             stack.enter_context(capture)
         try:

@@ -49,6 +49,7 @@ from verify.schema import (AUTOCAST_DTYPES, EXIT_ERROR, EXIT_FAILED, EXIT_OK, LO
 PAIR_COMMAND = "pair"
 DETERMINISM_JSON = "determinism.json"
 AMP_EFFECT_DIR = "amp-effect"
+REF_UNDER_AUTOCAST_DIR = "ref-under-autocast"  # a reference that crashed under the port's autocast, kept as evidence
 _RUN_ENDED_WELL = (Status.OK.value, Status.SHORT.value)
 _AUTOCAST_FLAGS = {dtype: flag for flag, dtype in AUTOCAST_DTYPES.items()}  # float16 -> fp16
 DIFFERING_OPS_SHOWN = 15
@@ -200,24 +201,43 @@ class PairRuns:
     imposed: str  # the autocast the reference ran under: "off", "fp16", "bf16"
     port_amp: str  # the half dtype the port computed its forward in, "" for fp32
     ref_fp32: Run | None = None  # --amp-effect
+    unmatched_amp: str = ""  # why the reference ran as written although the port computes in half precision
 
 
 def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
-    """The port first: its precision decides the reference's autocast."""
+    """The port first: its precision decides the reference's autocast, imposed where the port computed under it."""
     actual = sides.run("actual", plan.ported, plan.args, replace(plan.options, device=plan.device_actual),
                        plan.out / "actual")
     port_amp = amp_dtype(actual)
     if plan.ref_run is not None:
         return PairRuns(actual, read_side(plan.ref_run), "off", port_amp)
     imposed = _AUTOCAST_FLAGS.get(port_amp, "off") if plan.match_amp else "off"
-    ref_options = replace(plan.options, device=plan.device_ref, autocast=imposed,
-                          extra_env={**plan.options.extra_env, **_scaler_twin(actual, imposed)})
-    ref = sides.run("ref", plan.original, plan.args, ref_options, plan.out / "ref")
+    ref = _run_reference(plan, sides, actual, imposed, plan.out / "ref")
+    unmatched = _crashed_under_autocast(ref, actual) if imposed != "off" else ""
+    if unmatched:
+        ref.root.rename(plan.out / REF_UNDER_AUTOCAST_DIR)
+        imposed = "off"
+        ref = _run_reference(plan, sides, actual, imposed, plan.out / "ref")
     ref_fp32 = None
     if plan.amp_effect and imposed != "off":
         ref_fp32 = sides.run("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
                              plan.out / "ref-fp32")
-    return PairRuns(actual, ref, imposed, port_amp, ref_fp32)
+    return PairRuns(actual, ref, imposed, port_amp, ref_fp32, unmatched)
+
+
+def _run_reference(plan: PairPlan, sides: SideRunner, actual: Run, imposed: str, run_dir: Path) -> Run:
+    options = replace(plan.options, device=plan.device_ref, autocast=imposed,
+                      autocast_follow=actual.manifest.autocast_scopes,
+                      extra_env={**plan.options.extra_env, **_scaler_twin(actual, imposed)})
+    return sides.run("ref", plan.original, plan.args, options, run_dir)
+
+
+def _crashed_under_autocast(ref: Run, actual: Run) -> str:
+    """The reason to run the reference again as written: it crashed under the port's autocast where the port ran.
+    If it crashes as written too, the script crashes by itself and that run is the one to judge."""
+    if ref.manifest.status != Status.CRASHED.value or actual.manifest.status not in _RUN_ENDED_WELL:
+        return ""
+    return ref.manifest.message
 
 
 def _scaler_twin(actual: Run, imposed: str) -> dict[str, str]:
@@ -228,13 +248,22 @@ def _scaler_twin(actual: Run, imposed: str) -> dict[str, str]:
     scaler = actual.manifest.loss_scaler
     if not scaler:
         return {}
-    scales = pd.to_numeric(actual.losses.groupby("step")["loss_scale"].first(), errors="coerce").dropna()
+    losses = actual.losses.assign(loss_scale=pd.to_numeric(actual.losses["loss_scale"], errors="coerce")).dropna(
+        subset=["loss_scale"])
+    # Runs recorded before skipped_updates existed name only the step: every optimizer of it was skipped.
+    skipped = scaler.get("skipped_updates", [[step, index] for step in actual.manifest.skipped_steps
+                                             for index in range(_optimizers(actual))])
     plan = LossScalerPlan(
-        skipped=list(actual.manifest.skipped_steps),
-        scales={int(step): float(scale) for step, scale in scales.items()} if imposed != "off" else None,
+        skipped=[[int(step), int(index)] for step, index in skipped],
+        scales={(int(step), int(micro)): float(scale) for step, micro, scale in zip(
+            losses["step"], losses["micro_step"], losses["loss_scale"])} if imposed != "off" else None,
         growth_factor=scaler["growth_factor"], backoff_factor=scaler["backoff_factor"],
         growth_interval=scaler["growth_interval"])
     return {LOSS_SCALER_ENV: plan.to_env()}
+
+
+def _optimizers(run: Run) -> int:
+    return int(pd.to_numeric(run.hparams["optimizer"], errors="coerce").max()) + 1 if len(run.hparams) else 1
 
 
 def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
@@ -268,22 +297,35 @@ def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
                   f"skipping the updates the port skipped{_skipped_words(twin)}"
                   if twin.get("twin") == "scale" and len(scales) else "")
         description = (f"the port computes in {runs.port_amp}, so the reference ran under {runs.imposed} autocast "
-                       f"imposed from outside (on the CPU with the NPU's op casts){scaled}: the comparison isolates "
-                       "the port")
+                       f"imposed from outside {_where_imposed(runs.ref)} (on the CPU with the NPU's op casts)"
+                       f"{scaled}: the comparison isolates the port")
     elif plan.ref_run is not None:
         mode = "given-reference"
         description = f"the reference is the given run {plan.ref_run}, compared as it is"
     elif runs.port_amp:
-        mode = "amp-vs-fp32"
+        mode = "amp-vs-fp32-unmatched" if runs.unmatched_amp else "amp-vs-fp32"
         followed = (f"; the updates the port's GradScaler skipped{_skipped_words(twin)} were skipped on the reference "
                     "too, so both trained on the same updates" if twin.get("followed") else "")
-        description = (f"--no-match-amp: the reference ran as written against a port computing in {runs.port_amp}; "
+        why = (f"the reference could not run under the port's {_AUTOCAST_FLAGS[runs.port_amp]} autocast "
+               f"({runs.unmatched_amp}; that run is kept in {REF_UNDER_AUTOCAST_DIR}/), so it"
+               if runs.unmatched_amp else "--no-match-amp: the reference")
+        description = (f"{why} ran as written against a port computing in {runs.port_amp}; "
                        f"AMP noise and porting errors are judged together with the wider fp32-vs-AMP tolerances"
                        f"{followed}")
     else:
         mode = "as-written"
         description = "both scripts ran as written (the port computes in fp32)"
     return {"mode": mode, "description": description, "ref_autocast": "" if runs.imposed == "off" else runs.imposed}
+
+
+def _where_imposed(ref: Run) -> str:
+    """Where the reference's autocast was: the port's scopes it followed (verify/precision_scopes.py)."""
+    follow = ref.manifest.autocast_follow
+    if not follow:
+        return "around the whole script"
+    outside = sorted(path for path, calls in follow.items() if any(state == "off" for state, _ in calls))
+    shown = ", ".join(outside[:4]) + (f" and {len(outside) - 4} more" if len(outside) > 4 else "")
+    return ("where the port computed under it" + (f" (not in some or all calls of {shown}, as in the port)" if outside else ""))
 
 
 def _skipped_words(twin: dict[str, Any]) -> str:

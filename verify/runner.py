@@ -44,6 +44,7 @@ class RunOptions:
     ops: str | None = None
     no_dropout: bool = False
     autocast: str = "off"
+    autocast_follow: dict[str, list] = field(default_factory=dict)  # where to impose it (manifest.autocast_follow)
     timeout: float | None = None
     tensor_cap_mb: float = 512.0
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -103,6 +104,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         tensor_cap_mb=options.tensor_cap_mb if options.dump == DumpMode.TENSOR else 0.0,
         no_dropout=options.no_dropout,
         autocast="" if options.autocast == "off" else options.autocast,
+        autocast_follow=dict(options.autocast_follow) if options.autocast != "off" else {},
         steps_requested=options.steps,
         started_at=now_iso(),
         timeout_s=options.timeout,

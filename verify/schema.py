@@ -197,6 +197,12 @@ class RunManifest:
     tensor_cap_mb: float = 0.0  # tensor mode: the budget for saved tensors
     no_dropout: bool = False
     autocast: str = ""  # autocast imposed from outside ("" none, "fp16", "bf16")
+    # A reference imposed the autocast where the port computed under it (verify/precision_scopes.py): the port's
+    # autocast_scopes; empty: around the whole script.
+    autocast_follow: dict[str, list[list[Any]]] = field(default_factory=dict)
+    # What this run computed under: module path -> the autocast ("float16", "bfloat16" or "off") of each of its
+    # calls, run-length encoded: [["float16", 20], ["off", 5]].
+    autocast_scopes: dict[str, list[list[Any]]] = field(default_factory=dict)
     inference: bool = False  # no optimizer: each forward of the outermost module is a step
     steps_requested: int = 0
     steps_completed: int = 0
@@ -239,22 +245,25 @@ class RunManifest:
 class LossScalerPlan:
     """What a reference's loss-scaler twin follows: the port's GradScaler, as the port's run recorded it.
 
-    `scales` (step -> the scale the port's backward used; None: skip-only, the reference computes in fp32 and needs no
-    scaling) and `skipped` (the steps whose update the port's scaler skipped). Past the recorded steps the twin
-    scales dynamically with the port's factors, as a GradScaler would.
+    `scales` ((step, micro_step) -> the scale the port's backward() used there; None: skip-only, the reference
+    computes in fp32 and needs no scaling) and `skipped` ([step, optimizer] of each update the port's GradScaler
+    skipped; optimizers numbered as in hparams.csv). Past the recorded steps the twin scales dynamically with the
+    port's factors, as a GradScaler would.
     """
 
-    skipped: list[int] = field(default_factory=list)
-    scales: dict[int, float] | None = None
+    skipped: list[list[int]] = field(default_factory=list)
+    scales: dict[tuple[int, int], float] | None = None
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     growth_interval: int = 2000
 
     def to_env(self) -> str:
-        return json.dumps(asdict(self))
+        scales = None if self.scales is None else [[*key, scale] for key, scale in self.scales.items()]
+        return json.dumps(asdict(self) | {"scales": scales})
 
     @classmethod
     def from_env(cls, text: str) -> "LossScalerPlan":
         data = json.loads(text)
         scales = data.get("scales")
-        return cls(**{**data, "scales": None if scales is None else {int(k): float(v) for k, v in scales.items()}})
+        return cls(**{**data, "scales": None if scales is None else {
+            (int(step), int(micro)): float(scale) for step, micro, scale in scales}})
