@@ -237,7 +237,7 @@ def _crashed_under_autocast(ref: Run, actual: Run) -> str:
     If it crashes as written too, the script crashes by itself and that run is the one to judge."""
     if ref.manifest.status != Status.CRASHED.value or actual.manifest.status not in _RUN_ENDED_WELL:
         return ""
-    return ref.manifest.message
+    return (ref.manifest.message.strip().splitlines() or [ref.manifest.status])[0]
 
 
 def _scaler_twin(actual: Run, imposed: str) -> dict[str, str]:

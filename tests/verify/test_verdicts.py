@@ -213,3 +213,17 @@ def test_a_reference_without_a_gpu_takes_its_gpu_code_path_on_emulated_cuda(tmp_
     assert summary["ref"]["emulated"] and summary["ref"]["title"].endswith("on EMULATED CUDA (on cpu)")
     exit_code, summary, _ = verify(original, "--device-ref", "cpu", "-o", tmp_path / "cpu", *args)
     assert exit_code == 1 and summary["reason"].startswith("FAIL: the sides read different data"), summary["reason"]
+
+
+def test_a_reference_that_cannot_run_under_the_ports_autocast_runs_as_written(tmp_path):
+    """The port computes its functional binary cross entropy outside autocast at the top level, after a forward
+    under it; the reference, following the port's outermost calls, still computes it under autocast, which refuses
+    it. verify runs the reference again as written and judges fp32 against AMP, saying why; the crashed run stays."""
+    exit_code, summary, out = verify(SCRIPTS / "bce_top_level.py", SCRIPTS / "bce_top_level_npu.py", "-n", STEPS,
+                                     "-q", "-o", tmp_path / "out")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    assert summary["pair"]["mode"] == "amp-vs-fp32-unmatched"
+    assert "could not run under the port's fp16 autocast (RuntimeError: " in summary["pair"]["description"]
+    assert "fp32-vs-AMP" in summary["reason"]
+    assert json.loads((out / "ref-under-autocast" / "manifest.json").read_text())["status"] == "crashed"
+    assert json.loads((out / "ref" / "manifest.json").read_text())["status"] == "ok"
