@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
-from verify.align import RELATED_OPS
+from verify.align import same_computation
 from verify.compare import Finding, FindingCode
 from verify.schema import HALF_DTYPES
 
@@ -45,7 +45,7 @@ def _skipped_update(finding: Finding) -> bool:
 def _swapped(finding: Finding) -> bool:
     """The port calls another op where the original called this one, not another kernel of it (RELATED_OPS)."""
     op, actual_op = finding.detail.get("op"), finding.detail.get("actual_op")
-    return bool(op and actual_op) and RELATED_OPS.get(op, op) != RELATED_OPS.get(actual_op, actual_op)
+    return bool(op and actual_op) and not same_computation(op, actual_op)
 
 
 def _float64_lost(finding: Finding) -> bool:
@@ -131,7 +131,11 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
     AdviceRule(FindingCode.OP_DIVERGES, (
         "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
         "layer or function, not a numerical issue. Port the original's op unless the change is intended."), (),
-        _swapped),
+        lambda finding: _swapped(finding) and finding.detail.get("phase") != "forward"),  # forward: OP_CHANGED's
+    AdviceRule(FindingCode.OP_CHANGED, (
+        "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
+        "layer or function, not a numerical issue, and every difference after it may follow from it. Port the "
+        "original's op unless the change is intended."), ()),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} is nondeterministic on GPUs (atomic accumulation): first check that the reference is constant "
         "(`verify determinism`), with torch.use_deterministic_algorithms(True) on both sides."), ("C1",),

@@ -46,6 +46,7 @@ RELATED_OPS: dict[str, str] = {
     "aten._scaled_dot_product_flash_attention_backward": "attention_backward",
     "aten._scaled_dot_product_efficient_attention_backward": "attention_backward",
     "aten._scaled_dot_product_flash_attention_for_cpu_backward": "attention_backward",
+    "aten._scaled_dot_product_cudnn_attention_backward": "attention_backward",
     "npu.npu_fusion_attention_grad": "attention_backward",
     # Batch norm: cuDNN's kernel on CUDA, the native one elsewhere, the functional variant under torch.compile.
     "aten.cudnn_batch_norm": "batch_norm",
@@ -101,6 +102,13 @@ ONE_SIDED_OPS: dict[str, str] = {
 # a device copy's result follows from its input (a dtype or device change is no divergence), and how many of them run
 # depends on the device (a batch copied to the GPU, autocast's weight casts and their cache), so the n-th one on one
 # side need not be the n-th on the other. The first divergent operator is always a computing op.
+def same_computation(op: str, other: str) -> bool:
+    """Whether two recorded ops compute the same thing: one op, a RELATED_OPS family's kernels, or an op and its
+    in-place form (aten.add and aten.add_)."""
+    op, other = op.removesuffix("_"), other.removesuffix("_")
+    return RELATED_OPS.get(op, op) == RELATED_OPS.get(other, other)
+
+
 CARRIER_OPS = frozenset({
     "aten._to_copy", "aten.copy_", "aten.copy", "aten._copy_from", "aten._copy_from_and_resize",
     "aten.clone", "aten.contiguous", "aten.lift_fresh_copy", "aten._unsafe_view", "aten.view_copy",

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from verify import environment, metrics, tolerances
-from verify.align import CARRIER_OPS, AlignStatus, align_ops
+from verify.align import CARRIER_OPS, AlignStatus, align_ops, same_computation
 from verify.store import Run, RunDirError
 from verify.schema import AUTOCAST_DTYPES, HALF_DTYPES, INPUT_OP, Status
 
@@ -49,6 +49,7 @@ class FindingCode(str, Enum):
     LOSS_DIVERGES = "loss_diverges"
     OUTPUT_DIVERGES = "output_diverges"
     OP_DIVERGES = "op_diverges"
+    OP_CHANGED = "op_changed"  # the port calls another computation where the original calls this one
     DATA_ORDER = "data_order"
     NONDETERMINISM = "nondeterminism"
     GRAD_DIVERGES = "grad_diverges"
@@ -62,7 +63,7 @@ class FindingCode(str, Enum):
 # Findings that fail the verdict, causes before symptoms: the one-line reason names the first that is present. The
 # first divergent operator comes before the loss it moves.
 FAILING = (FindingCode.RUN_FAILED, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
-           FindingCode.GRADS_NOT_RESET, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES, FindingCode.NONDETERMINISM,
+           FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES, FindingCode.NONDETERMINISM,
            FindingCode.OUTPUT_DIVERGES, FindingCode.LOSS_DIVERGES, FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)
 
 
@@ -340,6 +341,7 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
     # One id per op call, increasing in execution order (the table is sorted by step, then ref seq).
     op_id = pd.factorize(step * (int(seq.max()) + 1) + seq, sort=True)[0]
     n_ops = int(op_id.max()) + 1
+    failed &= ~_explained_by_inherited_noise(table, matched)
     output_failed = np.bincount(op_id, weights=failed & ~is_input, minlength=n_ops) > 0
     input_failed = np.bincount(op_id, weights=failed & is_input, minlength=n_ops) > 0
     inputs_recorded = np.bincount(op_id, weights=is_input, minlength=n_ops) > 0
@@ -371,6 +373,39 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
         "first_of_step": bool(first_of_step[chosen] and not inputs_recorded[chosen]),
         "ops_past_tolerance": int(failed.sum()),
     }
+
+
+def _explained_by_inherited_noise(table: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """Per row of `rows`: its error is no larger than the noise the op inherits explains. Statistics records do not
+    say which ops produced an op's inputs, so two stand-ins for them are taken: the op calls just before it in its
+    step, casts and copies included (tolerances.INHERITED_NOISE_WINDOW: an fp32 layer norm whose incoming gradient
+    comes from bf16 matmuls), and the earlier calls of the step with an output of its shape (an elementwise op's
+    input: gradient clipping's multiply on gradients made in backward). An op carries their noise when its
+    error is at most tolerances.NOISE_AMPLIFICATION times theirs, or within the tolerance of their dtypes (an fp32
+    residual add of a bf16 matmul's output is as noisy as bf16)."""
+    matched = np.flatnonzero(table["status"].isin(MATCHED).to_numpy())
+    step = table["step"].to_numpy()[matched]
+    seq = table["ref_seq"].to_numpy(dtype="int64", na_value=0)[matched]
+    error = np.nan_to_num(table["stats_error"].to_numpy("float64"), nan=0.0)
+    calls = pd.DataFrame({
+        "step": step, "shape": table["ref_shape"].cat.codes.to_numpy()[matched],
+        "call": pd.factorize(step * (int(seq.max(initial=0)) + 1) + seq, sort=True)[0],
+        "error": error[matched], "tolerance": table["tolerance"].to_numpy("float64")[matched]})
+    per_call = calls.groupby("call").agg(step=("step", "first"), error=("error", "max"), tolerance=("tolerance", "max"))
+    window = per_call.groupby("step")[["error", "tolerance"]].transform(
+        lambda values: values.shift(1).rolling(tolerances.INHERITED_NOISE_WINDOW, min_periods=1).max())
+    by_shape = calls.groupby(["step", "shape", "call"])[["error", "tolerance"]].max()
+    same_shape = by_shape.groupby(level=["step", "shape"]).transform(lambda values: values.shift(1).cummax()).reindex(
+        pd.MultiIndex.from_frame(calls[["step", "shape", "call"]]))
+    before = window.reindex(calls["call"])
+    inherited_error = np.fmax(before["error"].to_numpy(), same_shape["error"].to_numpy())
+    inherited_tolerance = np.fmax(before["tolerance"].to_numpy(), same_shape["tolerance"].to_numpy())
+    explained_up_to = np.fmax(tolerances.NOISE_AMPLIFICATION * inherited_error, inherited_tolerance)
+    limit = np.zeros(len(table))
+    limit[matched] = np.nan_to_num(explained_up_to, nan=0.0)
+    # Integers (argmax, indices) stay exact: what they index is judged at the values (_indices_of_agreeing_values).
+    exact = table["tolerance"].to_numpy("float64")[rows] == 0
+    return (error[rows] <= limit[rows]) & ~exact
 
 
 def _op_label(op: dict[str, Any]) -> str:
@@ -701,6 +736,29 @@ def _input_findings(table: pd.DataFrame) -> list[Finding]:
         {"step": 0, "module": str(row["module"]), "io": str(row["io"]), "source": "inputs"})]
 
 
+def _changed_op_findings(table: pd.DataFrame) -> list[Finding]:
+    """The first forward record paired with another computation (gelu where the original calls relu): a changed
+    layer or function, which every numeric difference after it may follow from. Forward only: a backward is derived
+    from its forward, and devices decompose backward ops differently (a GPU's native_dropout_backward is a plain mul
+    where the mask was made apart)."""
+    paired = table.loc[table["status"].isin(MATCHED) & (table["phase"] == "forward")
+                       & ~table["ref_op"].isin(list(CARRIER_OPS))
+                       & (table["ref_op"].astype(str) != table["actual_op"].astype(str)), ["ref_op", "actual_op"]]
+    pairs = paired.astype(str).drop_duplicates()
+    changed = pairs.loc[[not same_computation(op, other) for op, other in zip(pairs["ref_op"], pairs["actual_op"])]]
+    rows = paired.astype(str).merge(changed, on=["ref_op", "actual_op"]).set_axis(
+        paired.index[paired.astype(str).apply(tuple, axis=1).isin(set(changed.apply(tuple, axis=1)))])
+    if rows.empty:
+        return []
+    row = table.loc[rows.index[0]]
+    detail = {"op": str(row["ref_op"]), "actual_op": str(row["actual_op"]), "module": str(row["module"]),
+              "phase": str(row["phase"]), "step": int(row["step"]), "seq": int(row["ref_seq"])}
+    where = f"{detail['module']} " if detail["module"] else ""
+    return [Finding(FindingCode.OP_CHANGED, (
+        f"the port computes {detail['actual_op']} where the original computes {detail['op']} ({where}"
+        f"{detail['phase']}, step {detail['step']}): a changed operator"), detail)]
+
+
 def _hparams_behind(op: dict[str, Any], hparams: pd.DataFrame) -> list[str]:
     """The differing hyperparameters that already changed this op's values. A step's hyperparameters are recorded
     just before its optimizer step, so one that differs from step s changes the update of step s and, through the
@@ -835,6 +893,7 @@ def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions
         *_loss_finding(loss),
         *_output_finding(outputs),
         *inputs,
+        *_changed_op_findings(table),
         *_op_findings(first, ref, actual, hparams, bool(inputs)),
         *_grad_finding(grads, policy.loss_rtol),
         *_match_finding(table),

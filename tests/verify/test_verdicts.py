@@ -105,10 +105,11 @@ def test_a_changed_learning_rate_is_named_a_hyperparameter_difference(tmp_path, 
     assert sum("because lr differs" in text for text in summary["advice"]) == 1
 
 
-def test_a_swapped_activation_is_the_first_divergent_op(tmp_path, reference):
+def test_a_swapped_activation_is_named_first_as_a_changed_op(tmp_path, reference):
     exit_code, summary, out = against_reference(tmp_path, reference, "nn.ReLU()", "nn.GELU()")
     assert exit_code == 1
-    assert summary["reason"].startswith("FAIL: first divergent operator: aten.relu (Net.act forward, step 0")
+    assert summary["reason"].startswith(
+        "FAIL: the port computes aten.gelu where the original computes aten.relu (Net.act forward, step 0)")
     first = summary["first_divergent"]
     assert (first["op"], first["actual_op"], first["module"], first["phase"], first["step"]) == (
         "aten.relu", "aten.gelu", "Net.act", "forward", 0)

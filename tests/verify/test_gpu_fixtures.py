@@ -1,0 +1,48 @@
+"""`verify compare` on run directories recorded with a real GPU (shared/fixtures/gpu-runs): the reference on an
+NVIDIA H100, the port on the emulated NPU. The only data where the two sides ran on different hardware (other
+kernels, accumulation orders, TF32), so the verdicts here are the ones a CPU pair cannot test. Each pair's right
+verdict, first line, is in the fixtures' README."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from verify.cli import app
+
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu-runs"
+
+pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"no GPU fixtures at {FIXTURES}")
+
+
+def compare(tmp_path: Path, pair: str) -> tuple[int, dict]:
+    """`verify compare` of a copy (the fixtures are read-only, and compare writes its reports)."""
+    folder = tmp_path / pair
+    shutil.copytree(FIXTURES / pair, folder)
+    result = CliRunner().invoke(app, ["compare", str(folder / "ref"), str(folder / "actual"), "-o",
+                                      str(tmp_path / "out")])
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads((tmp_path / "out" / "summary.json").read_text())
+
+
+def test_a_faithful_bf16_port_passes_although_every_op_carries_the_gpus_noise(tmp_path):
+    """The fp32 layer norms and the gradient clipping after bf16 matmuls differ by more than the fp32 tolerance: they
+    carry the noise of their bf16 inputs, which differ from GPU to NPU, and are judged against it."""
+    exit_code, summary = compare(tmp_path, "nanogpt-bf16-faithful")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    assert 0 < summary["loss"]["max_rel_diff"] < 0.001
+
+
+def test_a_changed_activation_is_named_first(tmp_path):
+    exit_code, summary = compare(tmp_path, "mnist-fp32ref-gelu")
+    assert exit_code == 1
+    assert summary["reason"].startswith(
+        "FAIL: the port computes aten.gelu where the original computes aten.relu (Net forward, step 0)")
+
+
+def test_a_changed_learning_rate_is_named_first(tmp_path):
+    exit_code, summary = compare(tmp_path, "mnist-fp32ref-lr")
+    assert exit_code == 1
+    assert summary["reason"].startswith("FAIL: hyperparameter differs: lr ")
