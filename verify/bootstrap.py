@@ -44,7 +44,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_flatten
 
-from verify import devices
+from verify import device_setup, devices
 from verify.capture import (
     Handle,
     OpCapture,
@@ -566,9 +566,9 @@ class StepRecorder:
 
 def _prepare_device(manifest: RunManifest) -> None:
     """The device, as verify.devices sets it up in this process; `auto` becomes what it resolved to."""
-    prepared = devices.prepare(manifest.device, manifest.emulated)
+    prepared = device_setup.prepare(manifest.device, manifest.emulated)
     if prepared.device != manifest.device and prepared.device in devices.EMULATED_DEVICES:
-        manifest.emulated, manifest.emulated_on = True, "cpu"
+        manifest.emulated, manifest.emulated_on = True, devices.emulated_on(prepared.device, devices.EmulateOn.CPU)
     manifest.device, manifest.device_name = prepared.device, prepared.name
     manifest.torch_npu_version = prepared.torch_npu_version
 
@@ -612,7 +612,7 @@ def _dropout_disabled() -> Iterator[None]:
 @contextlib.contextmanager
 def _cuda_autocast_casts_on_cpu() -> Iterator[None]:
     """A plain CPU run under an imposed autocast takes CUDA's op lists, as both stand-ins do (verify.devices)."""
-    library = devices.install_autocast_casts_on_cpu()
+    library = device_setup.install_autocast_casts_on_cpu()
     yield
     del library  # unregisters them
 
@@ -639,7 +639,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
             stack.enter_context(_dropout_disabled())
         device_type = devices.autocast_device_type(manifest.device)
         if manifest.autocast:
-            if manifest.device == "cpu":
+            if manifest.device == devices.Device.CPU:
                 stack.enter_context(_cuda_autocast_casts_on_cpu())
                 manifest.extra["autocast_casts"] = "CUDA/NPU op lists (as the emulated NPU), not CPU autocast's own"
             stack.enter_context(precision_scopes.imposed(device_type, manifest.autocast, manifest.autocast_follow))

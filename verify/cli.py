@@ -1,8 +1,8 @@
 """`verify`: prove that a ported training script trains the same as the original.
 
 `verify ORIGINAL [PORTED] [OPTIONS] [-- SCRIPT ARGS]` (no command name: the hidden `pair` command, see
-`verify pair --help`) runs the original (cuda, else cpu) and the port (npu, else the EMULATED NPU) for a few steps
-with the same seed and args, compares them and prints the verdict: exit 0 PASS, 1 FAIL, 2 error.
+`verify pair --help`) runs the original (cuda, else EMULATED CUDA) and the port (npu, else the EMULATED NPU) for a
+few steps with the same seed and args, compares them and prints the verdict: exit 0 PASS, 1 FAIL, 2 error.
 
 Exit codes of `verify run`: 0 the requested steps ran, or the script ended by itself after at least one step
 (status "short"); 1 the script failed: crashed, timed out, produced a NaN/inf loss, or made no step; 2 usage error
@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from verify import compare_cli, devices, pair
+from verify.devices import Device, EmulateOn
 from verify.runner import RunOptions, VerifyError, run_script
 from verify.schema import EXIT_ERROR, EXIT_FAILED, EXIT_OK, DumpMode, RunManifest, Status
 from verify.store import read_losses, read_manifest
@@ -39,20 +40,6 @@ app = typer.Typer(
 
 _SUCCESS = {Status.OK.value, Status.SHORT.value}
 _STYLES = {Status.OK.value: "bold green", Status.SHORT.value: "bold yellow"}
-
-
-class Device(str, Enum):
-    AUTO = "auto"
-    CPU = "cpu"
-    CUDA = "cuda"
-    EMULATED_CUDA = "emulated-cuda"
-    NPU = "npu"
-    EMULATED_NPU = "emulated-npu"
-
-
-class EmulateOn(str, Enum):
-    CPU = "cpu"
-    CUDA = "cuda"
 
 
 class Autocast(str, Enum):

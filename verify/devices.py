@@ -1,8 +1,7 @@
-"""Every device a side of `verify` runs on, in one place: the choice, the probe, the child's environment and the
-child's setup. The CLI, runner, pair and bootstrap ask this module; adding a device is an entry here.
-
-The names and titles are the run directory's vocabulary (verify/schema.py: DEVICES, title), so that reports name a
-device without loading this module.
+"""Every device a side of `verify` runs on, in one place: the names, what each stands in for, how `auto` resolves,
+the probe, the child's environment, and how reports name them. The CLI, runner, pair, bootstrap and reports ask this
+module (it imports no torch, so reports name a device on any laptop); verify/device_setup.py sets a device up inside
+the child. Adding a device is an entry here and one there.
 
 | device          | where it runs                                          | how reports name it         |
 |-----------------|--------------------------------------------------------|-----------------------------|
@@ -14,34 +13,69 @@ device without loading this module.
 
 `auto` is the real device where there is one and its emulation where there is none: the NPU for a script that
 imports torch_npu (decided here, by `probe_torch_npu()`, in a child process), cuda or EMULATED CUDA for any other
-(decided in the child, which imports torch; the parent never does). The emulations are test doubles in
-verify/emulated: `emulation_env()` makes a child's `import torch_npu` load the stand-in, and `prepare()` installs the
-CUDA stand-in in the child. They are never importable anywhere else.
-
-This module imports torch only in the child (`prepare`) and to check for CUDA when asked to emulate the NPU on it.
+(decided in the child by device_setup.prepare, which imports torch; the parent never does). The emulations are test
+doubles in verify/emulated: `emulation_env()` makes a child's `import torch_npu` load the stand-in.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from types import ModuleType
 
-from verify.schema import DEVICES, EMULATED_DEVICES, title  # noqa: F401  (the device names: the run directory's)
+
+class Device(str, Enum):
+    """Every device a side runs on; the manifest records the value."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+    EMULATED_CUDA = "emulated-cuda"
+    NPU = "npu"
+    EMULATED_NPU = "emulated-npu"
+
+
+class EmulateOn(str, Enum):
+    """Where an emulation computes (manifest.emulated_on)."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+DEVICES = tuple(device.value for device in Device)
+EMULATED_DEVICES = {Device.EMULATED_NPU.value: "NPU", Device.EMULATED_CUDA.value: "CUDA"}  # -> what it stands in for
+EMULATION_TARGETS = tuple(target.value for target in EmulateOn)
+_FAMILIES = {Device.EMULATED_CUDA.value: Device.CUDA.value, Device.EMULATED_NPU.value: Device.NPU.value}
+
+
+def title(device: str, emulated_on: str) -> str:
+    """How every manifest, terminal line and report names a device: an emulation is never hidden."""
+    if device == Device.EMULATED_NPU:
+        return f"EMULATED NPU (a test double on {emulated_on or EmulateOn.CPU.value})"
+    if device == Device.EMULATED_CUDA:
+        return f"EMULATED CUDA (on {emulated_on or EmulateOn.CPU.value})"
+    return device
+
+
+def emulated_on(device: str, emulate_on: str) -> str:
+    """Where `device` computes when it is an emulation ("" for a real one): EMULATED CUDA always on the CPU."""
+    return {Device.EMULATED_NPU.value: emulate_on, Device.EMULATED_CUDA.value: EmulateOn.CPU.value}.get(device, "")
+
+
+def family(device: str) -> str:
+    """The real device a device is or stands in for: "cuda", "npu" or "cpu" (its switches and autocast are those)."""
+    return _FAMILIES.get(device, device)
+
 
 STAND_IN_DIR = Path(__file__).resolve().parent / "emulated"
 EMULATION_PACKAGE = "npu_port_emulation"  # in STAND_IN_DIR: what both stand-ins share
 
 EMULATE_ON_VAR = "NPU_PORT_EMULATE_ON"  # read by the stand-ins (verify/emulated/npu_port_emulation/target.py)
-EMULATION_TARGETS = ("cpu", "cuda")
 AUTOLOAD_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 _IMPORTS_TORCH_NPU = re.compile(r"^\s*(import\s+torch_npu\b|from\s+torch_npu\b)", re.MULTILINE)
 
@@ -74,100 +108,33 @@ def imports_torch_npu(script: Path) -> bool:
 
 def port_device(choice: str) -> str:
     """The port's side: auto is the real NPU when torch_npu works here, else the emulated one."""
-    if choice != "auto":
+    if choice != Device.AUTO:
         return choice
-    return "npu" if probe_torch_npu().available else "emulated-npu"
+    return Device.NPU.value if probe_torch_npu().available else Device.EMULATED_NPU.value
 
 
 def for_script(script: Path, choice: str) -> str:
     """The device a run records before it starts: auto picks an NPU for a script importing torch_npu; otherwise it
     stays auto, for the child to pick cuda or EMULATED CUDA (prepare)."""
-    if choice == "auto" and imports_torch_npu(script):
+    if choice == Device.AUTO and imports_torch_npu(script):
         return port_device(choice)
     return choice
 
 
 def child_env(device: str, emulate_on: str) -> dict[str, str]:
     """What a child's environment needs for `device`. Raises EmulationError where it cannot run here."""
-    if device == "cpu":
+    if device == Device.CPU:
         return {"CUDA_VISIBLE_DEVICES": ""}
-    if device == "npu":
+    if device == Device.NPU:
         probe = probe_torch_npu()
         if not probe.available:
             raise EmulationError(f"--device npu: torch_npu does not work here ({probe.reason}); "
                                  "try --device emulated-npu")
-    if device == "emulated-npu":
+    if device == Device.EMULATED_NPU:
         return emulation_env(emulate_on)
-    if device == "emulated-cuda":
-        return {"CUDA_VISIBLE_DEVICES": "", EMULATE_ON_VAR: "cpu"}
+    if device == Device.EMULATED_CUDA:
+        return {"CUDA_VISIBLE_DEVICES": "", EMULATE_ON_VAR: EmulateOn.CPU.value}
     return {}
-
-
-# --- in the child (these import torch) --------------------------------------------------------------------------
-
-
-def load_emulation() -> ModuleType:
-    """The shared emulation package, loaded from its folder without putting the folder on sys.path: a reference
-    script must not find the stand-in torch_npu beside it."""
-    if EMULATION_PACKAGE in sys.modules:
-        return sys.modules[EMULATION_PACKAGE]
-    folder = STAND_IN_DIR / EMULATION_PACKAGE
-    spec = importlib.util.spec_from_file_location(EMULATION_PACKAGE, folder / "__init__.py",
-                                                  submodule_search_locations=[str(folder)])
-    package = importlib.util.module_from_spec(spec)
-    sys.modules[EMULATION_PACKAGE] = package
-    spec.loader.exec_module(package)
-    return package
-
-
-@dataclass(frozen=True)
-class Prepared:
-    device: str  # what `auto` resolved to
-    name: str  # e.g. "NVIDIA H100", "Emulated CUDA (CPU)"
-    torch_npu_version: str  # "" unless the real torch_npu
-
-
-def prepare(device: str, emulated: bool) -> Prepared:
-    """In the child, before the script: import torch_npu where the run is on an NPU (the stand-in when emulated: the
-    child's environment makes `import torch_npu` load it), install the CUDA stand-in, and resolve `auto`."""
-    import torch
-
-    version = ""
-    if device in ("npu", "emulated-npu"):
-        import torch_npu
-
-        version = "" if emulated else getattr(torch_npu, "__version__", "")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "emulated-cuda"
-    if device == "emulated-cuda":
-        os.environ.setdefault(EMULATE_ON_VAR, "cpu")
-        importlib.import_module(f"{load_emulation().__name__}.cuda").install()
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("torch.cuda.is_available() is False in this environment")
-    return Prepared(device, _device_name(device), version)
-
-
-def _device_name(device: str) -> str:
-    import torch
-
-    if device in ("cuda", "emulated-cuda"):
-        return torch.cuda.get_device_name(0)
-    if device in ("npu", "emulated-npu"):
-        return torch.npu.get_device_name(0)
-    return f"CPU ({platform.machine()})"
-
-
-def autocast_device_type(device: str) -> str:
-    """The device type torch.autocast takes for a run: the emulations take their face's name and apply its
-    numerics on the device they compute on."""
-    return {"emulated-npu": "npu", "emulated-cuda": "cuda"}.get(device, device)
-
-
-def install_autocast_casts_on_cpu() -> object:
-    """CPU autocast leaves softmax, sums, norms and most losses in the low dtype, where CUDA autocast, and the NPU that
-    follows its op lists, computes them in float32. A plain CPU run under an imposed autocast (the reference of an AMP
-    port) takes CUDA's casts instead, as both stand-ins do. The casts stay registered while the result lives."""
-    return importlib.import_module(f"{load_emulation().__name__}.autocast_policy").install_npu_autocast_policy()
 
 
 @dataclass(frozen=True)
@@ -226,15 +193,13 @@ def _without_stand_in(environ: os._Environ | dict[str, str]) -> dict[str, str]:
     return env
 
 
-def emulation_env(on: str = "cpu") -> dict[str, str]:
+def emulation_env(on: str = EmulateOn.CPU.value) -> dict[str, str]:
     """Variables to add to a child's environment so that its `import torch_npu` loads the emulated NPU on `on`.
 
     Autoload is turned off so that a real but broken torch_npu installed alongside cannot break `import torch`.
     """
     if on not in EMULATION_TARGETS:
         raise EmulationError(f"cannot emulate the NPU on {on!r}: choose one of {', '.join(EMULATION_TARGETS)}")
-    if on == "cuda":
-        _require_cuda()
     inherited = _without_stand_in(os.environ)["PYTHONPATH"]
     return {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(STAND_IN_DIR), inherited])),
@@ -243,8 +208,7 @@ def emulation_env(on: str = "cpu") -> dict[str, str]:
     }
 
 
-def _require_cuda() -> None:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise EmulationError("--emulate-on cuda needs a CUDA GPU, and torch.cuda.is_available() is False here")
+def autocast_device_type(device: str) -> str:
+    """The device type torch.autocast takes for a run: the emulations take their face's name and apply its
+    numerics on the device they compute on."""
+    return family(device)

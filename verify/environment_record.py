@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from verify import devices
 from verify.environment import (ENVIRONMENT_KEY, FULL_FP32, HF32, MAX_LOADERS, RECORDED_NAMES, RECORDED_PREFIXES,
                                 SECRET, TF32)
 
@@ -95,10 +96,10 @@ def _precision(device: str) -> dict[str, Any]:
     import torch
 
     matmul, conv = FULL_FP32, FULL_FP32
-    if device in ("cuda", "emulated-cuda"):
+    if devices.family(device) == devices.Device.CUDA:
         matmul = TF32 if torch.backends.cuda.matmul.allow_tf32 else FULL_FP32
         conv = TF32 if torch.backends.cudnn.allow_tf32 else FULL_FP32
-    elif device in ("npu", "emulated-npu") and hasattr(torch, "npu"):
+    elif devices.family(device) == devices.Device.NPU and hasattr(torch, "npu"):
         matmul = HF32 if torch.npu.matmul.allow_hf32 else FULL_FP32
         conv = HF32 if torch.npu.conv.allow_hf32 else FULL_FP32
     # A CPU computes fp32 as fp32 whatever the CUDA switches say.

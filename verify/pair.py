@@ -1,7 +1,8 @@
 """The paired commands of `verify`: both runs and their comparison in one go.
 
-    verify ORIGINAL [PORTED] [options] [-- SCRIPT ARGS]   the original (cuda, else cpu) against the port (npu, else the
-                                                          EMULATED NPU): same seed, steps and args; verdict; reports
+    verify ORIGINAL [PORTED] [options] [-- SCRIPT ARGS]   the original (cuda, else EMULATED CUDA) against the port
+                                                          (npu, else the EMULATED NPU): same seed, steps and args;
+                                                          verdict; reports
     verify determinism SCRIPT [options] [-- SCRIPT ARGS]  the same script twice: is it a usable reference (C1)?
 
 Typer cannot mix a default command with subcommands, so `route()` (called by verify/cli.py's main) sends a command
@@ -352,11 +353,11 @@ def pair(
         help="Both scripts' own arguments, after `--`.", show_default=False)] = None,
     steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps each side runs.")] = 20,
     seed: Annotated[int, typer.Option(help="The seed both sides get.")] = 1234,
-    device_ref: Annotated[str, typer.Option(
+    device_ref: Annotated[devices.Device, typer.Option(
         help="auto: cuda when available, else EMULATED CUDA (the script's GPU code path on the CPU); cpu: the "
-             "script's CPU path.")] = "auto",
-    device_actual: Annotated[str, typer.Option(
-        help="auto: the real npu when torch_npu works here, else emulated-npu.")] = "auto",
+             "script's CPU path.")] = devices.Device.AUTO,
+    device_actual: Annotated[devices.Device, typer.Option(
+        help="auto: the real npu when torch_npu works here, else emulated-npu.")] = devices.Device.AUTO,
     dump: Annotated[DumpMode, typer.Option(help="Per-op capture on both sides.")] = DumpMode.STATS,
     no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off on both sides.")] = False,
     timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a side after this many seconds.")] = None,
@@ -394,7 +395,8 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
     if amp_effect and (not match_amp or ref_run is not None):
         raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
-    plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
+    plan = PairPlan(original, ported, list(script_args or []), options, devices.Device(device_ref).value,
+                    devices.port_device(devices.Device(device_actual).value),
                     match_amp, amp_effect, ref_run, loss_rtol, _fresh_folder(out or default_out(original)))
     with side_runner(quiet) as sides:
         runs = run_sides(plan, sides)
@@ -466,7 +468,7 @@ def determinism(
         help="The script's own arguments, after `--`.", show_default=False)] = None,
     steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps per run.")] = 5,
     seed: Annotated[int, typer.Option(help="The seed both runs get.")] = 1234,
-    device: Annotated[str, typer.Option(help=f"One of {', '.join(devices.DEVICES)} (as `verify run`).")] = "auto",
+    device: Annotated[devices.Device, typer.Option(help="As `verify run`.")] = devices.Device.AUTO,
     dump: Annotated[DumpMode, typer.Option(
         help="md5: bit-exact per op; stats: equal within the dtype tolerances.")] = DumpMode.MD5,
     no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off.")] = False,
@@ -481,7 +483,8 @@ def determinism(
     Exit codes: 0 deterministic, 1 not deterministic, 2 error (also when a run did not end well: there is nothing
     to judge). Writes determinism.json (with checklist item C1 for migrate) beside the usual reports.
     """
-    options = RunOptions(steps=steps, seed=seed, device=device, dump=dump, no_dropout=no_dropout, timeout=timeout)
+    options = RunOptions(steps=steps, seed=seed, device=device.value, dump=dump, no_dropout=no_dropout,
+                         timeout=timeout)
     _fail_on_errors(_determinism)(script, list(script_args or []), options, out, quiet)
 
 

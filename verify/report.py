@@ -24,7 +24,7 @@ from verify.advice import Advice, advise
 from verify.align import AlignStatus
 from verify.checklist_items import CHECKLIST_JSON  # written by `migrate` (id, title, status, evidence, action)
 from verify.compare import ComparisonResult
-from verify.schema import title
+from verify.devices import title
 from verify.store import Run
 
 SUMMARY_JSON = "summary.json"

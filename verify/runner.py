@@ -38,8 +38,8 @@ class VerifyError(Exception):
 class RunOptions:
     steps: int = 20
     seed: int = 1234
-    device: str = "auto"
-    emulate_on: str = "cpu"
+    device: str = devices.Device.AUTO.value
+    emulate_on: str = devices.EmulateOn.CPU.value
     dump: DumpMode = DumpMode.STATS
     ops: str | None = None
     no_dropout: bool = False
@@ -97,7 +97,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         cwd=str(script.parent),
         device=device,
         emulated=device in devices.EMULATED_DEVICES,
-        emulated_on={"emulated-npu": options.emulate_on, "emulated-cuda": "cpu"}.get(device, ""),
+        emulated_on=devices.emulated_on(device, options.emulate_on),
         seed=options.seed,
         dump_mode=options.dump.value,
         ops_regex=options.ops or "",

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from verify.devices import title
+
 SCHEMA_VERSION = 1
 
 MANIFEST = "manifest.json"
@@ -72,20 +74,6 @@ class Phase(str, Enum):
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"  # each parameter after optimizer.step(): op "update", module the parameter's name
     OTHER = "other"  # outside any module: data preparation, loss arithmetic at top level
-
-
-# The devices a side runs on (verify/devices.py sets each up), the emulations among them, and how reports name them.
-DEVICES = ("auto", "cpu", "cuda", "emulated-cuda", "npu", "emulated-npu")
-EMULATED_DEVICES = {"emulated-npu": "NPU", "emulated-cuda": "CUDA"}  # device -> what it stands in for
-
-
-def title(device: str, emulated_on: str) -> str:
-    """How every manifest, terminal line and report names a device: an emulation is never hidden."""
-    if device == "emulated-npu":
-        return f"EMULATED NPU (a test double on {emulated_on or 'cpu'})"
-    if device == "emulated-cuda":
-        return f"EMULATED CUDA (on {emulated_on or 'cpu'})"
-    return device
 
 
 # Exit codes of every verify command: PASS / the requested steps ran; FAIL / the script failed; verify's own error.
@@ -187,10 +175,10 @@ class RunManifest:
     python_version: str = ""
     torch_version: str = ""
     torch_npu_version: str = ""  # "" when torch_npu is absent or emulated
-    device: str = ""  # DEVICES: "cpu", "cuda", "emulated-cuda", "npu", "emulated-npu"
+    device: str = ""  # verify.devices.Device
     device_name: str = ""  # e.g. "NVIDIA H100", "Ascend910B", "CPU (emulated NPU)"
     emulated: bool = False  # True: the device was an emulation (a test double), not an Ascend NPU or a GPU
-    emulated_on: str = ""  # the device the emulation ran on ("cpu" or "cuda")
+    emulated_on: str = ""  # verify.devices.EmulateOn: where the emulation ran
     seed: int = 0
     dump_mode: str = DumpMode.STATS.value
     ops_regex: str = ""  # tensor mode: tensors are saved for ops whose "phase/module/op" matches ("" all)

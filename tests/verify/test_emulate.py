@@ -224,14 +224,9 @@ def test_emulation_env_puts_the_stand_in_first_and_names_the_target(monkeypatch)
     assert env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0"
 
 
-def test_emulation_env_rejects_unknown_targets_and_cuda_without_a_gpu():
+def test_emulation_env_rejects_unknown_targets():
     with pytest.raises(EmulationError, match="choose one of cpu, cuda"):
         emulation_env("npu")
-    import torch
-
-    if not torch.cuda.is_available():
-        with pytest.raises(EmulationError, match="needs a CUDA GPU"):
-            emulation_env("cuda")
 
 
 def test_parent_and_stand_in_name_the_same_target_variable():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from verify.cli import app
@@ -73,3 +74,12 @@ def test_unusable_device_is_verify_error_not_a_script_failure(tmp_path):
     result = verify("run", str(SCRIPTS / "no_steps.py"), "--device", "cuda", "-o", str(tmp_path / "run"))
     assert result.exit_code == 2 and "cannot use device cuda" in result.output
     assert read_manifest(tmp_path / "run").verify_error
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_emulating_the_npu_on_cuda_without_a_gpu_is_verify_error(tmp_path):
+    result = verify("run", str(SCRIPTS / "npu_train.py"), "--device", "emulated-npu", "--emulate-on", "cuda",
+                    "-o", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "cannot use device" in result.output
+    assert "--emulate-on cuda needs a CUDA GPU" in read_manifest(tmp_path / "run").verify_error
