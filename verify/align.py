@@ -102,6 +102,15 @@ ONE_SIDED_OPS: dict[str, str] = {
 # a device copy's result follows from its input (a dtype or device change is no divergence), and how many of them run
 # depends on the device (a batch copied to the GPU, autocast's weight casts and their cache), so the n-th one on one
 # side need not be the n-th on the other. The first divergent operator is always a computing op.
+# Ops that draw from a device's random generator: on two devices they differ unless verify aligned them
+# (verify/random_streams.py draws dropout masks from a keyed stream, outside the records).
+RANDOM_OPS = frozenset({
+    "aten.bernoulli", "aten.bernoulli_", "aten.uniform_", "aten.normal", "aten.normal_", "aten.rand", "aten.randn",
+    "aten.randint", "aten.randperm", "aten.multinomial", "aten.native_dropout", "aten.exponential_", "aten.random_",
+    "aten.rand_like", "aten.randn_like", "aten.randint_like", "aten.cauchy_", "aten.geometric_", "aten.log_normal_",
+})
+
+
 def same_computation(op: str, other: str) -> bool:
     """Whether two recorded ops compute the same thing: one op, a RELATED_OPS family's kernels, or an op and its
     in-place form (aten.add and aten.add_)."""

@@ -57,13 +57,12 @@ from verify.capture import (
     tensors_in,
     unwrapped,
 )
-from verify import environment_record, precision_scopes
+from verify import environment_record, precision_scopes, random_streams
 from verify.schema import (GRADS_DIR, LOSS_SCALER_ENV, OPS_DIR, OUTPUTS_DIR, STAT_COLUMNS, DumpMode,
                            LossScalerPlan, RunManifest, Status, step_file)
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
 
 OUTPUT_ARRAY_CAP_BYTES = 4 << 20  # inference outputs are saved for top-k agreement; logits of a batch fit easily
-_DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
 _VERIFY_DIR = str(Path(__file__).resolve().parent) + os.sep
 # Frames that an op passes through only because the capture's TorchDispatchMode is active: a traceback without them
 # reads as it would in a plain run.
@@ -580,36 +579,6 @@ def _seed_everything(seed: int) -> None:
 
 
 @contextlib.contextmanager
-def _dropout_disabled() -> Iterator[None]:
-    """Every dropout (modules call the functional ones) as in eval mode: device RNGs differ, so dropout masks
-    would hide real differences. RNN modules' internal dropout is not covered."""
-    originals = {name: getattr(F, name) for name in (*_DROPOUT_FUNCTIONS, "scaled_dot_product_attention")}
-
-    def no_dropout(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def wrapper(input, p=0.5, training=True, inplace=False):
-            return original(input, p, False, inplace)
-
-        return wrapper
-
-    def attention_without_dropout(*args: Any, **kwargs: Any) -> Any:
-        if len(args) > 4:  # (query, key, value, attn_mask, dropout_p, ...)
-            args = (*args[:4], 0.0, *args[5:])
-        else:
-            kwargs["dropout_p"] = 0.0
-        return originals["scaled_dot_product_attention"](*args, **kwargs)
-
-    for name in _DROPOUT_FUNCTIONS:
-        setattr(F, name, no_dropout(originals[name]))
-    F.scaled_dot_product_attention = attention_without_dropout
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(F, name, original)
-
-
-@contextlib.contextmanager
 def _cuda_autocast_casts_on_cpu() -> Iterator[None]:
     """A plain CPU run under an imposed autocast takes CUDA's op lists, as both stand-ins do (verify.devices)."""
     library = device_setup.install_autocast_casts_on_cpu()
@@ -636,7 +605,10 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
     sys.path.insert(0, str(Path(manifest.script).parent))  # as `python SCRIPT` does (the bootstrap runs with -P)
     with contextlib.ExitStack() as stack:
         if manifest.no_dropout:
-            stack.enter_context(_dropout_disabled())
+            stack.enter_context(random_streams.dropout_disabled())
+        elif manifest.align_random:
+            stack.enter_context(random_streams.keyed(manifest.seed, lambda: recorder.steps_done,
+                                                     manifest.random_not_aligned))
         device_type = devices.autocast_device_type(manifest.device)
         if manifest.autocast:
             if manifest.device == devices.Device.CPU:

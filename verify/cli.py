@@ -74,6 +74,9 @@ def run(
     ] = None,
     tensor_cap_mb: Annotated[float, typer.Option(min=0, help="Tensor mode: total size of saved tensors.")] = 512.0,
     no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off.")] = False,
+    no_align_random: Annotated[bool, typer.Option(
+        "--no-align-random", help="Dropout masks from the device's own generator, not the keyed stream every device "
+                                  "draws alike.")] = False,
     autocast: Annotated[Autocast, typer.Option(help="Run the whole script under torch.autocast with this dtype.")] = (
         Autocast.OFF
     ),
@@ -92,7 +95,7 @@ def run(
     """
     options = RunOptions(
         steps=steps, seed=seed, device=device.value, emulate_on=emulate_on.value, dump=dump, ops=ops,
-        no_dropout=no_dropout, autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb,
+        no_dropout=no_dropout, align_random=not no_align_random, autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb,
     )
     with Progress(
         TextColumn("[bold]verify run[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

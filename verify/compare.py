@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from verify import environment, metrics, tolerances
-from verify.align import CARRIER_OPS, AlignStatus, align_ops, same_computation
+from verify.align import CARRIER_OPS, RANDOM_OPS, AlignStatus, align_ops, same_computation
 from verify.store import Run, RunDirError
 from verify.schema import AUTOCAST_DTYPES, HALF_DTYPES, INPUT_OP, Status
 
@@ -844,6 +844,25 @@ def _verdict(findings: list[Finding], loss: LossComparison, table: pd.DataFrame,
                          f"({policy.description.split(':')[0]})")
 
 
+def _random_notes(ref: Run, actual: Run) -> list[str]:
+    """Whether both sides drew their dropout masks from the keyed stream, and the random draws left to each device's
+    own generator (on two real devices those differ, whatever the port does)."""
+    aligned = [run.manifest.align_random for run in (ref, actual)]
+    notes = ["dropout masks drawn from one keyed stream on both sides (verify/random_streams.py)" if all(aligned)
+             else "dropout masks from each device's own generator" + ("" if not any(aligned) else " on one side")]
+    unaligned = sorted({*ref.manifest.random_not_aligned, *actual.manifest.random_not_aligned})
+    for run in (ref, actual):  # inside modules: at the top level, draws are mostly data and weights made on the CPU
+        ops = run.ops
+        drawn = ops.loc[ops["op"].isin(list(RANDOM_OPS)) & (ops["module"] != ""), ["op", "module"]].drop_duplicates()
+        unaligned += [f"{op} in {module}" for op, module in drawn.itertuples(index=False)
+                      if f"{op} in {module}" not in unaligned]
+    if unaligned:
+        notes.append(f"random draws left to each device's own generator ({len(unaligned)}): "
+                     + ", ".join(unaligned[:8]) + (", ..." if len(unaligned) > 8 else "")
+                     + "; on two different devices their values differ")
+    return notes
+
+
 def _step_notes(ref: Run, actual: Run) -> list[str]:
     notes = []
     ref_steps, actual_steps = set(ref.losses["step"].tolist()), set(actual.losses["step"].tolist())
@@ -873,7 +892,8 @@ def unscaled_backward(run: Run) -> pd.DataFrame:
 
 
 def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions()) -> ComparisonResult:
-    notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual)]
+    notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual),
+             *_random_notes(ref, actual)]
     policy = precision_policy(ref, actual, options)
     table = op_metrics(align_ops(unscaled_backward(ref), unscaled_backward(actual)), ref, actual, policy, notes)
     first = first_divergent_op(table)

@@ -360,6 +360,9 @@ def pair(
         help="auto: the real npu when torch_npu works here, else emulated-npu.")] = devices.Device.AUTO,
     dump: Annotated[DumpMode, typer.Option(help="Per-op capture on both sides.")] = DumpMode.STATS,
     no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off on both sides.")] = False,
+    no_align_random: Annotated[bool, typer.Option(
+        "--no-align-random", help="Each side's dropout masks from its device's own generator (as on real hardware "
+                                  "without verify), not from the keyed stream both draw alike.")] = False,
     timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a side after this many seconds.")] = None,
     loss_rtol: Annotated[Optional[float], typer.Option(
         help="Relative loss tolerance per step (default 0.01; 0.05 for fp32 against AMP).")] = None,
@@ -381,7 +384,8 @@ def pair(
     Exit codes: 0 PASS, 1 FAIL (the reason is the verdict line), 2 usage or verify's own error.
     """
     _fail_on_errors(_pair)(original, ported, script_args, RunOptions(
-        steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, timeout=timeout), device_ref, device_actual,
+        steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random, timeout=timeout),
+        device_ref, device_actual,
         loss_rtol, match_amp, amp_effect, ref_run, out, quiet)
 
 

@@ -27,10 +27,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._pytree import tree_map
 
-from verify.capture import ModuleScopes
+from verify.module_calls import ModuleCalls
 from verify.schema import AUTOCAST_DTYPES
 
 OFF = "off"
@@ -44,45 +43,12 @@ def _state(device_type: str) -> str:
     return str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")
 
 
-class _ModuleCalls:
-    """Global forward hooks that see each module call's entry and exit, exceptions included, with its path."""
-
-    def __init__(self, device_type: str) -> None:
-        self.device_type = device_type
-        self.names = ModuleScopes()  # naming only: the same paths as the op records
-        self.depth = 0
-        self._handles: list[Any] = []
-
-    def __enter__(self):
-        self._handles = [register_module_forward_pre_hook(self._entering),
-                         register_module_forward_hook(self._left, always_call=True)]
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-    def _entering(self, module: torch.nn.Module, args: Any) -> Any:
-        result = self.entering(self.names.name(module), args, outermost=self.depth == 0)
-        self.depth += 1
-        return result
-
-    def _left(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self.depth -= 1
-        self.left()
-
-    def entering(self, path: str, args: Any, outermost: bool) -> Any:
-        """At each call's entry; may return the call's arguments replaced."""
-
-    def left(self) -> None:
-        """At each call's exit."""
-
-
-class ScopeRecorder(_ModuleCalls):
+class ScopeRecorder(ModuleCalls):
     """Records `manifest.autocast_scopes` in place (the manifest is rewritten after every step)."""
 
     def __init__(self, device_type: str, scopes: dict[str, list[list[Any]]]) -> None:
-        super().__init__(device_type)
+        super().__init__()
+        self.device_type = device_type
         self.scopes = scopes
 
     def entering(self, path: str, args: Any, outermost: bool) -> None:
@@ -94,12 +60,13 @@ class ScopeRecorder(_ModuleCalls):
             runs.append([state, 1])
 
 
-class FollowedScopes(_ModuleCalls):
+class FollowedScopes(ModuleCalls):
     """Enters each module call under the autocast of the followed run's call of the same number, restoring the
     autocast around it when the call returns; an outermost call sets the script level's too."""
 
     def __init__(self, device_type: str, follow: dict[str, list[list[Any]]]) -> None:
-        super().__init__(device_type)
+        super().__init__()
+        self.device_type = device_type
         self.follow = follow
         self._calls: dict[str, int] = {}
         self._contexts: list[contextlib.ExitStack] = []

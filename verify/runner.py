@@ -43,6 +43,7 @@ class RunOptions:
     dump: DumpMode = DumpMode.STATS
     ops: str | None = None
     no_dropout: bool = False
+    align_random: bool = True
     autocast: str = "off"
     autocast_follow: dict[str, list] = field(default_factory=dict)  # where to impose it (manifest.autocast_follow)
     timeout: float | None = None
@@ -103,6 +104,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         ops_regex=options.ops or "",
         tensor_cap_mb=options.tensor_cap_mb if options.dump == DumpMode.TENSOR else 0.0,
         no_dropout=options.no_dropout,
+        align_random=options.align_random and not options.no_dropout,
         autocast="" if options.autocast == "off" else options.autocast,
         autocast_follow=dict(options.autocast_follow) if options.autocast != "off" else {},
         steps_requested=options.steps,

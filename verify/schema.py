@@ -184,6 +184,10 @@ class RunManifest:
     ops_regex: str = ""  # tensor mode: tensors are saved for ops whose "phase/module/op" matches ("" all)
     tensor_cap_mb: float = 0.0  # tensor mode: the budget for saved tensors
     no_dropout: bool = False
+    # Dropout masks drawn from one keyed stream on every device (verify/random_streams.py); False for runs recorded
+    # before it existed. random_not_aligned: the random draws this run left to its device's own generator.
+    align_random: bool = False
+    random_not_aligned: list[str] = field(default_factory=list)
     autocast: str = ""  # autocast imposed from outside ("" none, "fp16", "bf16")
     # A reference imposed the autocast where the port computed under it (verify/precision_scopes.py): the port's
     # autocast_scopes; empty: around the whole script.

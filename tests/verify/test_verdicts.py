@@ -228,3 +228,21 @@ def test_a_reference_that_cannot_run_under_the_ports_autocast_runs_as_written(tm
     assert "fp32-vs-AMP" in summary["reason"]
     assert json.loads((out / "ref-under-autocast" / "manifest.json").read_text())["status"] == "crashed"
     assert json.loads((out / "ref" / "manifest.json").read_text())["status"] == "ok"
+
+
+def test_dropout_masks_match_whatever_else_a_side_draws(tmp_path):
+    """The port draws from its generator where the original does not (as two devices' generators differ): with the
+    keyed stream both sides still drop the same units; with each side's own generator they do not."""
+    code = (SCRIPTS / "dropout_mlp.py").read_text()
+    port = migrate_source(code, "dropout_mlp.py", Settings(is_entry=True)).code
+    assert port.count("    optimizer.zero_grad()\n") == 1
+    (tmp_path / "dropout_mlp_npu.py").write_text(
+        port.replace("    optimizer.zero_grad()\n", "    torch.rand(3)  # a draw the original does not make\n"
+                                                      "    optimizer.zero_grad()\n"))
+    exit_code, summary, _ = verify(SCRIPTS / "dropout_mlp.py", tmp_path / "dropout_mlp_npu.py", "-n", STEPS, "-q",
+                                   "-o", tmp_path / "aligned")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    assert any("one keyed stream on both sides" in note for note in summary["notes"])
+    exit_code, summary, _ = verify(SCRIPTS / "dropout_mlp.py", tmp_path / "dropout_mlp_npu.py", "-n", STEPS, "-q",
+                                   "--no-align-random", "-o", tmp_path / "own")
+    assert exit_code == 1, summary["reason"]

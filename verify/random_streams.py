@@ -1,0 +1,148 @@
+"""Random numbers that a GPU, an NPU and the CPU draw alike, so that a port is compared on the same dropout masks.
+
+Each device draws from its own generator (CUDA's Philox, the NPU's npu_dropout_gen_mask with its own seed and
+offset), so on real hardware every op after a dropout differs between the sides, whatever the port does. With the
+streams aligned (the default; `--no-align-random` leaves each device its own), every functional dropout (the
+modules call them: nn.Dropout, nn.Dropout1d/2d/3d) draws its mask on the CPU from a generator seeded by a key of the
+run's seed, the step, the innermost module path and the call's number in that step and module, and moves it to the
+tensor's device. Masks then match on any two devices, and stay matched where one side makes more or fewer random
+calls elsewhere. The mask drawing is hidden from the op capture: both sides record the same multiplications.
+
+Not aligned, and named in the manifest when a run uses them: alpha dropout, the dropout inside
+scaled_dot_product_attention and inside recurrent modules (nn.LSTM(dropout=...)), and random tensors a script
+draws itself (torch.randn...): compare names those it finds in the op records (RANDOM_OPS).
+
+`--no-dropout` turns every dropout off instead (as msprobe's seed_all(rm_dropout=True) does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import _disable_current_modes
+
+from verify.module_calls import ModuleCalls
+
+# The functional dropouts whose masks are drawn from the keyed stream: name -> spatial dimensions dropped together
+# (0: each element on its own).
+KEYED_DROPOUTS = {"dropout": 0, "dropout1d": 1, "dropout2d": 2, "dropout3d": 3}
+_DROPOUT_FUNCTIONS = (*KEYED_DROPOUTS, "alpha_dropout", "feature_alpha_dropout")
+ATTENTION = "scaled_dot_product_attention"
+
+
+class KeyedStream(ModuleCalls):
+    """Draws dropout masks from a CPU generator keyed by (seed, step, innermost module path, call number)."""
+
+    def __init__(self, seed: int, step: Callable[[], int], not_aligned: list[str]) -> None:
+        super().__init__()
+        self.seed = seed
+        self.step = step
+        self.not_aligned = not_aligned  # manifest: the random draws left to each device's generator
+        self._paths = [""]
+        self._calls: dict[tuple[int, str], int] = {}
+
+    def entering(self, path: str, args: Any, outermost: bool) -> None:
+        self._paths.append(path)
+
+    def left(self) -> None:
+        self._paths.pop()
+
+    def keep_mask(self, shape: tuple[int, ...], keep: float, like: torch.Tensor) -> torch.Tensor:
+        step, path = self.step(), self._paths[-1]
+        number = self._calls[step, path] = self._calls.get((step, path), -1) + 1
+        key = hashlib.blake2b(f"{self.seed}/{step}/{path}/{number}".encode(), digest_size=8).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
+        with _disable_current_modes(), torch.no_grad():
+            drawn = torch.rand(shape, generator=generator) < keep
+            return drawn.to(device=like.device, dtype=like.dtype)
+
+    def note_not_aligned(self, what: str) -> None:
+        if what not in self.not_aligned:
+            self.not_aligned.append(what)
+
+
+def _keyed_dropout(stream: KeyedStream, original: Callable[..., Any], spatial: int) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        if not training or p == 0.0 or p == 1.0 or not input.is_floating_point():
+            return original(input, p, training, inplace)
+        keep = 1.0 - p
+        shape = tuple(input.shape[:input.dim() - spatial]) + (1,) * spatial
+        mask = stream.keep_mask(shape, keep, input)
+        if inplace:
+            return input.mul_(mask).mul_(1.0 / keep)
+        return input * mask * (1.0 / keep)
+
+    return dropout
+
+
+def _noted(stream: KeyedStream, name: str, original: Callable[..., Any], draws: Callable[..., bool]) -> Callable:
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if draws(*args, **kwargs):
+            stream.note_not_aligned(name)
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+def _attention_dropout(*args: Any, **kwargs: Any) -> bool:
+    return float(args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)) > 0.0
+
+
+def _training_dropout(input: Any, p: float = 0.5, training: bool = False, *args: Any, **kwargs: Any) -> bool:
+    return bool(training) and p > 0.0
+
+
+@contextlib.contextmanager
+def keyed(seed: int, step: Callable[[], int], not_aligned: list[str]) -> Iterator[None]:
+    """Dropout masks from the keyed stream while inside; what stays unaligned is appended to `not_aligned`."""
+    originals = {name: getattr(F, name) for name in (*_DROPOUT_FUNCTIONS, ATTENTION)}
+    with KeyedStream(seed, step, not_aligned) as stream:
+        for name, spatial in KEYED_DROPOUTS.items():
+            setattr(F, name, _keyed_dropout(stream, originals[name], spatial))
+        for name in ("alpha_dropout", "feature_alpha_dropout"):
+            setattr(F, name, _noted(stream, name, originals[name], _training_dropout))
+        F.scaled_dot_product_attention = _noted(stream, f"{ATTENTION} dropout_p", originals[ATTENTION],
+                                                _attention_dropout)
+        try:
+            yield
+        finally:
+            for name, original in originals.items():
+                setattr(F, name, original)
+
+
+@contextlib.contextmanager
+def dropout_disabled() -> Iterator[None]:
+    """Every dropout (modules call the functional ones) as in eval mode (--no-dropout). RNN modules' internal
+    dropout is not covered."""
+    originals = {name: getattr(F, name) for name in (*_DROPOUT_FUNCTIONS, ATTENTION)}
+
+    def no_dropout(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(input, p=0.5, training=True, inplace=False):
+            return original(input, p, False, inplace)
+
+        return wrapper
+
+    def attention_without_dropout(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > 4:  # (query, key, value, attn_mask, dropout_p, ...)
+            args = (*args[:4], 0.0, *args[5:])
+        else:
+            kwargs["dropout_p"] = 0.0
+        return originals[ATTENTION](*args, **kwargs)
+
+    for name in _DROPOUT_FUNCTIONS:
+        setattr(F, name, no_dropout(originals[name]))
+    F.scaled_dot_product_attention = attention_without_dropout
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(F, name, original)
