@@ -26,7 +26,7 @@ from migrate.report import Summary, finding_text, write_reports
 from migrate.types import FileResult, FileStatus
 from rules import RuleError, all_rules, rule_by_code, select_rules
 from rules.types import Action, AmpPolicy, Mode, Settings, Severity
-from verify.checklist_items import REPORT_SUFFIX
+from verify.checklist_items import PORT_SUFFIX, REPORT_SUFFIX, port_name
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # one error, one line: grep-able
@@ -133,10 +133,10 @@ def _run(planned, rules, workers: int, quiet: bool) -> list[FileResult]:
 
 
 def _default_report_dir(first: Path, out: Optional[Path], in_place: bool) -> Path:
-    base = first if in_place else (out or (first.with_name(f"{first.stem}_npu") if first.is_file() else None))
+    base = first if in_place else (out or (port_name(first) if first.is_file() else None))
     if base is None:
         resolved = first.resolve()
-        base = resolved.with_name(f"{resolved.name}_npu")
+        base = resolved.with_name(f"{resolved.name}{PORT_SUFFIX}")  # a folder: its whole name, dots included
     base = base.with_suffix("") if base.suffix == ".py" else base
     return base.with_name(base.name + REPORT_SUFFIX)
 

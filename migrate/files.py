@@ -22,7 +22,7 @@ from migrate.facts import file_facts
 from migrate.types import FileResult, FileStatus
 from rules import PortRule
 from rules.types import Settings
-from verify.checklist_items import REPORT_SUFFIX
+from verify.checklist_items import PORT_SUFFIX, REPORT_SUFFIX, port_name
 
 SKIPPED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", ".tox", ".mypy_cache", ".pytest_cache"}
 
@@ -31,7 +31,6 @@ class PlanError(Exception):
     """The paths asked for cannot be ported (missing input, output over input, ...)."""
 
 
-OUTPUT_SUFFIX = "_npu"
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ def plan(
         else:
             target = path if in_place else _file_target(path, out)
             _refuse_overwrite(path, target, in_place)
-            own_output = out is None and not in_place and path.stem.endswith(OUTPUT_SUFFIX)
+            own_output = out is None and not in_place and path.stem.endswith(PORT_SUFFIX)
             entry = replace(settings, is_entry=True)
             jobs.append(Job(path, target, port=True, settings=entry, write=write, is_own_output=own_output))
     return jobs
@@ -78,12 +77,12 @@ def _refuse_overwrite(source: Path, target: Path, in_place: bool) -> None:
 
 def _sibling(folder: Path) -> Path:
     folder = folder.resolve()
-    return folder.with_name(f"{folder.name}{OUTPUT_SUFFIX}")
+    return folder.with_name(f"{folder.name}{PORT_SUFFIX}")
 
 
 def _file_target(path: Path, out: Path | None) -> Path:
     if out is None:
-        return path.with_name(f"{path.stem}{OUTPUT_SUFFIX}{path.suffix}")
+        return port_name(path)
     return out / path.name if out.is_dir() or out.suffix != ".py" else out
 
 
@@ -110,7 +109,7 @@ def _walk(root: Path, skip: Path | None) -> Iterator[Path]:
             for d in dirs
             if d not in SKIPPED_DIRS
             and not d.startswith(".")
-            and not d.endswith((".egg-info", OUTPUT_SUFFIX + REPORT_SUFFIX))
+            and not d.endswith((".egg-info", PORT_SUFFIX + REPORT_SUFFIX))
             and (skip is None or (Path(folder) / d).resolve() != skip)
         )
         for name in sorted(files):
@@ -120,7 +119,7 @@ def _walk(root: Path, skip: Path | None) -> Iterator[Path]:
 
 
 def _is_earlier_output(path: Path, siblings: Sequence[str]) -> bool:
-    stem = path.stem.removesuffix(OUTPUT_SUFFIX)
+    stem = path.stem.removesuffix(PORT_SUFFIX)
     return path.suffix == ".py" and stem != path.stem and f"{stem}{path.suffix}" in siblings
 
 

@@ -1,11 +1,22 @@
-"""The accuracy checklist's items (shared/design/checklist.md, C1..C9) and where migrate writes it: the facts that
-`migrate` (which builds the checklist) and `verify` (which fills in C1 and shows the checklist in its reports) must
-agree on. Standard library only, so that verify reads them without loading migrate, the rules or libcst.
+"""What `migrate` and `verify` must agree on: the port's name (migrate writes it, verify finds it), the accuracy
+checklist's items (shared/design/checklist.md, C1..C9) and where migrate writes them (migrate builds the checklist,
+verify fills in C1 and shows it in its reports). Standard library only, so that verify reads them without loading
+migrate, the rules or libcst.
 """
 
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
+
+# migrate writes the port of train.py as train_npu.py, and of src/ as src_npu/, beside the original.
+PORT_SUFFIX = "_npu"
+
+
+def port_name(original: Path) -> Path:
+    """Where `migrate ORIGINAL` writes the port by default, and where `verify ORIGINAL` looks for it."""
+    return original.with_name(f"{original.stem}{PORT_SUFFIX}{original.suffix}")
+
 
 # migrate writes its reports into <port stem>_report/ beside the port, the checklist as checklist.json in it.
 REPORT_SUFFIX = "_report"

@@ -37,7 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from verify import report as reports
-from verify.checklist_items import REPORT_SUFFIX, TITLES, Status as ChecklistStatus
+from verify.checklist_items import REPORT_SUFFIX, TITLES, Status as ChecklistStatus, port_name
 from verify.compare import CompareError, CompareOptions, ComparisonResult, amp_dtype, \
     compare_runs
 from verify.compare_cli import read_side
@@ -104,8 +104,8 @@ def _positional_indexes(tokens: list[str], valued: set[str]) -> list[int]:
 
 
 def default_port(original: Path) -> Path:
-    """What `migrate ORIGINAL` writes: <stem>_npu.py beside it."""
-    return original.with_name(f"{original.stem}_npu{original.suffix}")
+    """What `migrate ORIGINAL` writes beside it (checklist_items.port_name: <stem>_npu.py)."""
+    return port_name(original)
 
 
 def default_out(script: Path) -> Path:
