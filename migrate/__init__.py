@@ -12,6 +12,6 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 
 from migrate.engine import SourceError, migrate_source  # noqa: E402 (after __version__, which the CLI imports)
 from migrate.types import MigrationResult  # noqa: E402
-from rules.types import Finding, Mode, Settings  # noqa: E402
+from rules import Finding, Mode, Settings
 
 __all__ = ["__version__", "Finding", "MigrationResult", "Mode", "Settings", "SourceError", "migrate_source"]

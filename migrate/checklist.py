@@ -21,8 +21,7 @@ from typing import Iterable, Sequence
 from migrate import hyperparams
 from migrate.facts import FileFacts
 from migrate.types import FileResult
-from rules import PortRule, all_rules
-from rules.types import Action, AmpPolicy, Finding, Settings, Severity
+from rules import Action, AmpPolicy, Finding, PortRule, Settings, Severity, all_rules
 from verify.checklist_items import TITLES, Status
 
 

@@ -24,8 +24,7 @@ from migrate import __version__, checklist
 from migrate.files import PlanError, plan, run_jobs
 from migrate.report import Summary, finding_text, write_reports
 from migrate.types import FileResult, FileStatus
-from rules import RuleError, all_rules, rule_by_code, select_rules
-from rules.types import Action, AmpPolicy, Mode, Settings, Severity
+from rules import Action, AmpPolicy, Mode, RuleError, Settings, Severity, all_rules, rule_by_code, select_rules
 from verify.checklist_items import PORT_SUFFIX, REPORT_SUFFIX, port_name
 
 stdout = Console(highlight=False, soft_wrap=True)

@@ -21,11 +21,7 @@ from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper
 
 from migrate.types import MigrationResult
-from rules import FileState, PortRule, all_rules
-from rules.base import CheapMatcherScan
-from rules.tree import forget
-from rules.types import Settings
-from rules.walk import TRIVIA, Walk
+from rules import CheapMatcherScan, FileState, PortRule, Settings, TRIVIA, Walk, all_rules, forget
 
 
 class SourceError(Exception):

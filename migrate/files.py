@@ -20,8 +20,7 @@ from migrate.diff import unified_diff
 from migrate.engine import SourceError, migrate_source
 from migrate.facts import file_facts
 from migrate.types import FileResult, FileStatus
-from rules import PortRule
-from rules.types import Settings
+from rules import PortRule, Settings
 from verify.checklist_items import PORT_SUFFIX, REPORT_SUFFIX, port_name
 
 SKIPPED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", ".tox", ".mypy_cache", ".pytest_cache"}

@@ -16,7 +16,7 @@ import pandas as pd
 from migrate import checklist
 from migrate.files import write_atomic
 from migrate.types import FileResult, FileStatus
-from rules.types import Action, Finding, Severity
+from rules import Action, Finding, Severity
 from verify.checklist_items import CHECKLIST_JSON
 
 FINDING_COLUMNS = [

@@ -6,8 +6,7 @@ import dataclasses
 import difflib
 
 from migrate.engine import migrate_source
-from rules.base import Case, Example, Flag, PortRule
-from rules.types import Action, Safety
+from rules import Action, Case, Example, Flag, PortRule, Safety
 
 
 class ExampleFailure(AssertionError):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from migrate.facts import FileFacts
-from rules.types import Finding
+from rules import Finding
 
 
 class FileStatus(str, Enum):

@@ -1,7 +1,9 @@
-"""The rule registry: every concrete `PortRule` under this package, found by walking it.
+"""The public API of the rules, and their registry: every concrete `PortRule` under this package, found by walking it.
 
-Adding a rule means adding one module in a group folder (`rules/device/cuda_tensor_method.py`); nothing here or in
-the engine changes. Codes are a group prefix and three digits (`DEV003`) and are never reused.
+A rule module imports from `rules` (this module) and from its own family's `_helpers`, nothing else of this package,
+and so does migrate's engine (tests/test_layering.py checks both); the machinery lives in rules/framework. Adding a
+rule means adding one module in a family folder (`rules/device/cuda_tensor_method.py`); nothing here or in the engine
+changes. Codes are a group prefix and three digits (`DEV003`) and are never reused.
 """
 
 from __future__ import annotations
@@ -13,7 +15,18 @@ import re
 from functools import lru_cache
 from typing import Iterable
 
-from rules.base import Case, Example, FileState, Flag, PortRule, Unchanged
+from rules.framework.base import Case, CheapMatcherScan, Example, FileState, Flag, PortRule, Unchanged
+from rules.framework.calls import (
+    argument, attribute_chain, dotted_name, has_star_args, keyword, keyword_names, replace_argument_value,
+    same_quotes, string_value, under, with_args,
+)
+from rules.framework.edits import Body, Edit, StatementEdits, statement
+from rules.framework.loops import (
+    backward_receivers, is_innermost_training_loop, is_optimizer, method, own_calls, training_step,
+)
+from rules.framework.tree import findall, forget, matches, stored_attributes, visit
+from rules.framework.types import Action, AmpPolicy, Finding, Mode, Safety, Settings, Severity
+from rules.framework.walk import TRIVIA, Walk
 
 _CODE = re.compile(r"^[A-Z]{2,4}\d{3}$")
 
@@ -65,14 +78,50 @@ def select_rules(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> tupl
 
 
 __all__ = [
+    "Action",
+    "AmpPolicy",
+    "Body",
     "Case",
+    "CheapMatcherScan",
+    "Edit",
     "Example",
     "FileState",
+    "Finding",
     "Flag",
+    "Mode",
     "PortRule",
     "RuleError",
+    "Safety",
+    "Settings",
+    "Severity",
+    "StatementEdits",
+    "TRIVIA",
     "Unchanged",
+    "Walk",
     "all_rules",
+    "argument",
+    "attribute_chain",
+    "backward_receivers",
+    "dotted_name",
+    "findall",
+    "forget",
+    "has_star_args",
+    "is_innermost_training_loop",
+    "is_optimizer",
+    "keyword",
+    "keyword_names",
+    "matches",
+    "method",
+    "own_calls",
+    "replace_argument_value",
     "rule_by_code",
+    "same_quotes",
     "select_rules",
+    "statement",
+    "stored_attributes",
+    "string_value",
+    "training_step",
+    "under",
+    "visit",
+    "with_args",
 ]

@@ -5,7 +5,7 @@ import textwrap
 
 from migrate.engine import migrate_source
 from rules import select_rules
-from rules.types import AmpPolicy, Settings
+from rules import AmpPolicy, Settings
 
 AMP = select_rules(["AMP"])
 

@@ -11,8 +11,7 @@ from migrate.cli import app
 from migrate.files import plan, run_jobs
 from migrate.types import FileStatus
 from rules import rule_by_code
-from rules.base import PortRule, Unchanged
-from rules.types import Settings
+from rules import PortRule, Settings, Unchanged
 
 runner = CliRunner()
 IMP001 = ("--select", "IMP001")  # the one rule that always acts on `import torch`: fast and predictable

@@ -16,7 +16,7 @@ from migrate.facts import file_facts
 from migrate.hyperparams import SourceText, extract
 from migrate.types import FileResult, FileStatus
 from rules import all_rules
-from rules.types import Settings
+from rules import Settings
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 

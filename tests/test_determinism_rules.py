@@ -5,7 +5,7 @@ import textwrap
 
 from migrate.engine import migrate_source
 from rules import select_rules
-from rules.types import Mode, Settings
+from rules import Mode, Settings
 
 DET = select_rules(["DET"])
 

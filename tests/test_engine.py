@@ -12,10 +12,10 @@ from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProv
 
 from migrate.engine import _add_imports
 from rules import all_rules
-from rules.names import QualifiedNames
-from rules.positions import Positions, excerpt
-from rules.tree import findall, matches, preorder
-from rules.walk import Walk
+from rules import Walk, findall, matches
+from rules.framework.names import QualifiedNames
+from rules.framework.positions import Positions, excerpt
+from rules.framework.tree import preorder
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ import pytest
 
 from migrate.diff import unified_diff
 from migrate.files import PlanError, plan, write_atomic
-from rules.types import Settings
+from rules import Settings
 
 
 def tree(root: Path, *names: str) -> Path:

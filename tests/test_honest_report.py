@@ -13,7 +13,7 @@ from migrate import checklist, cli
 from migrate.cli import app
 from migrate.facts import file_facts
 from migrate.types import FileResult, FileStatus
-from rules.types import Settings
+from rules import Settings
 from rules import all_rules, rule_by_code
 
 runner = CliRunner()

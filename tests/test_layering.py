@@ -112,3 +112,27 @@ def test_importing_loads_no_forbidden_package(module: str, forbidden: set[str]):
     )
     loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]", f"importing {module} loaded {loaded.stdout.strip()}"
+
+
+def test_rules_and_the_engine_import_only_the_public_rules_module():
+    """A rule imports from `rules` and its own family's helpers; migrate from `rules` alone (rules/__init__.py)."""
+    violations = []
+    for module in _modules():
+        parts = module.split(".")
+        is_rule = parts[0] == "rules" and len(parts) > 2 and parts[1] != "framework"
+        if not (is_rule or parts[0] == "migrate"):
+            continue
+        for imported, line in sorted(_imports(module)):
+            inside = imported.split(".")
+            if inside[0] != "rules" or len(inside) == 1 or (is_rule and inside[1] == parts[1]):
+                continue
+            violations.append(f"{_modules()[module].relative_to(ROOT)}:{line} imports {imported}")
+    assert not violations, "\n".join(violations)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_the_generic_package_names_resolve_to_this_project(package: str):
+    """`migrate`, `rules` and `verify` are common names: the installed ones must be these."""
+    found = subprocess.run([sys.executable, "-c", f"import {package}; print({package}.__file__)"], cwd=ROOT.parent,
+                           capture_output=True, text=True, check=True)
+    assert Path(found.stdout.strip()).resolve().parent == ROOT / package

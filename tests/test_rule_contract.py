@@ -7,9 +7,8 @@ import pytest
 
 import rules
 from rules import all_rules
-from rules.base import Case, Flag, Unchanged
+from rules import Case, Flag, Safety, Unchanged
 from rules.catalog import RULES_MD, render
-from rules.types import Safety
 
 RULES = [pytest.param(rule, id=rule.CODE) for rule in all_rules()]
 SECTIONS = ("## What it does", "## Why", "## Safety")

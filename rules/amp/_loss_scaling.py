@@ -12,9 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.amp._step_analysis import Step, code
-from rules.calls import argument, same_quotes, string_value
-from rules.edits import Body, Edit, statement
-from rules.tree import findall, matches
+from rules import Body, Edit, argument, findall, matches, same_quotes, statement, string_value
 
 TORCH = (("torch", None),)
 # A file mentioning one of these already manages its precision: mixed precision is not inserted a second time.

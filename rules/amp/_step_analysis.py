@@ -13,10 +13,7 @@ from typing import Callable, Iterator, Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from rules.calls import dotted_name
-from rules.edits import Body
-from rules.loops import is_optimizer, method
-from rules.tree import findall, matches, visit
+from rules import Body, dotted_name, findall, is_optimizer, matches, method, visit
 
 Resolver = Callable[[cst.CSTNode], "set[str]"]
 

@@ -2,9 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.calls import argument, string_value, under
-from rules.types import Safety, Severity
+from rules import Flag, PortRule, Safety, Severity, Unchanged, argument, string_value, under
 
 _INITIALIZE = "apex.amp.initialize"
 

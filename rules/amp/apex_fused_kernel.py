@@ -5,9 +5,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from rules.base import Case, Flag, PortRule, Unchanged
-from rules.calls import attribute_chain, keyword, with_args
-from rules.types import Safety, Severity
+from rules import Case, Flag, PortRule, Safety, Severity, Unchanged, attribute_chain, keyword, with_args
 
 
 @dataclass(frozen=True)

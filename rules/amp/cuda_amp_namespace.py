@@ -2,9 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Case, PortRule, Unchanged
-from rules.calls import attribute_chain, keyword, with_args
-from rules.types import Mode
+from rules import Case, Mode, PortRule, Unchanged, attribute_chain, keyword, with_args
 
 _NPU = cst.SimpleString('"npu"')
 # Parameters of torch.cuda.amp.autocast in positional order: torch.autocast takes them in another order.

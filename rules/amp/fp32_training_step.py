@@ -20,10 +20,9 @@ from rules.amp._loss_scaling import (
     update_edits,
 )
 from rules.amp._step_analysis import AutocastBans, Step, analyse, autocast_bans, code, plan_autocast, scopes
-from rules.base import Case, PortRule, Unchanged
-from rules.edits import Body, Edit, StatementEdits, statement
-from rules.tree import findall, matches
-from rules.types import AmpPolicy, Settings
+from rules import (
+    AmpPolicy, Body, Case, Edit, PortRule, Settings, StatementEdits, Unchanged, findall, matches, statement,
+)
 
 Rewrite = Callable[[cst.Call], cst.Call]
 _FLOAT32_LOSS = (

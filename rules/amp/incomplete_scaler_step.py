@@ -4,8 +4,7 @@ import libcst as cst
 
 from rules.amp._loss_scaling import existing_scaler, scaler_step, update_edits
 from rules.amp._step_analysis import analyse, code, scopes
-from rules.base import Case, PortRule, Unchanged
-from rules.edits import StatementEdits
+from rules import Case, PortRule, StatementEdits, Unchanged
 
 
 class IncompleteScalerStep(StatementEdits, PortRule):

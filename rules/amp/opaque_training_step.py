@@ -5,9 +5,7 @@ import libcst.matchers as m
 
 from rules.amp._loss_scaling import manages_precision
 from rules.amp._step_analysis import Problem, analyse, autocast_bans, plan_autocast, scopes
-from rules.base import Flag, PortRule, Unchanged
-from rules.tree import findall
-from rules.types import AmpPolicy, Safety, Settings, Severity
+from rules import AmpPolicy, Flag, PortRule, Safety, Settings, Severity, Unchanged, findall
 
 
 class OpaqueTrainingStep(PortRule):

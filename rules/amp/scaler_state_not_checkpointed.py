@@ -5,9 +5,7 @@ import libcst.matchers as m
 
 from rules.amp._loss_scaling import SavesScalerState, existing_scaler, resume_edits
 from rules.amp._step_analysis import code
-from rules.base import Case, PortRule, Unchanged
-from rules.edits import StatementEdits
-from rules.tree import findall
+from rules import Case, PortRule, StatementEdits, Unchanged, findall
 
 
 class ScalerStateNotCheckpointed(SavesScalerState, StatementEdits, PortRule):

@@ -7,8 +7,7 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from rules.calls import argument
-from rules.tree import findall, matches
+from rules import argument, findall, matches
 
 LOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 DISTRIBUTED_SAMPLER = frozenset(

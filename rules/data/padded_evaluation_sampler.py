@@ -3,8 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.calls import dotted_name, has_star_args
+from rules import Flag, PortRule, Safety, Severity, Unchanged, dotted_name, has_star_args, matches
 from rules.data._loaders import (
     DISTRIBUTED_SAMPLER,
     LOADER,
@@ -15,8 +14,6 @@ from rules.data._loaders import (
     flag_value,
     names_evaluation_split,
 )
-from rules.tree import matches
-from rules.types import Safety, Severity
 
 
 class PaddedEvaluationSampler(PortRule):

@@ -3,8 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.calls import dotted_name, has_star_args
+from rules import Flag, PortRule, Safety, Severity, Unchanged, dotted_name, has_star_args, matches
 from rules.data._loaders import (
     LOADER,
     LOADER_POSITIONS,
@@ -15,8 +14,6 @@ from rules.data._loaders import (
     names_evaluation_split,
     names_training_split,
 )
-from rules.tree import matches
-from rules.types import Safety, Severity
 
 _NO_BATCHING = m.Name("None") | m.Integer("1")  # no batches, or batches of one: no partial last batch
 

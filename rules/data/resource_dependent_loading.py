@@ -3,10 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.calls import dotted_name
-from rules.tree import findall
-from rules.types import Safety, Severity
+from rules import Flag, PortRule, Safety, Severity, Unchanged, dotted_name, findall
 
 # Calls whose value depends on the machine the script runs on.
 _RESOURCE_CALLS = {

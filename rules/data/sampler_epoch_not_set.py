@@ -6,9 +6,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Case, Flag, PortRule, Unchanged
-from rules.calls import dotted_name
-from rules.tree import findall, matches, visit
+from rules import Case, Flag, PortRule, Unchanged, dotted_name, findall, matches, visit
 
 _SAMPLER = {"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"}
 _EPOCH = re.compile(r"epoch", re.IGNORECASE)

@@ -3,9 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Case, PortRule, Unchanged
-from rules.calls import dotted_name
-from rules.tree import matches
+from rules import Case, PortRule, Unchanged, dotted_name, matches
 
 _LOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 _SAMPLER = {"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"}

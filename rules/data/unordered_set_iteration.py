@@ -5,10 +5,8 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Case, Flag, PortRule, Unchanged
+from rules import Case, Flag, PortRule, Severity, Unchanged, matches
 from rules.data._loaders import assigned_calls, source
-from rules.tree import matches
-from rules.types import Severity
 
 _SET = ("builtins.set", "builtins.frozenset")
 _SET_METHODS = {"union", "intersection", "difference", "symmetric_difference", "copy"}

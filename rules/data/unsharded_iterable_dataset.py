@@ -3,11 +3,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.calls import dotted_name
+from rules import Flag, PortRule, Safety, Severity, Unchanged, dotted_name, findall
 from rules.data._loaders import LOADER, LOADER_POSITIONS, flag_value, has_workers, source
-from rules.tree import findall
-from rules.types import Safety, Severity
 
 _ITERABLE_DATASET = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
 # Calls that split a stream among DataLoader workers (torch's own, and webdataset's helper built on it).

@@ -3,9 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Case, Flag, PortRule, Unchanged
-from rules.calls import dotted_name
-from rules.tree import matches
+from rules import Case, Flag, PortRule, Unchanged, dotted_name, matches
 
 # Functions whose result order is whatever the file system gives.
 _LISTINGS = {"os.listdir", "os.scandir", "glob.glob", "glob.iglob"}

@@ -11,8 +11,7 @@ from typing import Callable, Sequence, Union
 import libcst as cst
 import libcst.matchers as m
 
-from rules.calls import dotted_name
-from rules.tree import findall, matches
+from rules import dotted_name, findall, matches
 
 Entry = Union[cst.FunctionDef, cst.If, cst.Module]
 Resolver = Callable[[cst.CSTNode], "set[str]"]

@@ -3,10 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Case, Flag, PortRule, Unchanged
-from rules.calls import string_value
-from rules.tree import matches
-from rules.types import Safety, Severity
+from rules import Case, Flag, PortRule, Safety, Severity, Unchanged, matches, string_value
 
 _SWITCH = "use `torch.use_deterministic_algorithms(True)` in each training process (migrate --deterministic adds it)"
 

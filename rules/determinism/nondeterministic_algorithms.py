@@ -3,11 +3,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Case, PortRule, Unchanged
+from rules import Case, PortRule, Settings, Unchanged, findall, statement
 from rules.determinism._entry_points import Entry, at_start, process_entry, spawn_target
-from rules.edits import statement
-from rules.tree import findall
-from rules.types import Settings
 
 # Each setting with the cost it names.
 _OPERATORS = "torch.use_deterministic_algorithms(True)  # cost: slower kernels; ops lacking one raise"

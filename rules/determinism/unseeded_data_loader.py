@@ -3,12 +3,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Case, PortRule, Unchanged
-from rules.calls import argument, keyword, keyword_names, with_args
+from rules import Case, PortRule, Settings, Unchanged, argument, keyword, keyword_names, matches, statement, with_args
 from rules.determinism._entry_points import numpy_alias
-from rules.edits import statement
-from rules.tree import matches
-from rules.types import Settings
 
 _DATA_LOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 _HELPER = "seed_worker"

@@ -3,11 +3,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Case, Flag, PortRule, Unchanged
+from rules import Case, Edit, Flag, Mode, PortRule, Severity, StatementEdits, Unchanged, findall, statement
 from rules.determinism._entry_points import Entry, at_start, numpy_alias, process_entry
-from rules.edits import Edit, StatementEdits, statement
-from rules.tree import findall
-from rules.types import Mode, Severity
 
 # What seeds each random number generator a training script uses, by qualified name.
 _SEEDS = {

@@ -8,7 +8,7 @@ from typing import ClassVar, Mapping
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from rules.base import PortRule
+from rules import PortRule
 from rules.device._rewrite import renamed_reference
 
 

@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.types import Safety
+from rules import Flag, PortRule, Safety, Unchanged
 
 
 class ChannelsLast(PortRule):

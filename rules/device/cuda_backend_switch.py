@@ -3,9 +3,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import QualifiedNameProvider
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.tree import stored_attributes
-from rules.types import Safety, Severity
+from rules import Flag, PortRule, Safety, Severity, Unchanged, stored_attributes
 
 # cuDNN tuning switches: no cuDNN on an NPU. (`cudnn.deterministic` is the determinism rules'.)
 _CUDNN = ("torch.backends.cudnn.benchmark", "torch.backends.cudnn.enabled", "torch.backends.cudnn.benchmark_limit")

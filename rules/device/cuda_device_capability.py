@@ -3,10 +3,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Case, Flag, PortRule, Unchanged
+from rules import Case, Flag, PortRule, Safety, Severity, Unchanged, matches
 from rules.device._rewrite import renamed_reference
-from rules.tree import matches
-from rules.types import Safety, Severity
 
 _CAPABILITY = ("torch.cuda.get_device_capability",)
 _PROPERTIES = ("torch.cuda.get_device_properties",)

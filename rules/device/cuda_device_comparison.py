@@ -7,10 +7,8 @@ from libcst.helpers import get_full_name_for_node
 import libcst.matchers as m
 from libcst.metadata import Assignment, QualifiedNameProvider
 
-from rules.base import Case, Flag, PortRule, Unchanged
+from rules import Case, Flag, Mode, PortRule, Severity, Unchanged, findall
 from rules.device._rewrite import is_device_name, retarget
-from rules.tree import findall
-from rules.types import Mode, Severity
 
 _EQUALITY = (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)
 # Receivers whose `.device` is a setting the script chose, not a tensor's device.

@@ -4,11 +4,9 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
-from rules.base import Case, PortRule, Unchanged
+from rules import Case, Mode, PortRule, Unchanged, findall
 from rules.device._cuda_api import SHARED
 from rules.device._rewrite import is_device_name, retarget
-from rules.tree import findall
-from rules.types import Mode
 
 # Callables whose first positional argument is a device (or a device type).
 _DEVICE_FIRST = frozenset(

@@ -2,10 +2,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from rules.base import Case, Unchanged
+from rules import Case, Mode, Safety, Unchanged
 from rules.device._api_rename import ApiRename
 from rules.device._cuda_api import GRAPHS
-from rules.types import Mode, Safety
 
 _RENAMES = {f"torch.cuda.{name}": f"torch.npu.{target}" for name, target in GRAPHS.items()}
 

@@ -4,10 +4,8 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
-from rules.base import Flag, PortRule, Unchanged
+from rules import Flag, Mode, PortRule, Safety, Severity, Unchanged, findall
 from rules.device._cuda_api import CUDA_ONLY
-from rules.tree import findall
-from rules.types import Mode, Safety, Severity
 
 
 class CudaOnlyApi(PortRule):

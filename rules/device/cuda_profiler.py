@@ -4,10 +4,8 @@ from typing import Mapping
 
 import libcst as cst
 
-from rules.base import Case, Unchanged
-from rules.calls import argument, keyword
+from rules import Case, Mode, Unchanged, argument, keyword
 from rules.device._api_rename import ApiRename
-from rules.types import Mode
 
 _RENAMES = {
     **{

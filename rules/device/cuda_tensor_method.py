@@ -3,8 +3,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import ExpressionContext, ExpressionContextProvider, QualifiedNameProvider, QualifiedNameSource
 
-from rules.base import Case, PortRule, Unchanged
-from rules.types import Mode
+from rules import Case, Mode, PortRule, Unchanged
 
 # Packages with a `cuda` attribute of their own, never a tensor or a module.
 _OTHER_GPU_PACKAGES = frozenset({"torch", "numba", "cupy", "pycuda", "cv2", "tensorflow", "jax", "triton", "warp"})

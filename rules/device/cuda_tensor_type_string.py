@@ -4,8 +4,7 @@ import re
 
 import libcst as cst
 
-from rules.base import Case, PortRule, Unchanged
-from rules.calls import same_quotes, string_value
+from rules import Case, PortRule, Unchanged, same_quotes, string_value
 
 _CUDA_TYPE = re.compile(r"^torch\.cuda\.(\w+Tensor)$")
 

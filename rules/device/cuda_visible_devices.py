@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Case, PortRule, Unchanged
-from rules.calls import same_quotes, string_value
+from rules import Case, PortRule, Unchanged, same_quotes, string_value
 
 _CUDA = "CUDA_VISIBLE_DEVICES"
 _ASCEND = "ASCEND_RT_VISIBLE_DEVICES"

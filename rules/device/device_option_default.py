@@ -5,11 +5,11 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from rules.types import Mode, Severity
-from rules.base import Case, Flag, PortRule, Unchanged
-from rules.calls import argument, dotted_name, replace_argument_value, string_value
+from rules import (
+    Case, Flag, Mode, PortRule, Severity, Unchanged, argument, dotted_name, findall, matches, replace_argument_value,
+    string_value,
+)
 from rules.device._rewrite import retarget
-from rules.tree import findall, matches
 
 _NPU = re.compile(r"^npu(?::\d+)?$")
 _ADD_ARGUMENT = m.Call(func=m.Attribute(attr=m.Name("add_argument")))

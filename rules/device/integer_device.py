@@ -3,8 +3,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from rules.base import Case, PortRule, Unchanged
-from rules.types import Mode, Safety
+from rules import Case, Mode, PortRule, Safety, Unchanged
 
 # Variables that hold a device index in training scripts.
 _INDEX_NAMES = frozenset(

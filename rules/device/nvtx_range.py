@@ -4,7 +4,7 @@ from typing import Mapping
 
 import libcst as cst
 
-from rules.base import Case, Flag, Unchanged
+from rules import Case, Flag, Unchanged
 from rules.device._api_rename import ApiRename
 
 _RENAMES = {

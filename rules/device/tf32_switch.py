@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Case, Flag, PortRule, Unchanged
-from rules.calls import string_value
+from rules import Case, Flag, PortRule, Unchanged, string_value
 from rules.device._rewrite import renamed_reference
 
 # The CUDA TF32 switches (bool) and the NPU's HF32 switch with the same job.

@@ -2,10 +2,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from rules.base import Case, Unchanged
+from rules import Case, Mode, Unchanged
 from rules.device._api_rename import ApiRename
 from rules.device._cuda_api import MEMORY, SHARED
-from rules.types import Mode
 
 
 _RENAMES = {f"torch.cuda.{name}": f"torch.npu.{name}" for name in SHARED} | {

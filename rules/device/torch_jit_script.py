@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.types import Mode, Safety, Severity
+from rules import Flag, Mode, PortRule, Safety, Severity, Unchanged
 
 _SCRIPT = ("torch.jit.script", "torch.jit.script_method")
 

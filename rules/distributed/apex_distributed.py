@@ -3,9 +3,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from rules.base import Case, Flag, PortRule, Unchanged
-from rules.calls import attribute_chain
-from rules.types import Safety, Severity
+from rules import Case, Flag, PortRule, Safety, Severity, Unchanged, attribute_chain
 
 # apex name -> (torch replacement, apex-only keywords with the value torch behaves as; any other value blocks the port)
 _PORTS = {

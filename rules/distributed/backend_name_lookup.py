@@ -2,9 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Case, Flag, PortRule, Unchanged
-from rules.calls import same_quotes, string_value
-from rules.types import Safety, Severity
+from rules import Case, Flag, PortRule, Safety, Severity, Unchanged, same_quotes, string_value
 
 
 class BackendNameLookup(PortRule):

@@ -2,9 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Case, PortRule, Unchanged
-from rules.calls import argument, replace_argument_value, same_quotes, string_value
-from rules.types import Mode
+from rules import Case, Mode, PortRule, Unchanged, argument, replace_argument_value, same_quotes, string_value
 
 _NAMES = (
     "torch.distributed.init_device_mesh",

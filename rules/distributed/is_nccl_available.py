@@ -2,9 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Case, PortRule, Unchanged
-from rules.calls import attribute_chain
-from rules.types import Mode
+from rules import Case, Mode, PortRule, Unchanged, attribute_chain
 
 _NAMES = ("torch.distributed.is_nccl_available", "torch.distributed.distributed_c10d.is_nccl_available")
 

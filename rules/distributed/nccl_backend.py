@@ -6,10 +6,9 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import QualifiedNameProvider
 
-from rules.base import Case, PortRule, Unchanged
-from rules.calls import argument, replace_argument_value, same_quotes, string_value
-from rules.tree import findall, matches
-from rules.types import Mode
+from rules import (
+    Case, Mode, PortRule, Unchanged, argument, findall, matches, replace_argument_value, same_quotes, string_value,
+)
 
 _C10D = ("torch.distributed", "torch.distributed.distributed_c10d")
 # The process-group calls that take a backend, and the positional index of their `backend` parameter.

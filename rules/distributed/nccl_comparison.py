@@ -2,9 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Case, PortRule, Unchanged
-from rules.calls import same_quotes, string_value
-from rules.types import Mode
+from rules import Case, Mode, PortRule, Unchanged, same_quotes, string_value
 
 _MEMBERSHIP = (cst.In, cst.NotIn)
 _EQUALITY = (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)

@@ -4,9 +4,7 @@ import re
 
 import libcst as cst
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.calls import string_value
-from rules.types import Safety, Severity
+from rules import Flag, PortRule, Safety, Severity, Unchanged, string_value
 
 _NCCL_VARIABLE = re.compile(r"^(TORCH_)?NCCL_[A-Z0-9_]+$")
 # HCCL (CANN) or torch_npu environment variables that play the same part; the rest have no documented analogue.

@@ -5,9 +5,7 @@ from typing import Sequence, TypeVar
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Case, Flag, PortRule, Unchanged
-from rules.tree import findall, matches
-from rules.types import Safety, Severity
+from rules import Case, Flag, PortRule, Safety, Severity, Unchanged, findall, matches
 
 _INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
 _SET_DEVICE = (

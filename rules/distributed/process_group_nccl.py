@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.types import Safety, Severity
+from rules import Flag, PortRule, Safety, Severity, Unchanged
 
 _PREFIXES = ("torch.distributed.ProcessGroupNCCL", "torch._C._distributed_c10d.ProcessGroupNCCL")
 

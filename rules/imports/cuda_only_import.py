@@ -4,9 +4,7 @@ from typing import NamedTuple
 
 import libcst as cst
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.calls import dotted_name
-from rules.types import Safety, Severity
+from rules import Flag, PortRule, Safety, Severity, Unchanged, dotted_name
 
 
 class _Verdict(NamedTuple):

@@ -5,9 +5,7 @@ from typing import Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Case, PortRule, Unchanged
-from rules.tree import findall, matches
-from rules.types import Action, Mode
+from rules import Action, Case, Mode, PortRule, Unchanged, findall, matches
 
 _TRANSFER_LINES = "import torch_npu\nfrom torch_npu.contrib import transfer_to_npu\n"
 _EXPLICIT_LINES = "import torch_npu\n"

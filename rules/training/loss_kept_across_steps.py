@@ -5,11 +5,10 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Case, Flag, PortRule, Unchanged
-from rules.calls import dotted_name
-from rules.loops import backward_receivers, own_calls, training_step
-from rules.tree import findall, matches
-from rules.types import Safety, Severity
+from rules import (
+    Case, Flag, PortRule, Safety, Severity, Unchanged, backward_receivers, dotted_name, findall, matches, own_calls,
+    training_step,
+)
 
 
 class LossKeptAcrossSteps(PortRule):

@@ -2,9 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Case, PortRule, Unchanged
-from rules.loops import is_innermost_training_loop, training_step
-from rules.types import Safety, Severity
+from rules import Case, PortRule, Safety, Severity, Unchanged, is_innermost_training_loop, training_step
 
 
 class MissingZeroGrad(PortRule):

@@ -5,10 +5,7 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.loops import training_step
-from rules.tree import findall
-from rules.types import Safety, Severity
+from rules import Flag, PortRule, Safety, Severity, Unchanged, findall, training_step
 
 _EVALUATION = re.compile(r"^(validate|validation|val|evaluate|evaluation|eval|test|estimate_loss)(_\w+)?$|_(val|eval)$")
 _NO_GRAD = {

@@ -2,9 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.calls import under
-from rules.types import Safety, Severity
+from rules import Flag, PortRule, Safety, Severity, Unchanged, under
 
 _QUANTIZATION = ("bitsandbytes", "transformers.BitsAndBytesConfig", "transformers.utils.quantization_config")
 _SWITCHES = {"load_in_8bit", "load_in_4bit"}

@@ -3,10 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.calls import string_value
-from rules.tree import findall
-from rules.types import Safety, Severity
+from rules import Flag, PortRule, Safety, Severity, Unchanged, findall, string_value
 
 _EXTENSION = ("torch.utils.cpp_extension.CUDAExtension",)
 _JIT_BUILD = ("torch.utils.cpp_extension.load", "torch.utils.cpp_extension.load_inline")

@@ -3,10 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.calls import argument, string_value
-from rules.tree import matches
-from rules.types import Safety, Severity
+from rules import Flag, PortRule, Safety, Severity, Unchanged, argument, matches, string_value
 
 _FLOAT64 = ("torch.float64", "torch.double", "torch.uint64")
 _DOUBLE_TENSOR = "torch.cuda.DoubleTensor"

@@ -2,9 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules.base import Flag, PortRule, Unchanged
-from rules.calls import under
-from rules.types import Safety, Severity
+from rules import Flag, PortRule, Safety, Severity, Unchanged, under
 
 # Decorators that compile the function for an NVIDIA GPU.
 _KERNEL_DECORATORS = ("triton.jit", "triton.autotune", "triton.heuristics", "numba.cuda.jit")

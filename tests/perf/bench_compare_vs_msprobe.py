@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 
 from migrate.engine import migrate_source
-from rules.types import Settings
+from rules import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "grad_accum_clip"

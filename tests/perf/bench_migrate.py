@@ -26,10 +26,9 @@ from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProv
 from migrate.engine import migrate_source
 from migrate.files import plan, run_jobs
 from rules import all_rules
-from rules.names import QualifiedNames
-from rules.positions import Positions
-from rules.types import Settings
-from rules.walk import TRIVIA, Walk
+from rules import Settings, TRIVIA, Walk
+from rules.framework.names import QualifiedNames
+from rules.framework.positions import Positions
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET_RATIO = 3.0

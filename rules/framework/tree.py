@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import libcst as cst
 import libcst.matchers as m
 
-from rules.walk import TRIVIA, walk_children
+from rules.framework.walk import TRIVIA, walk_children
 
 _DO_NOT_CARE = m.DoNotCare()
 _NO_PRUNING: tuple[type[cst.CSTNode], ...] = ()

@@ -20,7 +20,7 @@ from libcst._nodes.internal import CodegenState
 from libcst.metadata import CodePosition, CodeRange
 from libcst.metadata.position_provider import NEWLINE_RE
 
-from rules.tree import enclosing_statement
+from rules.framework.tree import enclosing_statement
 
 
 class Positions(Mapping[CSTNode, CodeRange]):

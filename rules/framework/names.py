@@ -27,7 +27,7 @@ from libcst.metadata.scope_provider import (
     Scope,
 )
 
-from rules.walk import TRIVIA, child_fields
+from rules.framework.walk import TRIVIA, child_fields
 
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 _ASSIGNMENT_LIKE = frozenset(_ASSIGNMENT_LIKE_NODES)

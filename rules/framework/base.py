@@ -20,9 +20,9 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameProvider
 
-from rules.names import QualifiedNames
-from rules.positions import Positions, excerpt
-from rules.types import Action, Finding, Mode, Safety, Settings, Severity
+from rules.framework.names import QualifiedNames
+from rules.framework.positions import Positions, excerpt
+from rules.framework.types import Action, Finding, Mode, Safety, Settings, Severity
 
 # `# npu-port: ignore` or `# npu-port: ignore[NPU101, DIST001]` on a line silences rules there.
 _SUPPRESSION = re.compile(r"#\s*npu-port:\s*ignore(?:\[(?P<codes>[A-Z0-9_,\s]+)\])?")

@@ -11,8 +11,8 @@ from functools import lru_cache
 import libcst as cst
 import libcst.matchers as m
 
-from rules.calls import dotted_name
-from rules.tree import findall, preorder
+from rules.framework.calls import dotted_name
+from rules.framework.tree import findall, preorder
 
 # What steps but is no optimizer: `scheduler.step()`, `lr_sched.step()`, `warmup.step()`, `scaler.step(opt)`, and
 # a reinforcement-learning `env.step(action)`.
