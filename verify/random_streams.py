@@ -5,8 +5,8 @@ offset), so on real hardware every op after a dropout differs between the sides,
 streams aligned (the default; `--no-align-random` leaves each device its own), every functional dropout (the
 modules call them: nn.Dropout, nn.Dropout1d/2d/3d) draws its mask on the CPU from a generator seeded by a key of the
 run's seed, the step, the innermost module path and the call's number in that step and module, and moves it to the
-tensor's device. Masks then match on any two devices, and stay matched where one side makes more or fewer random
-calls elsewhere. The mask drawing is hidden from the op capture: both sides record the same multiplications.
+tensor's device, scaled as dropout scales (1 / keep). Masks then match on any two devices, and stay matched where one side makes more or fewer random
+calls elsewhere. The mask drawing is hidden from the op capture: both sides record the same multiplication.
 
 Not aligned, and named in the manifest when a run uses them: alpha dropout, the dropout inside
 scaled_dot_product_attention and inside recurrent modules (nn.LSTM(dropout=...)), and random tensors a script
@@ -53,14 +53,15 @@ class KeyedStream(ModuleCalls):
     def left(self) -> None:
         self._paths.pop()
 
-    def keep_mask(self, shape: tuple[int, ...], keep: float, like: torch.Tensor) -> torch.Tensor:
+    def scaled_mask(self, shape: tuple[int, ...], keep: float, like: torch.Tensor) -> torch.Tensor:
+        """The kept units as 1 / keep, the dropped as 0, in `like`'s dtype and on its device."""
         step, path = self.step(), self._paths[-1]
         number = self._calls[step, path] = self._calls.get((step, path), -1) + 1
         key = hashlib.blake2b(f"{self.seed}/{step}/{path}/{number}".encode(), digest_size=8).digest()
         generator = torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
         with _disable_current_modes(), torch.no_grad():
-            drawn = torch.rand(shape, generator=generator) < keep
-            return drawn.to(device=like.device, dtype=like.dtype)
+            kept = torch.rand(shape, generator=generator) < keep
+            return (kept * (1.0 / keep)).to(device=like.device, dtype=like.dtype)
 
     def note_not_aligned(self, what: str) -> None:
         if what not in self.not_aligned:
@@ -74,10 +75,8 @@ def _keyed_dropout(stream: KeyedStream, original: Callable[..., Any], spatial: i
             return original(input, p, training, inplace)
         keep = 1.0 - p
         shape = tuple(input.shape[:input.dim() - spatial]) + (1,) * spatial
-        mask = stream.keep_mask(shape, keep, input)
-        if inplace:
-            return input.mul_(mask).mul_(1.0 / keep)
-        return input * mask * (1.0 / keep)
+        mask = stream.scaled_mask(shape, keep, input)
+        return input.mul_(mask) if inplace else input * mask
 
     return dropout
 

@@ -9,7 +9,8 @@ The msprobe part is skipped, with a message, when that interpreter is missing or
 this file there with --worker msprobe, so the model, data and step are the same code on both sides.
 
 The model and step are those of dump-and-compare.md §5-6 (conv 3->16 + BN + ReLU + pool, conv 16->32 + ReLU + pool,
-fc 2048->64->10, SGD with momentum, batch 32x3x32x32, one torch thread). Times are CPU seconds of the process;
+fc 2048->64->10, SGD with momentum, batch 32x3x32x32, one torch thread), with a dropout (p=0.1) after fc1 so that
+verify's keyed dropout masks (verify/random_streams.py, on in every verify run) are part of what is measured. Times are CPU seconds of the process;
 plain and instrumented blocks of steps are interleaved and the medians compared, as the machine is shared.
 Targets: ours <= 1.5x plain, and our overhead <= 1/3 of msprobe's.
 """
@@ -42,11 +43,12 @@ class SmallCnn(nn.Module):
         self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
         self.fc1 = nn.Linear(32 * 8 * 8, 64)
         self.fc2 = nn.Linear(64, 10)
+        self.dropout = nn.Dropout(0.1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+        return self.fc2(self.dropout(F.relu(self.fc1(x.flatten(1)))))
 
 
 def make_step() -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], float]]:
@@ -80,9 +82,11 @@ def plain_runner() -> Callable[[int], None]:
 
 def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
     """verify's capture as the bootstrap uses it: ops recorded during forward and backward, the parameters after
-    optimizer.step() (not its ops one by one), one ship and one table write per step. native=False: statistics by
+    optimizer.step() (not its ops one by one), one ship and one table write per step, dropout masks from the keyed
+    stream. native=False: statistics by
     torch's reductions, as where verify._stats (the C extension) is not built."""
     import verify.capture
+    from verify import random_streams
     from verify.capture import OpCapture, StatBatch, step_columns
     from verify.schema import OPS_DIR, DumpMode
     from verify.store import RunWriter
@@ -96,15 +100,17 @@ def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
     batch = StatBatch()
     capture = OpCapture(DumpMode.STATS, batch)
     counter = iter(range(10**9))
+    steps_done = [0]  # the step the keyed stream reads, as StepRecorder.steps_done
     extension = verify.capture.native_stats
 
     def run(steps: int) -> None:
         verify.capture.native_stats = extension if native else None
         try:
-            with capture:
+            with capture, random_streams.keyed(0, lambda: steps_done[0], []):
                 for _ in range(steps):
                     step()
                     index = next(counter)
+                    steps_done[0] = index + 1
                     with capture.paused():  # as StepRecorder._end_step, where the copy is done at once (CPU)
                         shipment, rows = batch.ship(), capture.close_step(index)
                         writer.write_step_table(OPS_DIR, index, step_columns(index, rows, shipment.read()))
