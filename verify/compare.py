@@ -24,7 +24,7 @@ import pandas as pd
 from verify import environment, metrics, tolerances
 from verify.align import CARRIER_OPS, AlignStatus, align_ops
 from verify.store import Run, RunDirError
-from verify.schema import AUTOCAST_DTYPES, HALF_DTYPES, INPUT_OP, Status
+from verify.schema import AUTOCAST_DTYPES, HALF_DTYPES, INPUT_OP, Status, VerifyFailure
 
 MATCHED = (AlignStatus.EXACT.value, AlignStatus.RELATED.value, AlignStatus.SEQUENCE.value)
 JUDGED_BY = ["stats", "md5", "tensor"]  # which evidence decided a matched row's `passed`
@@ -32,7 +32,7 @@ JUDGED_BY = ["stats", "md5", "tensor"]  # which evidence decided a matched row's
 LOW_MATCH_SHARE = 0.5
 
 
-class CompareError(Exception):
+class CompareError(VerifyFailure):
     """Inputs that cannot be compared at all (unreadable run directory, unsafe path): exit code 2."""
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -37,14 +37,15 @@ from rich.table import Table
 
 from verify import report as reports
 from verify.checklist_items import REPORT_SUFFIX, TITLES, Status as ChecklistStatus
-from verify.compare import CompareError, CompareOptions, ComparisonResult, amp_dtype, \
+from verify.compare import CompareOptions, ComparisonResult, amp_dtype, \
     compare_runs
 from verify.compare_cli import read_side
 from verify import devices
-from verify.runner import RunOptions, VerifyError, run_script
+from verify.errors import exit_with
+from verify.runner import RunOptions, run_script
 from verify.store import Run
-from verify.schema import (AUTOCAST_DTYPES, EXIT_ERROR, EXIT_FAILED, EXIT_OK, LOSS_SCALER_ENV, DumpMode, LossScalerPlan,
-                           Status)
+from verify.schema import (AUTOCAST_DTYPES, EXIT_FAILED, EXIT_OK, LOSS_SCALER_ENV, DumpMode, LossScalerPlan, Status,
+                           VerifyFailure)
 
 PAIR_COMMAND = "pair"
 DETERMINISM_JSON = "determinism.json"
@@ -57,7 +58,7 @@ stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-class PairError(Exception):
+class PairError(VerifyFailure):
     """The pair cannot be run as asked (a missing port, a folder in the way, a failed side of verify's own): exit 2."""
 
 
@@ -159,20 +160,6 @@ def _extend_summary(out: Path, **sections: Any) -> None:
     path = out / reports.SUMMARY_JSON
     summary = json.loads(path.read_text(encoding="utf-8"))
     path.write_text(json.dumps(summary | sections, indent=1, allow_nan=False), encoding="utf-8")
-
-
-def _fail_on_errors(command: Callable[..., int]) -> Callable[..., None]:
-    """A command body returning its exit code, with verify's own failures as one red line and exit code 2."""
-
-    def guarded(*args: Any, **kwargs: Any) -> None:
-        try:
-            code = command(*args, **kwargs)
-        except (PairError, VerifyError, CompareError, OSError) as error:
-            stderr.print(f"[bold red]error:[/] {error}")
-            raise typer.Exit(EXIT_ERROR) from None
-        raise typer.Exit(code)
-
-    return guarded
 
 
 # --- the pair ----------------------------------------------------------------------------------------------------
@@ -337,14 +324,15 @@ def pair(
 
     Exit codes: 0 PASS, 1 FAIL (the reason is the verdict line), 2 usage or verify's own error.
     """
-    _fail_on_errors(_pair)(original, ported, script_args, RunOptions(
-        steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, timeout=timeout), device_ref, device_actual,
-        loss_rtol, match_amp, amp_effect, ref_run, out, quiet)
+    out = out or default_out(original)
+    options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, timeout=timeout)
+    exit_with(lambda: _pair(original, ported, script_args, options, device_ref, device_actual, loss_rtol, match_amp,
+                            amp_effect, ref_run, out, quiet), f"verify {original} against {ported or default_port(original)}", out)
 
 
 def _pair(original: Path, ported: Path | None, script_args: list[str] | None, options: RunOptions, device_ref: str,
           device_actual: str, loss_rtol: float | None, match_amp: bool, amp_effect: bool, ref_run: Path | None,
-          out: Path | None, quiet: bool) -> int:
+          out: Path, quiet: bool) -> int:
     ported = ported or default_port(original)
     for role, script in (("ORIGINAL", original), ("PORTED", ported)):
         if not script.is_file():
@@ -353,7 +341,7 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
         raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
-                    match_amp, amp_effect, ref_run, loss_rtol, _fresh_folder(out or default_out(original)))
+                    match_amp, amp_effect, ref_run, loss_rtol, _fresh_folder(out))
     with side_runner(quiet) as sides:
         runs = run_sides(plan, sides)
     return judge_pair(plan, runs)
@@ -440,13 +428,15 @@ def determinism(
     to judge). Writes determinism.json (with checklist item C1 for migrate) beside the usual reports.
     """
     options = RunOptions(steps=steps, seed=seed, device=device, dump=dump, no_dropout=no_dropout, timeout=timeout)
-    _fail_on_errors(_determinism)(script, list(script_args or []), options, out, quiet)
+    out = out or default_out(script)
+    exit_with(lambda: _determinism(script, list(script_args or []), options, out, quiet),
+              f"check whether {script} is deterministic", out)
 
 
-def _determinism(script: Path, args: list[str], options: RunOptions, out: Path | None, quiet: bool) -> int:
+def _determinism(script: Path, args: list[str], options: RunOptions, out: Path, quiet: bool) -> int:
     if not script.is_file():
         raise PairError(f"{script}: no such script")
-    out = _fresh_folder(out or default_out(script))
+    out = _fresh_folder(out)
     with side_runner(quiet) as sides:
         first, second = (sides.run(f"run {n}", script, args, options, out / f"run-{n}") for n in (1, 2))
     for run in (first, second):
