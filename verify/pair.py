@@ -159,7 +159,7 @@ def _extend_summary(out: Path, **sections: Any) -> None:
     """Adds what only the pair knows to the summary.json that verify/report.py wrote."""
     path = out / reports.SUMMARY_JSON
     summary = json.loads(path.read_text(encoding="utf-8"))
-    path.write_text(json.dumps(summary | sections, indent=1, allow_nan=False), encoding="utf-8")
+    reports.write_json(path, summary | sections)
 
 
 # --- the pair ----------------------------------------------------------------------------------------------------
@@ -377,7 +377,7 @@ def determinism_record(result: ComparisonResult, differing: pd.DataFrame, determ
         "dump": manifest.dump_mode, "steps": summary["loss"]["steps_compared"],
         "loss": summary["loss"],
         "first_divergent": summary["first_divergent"],
-        "differing_ops": json.loads(differing.to_json(orient="records")),
+        "differing_ops": differing.to_dict("records"),
         "checklist": {"id": "C1", "title": TITLES["C1"],
                       "status": (ChecklistStatus.PASSED if deterministic else ChecklistStatus.FAILED).value,
                       "evidence": evidence, "action": action},
@@ -448,7 +448,7 @@ def _determinism(script: Path, args: list[str], options: RunOptions, out: Path, 
     differing = differing_ops(result)
     _write_reports(result, out, out, script.parent)
     record = determinism_record(result, differing, deterministic)
-    (out / DETERMINISM_JSON).write_text(json.dumps(record, indent=1, allow_nan=False), encoding="utf-8")
+    reports.write_json(out / DETERMINISM_JSON, record)
     print_determinism(result, differing, deterministic)
     stderr.print(f"reports in {out}")
     return EXIT_OK if deterministic else EXIT_FAILED
