@@ -322,7 +322,8 @@ def pair(
 ) -> None:
     """Run ORIGINAL and PORTED for N steps each and compare them: `verify ORIGINAL [PORTED] [OPTIONS] [-- ARGS]`.
 
-    Exit codes: 0 PASS, 1 FAIL (the reason is the verdict line), 2 usage or verify's own error.
+    Exit codes: 0 PASS, 1 FAIL (the reason is the verdict line), 2 usage or verify's own error, or a pair that proves
+    nothing (a reference that could not run, both sides stopped before their first step).
     """
     out = out or default_out(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, timeout=timeout)
