@@ -8,7 +8,6 @@ runs for that).
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import typer

@@ -68,6 +68,10 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
     AdviceRule(FindingCode.RUN_FAILED, (
         "The {side} run ended '{status}': read the traceback in its manifest.json and its output.log. The comparison "
         "covers only the steps it recorded."), ("C3",)),
+    AdviceRule(FindingCode.STEPS_DIFFER, (
+        "The scripts' loops end after different numbers of steps (ref {ref_steps}, actual {actual_steps} of "
+        "{steps_requested} asked for): the port reads another amount of data per epoch or runs other epochs. Make "
+        "the dataset, batch size, drop_last and epoch count equal on both sides."), ("C5", "C9")),
     AdviceRule(FindingCode.HPARAM_MISMATCH, (
         "Make {name} equal on both sides (an argparse default, a config file or a literal the port changed), then "
         "compare again: differences further down follow from it."), ("C9",)),

@@ -23,7 +23,8 @@ from rich.table import Table
 
 from verify import compare_cli, devices, pair
 from verify.devices import Device, EmulateOn
-from verify.runner import RunOptions, VerifyError, run_script
+from verify.errors import exit_with
+from verify.runner import RunOptions, run_script
 from verify.schema import EXIT_ERROR, EXIT_FAILED, EXIT_OK, DumpMode, RunManifest, Status
 from verify.store import read_losses, read_manifest
 
@@ -97,25 +98,25 @@ def run(
         steps=steps, seed=seed, device=device.value, emulate_on=emulate_on.value, dump=dump, ops=ops,
         no_dropout=no_dropout, align_random=not no_align_random, autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb,
     )
+    exit_with(lambda: _run(script, list(script_args or []), options, out, quiet), f"run {script}", out)
+
+
+def _run(script: Path, args: list[str], options: RunOptions, out: Path | None, quiet: bool) -> int:
     with Progress(
         TextColumn("[bold]verify run[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=stderr, transient=True,
     ) as progress:
-        task = progress.add_task(script.name, total=steps)
-        try:
-            run_dir = run_script(
-                script, list(script_args or []), options, run_dir=out,
-                on_output=None if quiet else lambda line: progress.console.print(line, markup=False, style="dim"),
-                on_progress=lambda done: progress.update(task, completed=done),
-            )
-        except VerifyError as error:
-            stderr.print(f"[bold red]error:[/] {error}")
-            raise typer.Exit(EXIT_ERROR) from None
+        task = progress.add_task(script.name, total=options.steps)
+        run_dir = run_script(
+            script, args, options, run_dir=out,
+            on_output=None if quiet else lambda line: progress.console.print(line, markup=False, style="dim"),
+            on_progress=lambda done: progress.update(task, completed=done),
+        )
     manifest = read_manifest(run_dir)
     _print_summary(manifest, run_dir)
     if manifest.verify_error:
-        raise typer.Exit(EXIT_ERROR)
-    raise typer.Exit(EXIT_OK if manifest.status in _SUCCESS else EXIT_FAILED)
+        return EXIT_ERROR
+    return EXIT_OK if manifest.status in _SUCCESS else EXIT_FAILED
 
 
 def _final_loss(run_dir: Path) -> str:

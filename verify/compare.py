@@ -14,7 +14,7 @@ having agreeing inputs, and when it is the first op of the first step a data-ord
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -24,7 +24,7 @@ import pandas as pd
 from verify import environment, metrics, tolerances
 from verify.align import CARRIER_OPS, RANDOM_OPS, AlignStatus, align_ops, same_computation
 from verify.store import Run, RunDirError
-from verify.schema import AUTOCAST_DTYPES, HALF_DTYPES, INPUT_OP, Status
+from verify.schema import AUTOCAST_DTYPES, HALF_DTYPES, INPUT_OP, DumpMode, Status, VerifyFailure
 
 MATCHED = (AlignStatus.EXACT.value, AlignStatus.RELATED.value, AlignStatus.SEQUENCE.value)
 JUDGED_BY = ["stats", "md5", "tensor"]  # which evidence decided a matched row's `passed`
@@ -32,7 +32,7 @@ JUDGED_BY = ["stats", "md5", "tensor"]  # which evidence decided a matched row's
 LOW_MATCH_SHARE = 0.5
 
 
-class CompareError(Exception):
+class CompareError(VerifyFailure):
     """Inputs that cannot be compared at all (unreadable run directory, unsafe path): exit code 2."""
 
 
@@ -43,6 +43,7 @@ class CompareOptions:
 
 class FindingCode(str, Enum):
     RUN_FAILED = "run_failed"
+    STEPS_DIFFER = "steps_differ"  # both ran as far as they could, one of them fewer steps than the other
     HPARAM_MISMATCH = "hparam_mismatch"
     OVERFLOW = "overflow"
     SCALE_COLLAPSE = "scale_collapse"
@@ -62,8 +63,9 @@ class FindingCode(str, Enum):
 
 # Findings that fail the verdict, causes before symptoms: the one-line reason names the first that is present. The
 # first divergent operator comes before the loss it moves.
-FAILING = (FindingCode.RUN_FAILED, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
-           FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES, FindingCode.NONDETERMINISM,
+FAILING = (FindingCode.RUN_FAILED, FindingCode.STEPS_DIFFER, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
+           FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES,
+           FindingCode.NONDETERMINISM,
            FindingCode.OUTPUT_DIVERGES, FindingCode.LOSS_DIVERGES, FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)
 
 
@@ -124,14 +126,16 @@ class ComparisonResult:
     overflow: dict[str, Any]
     findings: list[Finding]
     notes: list[str]
+    ops_not_compared: str = ""  # why no operator was compared (compare._ops_not_compared), "" when they were
 
     def status_counts(self) -> dict[str, int]:
         counts = self.ops["status"].value_counts() if len(self.ops) else pd.Series(dtype="int64")
         return {status.value: int(counts.get(status.value, 0)) for status in AlignStatus}
 
     def summary(self) -> dict[str, Any]:
-        """The JSON that CI reads (summary.json): verdict, numbers, findings; no per-op rows."""
-        loss = {key: _json_number(value) for key, value in asdict(self.loss).items() if key != "frame"}
+        """What CI reads in summary.json: verdict, numbers, findings; no per-op rows. Values may be numpy or pandas
+        scalars: report.write_json makes them plain JSON data."""
+        loss = {item.name: getattr(self.loss, item.name) for item in fields(self.loss) if item.name != "frame"}
         return {
             "verdict": "PASS" if self.verdict.passed else "FAIL",
             "passed": self.verdict.passed,
@@ -143,34 +147,16 @@ class ComparisonResult:
             "actual": {"path": str(self.actual.root), "title": self.actual.manifest.title,
                        "source": self.actual.source, "emulated": self.actual.manifest.emulated},
             "loss": loss,
-            "ops": {**self.status_counts(), "past_tolerance": int((self.ops["passed"] == False).sum())},  # noqa: E712
-            "first_divergent": _json_safe(self.first_divergent),
+            "ops": {**self.status_counts(), "past_tolerance": int((self.ops["passed"] == False).sum()),  # noqa: E712
+                    "not_compared": self.ops_not_compared},
+            "first_divergent": self.first_divergent,
             "hparam_differences": self.hparams["message"].tolist(),
             "environment_differences": [asdict(d) for d in
                                         environment.differences(self.ref.manifest, self.actual.manifest)],
-            "overflow": _json_safe(self.overflow),
-            "findings": [{"code": f.code.value, "message": f.message, "detail": _json_safe(f.detail)}
-                         for f in self.findings],
+            "overflow": self.overflow,
+            "findings": [{"code": f.code.value, "message": f.message, "detail": f.detail} for f in self.findings],
             "notes": self.notes,
         }
-
-
-def _json_number(value: Any) -> Any:
-    if isinstance(value, (float, np.floating)):
-        return float(value) if np.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if value is pd.NA or value is None:
-        return None
-    return _json_number(value)
 
 
 # --- precision policy ----------------------------------------------------------------------------------------------
@@ -244,8 +230,8 @@ def _indices_of_agreeing_values(table: pd.DataFrame, matched: np.ndarray, passed
     max.dim. They come from comparing floats, and values within tolerance may tie-break to other positions, so the
     values they index decide. An op with integer outputs only (argmax, an index computation) stays exact."""
     exact = table["ref_dtype"].isin(tolerances.EXACT_DTYPES).to_numpy(dtype=bool, na_value=False)
-    call = pd.factorize(table["step"].to_numpy() * (int(np.nan_to_num(table["ref_seq"].max(), nan=0)) + 1)
-                        + table["ref_seq"].to_numpy(dtype="int64", na_value=-1))[0]
+    seq = table["ref_seq"].to_numpy(dtype="int64", na_value=-1)  # actual-only rows have none
+    call = pd.factorize(table["step"].to_numpy("int64") * (seq.max(initial=0) + 1) + seq)[0]
     size = int(call.max(initial=-1)) + 1
     floats = matched & ~exact
     values_agree = (np.bincount(call, weights=floats & passed, minlength=size)
@@ -556,8 +542,8 @@ def _first_nonfinite(ops: pd.DataFrame, skipped: list[int]) -> dict[str, Any] | 
     if bad.empty:
         return None
     first = bad.sort_values(["step", "seq"]).iloc[0]
-    return {key: _json_number(first[key]) for key in
-            ("step", "seq", "phase", "module", "op", "io", "dtype", "nan_count", "inf_count")}
+    return {key: first[key] for key in ("step", "seq", "phase", "module", "op", "io", "dtype", "nan_count",
+                                        "inf_count")}
 
 
 def _scale_trace(run: Run) -> dict[str, Any]:
@@ -623,16 +609,86 @@ def compare_overflow(ref: Run, actual: Run) -> dict[str, Any]:
 # --- findings and the verdict ----------------------------------------------------------------------------------------
 
 
-def _run_findings(ref: Run, actual: Run) -> list[Finding]:
-    findings = []
-    for side, run in (("ref", ref), ("actual", actual)):
-        status = run.manifest.status
-        if status not in (Status.OK.value, ""):
-            last_traceback_line = (run.manifest.traceback.strip().splitlines() or [status])[-1]
-            text = run.manifest.message or last_traceback_line
-            findings.append(Finding(FindingCode.RUN_FAILED, f"{side} run {status}: {text}",
-                                    {"side": side, "status": status}))
-    return findings
+def _how_runs_ended(ref: Run, actual: Run) -> tuple[list[Finding], str]:
+    """The findings from how the two scripts ended, and the ending they share ("" when both ran every step).
+
+    A pair proves something only where the reference ran: a reference that stopped (crashed, timed out, lost its
+    loss to NaN, made no step) is CompareError (exit 2), and so are two sides that both stopped before their first
+    step. Two sides that ended alike (the same status and error after the same number of steps: a short epoch, a bug
+    the port faithfully keeps) are judged on the steps they made. Otherwise a port that stopped is a failed run, and
+    ending by itself after another number of steps than the reference is a finding."""
+    ref_ran, actual_ran = (run.manifest.status in _RAN_THROUGH for run in (ref, actual))
+    if ref_ran and actual_ran:
+        return [], ""
+    where = f"(runs: {ref.root}, {actual.root})"
+    same_ending = _ending(ref) == _ending(actual)
+    if not (ref_ran or actual_ran) and ref.manifest.steps_completed == actual.manifest.steps_completed == 0:
+        errors = _error_words(ref) if same_ending else f"ref {_error_words(ref)}; actual {_error_words(actual)}"
+        raise CompareError(f"both sides stopped before their first step: {errors} {where}")
+    if same_ending:
+        return [], _shared_ending(ref)
+    if ref.manifest.status not in _ENDED_BY_ITSELF:
+        port = "" if actual_ran else f"; the port {_stop_words(actual)}: {_error_words(actual)}"
+        raise CompareError(f"the reference {_stop_words(ref)}: {_error_words(ref)}{port}; a reference that cannot "
+                           f"run proves nothing {where}")
+    if actual.manifest.status not in _ENDED_BY_ITSELF:
+        status = actual.manifest.status
+        return [Finding(FindingCode.RUN_FAILED, f"actual run {status}: {actual.manifest.message or _error(actual)}",
+                        {"side": "actual", "status": status})], ""
+    return [Finding(FindingCode.STEPS_DIFFER, (
+        f"the scripts ran different numbers of steps: ref {_steps_made(ref)}, actual {_steps_made(actual)}"),
+        {"ref_steps": ref.manifest.steps_completed, "actual_steps": actual.manifest.steps_completed,
+         "steps_requested": ref.manifest.steps_requested})], ""
+
+
+# Statuses of a script that ran every step asked for ("": an msprobe dump, which records no status), and of one that
+# ran as far as it could: its loop ended before the steps asked for (Status.SHORT).
+_RAN_THROUGH = (Status.OK.value, "")
+_ENDED_BY_ITSELF = (*_RAN_THROUGH, Status.SHORT.value)
+# The variables torchrun sets for each process; a script reading one of them was written for a launcher.
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
+
+
+def _ending(run: Run) -> tuple[str, int, str]:
+    return run.manifest.status, run.manifest.steps_completed, _error(run)
+
+
+def _error(run: Run) -> str:
+    """What stopped a run: the exception (the traceback's last line), else the manifest's message."""
+    manifest = run.manifest
+    return (manifest.traceback.strip().splitlines() or [manifest.message or manifest.status])[-1]
+
+
+def _error_words(run: Run) -> str:
+    error = _error(run)
+    if any(error == f"KeyError: '{name}'" for name in TORCHRUN_VARIABLES):
+        return f"{error}; the script expects a launcher such as torchrun"
+    return error
+
+
+def _stop_words(run: Run) -> str:
+    """'crashed after 3 of 10 steps', 'made no step'."""
+    manifest = run.manifest
+    if manifest.status == Status.NO_STEPS.value:
+        return "made no step"
+    return f"{manifest.status} after {manifest.steps_completed} of {manifest.steps_requested} steps"
+
+
+def _steps_made(run: Run) -> str:
+    manifest = run.manifest
+    if manifest.status in _RAN_THROUGH:
+        return f"all {manifest.steps_completed}"
+    return f"{manifest.steps_completed} of {manifest.steps_requested} (it ended by itself)"
+
+
+def _shared_ending(run: Run) -> str:
+    """The note and verdict words for two sides that ended alike after the same steps."""
+    manifest = run.manifest
+    done, asked = manifest.steps_completed, manifest.steps_requested
+    if manifest.status == Status.SHORT.value:
+        return f"both scripts ended by themselves after {done} of {asked} steps; judged on those {done}"
+    return (f"both scripts stopped ({manifest.status}) after {done} of {asked} steps with the same error, "
+            f"{_error(run)}; judged on those {done}")
 
 
 def _environment_finding(ref: Run, actual: Run, first: dict[str, Any] | None) -> list[Finding]:
@@ -831,17 +887,18 @@ def _cause_rank(finding: Finding, first: dict[str, Any] | None) -> float:
 
 
 def _verdict(findings: list[Finding], loss: LossComparison, table: pd.DataFrame, policy: PrecisionPolicy,
-             first: dict[str, Any] | None) -> Verdict:
+             first: dict[str, Any] | None, ops_not_compared: str, shared_ending: str) -> Verdict:
     failing = sorted((f for f in findings if f.code in FAILING), key=lambda f: _cause_rank(f, first))
     if failing:
         return Verdict(False, f"FAIL: {failing[0].message}")
     if loss.steps_compared == 0 and table.empty:
         return Verdict(False, "FAIL: nothing to compare (no common loss steps and no operator records)")
-    matched = int(table["status"].isin(MATCHED).sum()) if len(table) else 0
     loss_text = (f"loss within {loss.rtol:.2%} at all {loss.steps_compared} steps (max {loss.max_rel_diff:.3%})"
                  if loss.steps_compared else "no loss recorded")
-    return Verdict(True, f"PASS: {loss_text}; {matched} op records matched, all within tolerance "
-                         f"({policy.description.split(':')[0]})")
+    ops_text = (f"operators not compared: {ops_not_compared}" if ops_not_compared else
+                f"{int(table['status'].isin(MATCHED).sum())} op records matched, all within tolerance")
+    ending = f"; {shared_ending.split(';')[0]}" if shared_ending else ""
+    return Verdict(True, f"PASS: {loss_text}; {ops_text} ({policy.description.split(':')[0]}){ending}")
 
 
 def _random_notes(ref: Run, actual: Run) -> list[str]:
@@ -891,11 +948,44 @@ def unscaled_backward(run: Run) -> pd.DataFrame:
     return ops
 
 
+def _ops_not_compared(ref: Run, actual: Run) -> str:
+    """Why the operators cannot be compared ("" when both sides recorded some): a side without records is named, so
+    that the other side's records are not counted as unmatched."""
+    missing = {side: _why_no_ops(run) for side, run in (("ref", ref), ("actual", actual)) if run.ops.empty}
+    if len(missing) == 2:
+        reasons = set(missing.values())
+        return (f"neither side recorded any: both {reasons.pop()}" if len(reasons) == 1
+                else f"neither side recorded any: ref {missing['ref']}, actual {missing['actual']}")
+    return "".join(f"the {side} side recorded none: it {why}" for side, why in missing.items())
+
+
+def _why_no_ops(run: Run) -> str:
+    if run.manifest.dump_mode == DumpMode.OFF.value:
+        return "ran with --dump off"
+    if run.manifest.steps_completed == 0:
+        return "stopped before its first step"
+    return "has no operator table"
+
+
+def _evidence(loss: LossComparison, hparams_compared: bool, grads: pd.DataFrame, outputs: pd.DataFrame) -> str:
+    """What a comparison without operators was judged on: 'losses, hyperparameters and gradients'."""
+    kinds = [kind for kind, present in (("losses", loss.steps_compared > 0), ("hyperparameters", hparams_compared),
+                                        ("gradients", len(grads) > 0), ("outputs", len(outputs) > 0)) if present]
+    return " and ".join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds) or "nothing"
+
+
 def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions()) -> ComparisonResult:
+    """The comparison of two runs; CompareError where they prove nothing (see _how_runs_ended)."""
+    ended, shared_ending = _how_runs_ended(ref, actual)
     notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual),
              *_random_notes(ref, actual)]
+    if shared_ending:
+        notes.append(shared_ending)
     policy = precision_policy(ref, actual, options)
-    table = op_metrics(align_ops(unscaled_backward(ref), unscaled_backward(actual)), ref, actual, policy, notes)
+    ops_not_compared = _ops_not_compared(ref, actual)
+    sides = (ref.ops.iloc[:0], actual.ops.iloc[:0]) if ops_not_compared else (
+        unscaled_backward(ref), unscaled_backward(actual))
+    table = op_metrics(align_ops(*sides), ref, actual, policy, notes)
     first = first_divergent_op(table)
     loss = compare_losses(ref, actual, policy.loss_rtol)
     hparams = compare_hparams(ref, actual)
@@ -903,8 +993,11 @@ def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions
     outputs = compare_outputs(ref, actual, policy, notes)
     overflow = compare_overflow(ref, actual)
     inputs = _input_findings(table)
+    if ops_not_compared:
+        evidence = _evidence(loss, not (ref.hparams.empty or actual.hparams.empty), grads, outputs)
+        notes.append(f"operators not compared: {ops_not_compared}; judged on the {evidence}")
     findings = [
-        *_run_findings(ref, actual),
+        *ended,
         *(Finding(FindingCode.HPARAM_MISMATCH, f"hyperparameter differs: {message}", {"name": name})
           for message, name in zip(hparams["message"], hparams["name"])),
         *_grads_reset_findings(ref, actual),
@@ -922,6 +1015,6 @@ def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions
         findings.append(Finding(FindingCode.AMP_ONE_SIDE, policy.description,
                                 {"ref_amp": policy.ref_amp, "actual_amp": policy.actual_amp}))
     return ComparisonResult(
-        verdict=_verdict(findings, loss, table, policy, first), policy=policy, ref=ref, actual=actual, loss=loss,
-        ops=table, first_divergent=first, hparams=hparams, grads=grads, outputs=outputs, overflow=overflow,
-        findings=findings, notes=notes)
+        verdict=_verdict(findings, loss, table, policy, first, ops_not_compared, shared_ending), policy=policy,
+        ref=ref, actual=actual, loss=loss, ops=table, first_divergent=first, hparams=hparams, grads=grads,
+        outputs=outputs, overflow=overflow, findings=findings, notes=notes, ops_not_compared=ops_not_compared)

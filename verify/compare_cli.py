@@ -4,7 +4,8 @@
     app.command("report")(compare_cli.report)
     app.command("export")(compare_cli.export)
 
-Exit codes: 0 PASS, 1 FAIL, 2 the inputs could not be read. None of this imports torch.
+Exit codes: 0 PASS, 1 FAIL, 2 the inputs could not be read or compared, or verify's own error (verify/errors.py).
+None of this imports torch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from rich.console import Console
 
 from verify import msprobe, report as reports
 from verify.compare import CompareError, CompareOptions, compare_runs
-from verify.schema import EXIT_ERROR
+from verify.errors import exit_with
+from verify.schema import EXIT_ERROR, EXIT_OK, VerifyFailure
 from verify.store import Run, RunDirError, read_run
 
 stdout = Console(highlight=False, soft_wrap=True)
@@ -57,32 +59,38 @@ def compare(
     max_rows: Annotated[int, typer.Option(help="Divergent op rows shown on the terminal.")] = 10,
 ) -> None:
     """Compare two runs offline: verdict, first divergent operator, advice. Exit 0 PASS, 1 FAIL, 2 error."""
-    try:
-        result = compare_runs(read_side(ref_run), read_side(actual_run), CompareOptions(loss_rtol=loss_rtol))
-        written = reports.write_reports(result, out, checklist=reports.find_checklist(ref_run, actual_run, out)) \
-            if out else []
-    except (CompareError, OSError) as error:
-        stderr.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(EXIT_ERROR) from None
+    exit_with(lambda: _compare(ref_run, actual_run, out, loss_rtol, max_rows),
+              f"compare {ref_run} with {actual_run}", out)
+
+
+def _compare(ref_run: Path, actual_run: Path, out: Path | None, loss_rtol: float | None, max_rows: int) -> int:
+    result = compare_runs(read_side(ref_run), read_side(actual_run), CompareOptions(loss_rtol=loss_rtol))
+    written = reports.write_reports(result, out, checklist=reports.find_checklist(ref_run, actual_run, out)) \
+        if out else []
     reports.print_summary(result, stdout, max_rows=max_rows)
     for path in written:
         stderr.print(f"wrote {path}")
-    raise typer.Exit(result.verdict.exit_code)
+    return result.verdict.exit_code
 
 
 def report(
     run_or_result: Annotated[Path, typer.Argument(help="A run directory, or a folder written by `compare -o`.")],
 ) -> None:
     """Print a run's manifest and loss curve, or re-print a comparison's summary from its summary.json."""
-    try:
-        if (run_or_result / reports.SUMMARY_JSON).is_file():
-            summary = json.loads((run_or_result / reports.SUMMARY_JSON).read_text(encoding="utf-8"))
-            reports.print_saved_summary(summary, stdout)
-            raise typer.Exit(int(summary.get("exit_code", EXIT_ERROR)))
+    exit_with(lambda: _report(run_or_result), f"report on {run_or_result}")
+
+
+def _report(run_or_result: Path) -> int:
+    summary_file = run_or_result / reports.SUMMARY_JSON
+    if not summary_file.is_file():
         reports.print_run(read_side(run_or_result), stdout)
-    except (CompareError, OSError, ValueError) as error:
-        stderr.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(EXIT_ERROR) from None
+        return EXIT_OK
+    try:
+        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise VerifyFailure(f"{summary_file} is not valid JSON: {error}") from None
+    reports.print_saved_summary(summary, stdout)
+    return int(summary.get("exit_code", EXIT_ERROR))
 
 
 def export(
@@ -93,12 +101,12 @@ def export(
         msprobe.Layout.PROC),
 ) -> None:
     """Export a run's operator records as an msprobe dump that `msprobe compare` accepts."""
+    exit_with(lambda: _export(run, out, msprobe_format, layout), f"export {run} to {out}", out)
+
+
+def _export(run: Path, out: Path, msprobe_format: bool, layout: msprobe.Layout) -> int:
     if not msprobe_format:
-        stderr.print("[red]error:[/red] name the format to export: --msprobe (the only one so far)")
-        raise typer.Exit(EXIT_ERROR)
-    try:
-        written = msprobe.write_dump(read_run_directory(run), out, layout)
-    except (CompareError, OSError) as error:
-        stderr.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(EXIT_ERROR) from None
+        raise VerifyFailure("name the format to export: --msprobe (the only one so far)")
+    written = msprobe.write_dump(read_run_directory(run), out, layout)
     stderr.print(f"wrote {len(written)} msprobe step folder(s) under {out}")
+    return EXIT_OK

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -38,14 +38,15 @@ from rich.table import Table
 
 from verify import report as reports
 from verify.checklist_items import REPORT_SUFFIX, TITLES, Status as ChecklistStatus, port_name
-from verify.compare import CompareError, CompareOptions, ComparisonResult, amp_dtype, \
+from verify.compare import CompareOptions, ComparisonResult, amp_dtype, \
     compare_runs
 from verify.compare_cli import read_side
 from verify import devices
-from verify.runner import RunOptions, VerifyError, run_script
+from verify.errors import exit_with
+from verify.runner import RunOptions, run_script
 from verify.store import Run
-from verify.schema import (AUTOCAST_DTYPES, EXIT_ERROR, EXIT_FAILED, EXIT_OK, LOSS_SCALER_ENV, DumpMode, LossScalerPlan,
-                           Status)
+from verify.schema import (AUTOCAST_DTYPES, EXIT_FAILED, EXIT_OK, LOSS_SCALER_ENV, DumpMode, LossScalerPlan, Status,
+                           VerifyFailure)
 
 PAIR_COMMAND = "pair"
 DETERMINISM_JSON = "determinism.json"
@@ -59,7 +60,7 @@ stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-class PairError(Exception):
+class PairError(VerifyFailure):
     """The pair cannot be run as asked (a missing port, a folder in the way, a failed side of verify's own): exit 2."""
 
 
@@ -160,21 +161,7 @@ def _extend_summary(out: Path, **sections: Any) -> None:
     """Adds what only the pair knows to the summary.json that verify/report.py wrote."""
     path = out / reports.SUMMARY_JSON
     summary = json.loads(path.read_text(encoding="utf-8"))
-    path.write_text(json.dumps(summary | sections, indent=1, allow_nan=False), encoding="utf-8")
-
-
-def _fail_on_errors(command: Callable[..., int]) -> Callable[..., None]:
-    """A command body returning its exit code, with verify's own failures as one red line and exit code 2."""
-
-    def guarded(*args: Any, **kwargs: Any) -> None:
-        try:
-            code = command(*args, **kwargs)
-        except (PairError, VerifyError, CompareError, OSError) as error:
-            stderr.print(f"[bold red]error:[/] {error}")
-            raise typer.Exit(EXIT_ERROR) from None
-        raise typer.Exit(code)
-
-    return guarded
+    reports.write_json(path, summary | sections)
 
 
 # --- the pair ----------------------------------------------------------------------------------------------------
@@ -381,17 +368,20 @@ def pair(
 ) -> None:
     """Run ORIGINAL and PORTED for N steps each and compare them: `verify ORIGINAL [PORTED] [OPTIONS] [-- ARGS]`.
 
-    Exit codes: 0 PASS, 1 FAIL (the reason is the verdict line), 2 usage or verify's own error.
+    Exit codes: 0 PASS, 1 FAIL (the reason is the verdict line), 2 usage or verify's own error, or a pair that proves
+    nothing (a reference that could not run, both sides stopped before their first step).
     """
-    _fail_on_errors(_pair)(original, ported, script_args, RunOptions(
-        steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random, timeout=timeout),
-        device_ref, device_actual,
-        loss_rtol, match_amp, amp_effect, ref_run, out, quiet)
+    out = out or default_out(original)
+    options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
+                         timeout=timeout)
+    exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value, loss_rtol,
+                            match_amp, amp_effect, ref_run, out, quiet),
+              f"verify {original} against {ported or default_port(original)}", out)
 
 
 def _pair(original: Path, ported: Path | None, script_args: list[str] | None, options: RunOptions, device_ref: str,
           device_actual: str, loss_rtol: float | None, match_amp: bool, amp_effect: bool, ref_run: Path | None,
-          out: Path | None, quiet: bool) -> int:
+          out: Path, quiet: bool) -> int:
     ported = ported or default_port(original)
     for role, script in (("ORIGINAL", original), ("PORTED", ported)):
         if not script.is_file():
@@ -399,9 +389,8 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
     if amp_effect and (not match_amp or ref_run is not None):
         raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
-    plan = PairPlan(original, ported, list(script_args or []), options, devices.Device(device_ref).value,
-                    devices.port_device(devices.Device(device_actual).value),
-                    match_amp, amp_effect, ref_run, loss_rtol, _fresh_folder(out or default_out(original)))
+    plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
+                    match_amp, amp_effect, ref_run, loss_rtol, _fresh_folder(out))
     with side_runner(quiet) as sides:
         runs = run_sides(plan, sides)
     return judge_pair(plan, runs)
@@ -437,7 +426,7 @@ def determinism_record(result: ComparisonResult, differing: pd.DataFrame, determ
         "dump": manifest.dump_mode, "steps": summary["loss"]["steps_compared"],
         "loss": summary["loss"],
         "first_divergent": summary["first_divergent"],
-        "differing_ops": json.loads(differing.to_json(orient="records")),
+        "differing_ops": differing.to_dict("records"),
         "checklist": {"id": "C1", "title": TITLES["C1"],
                       "status": (ChecklistStatus.PASSED if deterministic else ChecklistStatus.FAILED).value,
                       "evidence": evidence, "action": action},
@@ -489,13 +478,15 @@ def determinism(
     """
     options = RunOptions(steps=steps, seed=seed, device=device.value, dump=dump, no_dropout=no_dropout,
                          timeout=timeout)
-    _fail_on_errors(_determinism)(script, list(script_args or []), options, out, quiet)
+    out = out or default_out(script)
+    exit_with(lambda: _determinism(script, list(script_args or []), options, out, quiet),
+              f"check whether {script} is deterministic", out)
 
 
-def _determinism(script: Path, args: list[str], options: RunOptions, out: Path | None, quiet: bool) -> int:
+def _determinism(script: Path, args: list[str], options: RunOptions, out: Path, quiet: bool) -> int:
     if not script.is_file():
         raise PairError(f"{script}: no such script")
-    out = _fresh_folder(out or default_out(script))
+    out = _fresh_folder(out)
     with side_runner(quiet) as sides:
         first, second = (sides.run(f"run {n}", script, args, options, out / f"run-{n}") for n in (1, 2))
     for run in (first, second):
@@ -507,7 +498,7 @@ def _determinism(script: Path, args: list[str], options: RunOptions, out: Path |
     differing = differing_ops(result)
     _write_reports(result, out, out, script.parent)
     record = determinism_record(result, differing, deterministic)
-    (out / DETERMINISM_JSON).write_text(json.dumps(record, indent=1, allow_nan=False), encoding="utf-8")
+    reports.write_json(out / DETERMINISM_JSON, record)
     print_determinism(result, differing, deterministic)
     stderr.print(f"reports in {out}")
     return EXIT_OK if deterministic else EXIT_FAILED

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import html
 import json
+import math
+from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -111,6 +113,30 @@ def advice_text(result: ComparisonResult, advice: Sequence[Advice]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def json_data(value: Any) -> Any:
+    """Plain JSON data: numpy and pandas scalars as Python numbers and bools, NaN, inf and NA as null, sequences and
+    arrays as lists, enums and paths as their text. Every JSON file verify writes goes through it (write_json)."""
+    if isinstance(value, dict):
+        return {str(key): json_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset, np.ndarray, pd.Series, pd.Index)):
+        return [json_data(item) for item in value]
+    if isinstance(value, Enum):
+        return json_data(value.value)
+    if isinstance(value, np.generic):
+        value = value.item()  # numpy bool, int, float, str -> Python's
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if pd.isna(value):  # pd.NA, NaT
+        return None
+    return str(value)  # a path, a timestamp: their text rather than a report lost to a TypeError
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(json_data(data), indent=1, allow_nan=False), encoding="utf-8")
+
+
 def write_reports(result: ComparisonResult, out: Path, checklist: list[dict[str, Any]] | None = None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     advice = advise(result.findings)
@@ -118,7 +144,7 @@ def write_reports(result: ComparisonResult, out: Path, checklist: list[dict[str,
     summary = result.summary() | {"advice": [item.message for item in advice]}
     paths = {name: out / name for name in
              (SUMMARY_JSON, "ops.csv", "ops.xlsx", "advice.txt", "report.html", "losses.csv")}
-    paths[SUMMARY_JSON].write_text(json.dumps(summary, indent=1, allow_nan=False), encoding="utf-8")
+    write_json(paths[SUMMARY_JSON], summary)
     frame.to_csv(paths["ops.csv"], index=False)
     write_xlsx(frame, paths["ops.xlsx"])
     paths["advice.txt"].write_text(advice_text(result, advice), encoding="utf-8")
@@ -169,7 +195,8 @@ def print_summary(result: ComparisonResult, console: Console, max_rows: int = 10
                       f"{loss.mean_rel_diff:.3%}, tolerance {loss.rtol:.2%}, first step past tolerance: "
                       f"{loss.first_step_past_tolerance if loss.first_step_past_tolerance is not None else 'none'}")
     counts = result.status_counts()
-    console.print("ops: " + ", ".join(f"{status} {count}" for status, count in counts.items()))
+    console.print(f"ops: not compared, {result.ops_not_compared}" if result.ops_not_compared else
+                  "ops: " + ", ".join(f"{status} {count}" for status, count in counts.items()))
     if result.first_divergent:
         console.print(_divergence_table(result.first_divergent))
     rows = diverging_rows(result, max_rows)
@@ -326,6 +353,8 @@ def _checklist_section(items: list[dict[str, Any]] | None) -> str:
 
 
 def _ops_section(result: ComparisonResult) -> str:
+    if result.ops_not_compared:
+        return _section("Operators", f"<p>Not compared: {html.escape(result.ops_not_compared)}.</p>")
     rows = diverging_rows(result, HTML_MAX_OP_ROWS)
     counts = ", ".join(f"{status}: {count}" for status, count in result.status_counts().items())
     if rows.empty:

@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verify import devices
-from verify.schema import AUTOCAST_DTYPES, LOG, DumpMode, RunManifest, Status
+from verify.schema import AUTOCAST_DTYPES, LOG, DumpMode, RunManifest, Status, VerifyFailure
 from verify.store import RunDirError, now_iso, read_manifest, write_manifest
 
 _KILL_GRACE_S = 5.0
 _PROGRESS_POLL_S = 0.5
 
 
-class VerifyError(Exception):
+class VerifyError(VerifyFailure):
     """verify itself cannot do the run (bad options, unusable device, a run directory in the way): exit code 2."""
 
 

@@ -79,6 +79,11 @@ class Phase(str, Enum):
 # Exit codes of every verify command: PASS / the requested steps ran; FAIL / the script failed; verify's own error.
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 
+
+class VerifyFailure(Exception):
+    """verify cannot do what it was asked (an unreadable run directory, a folder in the way, a pair that proves
+    nothing): exit code 2, and the message is the one line the user reads, naming the paths (verify/errors.py)."""
+
 # The half-precision dtypes autocast computes in, and the --autocast flag naming each.
 HALF_DTYPES = ("float16", "bfloat16")
 AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}

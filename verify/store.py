@@ -36,6 +36,7 @@ from verify.schema import (
     OUTPUTS_DIR,
     TABLE_FILE,
     RunManifest,
+    VerifyFailure,
 )
 
 _ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
@@ -45,7 +46,7 @@ TABLES: dict[str, dict[str, str]] = {OPS_DIR: OP_COLUMNS, GRADS_DIR: GRAD_COLUMN
 """Folder holding a table's stream (TABLE_FILE) -> its columns."""
 
 
-class RunDirError(ValueError):
+class RunDirError(VerifyFailure, ValueError):
     """A run directory that cannot be read, or a name in it that points outside it."""
 
 

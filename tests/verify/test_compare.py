@@ -18,6 +18,7 @@ from typer import Typer
 from typer.testing import CliRunner
 
 from verify import compare_cli
+from verify.advice import advise
 from verify.compare import CompareOptions, FindingCode, compare_runs
 from verify.compare_cli import read_side
 from verify.schema import GRAD_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS, TABLE_FILE, RunManifest
@@ -536,3 +537,108 @@ def test_indices_follow_the_values_they_index_but_integer_only_ops_stay_exact(tm
     result = compare_runs(read_side(write_run(tmp_path / "ref2", ops=ref_ops)),
                           read_side(write_run(tmp_path / "actual2", ops=actual_ops)))
     assert result.verdict.reason.startswith("FAIL: first divergent operator: aten.argmax"), result.verdict.reason
+
+
+# --- runs without operator records, and how the scripts ended (issue 18: a crash is never a verdict) --------------
+
+NO_OPS, NO_HPARAMS, NO_GRADS = trace_ops().iloc[:0], hparams().iloc[:0], grads().iloc[:0]
+LAUNCHER_CRASH = dict(status="crashed", exit_code=1, message="KeyError: 'LOCAL_RANK' (after 0 steps)",
+                      traceback="Traceback (most recent call last):\n  File 'train.py'\nKeyError: 'LOCAL_RANK'\n")
+
+
+def stopped_run(root: Path, steps: int, **manifest: object) -> Path:
+    """A run directory of a script that stopped after `steps` of STEPS steps (0: before its first)."""
+    return write_run(root, ops=trace_ops(steps=steps) if steps else NO_OPS, loss=losses(steps=steps),
+                     hparam=hparams(steps=steps) if steps else NO_HPARAMS,
+                     grad=grads(steps=steps) if steps else NO_GRADS, steps_completed=steps, **manifest)
+
+
+def compare_command(ref: Path, actual: Path, *options: str):
+    result = CliRunner().invoke(_cli(), ["compare", str(ref), str(actual), *options])
+    assert "Traceback" not in result.output
+    return result
+
+
+def test_two_runs_with_dump_off_compare_on_what_they_have(tmp_path):
+    """Regression: `verify compare` of two `verify run --dump off` runs died in compare with a TypeError (exit 1)."""
+    ref = write_run(tmp_path / "ref", ops=NO_OPS, dump_mode="off")
+    actual = write_run(tmp_path / "actual", ops=NO_OPS, dump_mode="off", grad=grads(factor=1.0001))
+    result = compare_command(ref, actual, "-o", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("PASS: loss within 1.00% at all 3 steps (max 0.000%); operators not compared: "
+                                    "neither side recorded any: both ran with --dump off")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["ops"]["not_compared"] == "neither side recorded any: both ran with --dump off"
+    assert ("operators not compared: neither side recorded any: both ran with --dump off; judged on the losses, "
+            "hyperparameters and gradients") in summary["notes"]
+    assert "Not compared: neither side recorded any" in (tmp_path / "out" / "report.html").read_text()
+    drifting = write_run(tmp_path / "drifting", ops=NO_OPS, dump_mode="off", loss=losses(drift=0.05))
+    failed = compare_command(ref, drifting)
+    assert failed.exit_code == 1 and failed.stdout.startswith("FAIL: loss differs by 5.00% at step 1")
+
+
+def test_a_side_without_operator_records_is_named_not_counted_as_unmatched(tmp_path):
+    result = compare_runs(read_side(write_run(tmp_path / "ref")),
+                          read_side(write_run(tmp_path / "actual", ops=NO_OPS, dump_mode="off")))
+    assert result.verdict.passed, result.verdict.reason
+    assert "operators not compared: the actual side recorded none: it ran with --dump off" in result.verdict.reason
+    assert "0 op records matched" not in result.verdict.reason
+    assert set(result.status_counts().values()) == {0}  # the ref's records are not 'only_ref'
+
+
+def test_a_port_that_crashes_before_its_first_step_fails_naming_its_error(tmp_path):
+    result = compare_command(write_run(tmp_path / "ref"), stopped_run(tmp_path / "actual", 0, **LAUNCHER_CRASH))
+    assert result.exit_code == 1
+    assert result.stdout.startswith("FAIL: actual run crashed: KeyError: 'LOCAL_RANK' (after 0 steps)")
+    assert "the actual side recorded none: it stopped before its first step" in result.stdout
+
+
+def test_a_reference_that_crashes_is_an_error_not_a_verdict(tmp_path):
+    ref = stopped_run(tmp_path / "ref", 2, status="crashed", exit_code=1, message="RuntimeError: boom (after 2 steps)",
+                      traceback="Traceback (most recent call last):\nRuntimeError: boom\n")
+    result = compare_command(ref, write_run(tmp_path / "actual"), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (f"error: the reference crashed after 2 of 3 steps: RuntimeError: boom; a reference that "
+                             f"cannot run proves nothing (runs: {ref}, {tmp_path / 'actual'})\n")
+    at_step_0 = compare_command(stopped_run(tmp_path / "ref0", 0, **LAUNCHER_CRASH), write_run(tmp_path / "actual0"))
+    assert at_step_0.exit_code == 2 and at_step_0.stderr.startswith(
+        "error: the reference crashed after 0 of 3 steps: KeyError: 'LOCAL_RANK'; the script expects a launcher such "
+        "as torchrun; a reference that cannot run proves nothing")
+
+
+def test_both_sides_stopping_before_their_first_step_is_an_error_naming_each_error(tmp_path):
+    ref, actual = (stopped_run(tmp_path / side, 0, **LAUNCHER_CRASH) for side in ("ref", "actual"))
+    result = compare_command(ref, actual)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: both sides stopped before their first step: KeyError: 'LOCAL_RANK'; the "
+                                    "script expects a launcher such as torchrun (runs: ")
+    other = stopped_run(tmp_path / "other", 0, status="no-steps", message="the script ended without a step")
+    mixed = compare_command(ref, other)
+    assert mixed.exit_code == 2 and mixed.stderr.startswith(
+        "error: both sides stopped before their first step: ref KeyError: 'LOCAL_RANK'; the script expects a launcher "
+        "such as torchrun; actual the script ended without a step (runs: ")
+
+
+def test_both_sides_stopping_alike_are_judged_on_the_steps_they_made(tmp_path):
+    """The same error after the same steps (a bug the port faithfully keeps) and a loop that ends early on both sides
+    (an epoch shorter than --steps): both are judged on their common steps and say so."""
+    crash = dict(status="crashed", exit_code=1, message="RuntimeError: boom (after 2 steps)",
+                 traceback="Traceback (most recent call last):\nRuntimeError: boom\n")
+    same_crash = compare_runs(*(read_side(stopped_run(tmp_path / side, 2, **crash)) for side in ("ref", "actual")))
+    assert same_crash.verdict.passed, same_crash.verdict.reason
+    assert same_crash.verdict.reason.endswith(
+        "; both scripts stopped (crashed) after 2 of 3 steps with the same error, RuntimeError: boom")
+    short = dict(status="short", message="the script ended by itself after 2 of 3 steps")
+    both_short = compare_runs(*(read_side(stopped_run(tmp_path / f"short-{side}", 2, **short))
+                                for side in ("ref", "actual")))
+    assert both_short.verdict.passed and both_short.verdict.reason.endswith(
+        "; both scripts ended by themselves after 2 of 3 steps")
+    assert "both scripts ended by themselves after 2 of 3 steps; judged on those 2" in both_short.notes
+
+
+def test_scripts_ending_by_themselves_after_different_steps_fail_naming_the_difference(tmp_path):
+    ref = stopped_run(tmp_path / "ref", 2, status="short", message="the script ended by itself after 2 of 3 steps")
+    result = compare_runs(read_side(ref), read_side(write_run(tmp_path / "actual")))
+    assert result.verdict.reason == ("FAIL: the scripts ran different numbers of steps: ref 2 of 3 (it ended by "
+                                     "itself), actual all 3")
+    assert any("drop_last" in item.message for item in advise(result.findings))

@@ -1,14 +1,16 @@
 """Reports written by `verify compare -o`: self-contained HTML, coloured xlsx, csv, advice, summary.json."""
 
 import json
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from openpyxl import load_workbook
 from rich.console import Console
 
 from test_compare import hparams, trace_ops, with_noise, write_run
 from verify import report
-from verify.compare import compare_runs
+from verify.compare import Finding, FindingCode, Verdict, compare_runs
 from verify.compare_cli import read_side
 
 
@@ -71,3 +73,45 @@ def test_svg_plot_survives_nan_and_constant_series():
     svg = report.svg_plot({"a": ([0, 1, 2], [1.0, np.nan, 1.0])}, "t", "y", limit=0.5)
     assert svg.startswith("<svg") and "polyline" in svg
     assert "no data" in report.svg_plot({"a": ([], [])}, "t", "y")
+
+
+# What compare puts in a finding's detail comes from pandas rows and numpy reductions: none of it is plain JSON.
+NUMPY_DETAIL = {
+    "step": np.int64(2), "seq": np.int32(4), "side": "actual", "status": "crashed", "op": np.str_("aten.addmm"),
+    "actual_op": "aten.mm", "module": "Net.fc1", "phase": "forward", "io": "out0", "dtype": "float16",
+    "actual_dtype": pd.NA, "scale": np.float64(65536.0), "drops": np.int64(3), "scales": np.array([65536.0, 1.0]),
+    "skipped": (1, 2), "collapsed": np.bool_(True), "update_by_hand": np.bool_(True), "follows_hparams": "",
+    "share": np.float32(0.25), "rel_diff": np.float64(np.inf), "cosine": np.float64(np.nan), "name": "lr",
+    "param": "fc1.weight", "explains": "TF32 matmuls", "ref_amp": "", "actual_amp": "float16",
+    "ref_steps": np.int64(8), "actual_steps": 6, "steps_requested": 10, "where": Path("runs/npu"),
+    "ref": {"nan_count": np.int64(0), "mean": np.float64(np.nan)},
+}
+
+
+def test_every_finding_with_numpy_details_goes_through_every_report_writer(tmp_path):
+    """Regression: a script updating its parameters by hand gave a numpy bool in detail["update_by_hand"], and
+    summary.json died on it after compare had found the FAIL. Every writer gets plain data from report.write_json."""
+    result = failing_result(tmp_path)
+    result.findings = [Finding(code, f"{code.value} found", dict(NUMPY_DETAIL)) for code in FindingCode]
+    result.verdict = Verdict(False, f"FAIL: {result.findings[0].message}")
+    paths = report.write_reports(result, tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / report.SUMMARY_JSON).read_text())
+    assert [finding["code"] for finding in summary["findings"]] == [code.value for code in FindingCode]
+    detail = summary["findings"][0]["detail"]
+    assert detail["update_by_hand"] is True and detail["collapsed"] is True
+    assert (detail["step"], detail["drops"], detail["share"], detail["scales"]) == (2, 3, 0.25, [65536.0, 1.0])
+    assert detail["actual_dtype"] is None and detail["rel_diff"] is None and detail["cosine"] is None
+    assert detail["where"] == "runs/npu" and detail["ref"] == {"nan_count": 0, "mean": None}
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert all(f"{code.value} found" in page for code in FindingCode)
+    assert "steps_differ found" in (tmp_path / "out" / "advice.txt").read_text()
+    assert load_workbook(tmp_path / "out" / "ops.xlsx").active.max_row == len(result.ops) + 1
+    assert len(pd.read_csv(tmp_path / "out" / "ops.csv")) == len(result.ops) and len(paths) == 6
+    console = Console(record=True, width=200)
+    report.print_saved_summary(summary, console)
+    assert "FAIL: run_failed found" in console.export_text()
+
+
+def test_json_data_is_plain():
+    assert report.json_data({1: (np.int8(1), np.float16(0.5), np.bool_(False), pd.NA, float("-inf"), pd.NaT)}) == {
+        "1": [1, 0.5, False, None, None, None]}

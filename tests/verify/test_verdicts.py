@@ -246,3 +246,71 @@ def test_dropout_masks_match_whatever_else_a_side_draws(tmp_path):
     exit_code, summary, _ = verify(SCRIPTS / "dropout_mlp.py", tmp_path / "dropout_mlp_npu.py", "-n", STEPS, "-q",
                                    "--no-align-random", "-o", tmp_path / "own")
     assert exit_code == 1, summary["reason"]
+
+
+# --- a crash is never a verdict (issue 18): verify's own errors exit 2 with one line, a FAIL is never lost ----------
+
+NEEDS_TORCHRUN, SHORT_EPOCH = SCRIPTS / "needs_torchrun.py", SCRIPTS / "short_epoch.py"
+LAUNCHER_ERROR = "KeyError: 'LOCAL_RANK'; the script expects a launcher such as torchrun"
+
+
+def verify_error(*args: str | Path) -> str:
+    """`verify ...` that must end in verify's own error: exit 2, its one line (the last on stderr), no traceback."""
+    result = CliRunner().invoke(app, route([str(arg) for arg in args], typer.main.get_command(app)))
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_two_runs_with_dump_off_are_compared_on_their_losses(tmp_path):
+    """Regression: `verify compare` of two `verify run --dump off` runs died in compare (TypeError, exit 1)."""
+    for side in ("ref", "actual"):
+        made = CliRunner().invoke(app, ["run", str(SCRIPTS / "tiny_train.py"), "-n", "2", "--device", "cpu",
+                                        "--dump", "off", "-q", "-o", str(tmp_path / side), "--", "--epochs", "5"])
+        assert made.exit_code == 0, made.output
+    result = CliRunner().invoke(app, ["compare", str(tmp_path / "ref"), str(tmp_path / "actual"),
+                                      "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("PASS: loss within 1.00% at all 2 steps (max 0.000%); operators not compared: "
+                                    "neither side recorded any: both ran with --dump off")
+
+
+def test_a_script_that_needs_torchrun_is_an_error_naming_the_launcher(tmp_path):
+    """Regression (pytorch/examples multigpu_torchrun.py without torchrun): both sides stop before their first step,
+    which proves nothing; the pair and `verify compare` of its runs say so on one line."""
+    out = tmp_path / "out"
+    line = verify_error(NEEDS_TORCHRUN, NEEDS_TORCHRUN, "-n", STEPS, "-q", "-o", out)
+    assert line == (f"error: both sides stopped before their first step: {LAUNCHER_ERROR} "
+                    f"(runs: {out / 'ref'}, {out / 'actual'})")
+    assert verify_error("compare", out / "ref", out / "actual") == line
+
+
+def test_a_reference_that_cannot_run_is_an_error_and_a_port_that_cannot_is_a_fail(tmp_path):
+    line = verify_error(NEEDS_TORCHRUN, SHORT_EPOCH, "-n", 2, "-q", "-o", tmp_path / "ref-crashes")
+    assert line.startswith(f"error: the reference crashed after 0 of 2 steps: {LAUNCHER_ERROR}; a reference that "
+                           "cannot run proves nothing")
+    exit_code, summary, _ = verify(SHORT_EPOCH, NEEDS_TORCHRUN, "-n", 2, "--dump", "off", "-q",
+                                   "-o", tmp_path / "port-crashes")
+    assert exit_code == 1 and summary["reason"] == "FAIL: actual run crashed: KeyError: 'LOCAL_RANK' (after 0 steps)"
+    assert summary["ops"]["not_compared"] == "neither side recorded any: both ran with --dump off"
+
+
+def test_scripts_ending_by_themselves_are_judged_on_their_steps_and_on_how_many_they_made(tmp_path):
+    """Regression: an epoch of 2 steps run with --steps 3 ended 'short' on both sides and was read as FAIL."""
+    exit_code, summary, _ = verify(SHORT_EPOCH, SHORT_EPOCH, "-n", STEPS, "-q", "-o", tmp_path / "same")
+    assert exit_code == 0 and summary["reason"].endswith("; both scripts ended by themselves after 2 of 3 steps")
+    assert "both scripts ended by themselves after 2 of 3 steps; judged on those 2" in summary["notes"]
+    longer = tmp_path / "longer_npu.py"
+    longer.write_text(SHORT_EPOCH.read_text().replace("for _ in range(2)", "for _ in range(3)"))
+    exit_code, summary, _ = verify(SHORT_EPOCH, longer, "-n", STEPS, "-q", "-o", tmp_path / "longer")
+    assert exit_code == 1 and summary["reason"] == (
+        "FAIL: the scripts ran different numbers of steps: ref 2 of 3 (it ended by itself), actual all 3")
+
+
+def test_a_port_updating_its_parameters_by_hand_with_another_rate_fails_with_its_reports(tmp_path):
+    """Regression: compare found the FAIL, then summary.json died on a numpy bool (exit 1, no report, no verdict)."""
+    port = tmp_path / "manual_update_npu.py"
+    port.write_text((SCRIPTS / "manual_update.py").read_text().replace("alpha=-0.1", "alpha=-0.2"))
+    exit_code, summary, out = verify(SCRIPTS / "manual_update.py", port, "-n", STEPS, "-q", "-o", tmp_path / "out")
+    assert exit_code == 1 and "the script's own parameter update (no optimizer)" in summary["reason"]
+    assert finding(summary, "op_diverges")["detail"]["update_by_hand"] is True
+    assert {"report.html", "ops.xlsx", "advice.txt"} <= {path.name for path in out.iterdir()}
