@@ -46,3 +46,14 @@ def test_a_changed_learning_rate_is_named_first(tmp_path):
     exit_code, summary = compare(tmp_path, "mnist-fp32ref-lr")
     assert exit_code == 1
     assert summary["reason"].startswith("FAIL: hyperparameter differs: lr ")
+
+
+def test_a_run_directory_of_an_unknown_schema_version_is_refused_on_one_line(tmp_path):
+    folder = tmp_path / "pair"
+    shutil.copytree(FIXTURES / "mnist-fp32ref-lr", folder)
+    manifest = folder / "actual" / "manifest.json"
+    manifest.chmod(0o644)
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"schema_version": 99}))
+    result = CliRunner().invoke(app, ["compare", str(folder / "ref"), str(folder / "actual")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "schema_version 99 is not one this npu-port reads (1 to 1)" in result.stderr.replace("\n", " ")
