@@ -21,6 +21,7 @@ from enum import Enum
 import numpy as np
 import pandas as pd
 
+from verify.schema import OP_COLUMNS, OP_SHARED_COLUMNS, OP_SIDE_COLUMNS
 
 
 class AlignStatus(str, Enum):
@@ -125,11 +126,10 @@ CARRIER_OPS = frozenset({
     "aten.transpose_copy", "aten._reshape_copy",
 })
 
-STRING_COLUMNS = ("phase", "module", "op", "io", "dtype", "shape", "md5", "tensor_file")
-NUMBER_COLUMNS = ("step", "seq", "call_index", "numel", "min", "max", "mean", "l2_norm", "nan_count", "inf_count")
-SHARED = ("step", "phase", "module", "io")  # identical on both sides of a pair (by construction of every pass)
-PER_SIDE = ("op", "seq", "call_index", "dtype", "shape", "numel", "min", "max", "mean", "l2_norm", "nan_count",
-            "inf_count", "md5", "tensor_file")
+# The op records' columns, as the schema types them (the key is rebuilt by the reports from its parts).
+STRING_COLUMNS = tuple(c for c, dtype in OP_COLUMNS.items() if dtype == "string" and c != "key")
+FLOAT_COLUMNS = tuple(c for c, dtype in OP_COLUMNS.items() if dtype == "float64")
+NUMBER_COLUMNS = tuple(c for c, dtype in OP_COLUMNS.items() if dtype in ("int64", "float64"))
 
 
 @dataclass
@@ -148,8 +148,8 @@ def _encode(ref: pd.DataFrame, actual: pd.DataFrame) -> tuple[_Side, _Side, dict
     for column in STRING_COLUMNS:
         codes, uniques = pd.factorize(pd.concat([ref[column], actual[column]], ignore_index=True))
         ref_codes[column], actual_codes[column], vocab[column] = codes[:len(ref)], codes[len(ref):], uniques
-    numbers = [{c: side[c].to_numpy(dtype="float64" if c in ("min", "max", "mean", "l2_norm") else "int64",
-                                     na_value=np.nan if c in ("min", "max", "mean", "l2_norm") else 0)
+    numbers = [{c: side[c].to_numpy(dtype="float64" if c in FLOAT_COLUMNS else "int64",
+                                     na_value=np.nan if c in FLOAT_COLUMNS else 0)
                 for c in NUMBER_COLUMNS} for side in (ref, actual)]
     return _Side(ref_codes, numbers[0]), _Side(actual_codes, numbers[1]), vocab
 
@@ -339,7 +339,7 @@ def _assemble(ref: _Side, actual: _Side, vocab: dict[str, pd.Index], ref_ids: np
               status: pd.Categorical) -> pd.DataFrame:
     has_ref = ref_ids >= 0
     table: dict[str, object] = {}
-    for column in SHARED:
+    for column in OP_SHARED_COLUMNS:
         if column == "step":
             table[column] = np.where(has_ref, _take(ref.numbers["step"], ref_ids, 0),
                                      _take(actual.numbers["step"], actual_ids, 0))
@@ -348,7 +348,7 @@ def _assemble(ref: _Side, actual: _Side, vocab: dict[str, pd.Index], ref_ids: np
                                                             _take(actual.codes[column], actual_ids, -1)))
     table["status"] = status
     for prefix, side, ids in (("ref", ref, ref_ids), ("actual", actual, actual_ids)):
-        for column in PER_SIDE:
+        for column in OP_SIDE_COLUMNS:
             if column in side.codes:
                 table[f"{prefix}_{column}"] = _column(vocab[column], _take(side.codes[column], ids, -1))
             elif side.numbers[column].dtype.kind == "f":

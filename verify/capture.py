@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
-from verify.schema import INPUT_OP, STAT_COLUMNS, UPDATE_OP, DumpMode, Phase, TENSORS_DIR, step_file
+from verify.schema import INPUT_OP, STAT_COLUMNS, UPDATE_OP, DumpMode, Phase, TENSORS_DIR, op_key, step_file
 
 try:  # built by `pip install` where a C compiler is found (verify/_stats.c)
     from verify import _stats as native_stats
@@ -906,7 +906,8 @@ def step_columns(step: int, rows: list[OpRow], fetched: Callable[[Handle], list[
     names = (*_ROW_COLUMNS, *_PENDING_COLUMNS, *STAT_COLUMNS)
     return {
         "step": [step] * len(rows),
-        "key": [f"{step}/{row.phase}/{row.module}/{row.op}#{row.call_index}" for row in rows],
+        "key": [op_key(step=step, phase=row.phase, module=row.module, op=row.op, call_index=row.call_index)
+                for row in rows],
         **{name: list(column) for name, column in zip(names, zip(*records))},
         **({} if records else {name: [] for name in names}),
     }

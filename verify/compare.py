@@ -24,7 +24,7 @@ import pandas as pd
 from verify import environment, metrics, tolerances
 from verify.align import CARRIER_OPS, RANDOM_OPS, AlignStatus, align_ops, same_computation
 from verify.store import Run, RunDirError
-from verify.schema import AUTOCAST_DTYPES, HALF_DTYPES, INPUT_OP, DumpMode, Status, VerifyFailure
+from verify.schema import AUTOCAST_DTYPES, HALF_DTYPES, INPUT_OP, STAT_COLUMNS, DumpMode, Status, VerifyFailure
 
 MATCHED = (AlignStatus.EXACT.value, AlignStatus.RELATED.value, AlignStatus.SEQUENCE.value)
 JUDGED_BY = ["stats", "md5", "tensor"]  # which evidence decided a matched row's `passed`
@@ -343,7 +343,7 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
     chosen = candidates[0]
     rows = table.iloc[matched[(op_id == chosen) & failed & ~is_input]]
     worst = rows.sort_values("stats_error", ascending=False, na_position="last").iloc[0]
-    stats = (*metrics.STAT_NAMES, "nan_count", "inf_count")
+    stats = STAT_COLUMNS
     return {
         "step": int(worst["step"]), "seq": int(worst["ref_seq"]), "phase": str(worst["phase"]),
         "module": str(worst["module"]), "op": str(worst["ref_op"]), "actual_op": str(worst["actual_op"]),

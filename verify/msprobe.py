@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from verify.compare import CompareError
-from verify.schema import OP_COLUMNS, RunManifest, Status
-from verify.store import Run, empty_frame
+from verify.schema import OP_COLUMNS, OP_KEY_PARTS, RunManifest, Status
+from verify.store import Run, empty_frame, op_keys
 
 DUMP_JSON = "dump.json"
 STEP_DIR = re.compile(r"^step(\d+)$")
@@ -188,8 +188,7 @@ def read_dump(path: Path) -> Run:
                      f"e.g. {skipped[0]}")
     columns = [c for c in OP_COLUMNS if c != "key"]
     ops = pd.DataFrame(rows, columns=columns) if rows else empty_frame(OP_COLUMNS).drop(columns="key")
-    ops["key"] = (ops["step"].astype(str) + "/" + ops["phase"] + "/" + ops["module"] + "/" + ops["op"] + "#"
-                  + ops["call_index"].astype(str))
+    ops["key"] = op_keys({name: ops[name] for name, _ in OP_KEY_PARTS})
     ops = ops[list(OP_COLUMNS)].astype(OP_COLUMNS)
     layout = {p.name.rstrip("0123456789") for _, _, processes in files for p in processes}
     version = "26.x" if "proc" in layout else "8.x" if "rank" in layout else "unknown"

@@ -27,32 +27,49 @@ from verify.align import AlignStatus
 from verify.checklist_items import CHECKLIST_JSON  # written by `migrate` (id, title, status, evidence, action)
 from verify.compare import ComparisonResult
 from verify.devices import title
-from verify.store import Run
+from verify.schema import OP_COLUMNS, OP_KEY_PARTS, OP_SHARED_COLUMNS, OP_SIDE_COLUMNS, STAT_COLUMNS
+from verify.store import Run, op_keys
 
 SUMMARY_JSON = "summary.json"
 XLSX_MAX_ROWS = 200_000  # openpyxl writes ~20k styled rows/s; ops.csv always has every row
 HTML_MAX_OP_ROWS = 200
-OP_REPORT_COLUMNS = [
-    "step", "phase", "module", "io", "status", "passed", "judged_by", "ref_op", "actual_op", "ref_dtype",
-    "actual_dtype", "ref_shape", "actual_shape", "stats_error", "tolerance", "ref_min", "actual_min", "ref_max",
-    "actual_max", "ref_mean", "actual_mean", "ref_l2_norm", "actual_l2_norm", "min_diff", "max_diff", "mean_diff",
-    "l2_norm_diff", "min_rel_diff", "max_rel_diff", "mean_rel_diff", "l2_norm_rel_diff", "ref_nan_count",
-    "actual_nan_count", "ref_inf_count", "actual_inf_count", "cosine", "max_abs_error", "max_relative_error",
-    "within_1e3", "within_5e3", "euclidean_distance", "md5_equal", "ref_seq", "actual_seq", "ref_key", "actual_key",
-    "note",
-]
+# ops.csv/xlsx: the pair's shared columns and verdict, each side's columns side by side (every per-side column of the
+# schema, so a statistic added there reaches the reports), then compare's differences and metrics.
+_VERDICT_COLUMNS = ["status", "passed", "judged_by"]
+_LEADING_SIDE_COLUMNS = ["op", "dtype", "shape"]
+_TRAILING_SIDE_COLUMNS = ["seq", "key"]
+
+
+def _both_sides(columns: list[str]) -> list[str]:
+    return [f"{side}_{column}" for column in columns for side in ("ref", "actual")]
+
+
+def op_report_columns(ops: pd.DataFrame) -> list[str]:
+    side_columns = [c for c in OP_SIDE_COLUMNS if c not in (*_LEADING_SIDE_COLUMNS, *_TRAILING_SIDE_COLUMNS)]
+    metric_columns = [c for c in ops.columns if not c.startswith(("ref_", "actual_"))
+                      and c not in (*OP_SHARED_COLUMNS, *_VERDICT_COLUMNS, "note")]
+    return [*OP_SHARED_COLUMNS, *_VERDICT_COLUMNS, *_both_sides(_LEADING_SIDE_COLUMNS), "stats_error", "tolerance",
+            *_both_sides(side_columns), *(c for c in metric_columns if c not in ("stats_error", "tolerance")),
+            *_both_sides(_TRAILING_SIDE_COLUMNS), "note"]
+
+
 # Row colours by status (xlsx fills, html classes); a row past tolerance is red whatever its status.
 STATUS_COLOURS = {"exact": "FFFFFF", "related": "DDEBF7", "sequence": "FFF2CC", "only_ref": "E7E6E6",
                   "only_actual": "FCE4D6", "failed": "F8CBAD"}
 
 
 def op_report_frame(result: ComparisonResult) -> pd.DataFrame:
-    """The ops table as written to ops.csv/xlsx, with each side's key (verify.schema's key format) rebuilt."""
+    """The ops table as written to ops.csv/xlsx, with each side's key (schema.op_key's format) rebuilt."""
     ops = result.ops
-    prefix = ops["step"].astype(str) + "/" + ops["phase"].astype(str) + "/" + ops["module"].astype(str) + "/"
-    keys = {f"{side}_key": (prefix + ops[f"{side}_op"].astype(str) + "#" + ops[f"{side}_call_index"].astype(str))
-            .where(ops[f"{side}_op"].notna()) for side in ("ref", "actual")}
-    return ops.assign(**keys).reindex(columns=OP_REPORT_COLUMNS)
+    keys = {f"{side}_key": _op_keys(ops, side).where(ops[f"{side}_op"].notna()) for side in ("ref", "actual")}
+    ops = ops.assign(**keys)
+    return ops.reindex(columns=op_report_columns(ops))
+
+
+def _op_keys(ops: pd.DataFrame, side: str) -> pd.Series:
+    """Each side's key: the parts a pair shares, then the side's own."""
+    return op_keys({name: ops[name] if name in OP_SHARED_COLUMNS else ops[f"{side}_{name}"]
+                    for name, _ in OP_KEY_PARTS})
 
 
 def _row_colour(status: str, passed: Any) -> str:
@@ -359,9 +376,10 @@ def _ops_section(result: ComparisonResult) -> str:
     counts = ", ".join(f"{status}: {count}" for status, count in result.status_counts().items())
     if rows.empty:
         return _section("Operators", f"<p>{counts}. Every matched op is within tolerance.</p>")
+    statistics = [c for c in STAT_COLUMNS if OP_COLUMNS[c] == "float64"]
     shown = rows.reindex(columns=["step", "phase", "module", "ref_op", "actual_op", "io", "status", "ref_dtype",
-                                  "actual_dtype", "stats_error", "tolerance", "ref_mean", "actual_mean",
-                                  "ref_l2_norm", "actual_l2_norm", "cosine", "note"])
+                                  "actual_dtype", "stats_error", "tolerance", *_both_sides(statistics), "cosine",
+                                  "note"])
     classes = np.where((rows["passed"] == False).fillna(False), "failed", rows["status"])  # noqa: E712
     return _section("Operators past tolerance or unmatched",
                     f"<p>{counts}. First {len(rows)} rows; every row is in ops.csv / ops.xlsx.</p>"

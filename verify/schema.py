@@ -114,7 +114,7 @@ OP_COLUMNS: dict[str, str] = {
     "op": "string",  # overload packet, e.g. "aten.convolution" (optimizer phase: "update")
     "call_index": "int64",  # n-th call of `op` in this (step, phase, module)
     "io": "string",  # which tensor: "out0", "out1", ... and in tensor mode "in0", ...
-    "key": "string",  # f"{step}/{phase}/{module}/{op}#{call_index}" - identical on every machine
+    "key": "string",  # op_key(): f"{step}/{phase}/{module}/{op}#{call_index}" - identical on every machine
     "dtype": "string",  # "float32", "float16", "bfloat16", "int64", ...
     "shape": "string",  # "32x3x28x28"; "" for a 0-d tensor
     "numel": "int64",
@@ -127,6 +127,19 @@ OP_COLUMNS: dict[str, str] = {
     "md5": "string",  # md5 mode only, else ""
     "tensor_file": "string",  # tensor mode: path relative to the run directory, else ""
 }
+
+# The op key: the parts that identify an op call on every machine, each preceded by its separator.
+OP_KEY_PARTS = (("step", ""), ("phase", "/"), ("module", "/"), ("op", "/"), ("call_index", "#"))
+# What comparing two runs reads of each op record: the columns shared by a pair of records (equal on both sides by
+# construction of every alignment pass), and the ones each side has of its own (ref_*, actual_* in compare's table).
+OP_SHARED_COLUMNS = ("step", "phase", "module", "io")
+OP_SIDE_COLUMNS = tuple(column for column in OP_COLUMNS if column not in (*OP_SHARED_COLUMNS, "key"))
+
+
+def op_key(**parts: object) -> str:
+    """f"{step}/{phase}/{module}/{op}#{call_index}": identical on every machine for the same call."""
+    return "".join(f"{separator}{parts[name]}" for name, separator in OP_KEY_PARTS)
+
 
 GRAD_COLUMNS: dict[str, str] = {
     "step": "int64",

@@ -31,6 +31,7 @@ from verify.schema import (
     LOSSES,
     MANIFEST,
     OP_COLUMNS,
+    OP_KEY_PARTS,
     OPS_DIR,
     OUTPUT_COLUMNS,
     OUTPUTS_DIR,
@@ -176,6 +177,15 @@ def resolve_inside(run_dir: Path, relative: str) -> Path:
     if not path.is_relative_to(root):
         raise RunDirError(f"refusing file name {relative!r}: it points outside the run directory {root}")
     return path
+
+
+def op_keys(parts: Mapping[str, pd.Series]) -> pd.Series:
+    """schema.op_key for every row at once, from a Series per key part (OP_KEY_PARTS)."""
+    key = None
+    for name, separator in OP_KEY_PARTS:
+        text = separator + parts[name].astype(str)
+        key = text if key is None else key + text
+    return key
 
 
 def empty_frame(columns: Mapping[str, str] | Sequence[str]) -> pd.DataFrame:
