@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from migrate import Mode
 from samples_support import SCRIPT, all_samples, port
 from verify.cli import app
-from verify.pair import REF_UNDER_AUTOCAST_DIR, route
+from verify.pair import route
+from verify.run_folders import REF_UNDER_AUTOCAST
 
 pytestmark = pytest.mark.slow
 # The samples whose port rightly does not train as the original does, with the start of the verdict that says why.
@@ -44,5 +45,5 @@ def test_the_faithful_port_of_each_sample_passes(sample, tmp_path):
     for side in ("ref", "actual"):
         manifest = json.loads((out / side / "manifest.json").read_text())
         assert manifest["status"] == "ok", f"{side}: {manifest['message']}"
-    assert not (out / REF_UNDER_AUTOCAST_DIR).exists(), "the reference crashed under the port's autocast"
+    assert not (out / REF_UNDER_AUTOCAST).exists(), "the reference crashed under the port's autocast"
     assert summary["pair"]["mode"] in ("same-amp-imposed", "as-written"), summary["pair"]["description"]

@@ -57,7 +57,7 @@ from verify.capture import (
     unwrapped,
 )
 from verify import environment_record, precision_scopes, random_streams
-from verify.schema import (GRADS_DIR, LOSS_SCALER_ENV, OPS_DIR, OUTPUTS_DIR, STAT_COLUMNS, DumpMode,
+from verify.schema import (GRADS_DIR, OPS_DIR, OUTPUTS_DIR, STAT_COLUMNS, DumpMode,
                            LossScalerPlan, RunManifest, Status, step_file)
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
 
@@ -203,8 +203,8 @@ class StepRecorder:
         self._step_open = False  # without an optimizer: a step began with a forward and ends at the next one
         self._in_backward = False
         self._last_scaled: tuple[Any, Any, float] | None = None  # (scaled loss, loss, scale) from GradScaler.scale
-        plan = os.environ.get(LOSS_SCALER_ENV)  # a reference following the port's GradScaler
-        self.twin = LossScalerTwin(LossScalerPlan.from_env(plan), bool(manifest.autocast)) if plan else None
+        plan = manifest.loss_scaler_plan  # a reference following the port's GradScaler
+        self.twin = LossScalerTwin(LossScalerPlan.from_record(plan), bool(manifest.autocast)) if plan else None
         self._carried_grads: Handle | None = None  # whether this step's first backward() found earlier gradients
         self._step_started = time.perf_counter()
         self._losses: list[tuple[int, Any, float | None, float]] = []

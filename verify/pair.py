@@ -23,8 +23,6 @@ same wider tolerances.
 from __future__ import annotations
 
 import contextlib
-import json
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,17 +39,15 @@ from verify.checklist_items import REPORT_SUFFIX, TITLES, Status as ChecklistSta
 from verify.compare import CompareOptions, ComparisonResult, amp_dtype, \
     compare_runs
 from verify.compare_cli import read_side
-from verify import devices
+from verify import devices, run_folders
 from verify.errors import exit_with
 from verify.runner import RunOptions, run_script
 from verify.store import Run
-from verify.schema import (AUTOCAST_DTYPES, EXIT_FAILED, EXIT_OK, LOSS_SCALER_ENV, DumpMode, LossScalerPlan, Status,
+from verify.schema import (AUTOCAST_DTYPES, EXIT_FAILED, EXIT_OK, DumpMode, LossScalerPlan, Status,
                            VerifyFailure)
 
 PAIR_COMMAND = "pair"
 DETERMINISM_JSON = "determinism.json"
-AMP_EFFECT_DIR = "amp-effect"
-REF_UNDER_AUTOCAST_DIR = "ref-under-autocast"  # a reference that crashed under the port's autocast, kept as evidence
 _RUN_ENDED_WELL = (Status.OK.value, Status.SHORT.value)
 _AUTOCAST_FLAGS = {dtype: flag for flag, dtype in AUTOCAST_DTYPES.items()}  # float16 -> fp16
 DIFFERING_OPS_SHOWN = 15
@@ -109,17 +105,6 @@ def default_port(original: Path) -> Path:
     return port_name(original)
 
 
-def default_out(script: Path) -> Path:
-    return script.parent / "verify-out" / f"{script.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _fresh_folder(out: Path) -> Path:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise PairError(f"{out} already exists and is not an empty folder; choose another -o")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
 class SideRunner:
     """Runs the sides one after the other under one rich progress display (stderr), echoing their output."""
 
@@ -152,16 +137,11 @@ def _device_words(run: Run) -> str:
     return devices.title(run.manifest.device, run.manifest.emulated_on)
 
 
-def _write_reports(result: ComparisonResult, out: Path, *checklist_places: Path) -> None:
-    """The reports `verify compare -o` writes, with migrate's checklist when one lies beside the scripts."""
-    reports.write_reports(result, out, checklist=reports.find_checklist(*checklist_places))
-
-
-def _extend_summary(out: Path, **sections: Any) -> None:
-    """Adds what only the pair knows to the summary.json that verify/report.py wrote."""
-    path = out / reports.SUMMARY_JSON
-    summary = json.loads(path.read_text(encoding="utf-8"))
-    reports.write_json(path, summary | sections)
+def _write_reports(result: ComparisonResult, out: Path, *checklist_places: Path,
+                   summary: dict[str, Any] | None = None) -> None:
+    """The reports `verify compare -o` writes, with migrate's checklist when one lies beside the scripts, and what
+    only the pair knows in summary.json."""
+    reports.write_reports(result, out, checklist=reports.find_checklist(*checklist_places), summary=summary)
 
 
 # --- the pair ----------------------------------------------------------------------------------------------------
@@ -195,28 +175,27 @@ class PairRuns:
 def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
     """The port first: its precision decides the reference's autocast, imposed where the port computed under it."""
     actual = sides.run("actual", plan.ported, plan.args, replace(plan.options, device=plan.device_actual),
-                       plan.out / "actual")
+                       plan.out / run_folders.ACTUAL)
     port_amp = amp_dtype(actual)
     if plan.ref_run is not None:
         return PairRuns(actual, read_side(plan.ref_run), "off", port_amp)
     imposed = _AUTOCAST_FLAGS.get(port_amp, "off") if plan.match_amp else "off"
-    ref = _run_reference(plan, sides, actual, imposed, plan.out / "ref")
+    ref = _run_reference(plan, sides, actual, imposed, plan.out / run_folders.REF)
     unmatched = _crashed_under_autocast(ref, actual) if imposed != "off" else ""
     if unmatched:
-        ref.root.rename(plan.out / REF_UNDER_AUTOCAST_DIR)
+        ref.root.rename(plan.out / run_folders.REF_UNDER_AUTOCAST)
         imposed = "off"
-        ref = _run_reference(plan, sides, actual, imposed, plan.out / "ref")
+        ref = _run_reference(plan, sides, actual, imposed, plan.out / run_folders.REF)
     ref_fp32 = None
     if plan.amp_effect and imposed != "off":
         ref_fp32 = sides.run("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
-                             plan.out / "ref-fp32")
+                             plan.out / run_folders.REF_FP32)
     return PairRuns(actual, ref, imposed, port_amp, ref_fp32, unmatched)
 
 
 def _run_reference(plan: PairPlan, sides: SideRunner, actual: Run, imposed: str, run_dir: Path) -> Run:
     options = replace(plan.options, device=plan.device_ref, autocast=imposed,
-                      autocast_follow=actual.manifest.autocast_scopes,
-                      extra_env={**plan.options.extra_env, **_scaler_twin(actual, imposed)})
+                      autocast_follow=actual.manifest.autocast_scopes, loss_scaler_plan=_scaler_twin(actual, imposed))
     return sides.run("ref", plan.original, plan.args, options, run_dir)
 
 
@@ -228,26 +207,25 @@ def _crashed_under_autocast(ref: Run, actual: Run) -> str:
     return (ref.manifest.message.strip().splitlines() or [ref.manifest.status])[0]
 
 
-def _scaler_twin(actual: Run, imposed: str) -> dict[str, str]:
+def _scaler_twin(actual: Run, imposed: str) -> LossScalerPlan | None:
     """The loss-scaler twin the reference follows when the port trained under a GradScaler (bootstrap.LossScalerTwin):
     under the port's autocast it scales as the port did, step by step, so that backward ops are comparable and fp16
     gradients overflow alike; in fp32 it only skips the updates the port skipped. Without a GradScaler in the port,
     nothing."""
     scaler = actual.manifest.loss_scaler
     if not scaler:
-        return {}
+        return None
     losses = actual.losses.assign(loss_scale=pd.to_numeric(actual.losses["loss_scale"], errors="coerce")).dropna(
         subset=["loss_scale"])
     # Runs recorded before skipped_updates existed name only the step: every optimizer of it was skipped.
     skipped = scaler.get("skipped_updates", [[step, index] for step in actual.manifest.skipped_steps
                                              for index in range(_optimizers(actual))])
-    plan = LossScalerPlan(
+    return LossScalerPlan(
         skipped=[[int(step), int(index)] for step, index in skipped],
         scales={(int(step), int(micro)): float(scale) for step, micro, scale in zip(
             losses["step"], losses["micro_step"], losses["loss_scale"])} if imposed != "off" else None,
         growth_factor=scaler["growth_factor"], backoff_factor=scaler["backoff_factor"],
         growth_interval=scaler["growth_interval"])
-    return {LOSS_SCALER_ENV: plan.to_env()}
 
 
 def _optimizers(run: Run) -> int:
@@ -261,11 +239,12 @@ def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
     result.notes.insert(0, how["description"])
     if plan.amp_effect and runs.ref_fp32 is None:
         result.notes.append("--amp-effect: nothing to measure, the port computes in fp32")
-    amp_effect = _amp_effect(runs.ref_fp32, runs.ref, plan.out / AMP_EFFECT_DIR) if runs.ref_fp32 else None
+    amp_effect = (_amp_effect(runs.ref_fp32, runs.ref, plan.out / run_folders.AMP_EFFECT) if runs.ref_fp32
+                  else None)
     # migrate writes its checklist into <port>_report/ beside the port (its default report folder).
     migrate_reports = plan.ported.with_name(plan.ported.stem + REPORT_SUFFIX)
-    _write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent)
-    _extend_summary(plan.out, pair=how | {"amp_effect": amp_effect})
+    _write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
+                   summary={"pair": how | {"amp_effect": amp_effect}})
     reports.print_summary(result, stdout)
     if amp_effect is not None:
         colour = "green" if amp_effect["passed"] else "yellow"
@@ -295,7 +274,7 @@ def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
         followed = (f"; the updates the port's GradScaler skipped{_skipped_words(twin)} were skipped on the reference "
                     "too, so both trained on the same updates" if twin.get("followed") else "")
         why = (f"the reference could not run under the port's {_AUTOCAST_FLAGS[runs.port_amp]} autocast "
-               f"({runs.unmatched_amp}; that run is kept in {REF_UNDER_AUTOCAST_DIR}/), so it"
+               f"({runs.unmatched_amp}; that run is kept in {run_folders.REF_UNDER_AUTOCAST}/), so it"
                if runs.unmatched_amp else "--no-match-amp: the reference")
         description = (f"{why} ran as written against a port computing in {runs.port_amp}; "
                        f"AMP noise and porting errors are judged together with the wider fp32-vs-AMP tolerances"
@@ -371,7 +350,7 @@ def pair(
     Exit codes: 0 PASS, 1 FAIL (the reason is the verdict line), 2 usage or verify's own error, or a pair that proves
     nothing (a reference that could not run, both sides stopped before their first step).
     """
-    out = out or default_out(original)
+    out = out or run_folders.default_pair_dir(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
                          timeout=timeout)
     exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value, loss_rtol,
@@ -390,7 +369,7 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
         raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
-                    match_amp, amp_effect, ref_run, loss_rtol, _fresh_folder(out))
+                    match_amp, amp_effect, ref_run, loss_rtol, run_folders.claim(out))
     with side_runner(quiet) as sides:
         runs = run_sides(plan, sides)
     return judge_pair(plan, runs)
@@ -478,7 +457,7 @@ def determinism(
     """
     options = RunOptions(steps=steps, seed=seed, device=device.value, dump=dump, no_dropout=no_dropout,
                          timeout=timeout)
-    out = out or default_out(script)
+    out = out or run_folders.default_pair_dir(script)
     exit_with(lambda: _determinism(script, list(script_args or []), options, out, quiet),
               f"check whether {script} is deterministic", out)
 
@@ -486,9 +465,9 @@ def determinism(
 def _determinism(script: Path, args: list[str], options: RunOptions, out: Path, quiet: bool) -> int:
     if not script.is_file():
         raise PairError(f"{script}: no such script")
-    out = _fresh_folder(out)
+    out = run_folders.claim(out)
     with side_runner(quiet) as sides:
-        first, second = (sides.run(f"run {n}", script, args, options, out / f"run-{n}") for n in (1, 2))
+        first, second = (sides.run(f"run {n}", script, args, options, out / run_folders.determinism_run(n)) for n in (1, 2))
     for run in (first, second):
         if run.manifest.status not in _RUN_ENDED_WELL:
             raise PairError(f"{run.root.name} ended '{run.manifest.status}': {run.manifest.message}")

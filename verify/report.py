@@ -154,11 +154,13 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(json_data(data), indent=1, allow_nan=False), encoding="utf-8")
 
 
-def write_reports(result: ComparisonResult, out: Path, checklist: list[dict[str, Any]] | None = None) -> list[Path]:
+def write_reports(result: ComparisonResult, out: Path, checklist: list[dict[str, Any]] | None = None,
+                  summary: dict[str, Any] | None = None) -> list[Path]:
+    """Every report of a comparison; `summary`: sections only the caller knows (the pair's), in summary.json."""
     out.mkdir(parents=True, exist_ok=True)
     advice = advise(result.findings)
     frame = op_report_frame(result)
-    summary = result.summary() | {"advice": [item.message for item in advice]}
+    summary = result.summary() | {"advice": [item.message for item in advice]} | (summary or {})
     paths = {name: out / name for name in
              (SUMMARY_JSON, "ops.csv", "ops.xlsx", "advice.txt", "report.html", "losses.csv")}
     write_json(paths[SUMMARY_JSON], summary)

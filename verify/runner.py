@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verify import devices
-from verify.schema import AUTOCAST_DTYPES, LOG, DumpMode, RunManifest, Status, VerifyFailure
+from verify import devices, run_folders
+from verify.schema import AUTOCAST_DTYPES, LOG, DumpMode, LossScalerPlan, RunManifest, Status, VerifyFailure
 from verify.store import RunDirError, now_iso, read_manifest, write_manifest
 
 _KILL_GRACE_S = 5.0
@@ -49,6 +49,7 @@ class RunOptions:
     timeout: float | None = None
     tensor_cap_mb: float = 512.0
     extra_env: dict[str, str] = field(default_factory=dict)
+    loss_scaler_plan: LossScalerPlan | None = None  # a reference following the port's GradScaler
 
 
 def _device_and_env(script: Path, options: RunOptions) -> tuple[str, dict[str, str]]:
@@ -67,10 +68,6 @@ def _tool_version() -> str:
         return "0+unknown"
 
 
-def default_run_dir(script: Path, device: str) -> Path:
-    return Path("verify-runs") / f"{script.stem}-{device}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def _check_inputs(script: Path, options: RunOptions, run_dir: Path) -> None:
     if not script.is_file():
         raise VerifyError(f"{script}: no such script")
@@ -85,8 +82,6 @@ def _check_inputs(script: Path, options: RunOptions, run_dir: Path) -> None:
             re.compile(options.ops)
         except re.error as error:
             raise VerifyError(f"--ops is not a valid regular expression: {error}") from None
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise VerifyError(f"{run_dir} already exists and is not an empty folder; choose another -o")
 
 
 def _initial_manifest(script: Path, args: list[str], options: RunOptions, device: str) -> RunManifest:
@@ -107,6 +102,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         align_random=options.align_random and not options.no_dropout,
         autocast="" if options.autocast == "off" else options.autocast,
         autocast_follow=dict(options.autocast_follow) if options.autocast != "off" else {},
+        loss_scaler_plan=options.loss_scaler_plan.to_record() if options.loss_scaler_plan else {},
         steps_requested=options.steps,
         started_at=now_iso(),
         timeout_s=options.timeout,
@@ -126,9 +122,9 @@ def run_script(
     manifest instead."""
     script = Path(script).resolve()
     device, device_env = _device_and_env(script, options) if script.is_file() else (options.device, {})
-    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(script, device)
+    run_dir = Path(run_dir) if run_dir is not None else run_folders.default_run_dir(script, device)
     _check_inputs(script, options, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_folders.claim(run_dir)
     manifest = _initial_manifest(script, args, options, device)
     write_manifest(run_dir, manifest)
     env = {**os.environ, **device_env, **options.extra_env, "PYTHONHASHSEED": str(options.seed)}

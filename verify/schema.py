@@ -30,7 +30,6 @@ outside it. This module imports neither torch nor pandas.
 
 from __future__ import annotations
 
-import json
 
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
@@ -49,9 +48,6 @@ OUTPUTS_DIR = "outputs"
 TENSORS_DIR = "tensors"
 TABLE_FILE = "steps.arrows"
 LOG = "output.log"
-# The child's environment, not the run directory: the loss-scaler twin a reference follows (LossScalerPlan as JSON,
-# set by `verify ORIGINAL PORTED` from the port's GradScaler record); what the twin did is manifest.loss_scaler.
-LOSS_SCALER_ENV = "NPU_PORT_LOSS_SCALER"
 
 
 def step_file(step: int, suffix: str) -> str:
@@ -230,6 +226,9 @@ class RunManifest:
     # reference that followed a port's scaler, the twin: {"twin": "scale" | "skip-only", "followed": [...],
     # "overflowed": [steps whose gradients overflowed under the imposed scale]}. Empty: no loss scaling.
     loss_scaler: dict[str, Any] = field(default_factory=dict)
+    # A reference following the port's GradScaler: the plan its loss-scaler twin plays (LossScalerPlan.to_record(),
+    # set by `verify ORIGINAL PORTED` from the port's run); empty otherwise.
+    loss_scaler_plan: dict[str, Any] = field(default_factory=dict)
     # Steps whose first backward() found gradients left from an earlier step (no zero_grad() between steps).
     grads_carried_steps: list[int] = field(default_factory=list)
     timeout_s: float | None = None  # --timeout, if any
@@ -267,13 +266,13 @@ class LossScalerPlan:
     backoff_factor: float = 0.5
     growth_interval: int = 2000
 
-    def to_env(self) -> str:
+    def to_record(self) -> dict[str, Any]:
+        """As manifest.loss_scaler_plan keeps it (JSON: the scales as [step, micro_step, scale] rows)."""
         scales = None if self.scales is None else [[*key, scale] for key, scale in self.scales.items()]
-        return json.dumps(asdict(self) | {"scales": scales})
+        return asdict(self) | {"scales": scales}
 
     @classmethod
-    def from_env(cls, text: str) -> "LossScalerPlan":
-        data = json.loads(text)
+    def from_record(cls, data: dict[str, Any]) -> "LossScalerPlan":
         scales = data.get("scales")
         return cls(**{**data, "scales": None if scales is None else {
             (int(step), int(micro)): float(scale) for step, micro, scale in scales}})

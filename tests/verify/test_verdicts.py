@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from migrate import Settings, migrate_source
 from verify import tolerances
 from verify.cli import app
-from verify.pair import AMP_EFFECT_DIR, DETERMINISM_JSON, route
+from verify.pair import DETERMINISM_JSON, route
+from verify.run_folders import AMP_EFFECT
 from verify.runner import RunOptions, run_script
 
 pytestmark = pytest.mark.slow
@@ -88,7 +89,7 @@ def test_faithful_port_of_a_sample_passes_and_reports_the_amp_effect(tmp_path):
     assert summary["loss"]["steps_compared"] == STEPS
     effect = summary["pair"]["amp_effect"]
     assert effect["loss_rtol"] == tolerances.AMP_VS_FP32_LOSS_RTOL and effect["comparison"].startswith("fp32-vs-AMP")
-    assert (out / AMP_EFFECT_DIR / "summary.json").is_file() and (out / "ref-fp32" / "manifest.json").is_file()
+    assert (out / AMP_EFFECT / "summary.json").is_file() and (out / "ref-fp32" / "manifest.json").is_file()
     assert "imposed from outside" in (out / "report.html").read_text()
 
 
