@@ -486,7 +486,7 @@ def md5_of(tensor: torch.Tensor) -> str:
     return hashlib.md5(raw.numpy().tobytes()).hexdigest()
 
 
-_ROW_COLUMNS = ("seq", "phase", "module", "op", "call_index", "io", "md5", "tensor_file")
+_ROW_COLUMNS = ("seq", "phase", "module", "op", "call_index", "io", "md5", "tensor_file", "inputs")
 _PENDING_COLUMNS = ("dtype", "shape", "numel")
 _ROW_FIELDS, _PENDING_FIELDS = operator.attrgetter(*_ROW_COLUMNS), operator.attrgetter(*_PENDING_COLUMNS)
 
@@ -502,6 +502,7 @@ class OpRow:
     stats: PendingStats
     md5: str = ""
     tensor_file: str = ""
+    inputs: str = ""  # the seqs of the recorded calls whose outputs this call read
 
 
 class TensorSaver:
@@ -523,6 +524,14 @@ class TensorSaver:
             return ""
         self._budget -= size
         return self._save(relative, host_array(tensor))
+
+
+def _storage_address(tensor: torch.Tensor) -> int:
+    """Where a tensor's data lives, shared by its views; 0 for tensors without storage (a subclass, a meta tensor)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
@@ -702,13 +711,16 @@ class _OpRecorder(TorchDispatchMode):
         if name is None:
             return func(*args, **kwargs)
         call = capture.begin_call(name)
+        arguments = tensors_in(args) + tensors_in(list(kwargs.values()))
+        call.inputs = capture.producers(arguments)
         if capture.with_inputs:
-            capture.record(call, "in", tensors_in(args) + tensors_in(list(kwargs.values())))
+            capture.record(call, "in", arguments)
         out = func(*args, **kwargs)
         outputs = tensors_in(out)
         if not outputs:  # in-place ops that return nothing (foreach): their results are the written arguments
             outputs = tensors_in(self._written(func, args, kwargs))
         capture.record(call, "out", outputs)
+        capture.produced(call, outputs)
         return out
 
     @staticmethod
@@ -737,6 +749,7 @@ class _Call:
     op: str
     call_index: int
     save_tensors: bool
+    inputs: str = ""
 
 
 class OpCapture:
@@ -760,6 +773,7 @@ class OpCapture:
         self.recording = True
         self.rows: list[OpRow] = []
         self._computed: dict[int, weakref.ref] = {}  # note_outputs
+        self._writers: dict[int, int] = {}  # storage address -> seq of this step's last recorded call writing it
         self.truncated = False  # this step reached MAX_ROWS_PER_STEP
         self._seq = 0
         self._call_counts: dict[tuple[str, str, str], int] = {}
@@ -841,6 +855,20 @@ class OpCapture:
                 self.rows.append(OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"in{position}",
                                        stats, md5))
 
+    def producers(self, tensors: Sequence[torch.Tensor]) -> str:
+        """The recorded calls of this step that wrote the storage of `tensors` (views included), as "seq,seq"."""
+        writers = self._writers  # (address 0, no storage, is never written: see produced)
+        seqs = [writers[address] for address in map(_storage_address, tensors) if address in writers]
+        if len(seqs) < 2:  # most calls: one producer or none, at the cost of a lookup
+            return str(seqs[0]) if seqs else ""
+        return ",".join(map(str, sorted(set(seqs))))
+
+    def produced(self, call: _Call, outputs: Sequence[torch.Tensor]) -> None:
+        for tensor in outputs:
+            address = _storage_address(tensor)
+            if address:
+                self._writers[address] = call.seq
+
     def begin_call(self, op: str) -> _Call:
         module = self.modules.innermost
         if self.modules.in_backward():
@@ -863,7 +891,7 @@ class OpCapture:
             return
         for position, tensor in enumerate(tensors):
             row = OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"{io}{position}",
-                        summarize(tensor, self.batch, self.small_tensors))
+                        summarize(tensor, self.batch, self.small_tensors), inputs=call.inputs)
             if self.dump == DumpMode.MD5:
                 row.md5 = md5_of(tensor)
             if call.save_tensors:
@@ -892,6 +920,7 @@ class OpCapture:
     def discard_step(self, next_step: int) -> None:
         self.small_tensors.discard()
         self._computed = {}
+        self._writers = {}
         self.modules.release_leaf_hooks()
         self.rows = []
         self.truncated = False

@@ -335,7 +335,10 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
     op_step[op_id] = step
     first_of_step = np.r_[True, op_step[1:] != op_step[:-1]]
     previous_ok = np.r_[True, ~output_failed[:-1]] | first_of_step
-    inputs_ok = np.where(inputs_recorded, ~input_failed, previous_ok)
+    op_seq = np.zeros(n_ops, dtype="int64")
+    op_seq[op_id] = seq
+    flow_known, producers_failed = _producers_failed(table, matched, op_id, op_step, op_seq, output_failed)
+    inputs_ok = np.where(inputs_recorded, ~input_failed, np.where(flow_known, ~producers_failed, previous_ok))
     is_batch = np.bincount(op_id, weights=batch, minlength=n_ops) > 0
     candidates = np.flatnonzero(output_failed & inputs_ok & ~is_batch)
     if not len(candidates):
@@ -354,6 +357,7 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
         "actual": {stat: float(worst[f"actual_{stat}"]) for stat in stats},
         "cosine": float(worst.get("cosine", np.nan)),
         "inputs_evidence": ("its recorded inputs agree" if inputs_recorded[chosen]
+                            else "the ops that produced its inputs agree" if flow_known[chosen]
                             else "first recorded op of the step (inputs: batch and weights, not recorded)"
                             if first_of_step[chosen] else "the previous matched op of the step agrees"),
         "first_of_step": bool(first_of_step[chosen] and not inputs_recorded[chosen]),
@@ -361,22 +365,65 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
     }
 
 
+def _producer_pairs(table: pd.DataFrame, rows: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+    """The data flow (ops.inputs) of `rows`: a (row, step, seq) pair per recorded call of the reference whose output
+    the row's op read, and the rows whose run recorded a data flow at all (not schema version 1 runs)."""
+    inputs = table["ref_inputs"].iloc[rows]
+    known = rows[inputs.notna().to_numpy()]
+    listed = pd.DataFrame({"row": known, "step": table["step"].to_numpy()[known],
+                           "seq": inputs.dropna().astype(str).str.split(",").to_numpy()}).explode("seq")
+    return listed.loc[listed["seq"].fillna("") != ""].astype({"seq": "int64"}), known
+
+
+def _producers_failed(table: pd.DataFrame, matched: np.ndarray, op_id: np.ndarray, op_step: np.ndarray,
+                      op_seq: np.ndarray, output_failed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per op call: whether its data flow was recorded, and whether a call that produced its inputs failed."""
+    pairs, known_rows = _producer_pairs(table, matched)
+    call_of_row = np.full(len(table), -1)
+    call_of_row[matched] = op_id
+    known = np.zeros(len(output_failed), dtype=bool)
+    known[call_of_row[known_rows]] = True
+    failed_calls = pd.MultiIndex.from_arrays([op_step[output_failed], op_seq[output_failed]])
+    from_failed = pd.MultiIndex.from_frame(pairs[["step", "seq"]]).isin(failed_calls)
+    failed = np.zeros(len(output_failed), dtype=bool)
+    failed[call_of_row[pairs["row"].to_numpy()[from_failed]]] = True
+    return known, failed
+
+
 def _explained_by_inherited_noise(table: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
-    """Per row of `rows`: its error is no larger than the noise the op inherits explains. Statistics records do not
-    say which ops produced an op's inputs, so two stand-ins for them are taken: the op calls just before it in its
-    step, casts and copies included (tolerances.INHERITED_NOISE_WINDOW: an fp32 layer norm whose incoming gradient
-    comes from bf16 matmuls), and the earlier calls of the step with an output of its shape (an elementwise op's
-    input: gradient clipping's multiply on gradients made in backward). An op carries their noise when its
-    error is at most tolerances.NOISE_AMPLIFICATION times theirs, or within the tolerance of their dtypes (an fp32
-    residual add of a bf16 matmul's output is as noisy as bf16)."""
+    """Per row of `rows`: its error is no larger than the noise the op inherits explains, that is at most
+    tolerances.NOISE_AMPLIFICATION times the error of the calls that produced its inputs, or within the tolerance of
+    their dtypes (an fp32 residual add of a bf16 matmul's output is as noisy as bf16). The producers are the recorded
+    data flow (ops.inputs); runs recorded without it (schema version 1) get two stand-ins: the calls just before the
+    op in its step, casts included (tolerances.INHERITED_NOISE_WINDOW: an fp32 layer norm whose incoming gradient
+    comes from bf16 matmuls), and the earlier calls of the step with an output of its shape (gradient clipping's
+    multiply on gradients made in backward). Integer outputs stay exact."""
     matched = np.flatnonzero(table["status"].isin(MATCHED).to_numpy())
-    step = table["step"].to_numpy()[matched]
-    seq = table["ref_seq"].to_numpy(dtype="int64", na_value=0)[matched]
-    error = np.nan_to_num(table["stats_error"].to_numpy("float64"), nan=0.0)
     calls = pd.DataFrame({
-        "step": step, "shape": table["ref_shape"].cat.codes.to_numpy()[matched],
-        "call": pd.factorize(step * (int(seq.max(initial=0)) + 1) + seq, sort=True)[0],
-        "error": error[matched], "tolerance": table["tolerance"].to_numpy("float64")[matched]})
+        "step": table["step"].to_numpy()[matched], "seq": table["ref_seq"].to_numpy(dtype="int64", na_value=0)[matched],
+        "shape": table["ref_shape"].cat.codes.to_numpy()[matched],
+        "error": np.nan_to_num(table["stats_error"].to_numpy("float64")[matched], nan=0.0),
+        "tolerance": table["tolerance"].to_numpy("float64")[matched]}, index=matched)
+    limit = np.zeros(len(table))
+    limit[matched] = _stand_in_limit(calls)
+    pairs, known = _producer_pairs(table, matched)
+    limit[known] = 0.0  # a recorded data flow replaces the stand-ins: no producer, nothing inherited
+    per_call = calls.groupby(["step", "seq"])[["error", "tolerance"]].max().reset_index()
+    flow = pairs.merge(per_call, on=["step", "seq"]).groupby("row")[["error", "tolerance"]].max()
+    limit[flow.index.to_numpy()] = _limit(flow["error"].to_numpy(), flow["tolerance"].to_numpy())
+    error = np.nan_to_num(table["stats_error"].to_numpy("float64")[rows], nan=0.0)
+    exact = table["tolerance"].to_numpy("float64")[rows] == 0
+    return (error <= limit[rows]) & ~exact
+
+
+def _limit(inherited_error: np.ndarray, inherited_tolerance: np.ndarray) -> np.ndarray:
+    return np.nan_to_num(np.fmax(tolerances.NOISE_AMPLIFICATION * inherited_error, inherited_tolerance), nan=0.0)
+
+
+def _stand_in_limit(calls: pd.DataFrame) -> np.ndarray:
+    """Without a recorded data flow: the window of calls before each one, and the earlier calls of its shape."""
+    calls = calls.assign(call=pd.factorize(calls["step"] * (int(calls["seq"].max()) + 1) + calls["seq"],
+                                           sort=True)[0])
     per_call = calls.groupby("call").agg(step=("step", "first"), error=("error", "max"), tolerance=("tolerance", "max"))
     window = per_call.groupby("step")[["error", "tolerance"]].transform(
         lambda values: values.shift(1).rolling(tolerances.INHERITED_NOISE_WINDOW, min_periods=1).max())
@@ -384,14 +431,8 @@ def _explained_by_inherited_noise(table: pd.DataFrame, rows: np.ndarray) -> np.n
     same_shape = by_shape.groupby(level=["step", "shape"]).transform(lambda values: values.shift(1).cummax()).reindex(
         pd.MultiIndex.from_frame(calls[["step", "shape", "call"]]))
     before = window.reindex(calls["call"])
-    inherited_error = np.fmax(before["error"].to_numpy(), same_shape["error"].to_numpy())
-    inherited_tolerance = np.fmax(before["tolerance"].to_numpy(), same_shape["tolerance"].to_numpy())
-    explained_up_to = np.fmax(tolerances.NOISE_AMPLIFICATION * inherited_error, inherited_tolerance)
-    limit = np.zeros(len(table))
-    limit[matched] = np.nan_to_num(explained_up_to, nan=0.0)
-    # Integers (argmax, indices) stay exact: what they index is judged at the values (_indices_of_agreeing_values).
-    exact = table["tolerance"].to_numpy("float64")[rows] == 0
-    return (error[rows] <= limit[rows]) & ~exact
+    return _limit(np.fmax(before["error"].to_numpy(), same_shape["error"].to_numpy()),
+                  np.fmax(before["tolerance"].to_numpy(), same_shape["tolerance"].to_numpy()))
 
 
 def _op_label(op: dict[str, Any]) -> str:
@@ -877,13 +918,22 @@ def _match_finding(table: pd.DataFrame) -> list[Finding]:
 
 
 def _cause_rank(finding: Finding, first: dict[str, Any] | None) -> float:
-    """Causes before symptoms: FAILING's order, except that an overflow at a later step than the first divergent
-    operator follows from that divergence and ranks after it."""
+    """Causes before symptoms: FAILING's order, except that an overflow after the first divergent operator on the
+    timeline of the run (a later step, or later in the same step) follows from that divergence and ranks after it."""
     rank = FAILING.index(finding.code)
-    later = first is not None and finding.detail.get("step") is not None and finding.detail["step"] > first["step"]
-    if finding.code is FindingCode.OVERFLOW and later:
+    if finding.code is FindingCode.OVERFLOW and _happens_after(finding.detail, first):
         return FAILING.index(FindingCode.OP_DIVERGES) + 0.5
     return rank
+
+
+def _happens_after(detail: dict[str, Any], first: dict[str, Any] | None) -> bool:
+    """Whether what `detail` names comes after the op `first` in execution order: its step, then its seq; a finding
+    without a seq (a skipped update) happens at the end of its step, after every op of it."""
+    step = detail.get("step")
+    if first is None or step is None or step != first["step"]:
+        return first is not None and step is not None and step > first["step"]
+    seq = detail.get("seq")
+    return seq is None or seq > first["seq"]
 
 
 def _verdict(findings: list[Finding], loss: LossComparison, table: pd.DataFrame, policy: PrecisionPolicy,

@@ -168,7 +168,7 @@ def _rows(step: int, dump_file: Path, root: Path, skipped: list[str]) -> list[tu
             rows.append((step, seq, phase, module, op, call_index, io, str(tensor.get("dtype", "")).removeprefix(
                 "torch."), "x".join(map(str, shape)), int(np.prod(shape)) if shape else 1, *stats,
                 *_nonfinite_presence(tensor), str(tensor.get("md5") or ""),
-                _tensor_file(tensor, dump_file.parent, root, skipped)))
+                _tensor_file(tensor, dump_file.parent, root, skipped), pd.NA))  # msprobe records no data flow
     return rows
 
 

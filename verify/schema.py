@@ -37,7 +37,7 @@ from typing import Any
 
 from verify.devices import title
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: ops.inputs (the data flow between recorded calls)
 
 MANIFEST = "manifest.json"
 LOSSES = "losses.csv"
@@ -122,6 +122,9 @@ OP_COLUMNS: dict[str, str] = {
     "inf_count": "int64",
     "md5": "string",  # md5 mode only, else ""
     "tensor_file": "string",  # tensor mode: path relative to the run directory, else ""
+    # The seqs of the recorded calls of this step whose outputs this call read ("12,15"; "" none: the batch, the
+    # weights, or work not recorded). Schema version 2; version 1 runs read as missing (NA).
+    "inputs": "string",
 }
 
 # The op key: the parts that identify an op call on every machine, each preceded by its separator.

@@ -62,7 +62,7 @@ def trace_ops(steps: int = STEPS, trace=TRACE, seed: int = 0) -> pd.DataFrame:
                              key=f"{step}/{phase}/{module}/{op}#{index}", dtype=dtype,
                              shape="x".join(map(str, shape)), numel=numel, min=-3 * spread, max=3 * spread,
                              mean=rng.normal(0, 0.1), l2_norm=spread * np.sqrt(numel), nan_count=0, inf_count=0,
-                             md5="", tensor_file=""))
+                             md5="", tensor_file="", inputs=str(seq - 1) if seq else ""))  # a sequential model
     return pd.DataFrame(rows).astype(OP_COLUMNS)
 
 
@@ -163,7 +163,7 @@ def test_perturbed_op_is_named_first_divergent(tmp_path):
     first = result.first_divergent
     assert (first["step"], first["op"], first["module"], first["phase"]) == (1, "aten.convolution", "Net.conv2",
                                                                              "forward")
-    assert first["inputs_evidence"] == "the previous matched op of the step agrees"
+    assert first["inputs_evidence"] == "the ops that produced its inputs agree"  # the recorded data flow
     assert first["actual"]["l2_norm"] == pytest.approx(first["ref"]["l2_norm"] * 1.02, rel=1e-5)
     assert not result.verdict.passed
     assert "first divergent operator: aten.convolution (Net.conv2 forward, step 1, out0)" in result.verdict.reason
@@ -642,3 +642,37 @@ def test_scripts_ending_by_themselves_after_different_steps_fail_naming_the_diff
     assert result.verdict.reason == ("FAIL: the scripts ran different numbers of steps: ref 2 of 3 (it ended by "
                                      "itself), actual all 3")
     assert any("drop_last" in item.message for item in advise(result.findings))
+
+
+def test_an_op_is_judged_by_the_noise_its_recorded_inputs_carry(tmp_path):
+    """A bf16 matmul's noise reaches an fp32 residual add four calls later (the data flow, ops.inputs): the add's
+    error is within the bf16 noise it inherits, not a divergence. Without the recorded data flow (a schema version 1
+    run), the stand-ins see only the clean fp32 calls just before the add, and the add is named."""
+    trace = [("forward", "Net.fc", "aten.mm", "bfloat16", (8, 64)),
+             *[("forward", "Net.norm", "aten.mul", "float32", (8, 32))] * 4,
+             ("forward", "Net", "aten.add", "float32", (8, 16))]
+    ref_ops = trace_ops(trace=trace)
+    ref_ops.loc[ref_ops["op"] == "aten.add", "inputs"] = "0"
+    actual_ops = ref_ops.copy()
+    actual_ops.loc[actual_ops["op"] == "aten.mm", "l2_norm"] *= 1.01  # bf16 noise, within bf16's tolerance
+    actual_ops.loc[actual_ops["op"] == "aten.add", "l2_norm"] *= 1.005  # past fp32's 0.001
+    flow = compare_runs(read_side(write_run(tmp_path / "ref", ops=ref_ops)),
+                        read_side(write_run(tmp_path / "actual", ops=actual_ops)))
+    assert flow.verdict.passed, flow.verdict.reason
+    unrecorded = {side: ops.assign(inputs=pd.NA).astype({"inputs": "string"}) for side, ops in
+                  (("ref", ref_ops), ("actual", actual_ops))}
+    stand_ins = compare_runs(read_side(write_run(tmp_path / "ref1", ops=unrecorded["ref"])),
+                             read_side(write_run(tmp_path / "actual1", ops=unrecorded["actual"])))
+    assert stand_ins.verdict.reason.startswith("FAIL: first divergent operator: aten.add (Net forward, step 0")
+
+
+def test_an_overflow_later_in_the_same_step_follows_the_divergent_forward_op(tmp_path):
+    """One timeline: the port's relu already differs in step 0's forward, and its backward overflows later in that
+    step (under the same scale, where the reference's does not): the relu is named first, the overflow after it."""
+    actual_ops = with_noise(trace_ops())
+    actual_ops.loc[(actual_ops["step"] == 0) & (actual_ops["op"] == "aten.relu"), "l2_norm"] *= 1.5
+    backward = (actual_ops["step"] == 0) & (actual_ops["phase"] == "backward")
+    actual_ops.loc[backward & (actual_ops["op"] == "aten.mm"), "inf_count"] = 3
+    result = run_pair(tmp_path, actual_ops=actual_ops)
+    assert result.verdict.reason.startswith("FAIL: first divergent operator: aten.relu (Net.relu forward, step 0")
+    assert any(f.code == FindingCode.OVERFLOW for f in result.findings)

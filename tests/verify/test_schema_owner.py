@@ -25,7 +25,8 @@ def ops(relu_mean):
             rows.append(dict(step=step, seq=seq, phase="forward", module=module, op=op, call_index=0, io="out0",
                              key=op_key(step=step, phase="forward", module=module, op=op, call_index=0),
                              dtype="float32", shape="4x8", numel=32, min=-1.0, max=1.0, mean=mean, l2_norm=3.0,
-                             nan_count=0, inf_count=0, md5="", tensor_file="", abs_mean=abs(mean) + 1.0))
+                             nan_count=0, inf_count=0, md5="", tensor_file="", inputs=str(seq - 1) if seq else "",
+                             abs_mean=abs(mean) + 1.0))
     return pd.DataFrame(rows).astype(OP_COLUMNS)
 
 out = Path(sys.argv[1])
@@ -53,9 +54,7 @@ def test_a_statistic_added_to_the_schema_reaches_csv_html_and_json(tmp_path):
     text = schema.read_text()
     text = text.replace('STAT_COLUMNS = ("min", "max", "mean", "l2_norm", "nan_count", "inf_count")',
                         'STAT_COLUMNS = ("min", "max", "mean", "l2_norm", "nan_count", "inf_count", "abs_mean")')
-    text = text.replace('    "tensor_file": "string",  # tensor mode: path relative to the run directory, else ""\n}',
-                        '    "tensor_file": "string",  # tensor mode: path relative to the run directory, else ""\n'
-                        '    "abs_mean": "float64",\n}', 1)
+    text = text.replace('    "inputs": "string",\n}', '    "inputs": "string",\n    "abs_mean": "float64",\n}', 1)
     assert text.count("abs_mean") == 2
     schema.write_text(text)
     done = subprocess.run([sys.executable, "-c", _COMPARE_WITH_A_NEW_STATISTIC, str(tmp_path / "runs")],
