@@ -23,7 +23,7 @@ FORBIDDEN = [
     ("rules", {"migrate", "verify"}),
     ("verify", {"migrate", "rules", "libcst"}),
 ]
-TORCH_FREE = ("verify.compare", "verify.report", "verify.store")
+TORCH_FREE = ("verify.compare", "verify.report", "verify.store", "verify.findings", "verify.curves", "verify.op_verdicts")
 
 
 def _module_name(path: Path) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from verify.align import same_computation
-from verify.compare import Finding, FindingCode
+from verify.findings import Finding, FindingCode
 from verify.schema import HALF_DTYPES
 
 # Ops whose GPU kernels accumulate with atomics, so two runs of the same script differ (PyTorch's reproducibility
@@ -38,7 +38,7 @@ def _half(finding: Finding) -> bool:
 
 
 def _skipped_update(finding: Finding) -> bool:
-    """An overflow seen as a loss scaler's skipped step on one side only (compare._one_sided_skips)."""
+    """An overflow seen as a loss scaler's skipped step on one side only (curves._one_sided_skips)."""
     return "scale" in finding.detail
 
 
@@ -54,12 +54,12 @@ def _float64_lost(finding: Finding) -> bool:
 
 
 def _update_by_hand(finding: Finding) -> bool:
-    """The divergent op is the script's own parameter update (compare._updates_by_hand)."""
+    """The divergent op is the script's own parameter update (findings._updates_by_hand)."""
     return bool(finding.detail.get("update_by_hand"))
 
 
 def _follows_hparams(finding: Finding) -> bool:
-    """The op diverges after a differing hyperparameter took effect (compare._hparams_behind): not evidence of a
+    """The op diverges after a differing hyperparameter took effect (findings._hparams_behind): not evidence of a
     numerical issue, since the runs no longer compute on the same values."""
     return bool(finding.detail.get("follows_hparams"))
 

@@ -19,7 +19,9 @@ import typer
 from rich.console import Console
 
 from verify import msprobe, report as reports
-from verify.compare import CompareError, CompareOptions, compare_runs
+from verify.compare import compare_runs
+from verify.findings import CompareError
+from verify.precision_policy import CompareOptions
 from verify.errors import exit_with
 from verify.schema import EXIT_ERROR, EXIT_OK, VerifyFailure
 from verify.store import Run, RunDirError, read_run

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd
 
-from verify.compare import CompareError
+from verify.findings import CompareError
 from verify.schema import OP_COLUMNS, OP_KEY_PARTS, RunManifest, Status
 from verify.store import Run, empty_frame, op_keys
 

@@ -36,8 +36,8 @@ from rich.table import Table
 
 from verify import report as reports
 from verify.checklist_items import REPORT_SUFFIX, TITLES, Status as ChecklistStatus, port_name
-from verify.compare import CompareOptions, ComparisonResult, amp_dtype, \
-    compare_runs
+from verify.compare import ComparisonResult, compare_runs
+from verify.precision_policy import CompareOptions, amp_dtype
 from verify.compare_cli import read_side
 from verify import devices, run_folders
 from verify.errors import exit_with

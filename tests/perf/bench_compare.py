@@ -20,7 +20,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from verify.align import align_ops  # noqa: E402
-from verify.compare import CompareOptions, first_divergent_op, op_metrics, precision_policy  # noqa: E402
+from verify.op_verdicts import first_divergent_op, op_metrics  # noqa: E402
+from verify.precision_policy import CompareOptions, precision_policy  # noqa: E402
 from verify.schema import OP_COLUMNS, RunManifest  # noqa: E402
 from verify.store import Run  # noqa: E402
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from verify.advice import advise
-from verify.compare import FindingCode, compare_runs
+from verify.compare import compare_runs
+from verify.findings import FindingCode
 from verify.schema import OP_COLUMNS, RunManifest
 from verify.store import Run
 

@@ -19,7 +19,9 @@ from typer.testing import CliRunner
 
 from verify import compare_cli
 from verify.advice import advise
-from verify.compare import CompareOptions, FindingCode, compare_runs
+from verify.compare import compare_runs
+from verify.findings import FindingCode
+from verify.precision_policy import CompareOptions
 from verify.compare_cli import read_side
 from verify.schema import GRAD_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS, TABLE_FILE, RunManifest
 from verify.store import RunWriter

@@ -7,7 +7,8 @@ import pytest
 
 from test_compare import trace_ops, with_noise, write_run
 from verify import msprobe
-from verify.compare import CompareError, compare_runs
+from verify.compare import compare_runs
+from verify.findings import CompareError
 from verify.compare_cli import read_side
 
 

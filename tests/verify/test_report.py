@@ -10,7 +10,8 @@ from rich.console import Console
 
 from test_compare import hparams, trace_ops, with_noise, write_run
 from verify import report
-from verify.compare import Finding, FindingCode, Verdict, compare_runs
+from verify.compare import compare_runs
+from verify.findings import Finding, FindingCode, Verdict
 from verify.compare_cli import read_side
 
 
