@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from verify import device_setup, devices
-from verify.capture import OpCapture, StatBatch, TensorSaver
+from verify.capture import OpCapture, TensorSaver
+from verify.tensor_stats import StatBatch
 from verify import environment_record, precision_scopes, random_streams
 from verify.schema import DumpMode, RunManifest, Status
 from verify.step_recorder import StepRecorder, StopRun

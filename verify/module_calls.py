@@ -1,5 +1,5 @@
 """Global forward hooks that see each module call's entry and exit with its path, for the child's own bookkeeping
-(verify/precision_scopes.py, verify/random_streams.py): the paths are the op records' (capture.ModuleScopes.name)."""
+(verify/precision_scopes.py, verify/random_streams.py): the paths are the op records' (module_scopes.ModuleScopes.name)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-from verify.capture import ModuleScopes
+from verify.module_scopes import ModuleScopes
 
 
 class ModuleCalls:

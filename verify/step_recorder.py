@@ -32,7 +32,9 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_flatten
 
-from verify.capture import Handle, has_readable_data, host_array, step_columns, summarize, tensors_in, unwrapped
+from verify.capture import step_columns, tensors_in
+from verify.module_scopes import unwrapped
+from verify.tensor_stats import Handle, has_readable_data, host_array, summarize
 from verify.schema import GRADS_DIR, OPS_DIR, OUTPUTS_DIR, STAT_COLUMNS, LossScalerPlan, RunManifest, Status, step_file
 from verify.loss_scaler_twin import LossScalerTwin, script_scaler
 from verify.store import RunWriter, write_manifest

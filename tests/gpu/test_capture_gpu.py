@@ -16,7 +16,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from verify.capture import STAT_COLUMNS, OpCapture, StatBatch, summarize  # noqa: E402
+from verify.capture import OpCapture  # noqa: E402
+from verify.schema import STAT_COLUMNS  # noqa: E402
+from verify.tensor_stats import StatBatch, summarize  # noqa: E402
 from verify.schema import DumpMode  # noqa: E402
 
 STEPS = 4

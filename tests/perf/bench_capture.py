@@ -85,9 +85,10 @@ def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
     optimizer.step() (not its ops one by one), one ship and one table write per step, dropout masks from the keyed
     stream. native=False: statistics by
     torch's reductions, as where verify._stats (the C extension) is not built."""
-    import verify.capture
+    import verify.tensor_stats
     from verify import random_streams
-    from verify.capture import OpCapture, StatBatch, step_columns
+    from verify.capture import OpCapture, step_columns
+    from verify.tensor_stats import StatBatch
     from verify.schema import OPS_DIR, DumpMode
     from verify.store import RunWriter
 
@@ -101,10 +102,10 @@ def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
     capture = OpCapture(DumpMode.STATS, batch)
     counter = iter(range(10**9))
     steps_done = [0]  # the step the keyed stream reads, as StepRecorder.steps_done
-    extension = verify.capture.native_stats
+    extension = verify.tensor_stats.native_stats
 
     def run(steps: int) -> None:
-        verify.capture.native_stats = extension if native else None
+        verify.tensor_stats.native_stats = extension if native else None
         try:
             with capture, random_streams.keyed(0, lambda: steps_done[0], []):
                 for _ in range(steps):
@@ -115,7 +116,7 @@ def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
                         shipment, rows = batch.ship(), capture.close_step(index)
                         writer.write_step_table(OPS_DIR, index, step_columns(index, rows, shipment.read()))
         finally:
-            verify.capture.native_stats = extension
+            verify.tensor_stats.native_stats = extension
 
     return run
 
@@ -182,9 +183,9 @@ def main() -> None:
     if args.worker:
         worker_msprobe(args.steps, args.rounds)
         return
-    import verify.capture
+    import verify.tensor_stats
 
-    built = verify.capture.native_stats is not None
+    built = verify.tensor_stats.native_stats is not None
     with tempfile.TemporaryDirectory() as out_dir:
         runners = {"plain": plain_runner(), "ours": ours_runner(Path(out_dir) / "ours")}
         if built:

@@ -133,7 +133,8 @@ class BootstrapLikeCapture:
     ship of the statistics; a step is written when its copy has arrived, else at the end of the next step."""
 
     def __init__(self, workload: Workload, out_dir: Path) -> None:
-        from verify.capture import OpCapture, StatBatch
+        from verify.capture import OpCapture
+        from verify.tensor_stats import StatBatch
         from verify.schema import DumpMode
         from verify.store import RunWriter
 
@@ -149,7 +150,7 @@ class BootstrapLikeCapture:
         workload.optimizer.register_step_post_hook(lambda *_: self.capture.optimizer_step_ends(self.parameters))
 
     def _before_optimizer_step(self, *_: object) -> None:
-        from verify.capture import summarize
+        from verify.tensor_stats import summarize
 
         with torch.no_grad(), self.capture.paused():
             self.grads = [(name, summarize(p.grad, self.batch)) for name, p in self.parameters if p.grad is not None]
@@ -182,7 +183,8 @@ class BootstrapLikeCapture:
             self._write_step(*unwritten, losses)
 
     def _write_step(self, step, shipment, rows, loss_handle, grads, losses: list[float]) -> None:
-        from verify.capture import STAT_COLUMNS, step_columns
+        from verify.capture import step_columns
+        from verify.schema import STAT_COLUMNS
         from verify.schema import GRADS_DIR, OPS_DIR
 
         fetched = shipment.read()
