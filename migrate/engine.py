@@ -21,7 +21,7 @@ from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper
 
 from migrate.types import MigrationResult
-from rules import CheapMatcherScan, FileState, PortRule, Settings, TRIVIA, Walk, all_rules, forget
+from rules import CheapMatcherScan, FileState, PortRule, Settings, TRIVIA, Walk, all_rules, forget, line_limit, reflow
 
 
 class SourceError(Exception):
@@ -105,6 +105,8 @@ def _port(
         for instance in instances:
             stack.enter_context(instance.resolve(wrapper))
         ported = _RuleSet(instances).transform(wrapper.module)
+    if ported is not module:  # the lines the rules made keep to the file's line length
+        ported = reflow(module, code, ported, line_limit(code, settings.line_length))
     if _missing_imports(context, ported):
         ported = _add_imports(context, ported)
     if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):  # imports a rewrite left unused (apex.parallel, say)

@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 from migrate.diff import unified_diff
 from migrate.engine import SourceError, migrate_source
 from migrate.facts import file_facts
+from migrate.line_length import configured_line_length
 from migrate.types import FileResult, FileStatus
 from rules import PortRule, Settings
 from verify.checklist_items import PORT_SUFFIX, REPORT_SUFFIX, port_name
@@ -64,7 +65,7 @@ def plan(
             target = path if in_place else _file_target(path, out)
             _refuse_overwrite(path, target, in_place)
             own_output = out is None and not in_place and path.stem.endswith(PORT_SUFFIX)
-            entry = replace(settings, is_entry=True)
+            entry = replace(settings, is_entry=True, line_length=configured_line_length(path))
             jobs.append(Job(path, target, port=True, settings=entry, write=write, is_own_output=own_output))
     return jobs
 
@@ -90,8 +91,8 @@ def _plan_folder(root: Path, target_root: Path, settings: Settings) -> Iterator[
     for source in _walk(root, skip=None if in_place else target_root.resolve()):
         target = target_root / source.relative_to(root)
         if source.suffix == ".py":
-            is_entry = _has_main_guard(source)
-            yield Job(source, target, port=True, settings=replace(settings, is_entry=is_entry))
+            own = replace(settings, is_entry=_has_main_guard(source), line_length=configured_line_length(source))
+            yield Job(source, target, port=True, settings=own)
         elif not in_place:
             yield Job(source, target, port=False, settings=settings)
 

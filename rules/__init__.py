@@ -18,9 +18,10 @@ from typing import Iterable
 from rules.framework.base import Case, CheapMatcherScan, Example, FileState, Flag, PortRule, Unchanged
 from rules.framework.calls import (
     argument, attribute_chain, dotted_name, has_star_args, keyword, keyword_names, replace_argument_value,
-    same_quotes, string_value, under, with_args,
+    same_quotes, string_value, under,
 )
 from rules.framework.edits import Body, Edit, StatementEdits, statement
+from rules.framework.layout import line_limit, reflow, with_args
 from rules.framework.loops import (
     backward_receivers, is_innermost_training_loop, is_optimizer, method, own_calls, training_step,
 )
@@ -110,9 +111,11 @@ __all__ = [
     "is_optimizer",
     "keyword",
     "keyword_names",
+    "line_limit",
     "matches",
     "method",
     "own_calls",
+    "reflow",
     "replace_argument_value",
     "rule_by_code",
     "same_quotes",

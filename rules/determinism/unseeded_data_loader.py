@@ -55,7 +55,8 @@ class UnseededDataLoader(PortRule):
                 np.random.seed(worker_seed)
 
             def main():
-                loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4, worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(7))
+                loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4, worker_init_fn=seed_worker,
+                                    generator=torch.Generator().manual_seed(7))
             """,
             lines=[4, 5],
             seed=7,
