@@ -20,16 +20,8 @@ from libcst.codemod.visitors import AddImportsVisitor, ImportItem, RemoveImports
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper
 
-from migrate.types import MigrationResult
+from migrate.types import MigrationResult, SourceError
 from rules import CheapMatcherScan, FileState, PortRule, Settings, TRIVIA, Walk, all_rules, forget, line_limit, reflow
-
-
-class SourceError(Exception):
-    """The source cannot be ported as it is (it does not parse); carries `path:line:col: message`."""
-
-    def __init__(self, path: str, line: int, column: int, message: str):
-        super().__init__(f"{path}:{line}:{column}: {message}")
-        self.path, self.line, self.column, self.message = path, line, column, message
 
 
 def parse(code: str, path: str) -> cst.Module:

@@ -113,7 +113,8 @@ def _closing(arg: cst.Arg, origin: cst.Arg | None, old: Sequence[cst.Arg]) -> cs
 
 def _line_break(container: cst.CSTNode) -> cst.ParenthesizedWhitespace | None:
     """A new line indented as the container's last line break before one of its elements is, without a comment."""
-    last = next((whitespace for whitespace in reversed(_breaks_before_elements(container)) if _breaks(whitespace)), None)
+    breaks = [whitespace for whitespace in _breaks_before_elements(container) if _breaks(whitespace)]
+    last = breaks[-1] if breaks else None
     return _bare(last) if last is not None else None
 
 
