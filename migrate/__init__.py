@@ -3,6 +3,7 @@
 migrate drives the rules (files -> engine -> rules); the rules import nothing from here.
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
 
 try:
@@ -10,8 +11,25 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0+unknown"
 
-from migrate.engine import SourceError, migrate_source  # noqa: E402 (after __version__, which the CLI imports)
-from migrate.types import MigrationResult  # noqa: E402
-from rules import Finding, Mode, Settings
+# The engine (libcst, the rules' machinery) is imported on first use (PEP 562): `migrate --version` reads only
+# __version__.
+_PUBLIC = {
+    "SourceError": "migrate.types",
+    "MigrationResult": "migrate.types",
+    "migrate_source": "migrate.engine",
+    "Finding": "rules",
+    "Mode": "rules",
+    "Settings": "rules",
+}
 
-__all__ = ["__version__", "Finding", "MigrationResult", "Mode", "Settings", "SourceError", "migrate_source"]
+
+def __getattr__(name: str) -> object:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'migrate' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["__version__", *_PUBLIC]

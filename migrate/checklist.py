@@ -16,13 +16,16 @@ import json
 import shlex
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from migrate import hyperparams
 from migrate.facts import FileFacts
 from migrate.types import FileResult
-from rules import Action, AmpPolicy, Finding, PortRule, Settings, Severity, all_rules
+from rules import Action, AmpPolicy, Finding, Settings, Severity, all_rules
 from verify.checklist_items import TITLES, Status
+
+if TYPE_CHECKING:
+    from rules import PortRule
 
 
 @dataclass(frozen=True)

@@ -20,16 +20,8 @@ from libcst.codemod.visitors import AddImportsVisitor, ImportItem, RemoveImports
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper
 
-from migrate.types import MigrationResult
-from rules import CheapMatcherScan, FileState, PortRule, Settings, TRIVIA, Walk, all_rules, forget
-
-
-class SourceError(Exception):
-    """The source cannot be ported as it is (it does not parse); carries `path:line:col: message`."""
-
-    def __init__(self, path: str, line: int, column: int, message: str):
-        super().__init__(f"{path}:{line}:{column}: {message}")
-        self.path, self.line, self.column, self.message = path, line, column, message
+from migrate.types import MigrationResult, SourceError
+from rules import CheapMatcherScan, FileState, PortRule, Settings, TRIVIA, Walk, all_rules, forget, line_limit, reflow
 
 
 def parse(code: str, path: str) -> cst.Module:
@@ -105,6 +97,8 @@ def _port(
         for instance in instances:
             stack.enter_context(instance.resolve(wrapper))
         ported = _RuleSet(instances).transform(wrapper.module)
+    if ported is not module:  # the lines the rules made keep to the file's line length
+        ported = reflow(module, code, ported, line_limit(code, settings.line_length))
     if _missing_imports(context, ported):
         ported = _add_imports(context, ported)
     if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):  # imports a rewrite left unused (apex.parallel, say)

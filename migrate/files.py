@@ -14,14 +14,17 @@ import tokenize
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 from migrate.diff import unified_diff
-from migrate.engine import SourceError, migrate_source
 from migrate.facts import file_facts
-from migrate.types import FileResult, FileStatus
-from rules import PortRule, Settings
+from migrate.line_length import configured_line_length
+from migrate.types import FileResult, FileStatus, SourceError
+from rules import Settings
 from verify.checklist_items import PORT_SUFFIX, REPORT_SUFFIX, port_name
+
+if TYPE_CHECKING:
+    from rules import PortRule
 
 SKIPPED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", ".tox", ".mypy_cache", ".pytest_cache"}
 
@@ -64,7 +67,7 @@ def plan(
             target = path if in_place else _file_target(path, out)
             _refuse_overwrite(path, target, in_place)
             own_output = out is None and not in_place and path.stem.endswith(PORT_SUFFIX)
-            entry = replace(settings, is_entry=True)
+            entry = replace(settings, is_entry=True, line_length=configured_line_length(path))
             jobs.append(Job(path, target, port=True, settings=entry, write=write, is_own_output=own_output))
     return jobs
 
@@ -90,8 +93,8 @@ def _plan_folder(root: Path, target_root: Path, settings: Settings) -> Iterator[
     for source in _walk(root, skip=None if in_place else target_root.resolve()):
         target = target_root / source.relative_to(root)
         if source.suffix == ".py":
-            is_entry = _has_main_guard(source)
-            yield Job(source, target, port=True, settings=replace(settings, is_entry=is_entry))
+            own = replace(settings, is_entry=_has_main_guard(source), line_length=configured_line_length(source))
+            yield Job(source, target, port=True, settings=own)
         elif not in_place:
             yield Job(source, target, port=False, settings=settings)
 
@@ -184,6 +187,8 @@ def run_job(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
 
 
 def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
+    from migrate.engine import migrate_source  # libcst and the rules' machinery: loaded when a file is ported
+
     data = job.source.read_bytes()
     decoded = decode(data, job.source)
     result = migrate_source(decoded.text, str(job.source), job.settings, rules)
@@ -246,6 +251,8 @@ def _collect(results: Iterable[FileResult], on_result: Callable[[FileResult], No
 
 def _warm_up(rules: Sequence[type[PortRule]]) -> None:
     """Load the parser and fill the per-type caches once, before the workers fork, instead of once per worker."""
+    from migrate.engine import migrate_source
+
     try:
         migrate_source(_WARM_UP_SOURCE, "<warm-up>", Settings(), rules)
     except Exception:  # noqa: BLE001 - a rule failing here fails again, per file, where it is reported

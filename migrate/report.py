@@ -9,15 +9,16 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Sequence
 
 from migrate import checklist
 from migrate.files import write_atomic
 from migrate.types import FileResult, FileStatus
 from rules import Action, Finding, Severity
 from verify.checklist_items import CHECKLIST_JSON
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a table is made: `migrate --help` and a --diff run never load pandas
 
 FINDING_COLUMNS = [
     "path",
@@ -63,6 +64,8 @@ class Summary:
 
 
 def findings_frame(results: Sequence[FileResult]) -> pd.DataFrame:
+    import pandas as pd
+
     rows = [finding.as_row() for result in results for finding in result.findings]
     return pd.DataFrame(rows, columns=FINDING_COLUMNS)
 
@@ -93,6 +96,8 @@ def write_reports(
 
 def hyperparameter_frame(results: Sequence[FileResult]) -> pd.DataFrame:
     """The original's and the port's hyperparameters side by side (checklist C9)."""
+    import pandas as pd
+
     rows = [
         {
             "file": result.source,
@@ -114,6 +119,8 @@ def hyperparameter_frame(results: Sequence[FileResult]) -> pd.DataFrame:
 
 def _change_list(frame: pd.DataFrame) -> pd.DataFrame:
     """Huawei's change_list.csv: File, Start Line, End Line, Operation Type, Message."""
+    import pandas as pd
+
     changed = frame[frame["action"] == Action.CHANGED.value]
     return pd.DataFrame(
         {
@@ -128,6 +135,8 @@ def _change_list(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _unsupported_api(frame: pd.DataFrame) -> pd.DataFrame:
     """Huawei's unsupported_api.csv: File, Start Line, End Line, OP, Tips (everything left for a person)."""
+    import pandas as pd
+
     left = frame[(frame["action"] != Action.CHANGED.value) & (frame["severity"] != Severity.INFO.value)]
     return pd.DataFrame(
         {

@@ -13,6 +13,14 @@ from migrate.facts import FileFacts
 from rules import Finding
 
 
+class SourceError(Exception):
+    """The source cannot be ported as it is (it does not parse); carries `path:line:col: message`."""
+
+    def __init__(self, path: str, line: int, column: int, message: str):
+        super().__init__(f"{path}:{line}:{column}: {message}")
+        self.path, self.line, self.column, self.message = path, line, column, message
+
+
 class FileStatus(str, Enum):
     CHANGED = "changed"
     UNCHANGED = "unchanged"

@@ -15,18 +15,34 @@ import re
 from functools import lru_cache
 from typing import Iterable
 
-from rules.framework.base import Case, CheapMatcherScan, Example, FileState, Flag, PortRule, Unchanged
-from rules.framework.calls import (
-    argument, attribute_chain, dotted_name, has_star_args, keyword, keyword_names, replace_argument_value,
-    same_quotes, string_value, under, with_args,
-)
-from rules.framework.edits import Body, Edit, StatementEdits, statement
-from rules.framework.loops import (
-    backward_receivers, is_innermost_training_loop, is_optimizer, method, own_calls, training_step,
-)
-from rules.framework.tree import findall, forget, matches, stored_attributes, visit
-from rules.framework.types import Action, AmpPolicy, Finding, Mode, Safety, Settings, Severity
-from rules.framework.walk import TRIVIA, Walk
+# Each public name and the framework module that defines it, imported on first use (PEP 562): `migrate --help` and
+# `--version` read the settings' vocabulary (rules.framework.types) and nothing else, not libcst and its matchers.
+_PUBLIC = {
+    "rules.framework.base": ("Case", "CheapMatcherScan", "Example", "FileState", "Flag", "PortRule", "Unchanged"),
+    "rules.framework.calls": (
+        "argument", "attribute_chain", "dotted_name", "has_star_args", "keyword", "keyword_names",
+        "replace_argument_value", "same_quotes", "string_value", "under",
+    ),
+    "rules.framework.edits": ("Body", "Edit", "StatementEdits", "statement"),
+    "rules.framework.layout": ("line_limit", "reflow", "with_args"),
+    "rules.framework.loops": (
+        "backward_receivers", "is_innermost_training_loop", "is_optimizer", "method", "own_calls", "training_step",
+    ),
+    "rules.framework.tree": ("findall", "forget", "matches", "stored_attributes", "visit"),
+    "rules.framework.types": ("Action", "AmpPolicy", "Finding", "Mode", "Safety", "Settings", "Severity"),
+    "rules.framework.walk": ("TRIVIA", "Walk"),
+}  # fmt: skip
+_HOME = {name: module for module, names in _PUBLIC.items() for name in names}
+
+
+def __getattr__(name: str) -> object:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rules' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups find it without this function
+    return value
+
 
 _CODE = re.compile(r"^[A-Z]{2,4}\d{3}$")
 
@@ -38,6 +54,8 @@ class RuleError(Exception):
 @lru_cache(maxsize=1)
 def all_rules() -> tuple[type[PortRule], ...]:
     """Every rule class, sorted by code; raises RuleError on a duplicate or malformed code."""
+    from rules.framework.base import PortRule  # the registry's own needs; importing `rules` does not load it
+
     found: dict[str, type[PortRule]] = {}
     for info in pkgutil.walk_packages(__path__, prefix=f"{__name__}."):
         module = importlib.import_module(info.name)
@@ -77,51 +95,4 @@ def select_rules(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> tupl
     )
 
 
-__all__ = [
-    "Action",
-    "AmpPolicy",
-    "Body",
-    "Case",
-    "CheapMatcherScan",
-    "Edit",
-    "Example",
-    "FileState",
-    "Finding",
-    "Flag",
-    "Mode",
-    "PortRule",
-    "RuleError",
-    "Safety",
-    "Settings",
-    "Severity",
-    "StatementEdits",
-    "TRIVIA",
-    "Unchanged",
-    "Walk",
-    "all_rules",
-    "argument",
-    "attribute_chain",
-    "backward_receivers",
-    "dotted_name",
-    "findall",
-    "forget",
-    "has_star_args",
-    "is_innermost_training_loop",
-    "is_optimizer",
-    "keyword",
-    "keyword_names",
-    "matches",
-    "method",
-    "own_calls",
-    "replace_argument_value",
-    "rule_by_code",
-    "same_quotes",
-    "select_rules",
-    "statement",
-    "stored_attributes",
-    "string_value",
-    "training_step",
-    "under",
-    "visit",
-    "with_args",
-]
+__all__ = sorted([*_HOME, "RuleError", "all_rules", "rule_by_code", "select_rules"])

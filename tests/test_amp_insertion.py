@@ -82,7 +82,7 @@ def test_gan_gets_one_scaler_each_loss_scaled_each_optimizer_stepped_one_update(
     assert "scaler.step(optimizerD)" in code and "scaler.step(optimizerG)" in code
     assert code.count("scaler.update()") == 1
     assert code.index("scaler.step(optimizerG)") < code.index("scaler.update()")
-    assert '"optimizerG": optimizerG.state_dict(), "scaler": scaler.state_dict()' in code
+    assert '"optimizerG": optimizerG.state_dict(),\n                "scaler": scaler.state_dict()}' in code
 
 
 def test_autocast_holds_forward_and_loss_but_not_data_backward_or_step():
@@ -191,10 +191,10 @@ def test_resume_loads_the_scaler_after_the_optimizer_when_the_checkpoint_has_it(
     code = port(source)
     assert (
         "        optimizer.load_state_dict(ckpt['optim'])\n"
-        "        if 'scaler' in ckpt:  # checkpoints saved before mixed precision have no scaler state\n"
+        "        if 'scaler' in ckpt:  # older checkpoints have no scaler state\n"
         "            scaler.load_state_dict(ckpt['scaler'])\n"
     ) in code
-    assert "'optim': optimizer.state_dict(), 'scaler': scaler.state_dict()}" in code
+    assert "'optim': optimizer.state_dict(),\n                'scaler': scaler.state_dict()}" in code
 
 
 def test_resume_is_left_alone_where_the_scaler_does_not_reach():

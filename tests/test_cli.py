@@ -1,5 +1,7 @@
 """The `migrate` command line, run in-process with typer's CliRunner on real files: exit codes, stdout, stderr."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -221,3 +223,24 @@ def test_rerunning_a_folder_does_not_port_its_own_output(project: Path):
     assert migrate(project, "--select", "IMP001").exit_code == 0
     assert not (project.parent / "proj_npu_npu").exists()
     assert not (project / "proj_npu").exists()
+
+
+# What a question about migrate itself may load: never the report writers' pandas, and the rules (libcst) only to
+# list them.
+HEAVY = {"pandas", "numpy", "libcst", "torch"}
+
+
+@pytest.mark.parametrize(
+    ("option", "allowed"), [("--version", set()), ("--help", set()), ("--list-rules", {"libcst"})]
+)
+def test_questions_about_migrate_load_nothing_heavy(option, allowed):
+    code = (
+        f"import sys; sys.argv = ['migrate', {option!r}]\n"
+        "from migrate.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        f"print(*sorted({{name.split('.')[0] for name in sys.modules}} & set({sorted(HEAVY)!r})), file=sys.stderr)"
+    )
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+
+    assert set(run.stderr.splitlines()[-1].split()) <= allowed

@@ -54,7 +54,7 @@ def test_spawned_worker_is_seeded_and_deterministic_before_the_process_group():
 
 def test_loader_gets_generator_and_worker_seeding_once():
     code = port(SPAWN, seed=3)
-    assert "worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(3)" in code
+    assert "worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(3)" in " ".join(code.split())
     assert code.count("def seed_worker(") == 1
 
 

@@ -218,7 +218,7 @@ def _load_scaler(checkpoint: cst.BaseExpression, optimizer_key: cst.SimpleString
     key = code(same_quotes(optimizer_key, _scaler_key(string_value(optimizer_key) or "")))
     source = code(checkpoint)
     return statement(
-        f"if {key} in {source}:  # checkpoints saved before mixed precision have no scaler state\n"
+        f"if {key} in {source}:  # older checkpoints have no scaler state\n"
         f"    {scaler}.load_state_dict({source}[{key}])"
     )
 

@@ -90,7 +90,8 @@ class ApexFusedKernel(PortRule):
             """,
             """
             import torch
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)  # fused
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3,
+                                          weight_decay=0.0)  # fused
             sgd = torch.optim.SGD(params, 0.1, 0.9, weight_decay=1e-4)
             norm = torch.nn.RMSNorm(hidden, eps=1e-5)
             """,

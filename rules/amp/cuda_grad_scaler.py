@@ -61,7 +61,8 @@ class CudaGradScaler(PortRule):
             """
             import torch
             scaler = torch.amp.GradScaler(
-                "npu", init_scale=2.0**16,
+                "npu",
+                init_scale=2.0**16,
             )
             """,
             lines=[2],

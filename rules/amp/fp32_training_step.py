@@ -30,7 +30,7 @@ _FLOAT32_LOSS = (
 )
 # Above a scaler created at module level, so that a reader sees why it is there.
 _MODULE_SCALER_COMMENT = (
-    "# AMP101 mixed precision: one loss scaler for the script, so every training function reaches it"
+    "# AMP101 mixed precision: one loss scaler, shared by every training function"
 )
 
 
@@ -148,7 +148,7 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
 
             ACCUM = 4
 
-            # AMP101 mixed precision: one loss scaler for the script, so every training function reaches it
+            # AMP101 mixed precision: one loss scaler, shared by every training function
             scaler = torch.amp.GradScaler("npu")
 
             def train(model, loader, optimizer):
@@ -169,11 +169,12 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
                 if resume:
                     checkpoint = torch.load(resume)
                     optimizer.load_state_dict(checkpoint["optimizer"])
-                    if "scaler" in checkpoint:  # checkpoints saved before mixed precision have no scaler state
+                    if "scaler" in checkpoint:  # older checkpoints have no scaler state
                         scaler.load_state_dict(checkpoint["scaler"])
                 for epoch in range(3):
                     train(model, loader, optimizer)
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}, "ckpt.pt")
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "scaler": scaler.state_dict()}, "ckpt.pt")
             """,
             lines=[4, 8, 9, 11, 12, 20, 23],
         ),

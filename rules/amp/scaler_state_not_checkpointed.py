@@ -46,7 +46,8 @@ class ScalerStateNotCheckpointed(SavesScalerState, StatementEdits, PortRule):
             """
             import torch
             scaler = torch.amp.GradScaler("npu")
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}, path)
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scaler": scaler.state_dict()}, path)
             """,
             lines=[3],
         ),
@@ -94,7 +95,7 @@ class ScalerStateNotCheckpointed(SavesScalerState, StatementEdits, PortRule):
                 scaler = torch.amp.GradScaler("npu")
                 state = torch.load(path)
                 optimizer.load_state_dict(state['optimizer_state_dict'])
-                if 'scaler_state_dict' in state:  # checkpoints saved before mixed precision have no scaler state
+                if 'scaler_state_dict' in state:  # older checkpoints have no scaler state
                     scaler.load_state_dict(state['scaler_state_dict'])
                 train(model, optimizer, scaler)
                 torch.save({'optimizer_state_dict': optimizer.state_dict(), 'scaler_state_dict': scaler.state_dict()}, path)

@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+from typing import Iterable, Sequence
+
 import libcst as cst
 import libcst.matchers as m
 
-from rules import Case, PortRule, Settings, Unchanged, argument, keyword, keyword_names, matches, statement, with_args
+from rules import (
+    Case, PortRule, Settings, Unchanged, argument, findall, keyword, keyword_names, matches, statement, with_args,
+)
 from rules.determinism._entry_points import numpy_alias
 
 _DATA_LOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 _HELPER = "seed_worker"
+_TWO_BLANK_LINES = (cst.EmptyLine(), cst.EmptyLine())  # around a top-level function, as PEP 8 asks
 
 
 class UnseededDataLoader(PortRule):
@@ -16,8 +21,9 @@ class UnseededDataLoader(PortRule):
     ## What it does
     With `--seed N`, a `DataLoader(...)` without `generator=` gets `generator=torch.Generator().manual_seed(N)`,
     and one with workers (`num_workers=` other than 0) and no `worker_init_fn=` gets `worker_init_fn=seed_worker`.
-    The `seed_worker` function (seeding python's and numpy's generators from the seed torch gives each worker) is
-    added once per file, before its first definition, unless the file already defines one.
+    The `seed_worker` function (seeding python's generator, and numpy's where the file imports numpy, from the seed
+    torch gives each worker) is added once per file, before its first definition or the first statement that uses
+    it, whichever comes first, unless the file already defines one.
 
     ## Why
     The shuffle order comes from the loader's generator and each worker's augmentations from its own generators:
@@ -48,6 +54,7 @@ class UnseededDataLoader(PortRule):
             import random
             import torch
 
+
             def seed_worker(worker_id):
                 \"\"\"Seed python's and numpy's generators in a DataLoader worker from the seed torch gave it.\"\"\"
                 worker_seed = torch.initial_seed() % 2**32
@@ -55,7 +62,8 @@ class UnseededDataLoader(PortRule):
                 np.random.seed(worker_seed)
 
             def main():
-                loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4, worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(7))
+                loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4, worker_init_fn=seed_worker,
+                                    generator=torch.Generator().manual_seed(7))
             """,
             lines=[4, 5],
             seed=7,
@@ -71,6 +79,35 @@ class UnseededDataLoader(PortRule):
             """,
             lines=[2],
             seed=0,
+        ),
+        Case(
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            loader = DataLoader(dataset, num_workers=2)
+
+            def train():
+                pass
+            """,
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            import random
+
+
+            def seed_worker(worker_id):
+                \"\"\"Seed python's generator in a DataLoader worker from the seed torch gave it.\"\"\"
+                worker_seed = torch.initial_seed() % 2**32
+                random.seed(worker_seed)
+
+
+            loader = DataLoader(dataset, num_workers=2, worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(5))
+
+            def train():
+                pass
+            """,
+            lines=[3],
+            seed=5,
         ),
         Unchanged(
             """
@@ -89,7 +126,7 @@ class UnseededDataLoader(PortRule):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._needs_helper = False
+        self._seeded_workers: list[tuple[cst.Call, cst.CSTNode]] = []  # (original, new) calls given seed_worker
         self._has_helper = False
 
     @classmethod
@@ -112,22 +149,34 @@ class UnseededDataLoader(PortRule):
             return updated_node
         new = with_args(updated_node, [*updated_node.args, *added])
         names = " and ".join(arg.keyword.value for arg in added)  # type: ignore[union-attr]
-        self._needs_helper |= "worker_init_fn" in names
-        return self.replace(original_node, updated_node, new, f"seeded DataLoader: added {names}", imports=[("torch", None)])
+        result = self.replace(original_node, updated_node, new, f"seeded DataLoader: added {names}", imports=[("torch", None)])
+        if "worker_init_fn" in names and result is new:
+            self._seeded_workers.append((original_node, new))
+        return result
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        if not self._needs_helper or self._has_helper:
+        if not self._seeded_workers or self._has_helper:
             return updated_node
+        originals, news = zip(*self._seeded_workers)
         body = list(updated_node.body)
-        body.insert(_first_definition(body), _seed_worker(numpy_alias(original_node)))
+        where = _helper_place(body, news)
+        if where < len(body) and not any(line.comment is None for line in body[where].leading_lines):
+            body[where] = body[where].with_changes(leading_lines=[*_TWO_BLANK_LINES, *body[where].leading_lines])
+        body.insert(where, _seed_worker(numpy_alias(original_node)))
         new = updated_node.with_changes(body=body)
-        anchor = original_node.body[min(_first_definition(original_node.body), len(original_node.body) - 1)]
+        anchor = original_node.body[min(_helper_place(original_node.body, originals), len(original_node.body) - 1)]
         imports = [("random", None), ("torch", None)]
         return self.replace(original_node, updated_node, new, f"added the {_HELPER} function", imports=imports, at=anchor)
 
 
-def _first_definition(body) -> int:
-    return next((i for i, line in enumerate(body) if isinstance(line, (cst.FunctionDef, cst.ClassDef))), len(body))
+def _helper_place(body: Sequence[cst.BaseStatement], seeded: Iterable[cst.CSTNode]) -> int:
+    """The index of the first definition in `body` or of its first statement that makes one of the `seeded` loaders:
+    the helper goes before it, defined before any use."""
+    calls = {id(call) for call in seeded}
+    for index, line in enumerate(body):
+        if isinstance(line, (cst.FunctionDef, cst.ClassDef)) or any(id(c) in calls for c in findall(line, m.Call())):
+            return index
+    return len(body)
 
 
 def _has_workers(call: cst.Call) -> bool:
@@ -136,13 +185,14 @@ def _has_workers(call: cst.Call) -> bool:
 
 
 def _seed_worker(numpy: str | None) -> cst.BaseStatement:
+    generators = "python's and numpy's generators" if numpy else "python's generator"
     lines = [
         f"def {_HELPER}(worker_id):",
-        '    """Seed python\'s and numpy\'s generators in a DataLoader worker from the seed torch gave it."""',
+        f'    """Seed {generators} in a DataLoader worker from the seed torch gave it."""',
         "    worker_seed = torch.initial_seed() % 2**32",
         "    random.seed(worker_seed)",
     ]
     if numpy:
         lines.append(f"    {numpy}.random.seed(worker_seed)")
     helper = statement("\n".join(lines))
-    return helper.with_changes(leading_lines=[cst.EmptyLine()])
+    return helper.with_changes(leading_lines=_TWO_BLANK_LINES)

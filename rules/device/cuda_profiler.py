@@ -59,7 +59,8 @@ class CudaProfiler(ApiRename):
             import torch_npu
 
             with torch_npu.profiler.profile(
-                activities=[torch_npu.profiler.ProfilerActivity.CPU, torch_npu.profiler.ProfilerActivity.NPU],
+                activities=[torch_npu.profiler.ProfilerActivity.CPU,
+                            torch_npu.profiler.ProfilerActivity.NPU],
                 schedule=torch_npu.profiler.schedule(wait=1, warmup=1, active=3),  # three steps
             ) as prof:
                 train_step()

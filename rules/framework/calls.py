@@ -64,18 +64,6 @@ def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
     )
 
 
-def with_args(call: cst.Call, args: Iterable[cst.Arg]) -> cst.Call:
-    """`call` with `args`, each followed by `, ` except the last, which keeps the original last comma, if any."""
-    args = list(args)
-    if not args:
-        return call.with_changes(args=[])
-    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    trailing = call.args[-1].comma if call.args else cst.MaybeSentinel.DEFAULT
-    fixed = [arg.with_changes(comma=comma) for arg in args[:-1]]
-    fixed.append(args[-1].with_changes(comma=trailing))
-    return call.with_changes(args=fixed)
-
-
 def dotted_name(node: cst.BaseExpression) -> str:
     """`a.b.c` for a Name/Attribute chain, "" for anything else."""
     if isinstance(node, cst.Name):

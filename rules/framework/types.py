@@ -53,6 +53,7 @@ class Settings:
     amp: AmpPolicy = AmpPolicy.FP16
     seed: int | None = None
     deterministic: bool = False
+    line_length: int | None = None  # the project's configured line length; None: the file's own (rules.line_limit)
 
 
 @dataclass(frozen=True)

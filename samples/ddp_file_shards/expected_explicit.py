@@ -110,7 +110,8 @@ def main():
                               num_workers=args.workers, pin_memory=True, drop_last=True)
 
     # Validation shards are split by file: each rank scores its own files, the totals are summed across ranks.
-    val_files = [os.path.join(data_dir, "val", name) for name in sorted(os.listdir(os.path.join(data_dir, "val")))]
+    val_files = [os.path.join(data_dir, "val", name)
+                 for name in sorted(os.listdir(os.path.join(data_dir, "val")))]
     my_val_files = val_files[rank::world_size]
     val_loader = DataLoader(ConcatDataset([ShardFile(path) for path in my_val_files]), batch_size=1024)
 

@@ -10,7 +10,7 @@ import torch_npu
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
-# AMP101 mixed precision: one loss scaler for the script, so every training function reaches it
+# AMP101 mixed precision: one loss scaler, shared by every training function
 scaler = torch.amp.GradScaler("npu")
 
 

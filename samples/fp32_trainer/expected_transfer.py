@@ -11,7 +11,7 @@ from torch_npu.contrib import transfer_to_npu
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
-# AMP101 mixed precision: one loss scaler for the script, so every training function reaches it
+# AMP101 mixed precision: one loss scaler, shared by every training function
 scaler = torch.amp.GradScaler("npu")
 
 

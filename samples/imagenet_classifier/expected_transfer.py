@@ -28,7 +28,7 @@ import torch.utils.data.distributed
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import Dataset, Subset
 
-# AMP101 mixed precision: one loss scaler for the script, so every training function reaches it
+# AMP101 mixed precision: one loss scaler, shared by every training function
 scaler = torch.amp.GradScaler("npu")
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def main_worker(gpu, ngpus_per_node, args):
             best_acc1 = checkpoint["best_acc1"]
             model.load_state_dict(checkpoint["state_dict"])
             optimizer.load_state_dict(checkpoint["optimizer"])
-            if "scaler" in checkpoint:  # checkpoints saved before mixed precision have no scaler state
+            if "scaler" in checkpoint:  # older checkpoints have no scaler state
                 scaler.load_state_dict(checkpoint["scaler"])
             scheduler.load_state_dict(checkpoint["scheduler"])
             print(f"=> loaded checkpoint '{args.resume}' (epoch {checkpoint['epoch']})")

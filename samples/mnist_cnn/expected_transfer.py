@@ -14,7 +14,7 @@ import random
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
-# AMP101 mixed precision: one loss scaler for the script, so every training function reaches it
+# AMP101 mixed precision: one loss scaler, shared by every training function
 scaler = torch.amp.GradScaler("npu")
 
 

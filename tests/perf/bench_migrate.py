@@ -2,19 +2,25 @@
 
     .venv/bin/python tests/perf/bench_migrate.py [--script FILE ...] [--lines 5000] [--files 200] [--repeat 5]
 
---script adds real training scripts (pytorch/examples, nanoGPT, ... concatenated into one file outside the
-repository) to the per-file table; the largest sample is always in it.
+--script adds real training scripts (pytorch/examples, nanoGPT, ...) to the per-file table; the largest sample is
+always in it. The whole-process table runs them concatenated into one file (the samples, without --script).
 
 Prints tables of times and of ratios measured in the same run, so a loaded machine slows both sides alike. Targets
-(design README, Performance; issue 11): all rules on a real script cost at most 3x `parse_module` + `.code` of that
-file; a folder is faster with --jobs 2 than with --jobs 1. The "pieces" table puts the engine's replacements for libcst's walk and QualifiedNameProvider
-beside the originals, on the same generated file.
+(design README, Performance; issues 11 and 23): all rules on a real script cost at most 3x `parse_module` + `.code`
+of that file; a whole `migrate` process on the concatenated scripts at most 2x a whole process that parses and prints
+them with libcst; `migrate --version` starts in at most 0.3 s; a folder is faster with --jobs 2 than with --jobs 1.
+The "pieces" table puts the engine's replacements for libcst's walk and QualifiedNameProvider beside the originals, on
+the same generated file.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +38,11 @@ from rules.framework.positions import Positions
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET_RATIO = 3.0
+TARGET_PROCESS_RATIO = 2.0
+TARGET_START_S = 0.3
+BARE_PROCESS = (
+    "import libcst, sys; sys.stdout.write(libcst.parse_module(open(sys.argv[1], encoding='utf-8').read()).code)"
+)
 
 HEADER = '''"""A generated, realistic GPU training script (benchmark input)."""
 import argparse
@@ -128,14 +139,23 @@ def round_trip(source: str) -> str:
 def alternating(rounds: int, *works: Callable[[], object]) -> list[float]:
     """The least CPU time of each of `works` over `rounds` rounds that run them in turn: on a shared machine, the
     other processes' load and its drift over the run reach both sides alike, and CPU time leaves out the waits."""
-    times: list[list[float]] = [[] for _ in works]
+    return least_of_rounds(rounds, *(lambda work=work: _cpu_seconds(work) for work in works))
+
+
+def least_of_rounds(rounds: int, *measurements: Callable[[], float]) -> list[float]:
+    """The least of the seconds each of `measurements` gives over `rounds` rounds that run them in turn."""
+    times: list[list[float]] = [[] for _ in measurements]
     for _ in range(rounds):
-        for work, spent in zip(works, times):
+        for measure, spent in zip(measurements, times):
             gc.collect()  # each side starts with no garbage of the other's to collect
-            start = time.process_time()
-            work()
-            spent.append(time.process_time() - start)
+            spent.append(measure())
     return [min(spent) for spent in times]
+
+
+def _cpu_seconds(work: Callable[[], object]) -> float:
+    start = time.process_time()
+    work()
+    return time.process_time() - start
 
 
 def per_file(sources: dict[str, str], repeat: int) -> None:
@@ -199,6 +219,47 @@ class _Collect(cst.CSTVisitor):
         self.nodes.append(node)
 
 
+def whole_processes(scripts: list[str], repeat: int) -> None:
+    """Whole processes, side by side: migrate on the concatenated scripts against libcst parsing and printing them,
+    and `migrate --version` against an interpreter that does nothing."""
+    with tempfile.TemporaryDirectory() as temporary:
+        script = Path(temporary) / "concatenated.py"
+        script.write_text("\n".join(text if text.endswith("\n") else text + "\n" for text in scripts), encoding="utf-8")
+        commands = {
+            "bare: libcst parse + print": ["-c", BARE_PROCESS, str(script)],
+            "migrate FILE (port + reports)": ["-m", "migrate", str(script), "-o", str(Path(temporary) / "out.py"), "-q"],
+            "migrate FILE --check": ["-m", "migrate", str(script), "--check", "-q"],
+            "python -c pass": ["-c", "pass"],
+            "migrate --version": ["-m", "migrate", "--version"],
+        }
+        lines = script.read_text(encoding="utf-8").count("\n")
+        runs = [lambda arguments=arguments: _run_python(arguments) for arguments in commands.values()]
+        times = least_of_rounds(repeat, *runs)
+        walls = least_of_rounds(repeat, lambda: _run_python(commands["migrate --version"], wall=True))
+    print(f"\nWhole processes on {len(scripts)} scripts concatenated ({lines} lines), CPU seconds of the child, least of"
+          f" {repeat} alternating rounds (target: migrate <= {TARGET_PROCESS_RATIO}x bare)")  # fmt: skip
+    bare = times[0]
+    for (label, _), seconds in zip(commands.items(), times):
+        ratio = f"{seconds / bare:6.2f}x" if label.startswith(("bare", "migrate FILE")) else ""
+        verdict = ("ok" if seconds / bare <= TARGET_PROCESS_RATIO else "OVER") if label.startswith("migrate FILE") else ""
+        print(f"{label:32} {seconds:8.3f} s {ratio} {verdict}")
+    verdict = "ok" if walls[0] <= TARGET_START_S else "OVER"
+    print(f"migrate --version start-up, wall clock: {walls[0]:.3f} s (target <= {TARGET_START_S} s) {verdict}")
+
+
+def _run_python(arguments: list[str], wall: bool = False) -> float:
+    """Run `python ARGUMENTS` from the repository (its own code, not an installed copy); returns the CPU seconds the
+    process spent (its wall-clock seconds with `wall`)."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    done = subprocess.run([sys.executable, *arguments], cwd=ROOT, env=environment, stdout=subprocess.DEVNULL)
+    if done.returncode > 1:  # 1 is --check's "a port is needed"
+        raise RuntimeError(f"{arguments} exited {done.returncode}")
+    after, elapsed = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed if wall else cpu
+
+
 def folder(files: int, lines: int) -> None:
     rules = all_rules()
     with tempfile.TemporaryDirectory() as temporary:
@@ -232,6 +293,7 @@ def main() -> None:
     samples = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in sorted(ROOT.glob("samples/*/train_gpu.py"))}
     scripts = {str(path): path.read_text(encoding="utf-8") for path in args.script}
     per_file({**samples, **scripts, f"generated ({args.lines} lines)": generated}, args.repeat)
+    whole_processes(list(scripts.values()) or list(samples.values()), args.repeat)
     pieces(generated, args.repeat)
     folder(args.files, args.file_lines)
 
