@@ -13,7 +13,10 @@ import inspect
 import pkgutil
 import re
 from functools import lru_cache
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:  # the registry's annotations; importing `rules` does not load the framework
+    from rules.framework.base import PortRule
 
 # Each public name and the framework module that defines it, imported on first use (PEP 562): `migrate --help` and
 # `--version` read the settings' vocabulary (rules.framework.types) and nothing else, not libcst and its matchers.
