@@ -175,6 +175,8 @@ def run(run_dir: Path) -> Status:
     recorder.discard_partial_step()
     if capture is not None and capture.saver is not None and capture.saver.budget_exhausted:
         manifest.extra["tensor_cap_reached"] = True
+    if computed := device_setup.ops_computed_in_fp32():  # the CPU lacked the device's kernel (an fp16 LSTM)
+        manifest.extra["computed_in_fp32"] = computed
     manifest.finished_at = now_iso()
     writer.close()
     write_manifest(run_dir, manifest)

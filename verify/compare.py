@@ -22,6 +22,7 @@ from verify.findings import Finding, Verdict, collect_findings, how_runs_ended, 
 from verify.op_verdicts import first_divergent_op, op_metrics, unscaled_backward
 from verify.precision_policy import CompareOptions, PrecisionPolicy, precision_policy
 from verify.store import Run
+from verify.devices import title
 from verify.schema import DumpMode
 
 
@@ -107,6 +108,13 @@ def _random_notes(ref: Run, actual: Run) -> list[str]:
     return notes
 
 
+def _emulation_notes(ref: Run, actual: Run) -> list[str]:
+    """Ops an emulation computed in float32 and rounded, where the CPU lacks the kernel the device runs them with."""
+    return [f"{side}: {title(run.manifest.device, run.manifest.emulated_on)} computed {', '.join(ops)} in float32 "
+            "and rounded the results to that dtype, as the CPU has no kernel for it"
+            for side, run in (("ref", ref), ("actual", actual)) if (ops := run.manifest.extra.get("computed_in_fp32"))]
+
+
 def _step_notes(ref: Run, actual: Run) -> list[str]:
     notes = []
     ref_steps, actual_steps = set(ref.losses["step"].tolist()), set(actual.losses["step"].tolist())
@@ -148,7 +156,7 @@ def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions
     """The comparison of two runs; CompareError where they prove nothing (see findings.how_runs_ended)."""
     ended, shared_ending = how_runs_ended(ref, actual)
     notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual),
-             *_random_notes(ref, actual)]
+             *_random_notes(ref, actual), *_emulation_notes(ref, actual)]
     if shared_ending:
         notes.append(shared_ending)
     policy = precision_policy(ref, actual, options)

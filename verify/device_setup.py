@@ -75,3 +75,10 @@ def install_autocast_casts_on_cpu() -> object:
     follows its op lists, computes them in float32. A plain CPU run under an imposed autocast (the reference of an AMP
     port) takes CUDA's casts instead, as both stand-ins do. The casts stay registered while the result lives."""
     return importlib.import_module(f"{load_emulation().__name__}.autocast_policy").install_npu_autocast_policy()
+
+
+def ops_computed_in_fp32() -> list[str]:
+    """The ops this process's emulation computed in float32 where the CPU lacks the device's dtype (autocast_policy's
+    FP32_FALLBACK_OPS), for the manifest; none where no emulation or CPU autocast policy was loaded."""
+    policy = sys.modules.get(f"{EMULATION_PACKAGE}.autocast_policy")
+    return sorted(policy.COMPUTED_IN_FP32) if policy is not None else []

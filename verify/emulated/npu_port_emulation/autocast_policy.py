@@ -10,6 +10,11 @@ CUDA autocast also bans ops outright: binary_cross_entropy raises "unsafe to aut
 (torch_npu's autocast registers the same refusal), where CPU autocast would run it in float32. The emulated NPU
 raises as they do, so that a port computing BCELoss under autocast fails here as it would on the NPU.
 
+The CPU also lacks kernels that the devices have: oneDNN has no float16 LSTM ("could not create a primitive
+descriptor for the LSTM forward propagation primitive"), which CUDA (cuDNN) and the NPU (torch_npu's own kernel) run
+in float16 under autocast. Such ops (FP32_FALLBACK_OPS) compute in float32 and round their results to the autocast
+dtype, as the device returns them; each one so computed is kept in COMPUTED_IN_FP32, which verify's manifest names.
+
 Difference that remains: CUDA's "promote" list (addcmul, index_put, ...) is left to CPU autocast's own handling.
 """
 
@@ -64,6 +69,10 @@ BANNED_OPS: dict[str, str] = {
     ),
 }
 
+# Ops the CPU cannot run in a dtype the devices run them in under autocast: op -> the dtypes it lacks.
+FP32_FALLBACK_OPS: dict[str, tuple[torch.dtype, ...]] = {"lstm": (torch.float16,)}
+COMPUTED_IN_FP32: set[str] = set()  # "aten.lstm.input (float16)": what this process computed in float32 and rounded
+
 _AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 _REDUCED = (torch.float16, torch.bfloat16)
 
@@ -106,6 +115,37 @@ def _register(library: torch.library.Library, ops: tuple, cast: Callable[[Any], 
                 library.impl(op, _casting_kernel(op, cast), "AutocastCPU")
 
 
+def _fallback_kernel(op: torch._ops.OpOverload, lacking: tuple[torch.dtype, ...]) -> Callable:
+    """CPU autocast's low-precision policy for `op`, except in the dtypes the CPU lacks for it: there float32, with the
+    results rounded to that dtype (autograd sees the casts, so the backward runs in float32 too)."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        dtype = torch.get_autocast_dtype("cpu")
+        if dtype not in lacking:
+            return _casting_kernel(op, _to_low_precision)(*args, **kwargs)
+        COMPUTED_IN_FP32.add(f"{op.name().replace('::', '.')} ({str(dtype).removeprefix('torch.')})")
+        args, kwargs = tree_map(_to_float32, (args, kwargs))
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+            result = op(*args, **kwargs)
+        return tree_map(lambda value: value.to(dtype) if _is_float(value) else value, result)
+
+    return kernel
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+def _fall_back(library: torch.library.Library) -> None:
+    """Replace CPU autocast's own policy for FP32_FALLBACK_OPS with one that computes what the CPU lacks in float32."""
+    dispatched = set(torch._C._dispatch_get_all_op_names())
+    for name, lacking in FP32_FALLBACK_OPS.items():
+        for op in _dispatched_overloads(name, (), dispatched):
+            with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
+                warnings.simplefilter("ignore", UserWarning)
+                library.impl(op, _fallback_kernel(op, lacking), "AutocastCPU")
+
+
 def _refusing_kernel(message: str) -> Callable:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(message)
@@ -128,5 +168,6 @@ def install_npu_autocast_policy() -> torch.library.Library:
     library = torch.library.Library("aten", "IMPL")
     _register(library, FLOAT32_OPS, _to_float32)
     _register(library, LOW_PRECISION_OPS, _to_low_precision)
+    _fall_back(library)
     _ban(library)
     return library
