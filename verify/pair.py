@@ -1,9 +1,6 @@
-"""The paired commands of `verify`: both runs and their comparison in one go.
-
-    verify ORIGINAL [PORTED] [options] [-- SCRIPT ARGS]   the original (cuda, else EMULATED CUDA) against the port
-                                                          (npu, else the EMULATED NPU): same seed, steps and args;
-                                                          verdict; reports
-    verify determinism SCRIPT [options] [-- SCRIPT ARGS]  the same script twice: is it a usable reference (C1)?
+"""`verify ORIGINAL [PORTED] [options] [-- SCRIPT ARGS]`: both runs and their comparison in one go, the original
+(cuda, else EMULATED CUDA) against the port (npu, else the EMULATED NPU), same seed, steps and args; verdict; reports.
+(`verify determinism` is verify/determinism.py; both run their sides through verify/side_runs.py.)
 
 Typer cannot mix a default command with subcommands, so `route()` (called by verify/cli.py's main) sends a command
 line whose first word is neither a command nor an option to the hidden `pair` command.
@@ -13,51 +10,38 @@ verify/report.py): this module only decides what to run, runs it with progress, 
 reports: how the precision of the two sides was matched, and the AMP effect when asked.
 
 Mixed precision on one side only: `migrate` usually gives the port an fp16 autocast that the original lacks. When
-the port's forward computes in fp16/bf16, the reference runs under the same autocast imposed from outside (on the
-CPU with the emulated NPU's op casts, see bootstrap), so the comparison isolates the port. `--amp-effect` also runs
-the reference in fp32 and compares it with the reference under autocast: the AMP effect alone, judged with the
-documented fp32-vs-AMP tolerances (verify/tolerances.py). `--no-match-amp` compares fp32 with AMP directly, with the
-same wider tolerances.
+the port's forward computes in fp16/bf16, the reference computes under the same autocast where the port does, module
+call by module call (verify/precision_scopes.py; on the CPU with the emulated NPU's op casts), so the comparison
+isolates the port; a reference that still cannot run so runs as written, judged fp32 against AMP. `--amp-effect`
+also runs the reference in fp32 and compares it with the reference under autocast: the AMP effect alone, judged with
+the documented fp32-vs-AMP tolerances (verify/tolerances.py). `--no-match-amp` compares fp32 with AMP directly, with
+the same wider tolerances.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import pandas as pd
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from verify import report as reports
-from verify.checklist_items import REPORT_SUFFIX, TITLES, Status as ChecklistStatus, port_name
-from verify.compare import ComparisonResult, compare_runs
+from verify.checklist_items import REPORT_SUFFIX, port_name
+from verify.compare import compare_runs
 from verify.precision_policy import CompareOptions, amp_dtype
 from verify.compare_cli import read_side
 from verify import devices, run_folders
 from verify.errors import exit_with
-from verify.runner import RunOptions, run_script
+from verify.runner import RunOptions
+from verify.side_runs import RUN_ENDED_WELL, PairError, SideRunner, side_runner, stderr, stdout, write_reports
 from verify.store import Run
-from verify.schema import (AUTOCAST_DTYPES, EXIT_FAILED, EXIT_OK, DumpMode, LossScalerPlan, Status,
-                           VerifyFailure)
+from verify.schema import AUTOCAST_DTYPES, DumpMode, LossScalerPlan, Status
 
 PAIR_COMMAND = "pair"
-DETERMINISM_JSON = "determinism.json"
-_RUN_ENDED_WELL = (Status.OK.value, Status.SHORT.value)
 _AUTOCAST_FLAGS = {dtype: flag for flag, dtype in AUTOCAST_DTYPES.items()}  # float16 -> fp16
-DIFFERING_OPS_SHOWN = 15
-
-stdout = Console(highlight=False, soft_wrap=True)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-class PairError(VerifyFailure):
-    """The pair cannot be run as asked (a missing port, a folder in the way, a failed side of verify's own): exit 2."""
 
 
 # --- command-line routing ----------------------------------------------------------------------------------------
@@ -103,45 +87,6 @@ def _positional_indexes(tokens: list[str], valued: set[str]) -> list[int]:
 def default_port(original: Path) -> Path:
     """What `migrate ORIGINAL` writes beside it (checklist_items.port_name: <stem>_npu.py)."""
     return port_name(original)
-
-
-class SideRunner:
-    """Runs the sides one after the other under one rich progress display (stderr), echoing their output."""
-
-    def __init__(self, progress: Progress, quiet: bool) -> None:
-        self.progress = progress
-        self.quiet = quiet
-
-    def run(self, label: str, script: Path, args: list[str], options: RunOptions, run_dir: Path) -> Run:
-        task = self.progress.add_task(f"{label}: {script.name}", total=options.steps)
-        echo = None if self.quiet else (
-            lambda line: self.progress.console.print(f"[{label}] {line}", markup=False, style="dim"))
-        run_script(script, args, options, run_dir, on_output=echo,
-                   on_progress=lambda done: self.progress.update(task, completed=done))
-        run = read_side(run_dir)
-        if run.manifest.verify_error:
-            raise PairError(f"{label} run: {run.manifest.verify_error}")
-        self.progress.update(task, description=f"{label}: {script.name} on {_device_words(run)} "
-                                               f"({run.manifest.status})")
-        return run
-
-
-@contextlib.contextmanager
-def side_runner(quiet: bool) -> Iterator[SideRunner]:
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=stderr) as progress:
-        yield SideRunner(progress, quiet)
-
-
-def _device_words(run: Run) -> str:
-    return devices.title(run.manifest.device, run.manifest.emulated_on)
-
-
-def _write_reports(result: ComparisonResult, out: Path, *checklist_places: Path,
-                   summary: dict[str, Any] | None = None) -> None:
-    """The reports `verify compare -o` writes, with migrate's checklist when one lies beside the scripts, and what
-    only the pair knows in summary.json."""
-    reports.write_reports(result, out, checklist=reports.find_checklist(*checklist_places), summary=summary)
 
 
 # --- the pair ----------------------------------------------------------------------------------------------------
@@ -202,7 +147,7 @@ def _run_reference(plan: PairPlan, sides: SideRunner, actual: Run, imposed: str,
 def _crashed_under_autocast(ref: Run, actual: Run) -> str:
     """The reason to run the reference again as written: it crashed under the port's autocast where the port ran.
     If it crashes as written too, the script crashes by itself and that run is the one to judge."""
-    if ref.manifest.status != Status.CRASHED.value or actual.manifest.status not in _RUN_ENDED_WELL:
+    if ref.manifest.status != Status.CRASHED.value or actual.manifest.status not in RUN_ENDED_WELL:
         return ""
     return (ref.manifest.message.strip().splitlines() or [ref.manifest.status])[0]
 
@@ -243,7 +188,7 @@ def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
                   else None)
     # migrate writes its checklist into <port>_report/ beside the port (its default report folder).
     migrate_reports = plan.ported.with_name(plan.ported.stem + REPORT_SUFFIX)
-    _write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
+    write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
                    summary={"pair": how | {"amp_effect": amp_effect}})
     reports.print_summary(result, stdout)
     if amp_effect is not None:
@@ -304,7 +249,7 @@ def _amp_effect(ref_fp32: Run, ref_amp: Run, out: Path) -> dict[str, Any]:
     """The reference in fp32 against the reference under autocast: what AMP alone does to the loss curve, judged by
     compare's documented fp32-vs-AMP tolerances (verify/tolerances.py), since one side computes in half precision."""
     effect = compare_runs(ref_fp32, ref_amp)
-    _write_reports(effect, out)
+    write_reports(effect, out)
     loss = effect.summary()["loss"]
     return {"passed": effect.verdict.passed, "reason": effect.verdict.reason, "comparison": effect.policy.description,
             "loss_rtol": effect.loss.rtol, "max_rel_diff": loss["max_rel_diff"], "mean_rel_diff": loss["mean_rel_diff"],
@@ -378,106 +323,3 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
 # --- determinism (checklist C1) ------------------------------------------------------------------------------------
 
 
-def differing_ops(result: ComparisonResult) -> pd.DataFrame:
-    """The ops whose results differ between the two runs, in execution order (the first is the first divergent one)."""
-    ops = result.ops
-    differing = ops.loc[(ops["passed"] == False)]  # noqa: E712 (nullable boolean: NA rows are unmatched)
-    columns = ["step", "phase", "module", "ref_op", "io", "ref_dtype", "ref_seq", "judged_by"]
-    return differing[columns].rename(columns={"ref_op": "op", "ref_dtype": "dtype", "ref_seq": "seq"}).astype(
-        {"phase": str, "module": str, "op": str, "io": str, "dtype": str, "judged_by": str}).reset_index(drop=True)
-
-
-def determinism_record(result: ComparisonResult, differing: pd.DataFrame, deterministic: bool) -> dict[str, Any]:
-    """determinism.json: the verdict, the loss difference, the differing ops, and checklist item C1 in the shape
-    migrate's checklist.json uses (id, title, status, evidence, action)."""
-    summary = result.summary()
-    manifest = result.ref.manifest
-    evidence = [result.verdict.reason.replace("PASS: ", "").replace("FAIL: ", "")]
-    evidence += [f"step {row.step} {row.phase} {row.module or 'top level'}: {row.op} {row.io}"
-                 for row in differing.head(DIFFERING_OPS_SHOWN).itertuples()]
-    action = "" if deterministic else (
-        "Make the original constant before comparing a port with it: seed every generator, "
-        "torch.use_deterministic_algorithms(True), cudnn.deterministic=True, and no dropout for the comparison "
-        "(verify --no-dropout); start from the first operator listed.")
-    return {
-        "deterministic": deterministic,
-        "script": manifest.script, "argv": manifest.argv, "seed": manifest.seed, "device": manifest.device,
-        "dump": manifest.dump_mode, "steps": summary["loss"]["steps_compared"],
-        "loss": summary["loss"],
-        "first_divergent": summary["first_divergent"],
-        "differing_ops": differing.to_dict("records"),
-        "checklist": {"id": "C1", "title": TITLES["C1"],
-                      "status": (ChecklistStatus.PASSED if deterministic else ChecklistStatus.FAILED).value,
-                      "evidence": evidence, "action": action},
-    }
-
-
-def print_determinism(result: ComparisonResult, differing: pd.DataFrame, deterministic: bool) -> None:
-    if result.ref.manifest.emulated:
-        stdout.print(f"[bold black on yellow] {result.ref.manifest.title} [/]")
-    verdict = "DETERMINISTIC" if deterministic else "NOT DETERMINISTIC"
-    stdout.print(f"[bold {'green' if deterministic else 'red'}]{verdict}[/]: two runs of {result.ref.manifest.title}, "
-                 f"seed {result.ref.manifest.seed}, {result.ref.manifest.dump_mode} dump")
-    loss = result.loss
-    stdout.print(f"loss: {loss.steps_compared} steps, max abs diff {loss.max_abs_diff:.6g}, max rel diff "
-                 f"{loss.max_rel_diff:.3g}, first step that differs: "
-                 f"{'none' if loss.first_step_past_tolerance is None else loss.first_step_past_tolerance}")
-    if len(differing):
-        table = Table(title=f"{len(differing)} op results differ; the first is where the randomness enters",
-                      title_justify="left")
-        for column in ("step", "phase", "module", "op", "io", "dtype"):
-            table.add_column(column)
-        for row in differing.head(DIFFERING_OPS_SHOWN).itertuples():
-            table.add_row(str(row.step), row.phase, row.module or "(top level)", row.op, row.io, row.dtype)
-        stdout.print(table)
-    for note in result.notes:
-        stdout.print(f"[dim]note: {note}[/]")
-
-
-def determinism(
-    script: Annotated[Path, typer.Argument(help="The script to run twice, unmodified.", show_default=False)],
-    script_args: Annotated[Optional[list[str]], typer.Argument(
-        help="The script's own arguments, after `--`.", show_default=False)] = None,
-    steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps per run.")] = 5,
-    seed: Annotated[int, typer.Option(help="The seed both runs get.")] = 1234,
-    device: Annotated[devices.Device, typer.Option(help="As `verify run`.")] = devices.Device.AUTO,
-    dump: Annotated[DumpMode, typer.Option(
-        help="md5: bit-exact per op; stats: equal within the dtype tolerances.")] = DumpMode.MD5,
-    no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off.")] = False,
-    timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a run after this many seconds.")] = None,
-    out: Annotated[Optional[Path], typer.Option(
-        "--out", "-o", help="Folder for the runs and the reports (default: verify-out/STEM-TIME beside SCRIPT).")] = (
-        None),
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the script's output.")] = False,
-) -> None:
-    """Run SCRIPT twice with the same seed and list the operators whose results differ (checklist C1).
-
-    Exit codes: 0 deterministic, 1 not deterministic, 2 error (also when a run did not end well: there is nothing
-    to judge). Writes determinism.json (with checklist item C1 for migrate) beside the usual reports.
-    """
-    options = RunOptions(steps=steps, seed=seed, device=device.value, dump=dump, no_dropout=no_dropout,
-                         timeout=timeout)
-    out = out or run_folders.default_pair_dir(script)
-    exit_with(lambda: _determinism(script, list(script_args or []), options, out, quiet),
-              f"check whether {script} is deterministic", out)
-
-
-def _determinism(script: Path, args: list[str], options: RunOptions, out: Path, quiet: bool) -> int:
-    if not script.is_file():
-        raise PairError(f"{script}: no such script")
-    out = run_folders.claim(out)
-    with side_runner(quiet) as sides:
-        first, second = (sides.run(f"run {n}", script, args, options, out / run_folders.determinism_run(n)) for n in (1, 2))
-    for run in (first, second):
-        if run.manifest.status not in _RUN_ENDED_WELL:
-            raise PairError(f"{run.root.name} ended '{run.manifest.status}': {run.manifest.message}")
-    # Exact: the loss and the gradients of two runs of one script on one device must agree to the last bit.
-    result = compare_runs(first, second, CompareOptions(loss_rtol=0.0))
-    deterministic = result.verdict.passed
-    differing = differing_ops(result)
-    _write_reports(result, out, out, script.parent)
-    record = determinism_record(result, differing, deterministic)
-    reports.write_json(out / DETERMINISM_JSON, record)
-    print_determinism(result, differing, deterministic)
-    stderr.print(f"reports in {out}")
-    return EXIT_OK if deterministic else EXIT_FAILED
