@@ -3,14 +3,15 @@
 Each device draws from its own generator (CUDA's Philox, the NPU's npu_dropout_gen_mask with its own seed and
 offset), so on real hardware every op after a dropout differs between the sides, whatever the port does. With the
 streams aligned (the default; `--no-align-random` leaves each device its own), every functional dropout (the
-modules call them: nn.Dropout, nn.Dropout1d/2d/3d) draws its mask on the CPU from a generator seeded by a key of the
+modules call them: nn.Dropout, nn.Dropout1d/2d/3d), and the dropout of scaled_dot_product_attention (computed then
+as its documented math path), draws its mask on the CPU from a generator seeded by a key of the
 run's seed, the step, the innermost module path and the call's number in that step and module, and moves it to the
 tensor's device, scaled as dropout scales (1 / keep). Masks then match on any two devices, and stay matched where one side makes more or fewer random
 calls elsewhere. The mask drawing is hidden from the op capture: both sides record the same multiplication.
 
-Not aligned, and named in the manifest when a run uses them: alpha dropout, the dropout inside
-scaled_dot_product_attention and inside recurrent modules (nn.LSTM(dropout=...)), and random tensors a script
-draws itself (torch.randn...): compare names those it finds in the op records (RANDOM_OPS).
+Not aligned, and named in the manifest when a run uses them: alpha dropout, the dropout inside recurrent modules
+(nn.LSTM(dropout=...)), and random tensors a script draws itself (torch.randn...): compare names those it finds in
+the op records (RANDOM_OPS).
 
 `--no-dropout` turns every dropout off instead (as msprobe's seed_all(rm_dropout=True) does).
 """
@@ -81,6 +82,33 @@ def _keyed_dropout(stream: KeyedStream, original: Callable[..., Any], spatial: i
     return dropout
 
 
+def _keyed_attention(stream: KeyedStream, original: Callable[..., Any]) -> Callable[..., Any]:
+    """scaled_dot_product_attention with dropout: its attention weights computed as its documented reference does
+    (the math path) and dropped with the keyed stream's mask; without dropout, the device's own kernel."""
+
+    @functools.wraps(original)
+    def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                  enable_gqa: bool = False) -> torch.Tensor:
+        if dropout_p == 0.0:
+            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if enable_gqa:
+            key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
+            value = value.repeat_interleave(query.size(-3) // value.size(-3), -3)
+        weights = query @ key.transpose(-2, -1) * (query.size(-1) ** -0.5 if scale is None else scale)
+        if is_causal:
+            causal = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
+            weights = weights.masked_fill(~causal, float("-inf"))
+        if attn_mask is not None:
+            weights = (weights.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                       else weights + attn_mask)
+        weights = torch.softmax(weights, dim=-1)
+        weights = weights * stream.scaled_mask(tuple(weights.shape), 1.0 - dropout_p, weights)
+        return weights @ value
+
+    return attention
+
+
 def _noted(stream: KeyedStream, name: str, original: Callable[..., Any], draws: Callable[..., bool]) -> Callable:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -89,10 +117,6 @@ def _noted(stream: KeyedStream, name: str, original: Callable[..., Any], draws: 
         return original(*args, **kwargs)
 
     return wrapper
-
-
-def _attention_dropout(*args: Any, **kwargs: Any) -> bool:
-    return float(args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)) > 0.0
 
 
 def _training_dropout(input: Any, p: float = 0.5, training: bool = False, *args: Any, **kwargs: Any) -> bool:
@@ -108,8 +132,7 @@ def keyed(seed: int, step: Callable[[], int], not_aligned: list[str]) -> Iterato
             setattr(F, name, _keyed_dropout(stream, originals[name], spatial))
         for name in ("alpha_dropout", "feature_alpha_dropout"):
             setattr(F, name, _noted(stream, name, originals[name], _training_dropout))
-        F.scaled_dot_product_attention = _noted(stream, f"{ATTENTION} dropout_p", originals[ATTENTION],
-                                                _attention_dropout)
+        F.scaled_dot_product_attention = _keyed_attention(stream, originals[ATTENTION])
         try:
             yield
         finally:

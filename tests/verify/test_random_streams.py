@@ -39,11 +39,26 @@ def test_masks_differ_by_step_by_module_and_by_seed():
     assert set(second.flatten(2).unique(dim=2).shape[2:]) == {1} and set(second.unique().tolist()) <= {0.0, 2.0}
 
 
-def test_dropout_in_eval_mode_and_attention_dropout():
-    not_aligned = []
-    with random_streams.keyed(1, lambda: 0, not_aligned):
+def test_dropout_in_eval_mode_leaves_the_input_and_the_functions_are_restored():
+    with random_streams.keyed(1, lambda: 0, []):
         assert torch.equal(nn.functional.dropout(torch.ones(3), 0.5, training=False), torch.ones(3))
-        query = torch.randn(1, 2, 4, 8)
-        nn.functional.scaled_dot_product_attention(query, query, query, dropout_p=0.1)
-    assert not_aligned == ["scaled_dot_product_attention dropout_p"]
     assert nn.functional.dropout.__name__ == "dropout" and nn.functional.dropout.__module__ == "torch.nn.functional"
+
+
+def test_attention_dropout_is_keyed_and_without_dropout_it_is_the_kernels_own():
+    torch.manual_seed(0)
+    query, key, value = torch.randn(3, 2, 2, 5, 8).unbind(0)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    results = []
+    for draws_before in (0, 9):
+        torch.rand(draws_before)
+        with random_streams.keyed(1, lambda: 0, []):
+            results.append(nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask,
+                                                                      dropout_p=0.3))
+            plain = nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
+    assert torch.equal(results[0], results[1])
+    expected = nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
+    assert torch.equal(plain, expected)
+    with random_streams.keyed(1, lambda: 0, []):  # no dropout kept: the math path equals the kernel
+        reference = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=1e-12)
+    assert torch.allclose(reference, expected, atol=1e-6)
