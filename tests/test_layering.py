@@ -24,6 +24,7 @@ FORBIDDEN = [
     ("verify", {"migrate", "rules", "libcst"}),
 ]
 TORCH_FREE = ("verify.compare", "verify.report", "verify.store", "verify.findings", "verify.curves", "verify.op_verdicts",
+              "verify.adaptation",
               "verify.precision_policy", "verify.run_folders", "verify.devices")
 
 

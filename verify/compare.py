@@ -9,7 +9,7 @@ never imports torch, so a comparison runs on any laptop.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import pandas as pd
@@ -17,7 +17,7 @@ import pandas as pd
 from verify import environment
 from verify.align import RANDOM_OPS, AlignStatus, align_ops
 from verify.curves import (LossComparison, compare_grads, compare_hparams, compare_losses, compare_outputs,
-                           compare_overflow)
+                           compare_overflow, summarize_outputs)
 from verify.findings import Finding, Verdict, collect_findings, how_runs_ended, verdict
 from verify.op_verdicts import first_divergent_op, op_metrics, unscaled_backward
 from verify.precision_policy import CompareOptions, PrecisionPolicy, precision_policy
@@ -41,6 +41,7 @@ class ComparisonResult:
     overflow: dict[str, Any]
     findings: list[Finding]
     notes: list[str]
+    outputs_summary: dict[str, Any] = field(default_factory=dict)  # curves.summarize_outputs: inference only
     ops_not_compared: str = ""  # why no operator was compared (compare._ops_not_compared), "" when they were
 
     def status_counts(self) -> dict[str, int]:
@@ -69,6 +70,7 @@ class ComparisonResult:
             "environment_differences": [asdict(d) for d in
                                         environment.differences(self.ref.manifest, self.actual.manifest)],
             "overflow": self.overflow,
+            "outputs": self.outputs_summary,
             "findings": [{"code": f.code.value, "message": f.message, "detail": f.detail} for f in self.findings],
             "notes": self.notes,
         }
@@ -174,7 +176,9 @@ def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions
         evidence = _evidence(loss, not (ref.hparams.empty or actual.hparams.empty), grads, outputs)
         notes.append(f"operators not compared: {ops_not_compared}; judged on the {evidence}")
     findings = collect_findings(ended, ref, actual, table, first, loss, hparams, grads, outputs, overflow, policy)
+    outputs_summary = summarize_outputs(outputs, policy)
     return ComparisonResult(
-        verdict=verdict(findings, loss, table, policy, first, ops_not_compared, shared_ending), policy=policy,
-        ref=ref, actual=actual, loss=loss, ops=table, first_divergent=first, hparams=hparams, grads=grads,
-        outputs=outputs, overflow=overflow, findings=findings, notes=notes, ops_not_compared=ops_not_compared)
+        verdict=verdict(findings, loss, table, policy, first, ops_not_compared, shared_ending, outputs_summary),
+        policy=policy, ref=ref, actual=actual, loss=loss, ops=table, first_divergent=first, hparams=hparams,
+        grads=grads, outputs=outputs, overflow=overflow, findings=findings, notes=notes,
+        outputs_summary=outputs_summary, ops_not_compared=ops_not_compared)

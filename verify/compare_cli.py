@@ -19,6 +19,8 @@ import typer
 from rich.console import Console
 
 from verify import msprobe, report as reports
+from verify import run_folders
+from verify.adaptation import write_adaptation
 from verify.compare import compare_runs
 from verify.findings import CompareError
 from verify.precision_policy import CompareOptions
@@ -59,14 +61,22 @@ def compare(
     loss_rtol: Annotated[Optional[float], typer.Option(
         help="Relative loss tolerance per step (default 0.01; 0.05 for an fp32-vs-AMP pair).")] = None,
     max_rows: Annotated[int, typer.Option(help="Divergent op rows shown on the terminal.")] = 10,
+    adaptation_report: Annotated[bool, typer.Option(
+        "--adaptation-report", help="Also write adaptation.md into OUT (needs -o).")] = False,
 ) -> None:
     """Compare two runs offline: verdict, first divergent operator, advice. Exit 0 PASS, 1 FAIL, 2 error."""
-    exit_with(lambda: _compare(ref_run, actual_run, out, loss_rtol, max_rows),
+    exit_with(lambda: _compare(ref_run, actual_run, out, loss_rtol, max_rows, adaptation_report),
               f"compare {ref_run} with {actual_run}", out)
 
 
-def _compare(ref_run: Path, actual_run: Path, out: Path | None, loss_rtol: float | None, max_rows: int) -> int:
+def _compare(ref_run: Path, actual_run: Path, out: Path | None, loss_rtol: float | None, max_rows: int,
+             adaptation_report: bool) -> int:
+    if adaptation_report and out is None:
+        raise VerifyFailure("--adaptation-report writes adaptation.md into the -o folder: give one")
     result = compare_runs(read_side(ref_run), read_side(actual_run), CompareOptions(loss_rtol=loss_rtol))
+    if adaptation_report:
+        out.mkdir(parents=True, exist_ok=True)
+        stderr.print(f"wrote {write_adaptation(result, out)}")
     written = reports.write_reports(result, out, checklist=reports.find_checklist(ref_run, actual_run, out)) \
         if out else []
     reports.print_summary(result, stdout, max_rows=max_rows)
@@ -77,12 +87,17 @@ def _compare(ref_run: Path, actual_run: Path, out: Path | None, loss_rtol: float
 
 def report(
     run_or_result: Annotated[Path, typer.Argument(help="A run directory, or a folder written by `compare -o`.")],
+    adaptation_report: Annotated[bool, typer.Option(
+        "--adaptation-report", help="Write adaptation.md into a pair's folder (its ref/ and actual/ compared).")] = (
+        False),
 ) -> None:
     """Print a run's manifest and loss curve, or re-print a comparison's summary from its summary.json."""
-    exit_with(lambda: _report(run_or_result), f"report on {run_or_result}")
+    exit_with(lambda: _report(run_or_result, adaptation_report), f"report on {run_or_result}")
 
 
-def _report(run_or_result: Path) -> int:
+def _report(run_or_result: Path, adaptation_report: bool = False) -> int:
+    if adaptation_report:
+        return _adaptation_of_pair(run_or_result)
     summary_file = run_or_result / reports.SUMMARY_JSON
     if not summary_file.is_file():
         reports.print_run(read_side(run_or_result), stdout)
@@ -93,6 +108,17 @@ def _report(run_or_result: Path) -> int:
         raise VerifyFailure(f"{summary_file} is not valid JSON: {error}") from None
     reports.print_saved_summary(summary, stdout)
     return int(summary.get("exit_code", EXIT_ERROR))
+
+
+def _adaptation_of_pair(folder: Path) -> int:
+    """adaptation.md for a pair's folder (verify ORIGINAL PORTED -o FOLDER), from its two runs compared again."""
+    sides = [folder / run_folders.REF, folder / run_folders.ACTUAL]
+    if not all(side.is_dir() for side in sides):
+        raise VerifyFailure(f"{folder} is not a pair's folder: --adaptation-report needs its {run_folders.REF}/ and "
+                            f"{run_folders.ACTUAL}/ run directories")
+    result = compare_runs(*map(read_side, sides))
+    stderr.print(f"wrote {write_adaptation(result, folder)}")
+    return result.verdict.exit_code
 
 
 def export(

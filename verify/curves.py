@@ -153,6 +153,26 @@ def compare_outputs(ref: Run, actual: Run, policy: PrecisionPolicy, notes: list[
     return merged
 
 
+_OUTPUT_FIGURES = {"cosine": "min", "max_abs_error": "max", "mean_abs_error": "max", "top1_agreement": "min",
+                   "top5_agreement": "min"}  # each figure at its worst over the steps
+
+
+def summarize_outputs(outputs: pd.DataFrame, policy: PrecisionPolicy) -> dict[str, Any]:
+    """Inference outputs at their worst over the steps, per output and overall, with the criterion they were judged
+    by: what the verdict names, summary.json holds and an adaptation report shows. Empty for a training pair."""
+    if outputs.empty:
+        return {}
+    judged = outputs.assign(passed=outputs["passed"].astype(bool))
+    per_output = judged.groupby("output").agg(**{name: (name, how) for name, how in _OUTPUT_FIGURES.items()},
+                                              passed=("passed", "all"), steps=("step", "nunique"))
+    overall = {name: getattr(judged[name], how)() for name, how in _OUTPUT_FIGURES.items()}
+    first = judged.iloc[0]
+    return {"per_output": per_output.reset_index().to_dict(orient="records"),
+            "overall": overall | {"passed": bool(judged["passed"].all()), "outputs": len(per_output)},
+            "criterion": tolerances.output_criterion(str(first["ref_dtype"]), str(first["actual_dtype"]),
+                                                     policy.op_widen)}
+
+
 def _expected_overflow(ops: pd.DataFrame, skipped: list[int]) -> pd.Series:
     """Rows whose inf/nan a loss scaler dealt with: backward ops of a step whose update the scaler skipped. Dynamic
     loss scaling overflows on purpose (a GradScaler starts high and backs off), so these are its work, not a fault."""

@@ -29,6 +29,7 @@ import pandas as pd
 import typer
 
 from verify import report as reports
+from verify.adaptation import write_adaptation
 from verify.checklist_items import REPORT_SUFFIX, port_name
 from verify.compare import compare_runs
 from verify.precision_policy import CompareOptions, amp_dtype
@@ -105,6 +106,7 @@ class PairPlan:
     ref_run: Path | None
     loss_rtol: float | None
     out: Path
+    adaptation: bool = False  # --adaptation-report
 
 
 @dataclass
@@ -188,6 +190,8 @@ def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
                   else None)
     # migrate writes its checklist into <port>_report/ beside the port (its default report folder).
     migrate_reports = plan.ported.with_name(plan.ported.stem + REPORT_SUFFIX)
+    if plan.adaptation:
+        write_adaptation(result, plan.out)
     write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
                    summary={"pair": how | {"amp_effect": amp_effect}})
     reports.print_summary(result, stdout)
@@ -289,6 +293,8 @@ def pair(
         "--out", "-o", help="Folder for the runs and the reports (default: verify-out/STEM-TIME beside ORIGINAL).")] = (
         None),
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the scripts' output.")] = False,
+    adaptation_report: Annotated[bool, typer.Option(
+        "--adaptation-report", help="Also write adaptation.md, the report published with a ported model.")] = False,
 ) -> None:
     """Run ORIGINAL and PORTED for N steps each and compare them: `verify ORIGINAL [PORTED] [OPTIONS] [-- ARGS]`.
 
@@ -299,13 +305,13 @@ def pair(
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
                          timeout=timeout)
     exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value, loss_rtol,
-                            match_amp, amp_effect, ref_run, out, quiet),
+                            match_amp, amp_effect, ref_run, out, quiet, adaptation_report),
               f"verify {original} against {ported or default_port(original)}", out)
 
 
 def _pair(original: Path, ported: Path | None, script_args: list[str] | None, options: RunOptions, device_ref: str,
           device_actual: str, loss_rtol: float | None, match_amp: bool, amp_effect: bool, ref_run: Path | None,
-          out: Path, quiet: bool) -> int:
+          out: Path, quiet: bool, adaptation: bool) -> int:
     ported = ported or default_port(original)
     for role, script in (("ORIGINAL", original), ("PORTED", ported)):
         if not script.is_file():
@@ -314,7 +320,7 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
         raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
-                    match_amp, amp_effect, ref_run, loss_rtol, run_folders.claim(out))
+                    match_amp, amp_effect, ref_run, loss_rtol, run_folders.claim(out), adaptation)
     with side_runner(quiet) as sides:
         runs = run_sides(plan, sides)
     return judge_pair(plan, runs)

@@ -77,6 +77,13 @@ OUTPUT_TOP1_MIN = 0.99  # at most 1% of samples change their top-1 class
 OUTPUT_TOP5_MIN = 0.99  # top-5 sets overlap by 99% on average
 
 
+def output_criterion(ref_dtype: str, actual_dtype: str, widen: float = 1.0) -> str:
+    """The criterion inference outputs are judged by, in the words of an adaptation report."""
+    cosine_min = float(pair_tolerances(pd.Series([ref_dtype]), pd.Series([actual_dtype]), widen)["cosine_min"].iloc[0])
+    return (f"cosine >= {cosine_min:g} ({'the looser of its two dtypes' if ref_dtype != actual_dtype else ref_dtype}), "
+            f"top-1 agreement >= {OUTPUT_TOP1_MIN:.0%}, top-5 agreement >= {OUTPUT_TOP5_MIN:.0%}")
+
+
 FIELDS = [f.name for f in fields(OpTolerance)]
 
 

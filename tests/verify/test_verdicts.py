@@ -332,3 +332,24 @@ def test_an_lstm_under_fp16_autocast_and_its_faithful_port_pass(tmp_path):
     assert json.loads((out / "actual" / "manifest.json").read_text())["extra"]["computed_in_fp32"] == [
         "aten.lstm.input (float16)"]
     assert any("computed aten.lstm.input (float16) in float32" in note for note in summary["notes"])
+
+
+def test_an_inference_pair_names_its_outputs_and_writes_an_adaptation_report(tmp_path):
+    """Issue 24: a classifier's inference script (no optimizer, top-5 printed) against its port: the verdict names the
+    outputs' figures, summary.json holds them with the criterion, and adaptation.md has every section."""
+    code = (SCRIPTS / "classify_inference.py").read_text()
+    (tmp_path / "classify_npu.py").write_text(migrate_source(code, "classify.py", Settings(is_entry=True)).code)
+    exit_code, summary, out = verify(SCRIPTS / "classify_inference.py", tmp_path / "classify_npu.py", "-n", STEPS,
+                                     "-q", "--adaptation-report", "-o", tmp_path / "out")
+    assert exit_code == 0
+    assert summary["reason"].startswith("PASS: 1 inference output(s) within the criterion at every step: cosine ")
+    assert all(figure in summary["reason"] for figure in ("max abs", "mean abs", "top-1 100.00%", "top-5 100.00%"))
+    overall = summary["outputs"]["overall"]
+    assert overall["top1_agreement"] == overall["top5_agreement"] == 1.0 and overall["cosine"] > 0.9999
+    assert summary["outputs"]["criterion"].startswith("cosine >= ")
+    report = (out / "adaptation.md").read_text()
+    for heading in ("Model and source", "Hardware", "Software", "Run", "Accuracy", "Criterion", "Verdict"):
+        assert f"## {heading}\n" in report
+    assert "EMULATED NPU (a test double on cpu)" in report and "(emulator: not a device figure)" in report
+    again = CliRunner().invoke(app, ["report", str(out), "--adaptation-report"])
+    assert again.exit_code == 0 and (out / "adaptation.md").read_text() == report
