@@ -79,7 +79,8 @@ def _accuracy(summary: dict[str, Any], result: ComparisonResult) -> str:
         rows.append(["all", *_figures(outputs["overall"]), "yes" if outputs["overall"]["passed"] else "no"])
         return ("Inference outputs, each figure at its worst over the steps:\n\n"
                 + _table(["output", "cosine", "max abs error", "mean abs error", "top-1", "top-5", "within"], rows))
-    frame = result.loss.frame.groupby("step")[["ref_loss", "actual_loss", "rel_diff"]].max().reset_index()
+    frame = result.loss.frame.groupby("step").agg(ref_loss=("ref_loss", "mean"), actual_loss=("actual_loss", "mean"),
+                                                  rel_diff=("rel_diff", "max")).reset_index()  # over micro-steps
     rows = [[int(step), f"{ref:.6g}", f"{actual:.6g}", f"{rel:.3%}"] for step, ref, actual, rel in frame.itertuples(
         index=False)]
     first = summary["first_divergent"]
