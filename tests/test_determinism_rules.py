@@ -1,6 +1,8 @@
 """Whole scripts through the determinism rules: seeds and switches land in the process that trains."""
 
 import ast
+import subprocess
+import sys
 import textwrap
 
 from migrate.engine import migrate_source
@@ -62,3 +64,47 @@ def test_without_seed_an_unseeded_trainer_is_reported_and_left_alone():
     result = migrate_source(SPAWN, "train.py", Settings(), DET)
     assert result.code == SPAWN
     assert [f.code for f in result.findings] == ["DET001"]
+
+
+OWN_SEED = textwrap.dedent(
+    """
+    import argparse
+    import random
+    import torch
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seed", type=int, default=None)
+
+
+    def main():
+        args = parser.parse_args()
+        if args.seed is not None:
+            torch.manual_seed(args.seed)
+        loader = torch.utils.data.DataLoader(list(range(8)), batch_size=4, shuffle=True, num_workers=0)
+        print(loader.generator is None, [batch.tolist() for batch in loader], random.random())
+
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def test_every_inserted_seed_is_the_scripts_own_and_follows_its_guard(tmp_path):
+    """`--seed 7` is not used where the script has a seed: python's generator and the loader's take `args.seed`,
+    and without a seed the port runs as the original does (no generator), instead of crashing on
+    `manual_seed(None)`."""
+    code = port(OWN_SEED, seed=7)
+    assert "7" not in code
+    assert "random.seed(args.seed)" in code
+    assert "generator=torch.Generator().manual_seed(args.seed) if args.seed is not None else None" in code
+    script = tmp_path / "train_npu.py"
+    script.write_text(code, encoding="utf-8")
+
+    def run(*arguments: str) -> str:
+        done = subprocess.run([sys.executable, str(script), *arguments], capture_output=True, text=True, check=True)
+        return done.stdout
+
+    assert run().startswith("True ")
+    seeded = run("--seed", "5")
+    assert seeded.startswith("False ") and seeded == run("--seed", "5")

@@ -14,6 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules import Body, dotted_name, findall, is_optimizer, matches, method, visit
+from rules.amp._statement_roles import DEVICE_MOVES, Role, forward_pieces, kept_out, role, runs_model
 
 Resolver = Callable[[cst.CSTNode], "set[str]"]
 
@@ -23,12 +24,6 @@ CLIP_FUNCTIONS = frozenset(
     for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")
 )
 _CUSTOM_BACKWARD = frozenset({"torch.autograd.backward", "torch.autograd.grad"})
-# Calls that only make, move or re-type data: a statement made of these alone prepares inputs, it is no forward.
-_DATA_MOVES = frozenset({"to", "cuda", "npu", "cpu", "float", "long", "int", "half", "contiguous", "fill_", "zero_"})
-_FACTORIES = frozenset(
-    {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "eye", "arange", "linspace", "rand",
-     "randn", "randint", "randperm", "normal", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like"}
-)
 # Method calls that fill a container in place: `losses.append(l)` writes `losses` as far as the slice is concerned.
 _FILLS = frozenset({"append", "extend", "insert", "update", "add", "setdefault"})
 # Ops that CUDA autocast, and torch_npu's after it, refuse outright: their autocast kernel raises "unsafe to
@@ -135,7 +130,7 @@ def autocast_bans(module: cst.Module, refers_to: Callable[..., bool]) -> Autocas
 
 def _without_moves(call: cst.Call) -> cst.Call:
     """`nn.BCELoss()` for `nn.BCELoss().to(device)`."""
-    while method(call) in _DATA_MOVES and isinstance(call.func.value, cst.Call):  # type: ignore[attr-defined]
+    while method(call) in DEVICE_MOVES and isinstance(call.func.value, cst.Call):  # type: ignore[attr-defined]
         call = call.func.value  # type: ignore[attr-defined]
     return call
 
@@ -174,17 +169,18 @@ _NO_STEP = (
 
 
 def plan_autocast(step: Step, bans: AutocastBans) -> None:
-    """Fill `step.regions`: for each backward, the statements of its iteration that compute its loss, less those
-    that compute a loss autocast bans (they follow the region in float32: `step.float32_losses`)."""
+    """Fill `step.regions`: for each backward, the statements of its iteration that run its forward and its loss
+    (`_statement_roles`: data loading, device moves, logging and control flow stay outside), less those that
+    compute a loss autocast bans (they follow the region in float32: `step.float32_losses`)."""
     barriers = _ancestors(step, [site.line for site in step.backwards + step.steps])
     sliced: dict[Body, set[int]] = {}
-    computes: set[cst.BaseStatement] = set()
+    needed: set[cst.BaseStatement] = set()
     for site in step.backwards:
         found = _slice(step, site, barriers)
         for statement in found:
             place = step.places[statement]
             sliced.setdefault(place.block, set()).add(place.index)
-        if not any(_computes(statement) for statement in found):
+        if not any(runs_model(statement) for statement in found):
             step.problems.append(
                 Problem(
                     site.call,
@@ -193,18 +189,39 @@ def plan_autocast(step: Step, bans: AutocastBans) -> None:
                     "where they are computed, and scale this backward with `scaler.scale(loss).backward()`",
                 )
             )
-        computes.update(statement for statement in found if _computes(statement))
+        needed.update(found)
     for block, indexes in sliced.items():
-        runs = _runs(block, sorted(indexes), barriers, computes)
-        step.regions[block] = list(_without_banned_ops(step, block, runs, computes, bans))
+        spans = _without_banned_ops(step, block, _spans(block, sorted(indexes), barriers), bans)
+        step.regions[block] = [piece for span in spans for piece in _forward_pieces(step, block, span, needed)]
+
+
+def _forward_pieces(step: Step, block: Body, span: tuple[int, int], needed: set) -> list[tuple[int, int]]:
+    """The pieces of `span` to run under autocast; none, and a problem, where the forward shares a compound
+    statement with what must stay outside."""
+    first, last = span
+    statements = [block.body[index] for index in range(first, last + 1)]
+    mixed = next((statement for statement in statements if role(statement, statement in needed) is Role.MIXED), None)
+    if mixed is not None:
+        keyword = type(mixed).__name__.lower()  # for, while, if, try, with
+        step.problems.append(
+            Problem(
+                mixed,
+                f"the forward runs inside a `{keyword}` that also {kept_out(mixed)}: autocast not inserted (the "
+                "block would wrap that too, and splitting it out would move code)",
+                "move the data loading, device moves and logging out of that block, then wrap only the forward "
+                "and the loss in `with torch.autocast(device_type=\"npu\", dtype=torch.float16):`",
+            )
+        )
+        return []
+    return list(forward_pieces(block, first, last, needed))
 
 
 def _without_banned_ops(
-    step: Step, block: Body, runs: Iterator[tuple[int, int]], computes: set, bans: AutocastBans
+    step: Step, block: Body, spans: Iterator[tuple[int, int]], bans: AutocastBans
 ) -> Iterator[tuple[int, int]]:
-    """`runs` split around each statement that computes a banned loss from outputs already computed, which then
+    """`spans` split around each statement that computes a banned loss from outputs already computed, which then
     runs after autocast on float32 inputs; a banned op reached any other way is a problem."""
-    for first, last in runs:
+    for first, last in spans:
         start = first
         for index in range(first, last + 1):
             statement = block.body[index]
@@ -215,9 +232,11 @@ def _without_banned_ops(
                 step.problems.append(Problem(banned[0], *_BANNED))
                 continue
             step.float32_losses.extend(banned)  # type: ignore[arg-type]
-            yield from _computing_span(block, start, index - 1, computes)
+            if start < index:
+                yield start, index - 1
             start = index + 1
-        yield from _computing_span(block, start, last, computes)
+        if start <= last:
+            yield start, last
 
 
 _BANNED = (
@@ -232,25 +251,16 @@ _BANNED = (
 def _loss_of_outputs(statement: cst.BaseStatement, banned: list[cst.Call], bans: AutocastBans) -> bool:
     """Whether `statement` is one line whose banned calls take only computed values (no forward of their own)."""
     return isinstance(statement, cst.SimpleStatementLine) and all(
-        bans.runs_banned_op(call) and not any(_computes(arg.value) for arg in call.args) for call in banned
+        bans.runs_banned_op(call) and not any(runs_model(arg.value) for arg in call.args) for call in banned
     )
 
 
-def _computing_span(block: Body, first: int, last: int, computes: set) -> Iterator[tuple[int, int]]:
-    """(start, last) from the first statement in `first..last` that computes something, if one does."""
-    start = next((index for index in range(first, last + 1) if block.body[index] in computes), None)
-    if start is not None:
-        yield start, last
-
-
-def _runs(block: Body, indexes: list[int], barriers: set, computes: set) -> Iterator[tuple[int, int]]:
-    """Spans of `indexes` not cut by a barrier, each starting at its first statement that computes something."""
+def _spans(block: Body, indexes: list[int], barriers: set) -> Iterator[tuple[int, int]]:
+    """(first, last) of each run of `indexes` that no barrier (a backward, a step, a block holding one) cuts."""
     group: list[int] = []
     for index in indexes + [None]:  # type: ignore[list-item]
         if group and (index is None or any(block.body[i] in barriers for i in range(group[-1] + 1, index))):
-            starts = [i for i in group if block.body[i] in computes]
-            if starts:
-                yield starts[0], group[-1]
+            yield group[0], group[-1]
             group = []
         if index is not None:
             group.append(index)
@@ -407,18 +417,6 @@ _BRANCHED_STEP = (
 def _has_other_branch(owner: cst.BaseCompoundStatement | None) -> bool:
     """`if use_optimizer: opt.step() else: <manual update>` (a gradient-accumulation `if` has no else)."""
     return isinstance(owner, cst.If) and owner.orelse is not None
-
-
-def _computes(node: cst.CSTNode) -> bool:
-    """Whether `node` calls something other than a data move (`x.to(device)`) or a tensor factory."""
-    return any(not _makes_data(call) for call in findall(node, m.Call()))  # type: ignore[arg-type]
-
-
-def _makes_data(call: cst.Call) -> bool:
-    callee = dotted_name(call.func)
-    if callee.startswith("torch.") and callee.rsplit(".", 1)[-1] in _FACTORIES:
-        return True
-    return method(call) in _DATA_MOVES
 
 
 def _writes(statement: cst.BaseStatement) -> set[str]:

@@ -41,8 +41,11 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
     For each function (or top-level script) that calls `<loss>.backward()` and `<optimizer>.step()`, in a file with
     no mixed precision yet:
     - the statements of the iteration that compute the model output and the loss (the backward slice of the loss,
-      starting at its first real computation, never the backward or the step) run under
-      `with torch.autocast(device_type="npu", dtype=torch.float16)` (`bfloat16` with `--amp bf16`);
+      from the first statement that runs the model or the loss, never the backward or the step) run under
+      `with torch.autocast(device_type="npu", dtype=torch.float16)` (`bfloat16` with `--amp bf16`); data loading
+      (`next(batches)` and its StopIteration handling), device moves, logging and control flow stay outside: the
+      block is split around them, and where a `for`/`if`/`try` runs the forward and one of them at once, the step
+      is left to AMP105;
     - a loss through `binary_cross_entropy` (`F.binary_cross_entropy`, `nn.BCELoss`), which CUDA and NPU autocast
       refuse to run at all, stays after the autocast block on float32 inputs: `criterion(output.float(),
       target.float())`; when its statement also computes its inputs (`criterion(model(x), y)`), the step is left
@@ -259,6 +262,82 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
                 return loss
             optimizer.step(closure)
             """
+        ),
+        Case(  # a trainer class: fetching the batch, its StopIteration handling and the device moves stay outside
+            """
+            import torch
+
+
+            class Runner:
+                def fit(self):
+                    self.opt = self.net.make_optimizer(self.settings)
+                    batches = iter(self.loader)
+                    while self.iteration < self.max_steps:
+                        # the loader starts again when it runs out
+                        try:
+                            inputs, labels = next(batches)
+                        except StopIteration:
+                            batches = iter(self.loader)
+                            inputs, labels = next(batches)
+                        inputs, labels = inputs.to(self.device), labels.to(self.device)
+                        _, self.loss = self.net(inputs, labels)
+                        self.net.zero_grad(set_to_none=True)
+                        self.loss.backward()
+                        self.opt.step()
+                        self.iteration += 1
+            """,
+            """
+            import torch
+
+
+            class Runner:
+                def fit(self):
+                    self.opt = self.net.make_optimizer(self.settings)
+                    scaler = torch.amp.GradScaler("npu")
+                    batches = iter(self.loader)
+                    while self.iteration < self.max_steps:
+                        # the loader starts again when it runs out
+                        try:
+                            inputs, labels = next(batches)
+                        except StopIteration:
+                            batches = iter(self.loader)
+                            inputs, labels = next(batches)
+                        inputs, labels = inputs.to(self.device), labels.to(self.device)
+                        with torch.autocast(device_type="npu", dtype=torch.float16):
+                            _, self.loss = self.net(inputs, labels)
+                        self.net.zero_grad(set_to_none=True)
+                        scaler.scale(self.loss).backward()
+                        scaler.step(self.opt)
+                        scaler.update()
+                        self.iteration += 1
+            """,
+            lines=[6, 16, 18, 19],
+        ),
+        Case(  # logging between the forward and the loss: two blocks around it
+            """
+            for step, (x, y) in enumerate(loader):
+                out = model(x)
+                if step % 100 == 0:
+                    print("output mean", out.mean().item())
+                loss = criterion(out, y)
+                loss.backward()
+                optimizer.step()
+            """,
+            """
+            import torch
+
+            for step, (x, y) in enumerate(loader):
+                with torch.autocast(device_type="npu", dtype=torch.bfloat16):
+                    out = model(x)
+                if step % 100 == 0:
+                    print("output mean", out.mean().item())
+                with torch.autocast(device_type="npu", dtype=torch.bfloat16):
+                    loss = criterion(out, y)
+                loss.backward()
+                optimizer.step()
+            """,
+            lines=[2, 5],
+            amp=AmpPolicy.BF16,
         ),
         Case(  # words in a docstring or a comment are not the script choosing its precision
             """

@@ -17,7 +17,9 @@ class OpaqueTrainingStep(PortRule):
     (`backward`/`grad`, e.g. gradient penalties), non-scalar or `create_graph` backward calls, a backward whose loss
     is computed in another function, a backward with no optimizer step in the same function, and a loss through
     `binary_cross_entropy`/`nn.BCELoss` (which autocast refuses to run) computed in the same expression as its inputs
-    or inside a helper function, where AMP101 cannot move it after autocast. With `--amp bf16`
+    or inside a helper function, where AMP101 cannot move it after autocast, and a forward inside a `for`/`if`/`try`
+    that also loads data, moves it to the device, logs or leaves the loop (the autocast block would wrap those, and
+    splitting them out would move code). With `--amp bf16`
     only what blocks autocast is reported (no scaler is needed). A file that casts by hand (`.half()`, `float16`)
     is reported once.
 
@@ -88,6 +90,19 @@ class OpaqueTrainingStep(PortRule):
                 optimizer.step()
             """,
             lines=[4],
+            amp=AmpPolicy.BF16,
+        ),
+        Flag(  # micro-batches moved to the device inside the loop that runs the forward
+            """
+            for batch in loader:
+                loss = 0.0
+                for chunk in batch.split(4):
+                    chunk = chunk.to(device)
+                    loss = loss + model(chunk).mean()
+                loss.backward()
+                optimizer.step()
+            """,
+            lines=[3],
             amp=AmpPolicy.BF16,
         ),
         Unchanged(

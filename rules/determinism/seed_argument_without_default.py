@@ -51,6 +51,7 @@ class SeedArgumentWithoutDefault(PortRule):
             self.report(
                 node,
                 f"{flag} defaults to None: runs without the flag are not seeded (C1)",
-                f"give {flag} a default (e.g. default=42), or port with migrate --seed N",
+                f"give {flag} a default (e.g. default=42), or pass {flag} to every run: the seeds migrate adds "
+                "follow it",
                 Severity.INFO,
             )

@@ -9,6 +9,7 @@ from rules import (
     Case, PortRule, Settings, Unchanged, argument, findall, keyword, keyword_names, matches, statement, with_args,
 )
 from rules.determinism._entry_points import numpy_alias
+from rules.determinism._script_seed import ScriptSeed, bound_where, script_seed
 
 _DATA_LOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 _HELPER = "seed_worker"
@@ -19,8 +20,12 @@ class UnseededDataLoader(PortRule):
     """Give each DataLoader a seeded generator, and seed its worker processes, when the port is seeded.
 
     ## What it does
-    With `--seed N`, a `DataLoader(...)` without `generator=` gets `generator=torch.Generator().manual_seed(N)`,
-    and one with workers (`num_workers=` other than 0) and no `worker_init_fn=` gets `worker_init_fn=seed_worker`.
+    With `--seed N`, a `DataLoader(...)` without `generator=` gets `generator=torch.Generator().manual_seed(S)`,
+    where S is the script's own seed where it has one and it is bound there (`args.seed` for a `--seed` option or
+    `torch.manual_seed(args.seed)`, see `_script_seed`), else N; where the script seeds only when a seed is given
+    (`if args.seed is not None:`, a `--seed` without default), the generator follows: `... if args.seed is not None
+    else None`. The report names the seed each loader gets. A loader with workers (`num_workers=` other than 0) and
+    no `worker_init_fn=` gets `worker_init_fn=seed_worker`.
     The `seed_worker` function (seeding python's generator, and numpy's where the file imports numpy, from the seed
     torch gives each worker) is added once per file, before its first definition or the first statement that uses
     it, whichever comes first, unless the file already defines one.
@@ -109,6 +114,65 @@ class UnseededDataLoader(PortRule):
             lines=[3],
             seed=5,
         ),
+        Case(  # the script's own seed, and its guard: no seed given, no generator, as the script
+            """
+            import argparse
+            import random
+            import torch
+            from torch.utils.data import DataLoader
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--seed", type=int, default=None)
+
+            def main():
+                args = parser.parse_args()
+                if args.seed is not None:
+                    random.seed(args.seed)
+                    torch.manual_seed(args.seed)
+                loader = DataLoader(dataset, shuffle=True)
+            """,
+            """
+            import argparse
+            import random
+            import torch
+            from torch.utils.data import DataLoader
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--seed", type=int, default=None)
+
+            def main():
+                args = parser.parse_args()
+                if args.seed is not None:
+                    random.seed(args.seed)
+                    torch.manual_seed(args.seed)
+                loader = DataLoader(dataset, shuffle=True,
+                                    generator=torch.Generator().manual_seed(args.seed) if args.seed is not None else None)
+            """,
+            lines=[13],
+            seed=7,
+        ),
+        Case(  # the script's seed is not bound in the function that makes the loader: the literal stands in
+            """
+            import torch
+
+            def make_loader(dataset):
+                return torch.utils.data.DataLoader(dataset, shuffle=True)
+
+            def main():
+                args = parse()
+                torch.manual_seed(args.seed)
+            """,
+            """
+            import torch
+
+            def make_loader(dataset):
+                return torch.utils.data.DataLoader(dataset, shuffle=True, generator=torch.Generator().manual_seed(7))
+
+            def main():
+                args = parse()
+                torch.manual_seed(args.seed)
+            """,
+            lines=[4],
+            seed=7,
+        ),
         Unchanged(
             """
             from torch.utils.data import DataLoader
@@ -128,6 +192,8 @@ class UnseededDataLoader(PortRule):
         super().__init__(*args, **kwargs)
         self._seeded_workers: list[tuple[cst.Call, cst.CSTNode]] = []  # (original, new) calls given seed_worker
         self._has_helper = False
+        self._seed: ScriptSeed | None = None
+        self._module: cst.Module | None = None
 
     @classmethod
     def wants(cls, source: str, settings: Settings) -> bool:
@@ -135,6 +201,8 @@ class UnseededDataLoader(PortRule):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._has_helper = any(matches(line, m.FunctionDef(name=m.Name(_HELPER))) for line in node.body)
+        self._seed = script_seed(node, self.qualified_names)
+        self._module = node
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if self.qualified_names(original_node.func).isdisjoint(_DATA_LOADER):
@@ -143,16 +211,29 @@ class UnseededDataLoader(PortRule):
         added = []
         if "worker_init_fn" not in present and _has_workers(updated_node):
             added.append(keyword("worker_init_fn", cst.Name(_HELPER)))
+        seeded_with = ""
         if "generator" not in present:
-            added.append(keyword("generator", cst.parse_expression(f"torch.Generator().manual_seed({self.settings.seed})")))
+            generator, seeded_with = self._generator(original_node)
+            added.append(keyword("generator", cst.parse_expression(generator)))
         if not added:
             return updated_node
         new = with_args(updated_node, [*updated_node.args, *added])
         names = " and ".join(arg.keyword.value for arg in added)  # type: ignore[union-attr]
-        result = self.replace(original_node, updated_node, new, f"seeded DataLoader: added {names}", imports=[("torch", None)])
+        message = f"seeded DataLoader: added {names}{seeded_with}"
+        result = self.replace(original_node, updated_node, new, message, imports=[("torch", None)])
         if "worker_init_fn" in names and result is new:
             self._seeded_workers.append((original_node, new))
         return result
+
+    def _generator(self, loader: cst.Call) -> tuple[str, str]:
+        """The generator `loader` gets, and the words naming its seed for the report."""
+        seed = self._seed
+        line_of = lambda node: self.file.position(node).start.line  # noqa: E731
+        if seed is not None and bound_where(seed, self._module, loader, line_of):  # type: ignore[arg-type]
+            return seed.guarded(f"torch.Generator().manual_seed({seed.text})"), f", seeded with {seed.described()}"
+        literal = self.settings.seed
+        why = f"`{seed.text}` is not bound here" if seed is not None else "the script has no seed of its own"
+        return f"torch.Generator().manual_seed({literal})", f", seeded with {literal} (migrate --seed: {why})"
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if not self._seeded_workers or self._has_helper:

@@ -5,26 +5,9 @@ import libcst.matchers as m
 
 from rules import Case, Edit, Flag, Mode, PortRule, Severity, StatementEdits, Unchanged, findall, statement
 from rules.determinism._entry_points import Entry, at_start, numpy_alias, process_entry
-
-# What seeds each random number generator a training script uses, by qualified name.
-_SEEDS = {
-    "random.seed": "random",
-    "numpy.random.seed": "numpy",
-    "torch.manual_seed": "torch",
-    "torch.random.manual_seed": "torch",
-    "torch.cuda.manual_seed": "device",
-    "torch.cuda.manual_seed_all": "device",
-    "torch.npu.manual_seed": "device",
-    "torch.npu.manual_seed_all": "device",
-    "torch_npu.npu.manual_seed": "device",
-    "torch_npu.npu.manual_seed_all": "device",
-}
-# Helpers that seed every generator at once.
-_SEED_EVERYTHING = frozenset(
-    {"transformers.set_seed", "lightning.seed_everything", "pytorch_lightning.seed_everything",
-     "lightning.pytorch.seed_everything", "accelerate.utils.set_seed"}
+from rules.determinism._script_seed import (
+    ScriptSeed, bound_at_start, last_binding, script_seed, seed_anchor, seed_calls,
 )
-
 
 class UnseededTraining(StatementEdits, PortRule):
     """Seed every random number generator a training script uses, once, where each process starts.
@@ -34,9 +17,12 @@ class UnseededTraining(StatementEdits, PortRule):
       the missing `random.seed`, `np.random.seed` (when numpy is imported) and `torch.manual_seed` calls right
       after its own, with the same seed expression.
     - With `--seed N` and no seeding at all, the process entry (the function `mp.spawn` starts, else `main()`,
-      else the `if __name__ == "__main__":` block, else the script after its imports) starts with `random.seed(N)`,
-      `np.random.seed(N)` (when numpy is imported), `torch.manual_seed(N)` and the device's `manual_seed_all(N)`
-      (`torch.npu` in explicit mode; `torch.cuda`, mapped to the NPU by transfer_to_npu, in transfer mode).
+      else the `if __name__ == "__main__":` block, else the script after its imports) starts with `random.seed(S)`,
+      `np.random.seed(S)` (when numpy is imported), `torch.manual_seed(S)` and the device's `manual_seed_all(S)`
+      (`torch.npu` in explicit mode; `torch.cuda`, mapped to the NPU by transfer_to_npu, in transfer mode). S is
+      the script's own seed where it has one (a `--seed` option, a `seed` variable), right after the statement
+      that binds it (`args = parser.parse_args()`), under `if args.seed is not None:` where the option has no
+      default; else N. The report names the seed.
     - Without `--seed`, a training script that never seeds is reported.
 
     ## Why
@@ -110,6 +96,69 @@ class UnseededTraining(StatementEdits, PortRule):
             seed=0,
             mode=Mode.EXPLICIT,
         ),
+        Case(  # the script's --seed option, once it is parsed
+            """
+            import argparse
+            import torch
+
+            def main():
+                parser = argparse.ArgumentParser()
+                parser.add_argument("--seed", type=int, default=1)
+                args = parser.parse_args()
+                loss = model(x).sum()
+                loss.backward()
+            """,
+            """
+            import argparse
+            import torch
+            import random
+
+            def main():
+                parser = argparse.ArgumentParser()
+                parser.add_argument("--seed", type=int, default=1)
+                args = parser.parse_args()
+                random.seed(args.seed)
+                torch.manual_seed(args.seed)
+                torch.cuda.manual_seed_all(args.seed)
+                loss = model(x).sum()
+                loss.backward()
+            """,
+            lines=[7],
+            seed=0,
+        ),
+        Case(  # an option without default: seeded where the script is given a seed
+            """
+            import argparse
+            import torch
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--seed", type=int)
+
+            if __name__ == "__main__":
+                args = parser.parse_args()
+                loss = model(x).sum()
+                loss.backward()
+            """,
+            """
+            import argparse
+            import torch
+            import random
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--seed", type=int)
+
+            if __name__ == "__main__":
+                args = parser.parse_args()
+                if args.seed is not None:
+                    random.seed(args.seed)
+                    torch.manual_seed(args.seed)
+                    torch.cuda.manual_seed_all(args.seed)
+                loss = model(x).sum()
+                loss.backward()
+            """,
+            lines=[8],
+            seed=3,
+        ),
         Flag(
             """
             for x, y in loader:
@@ -139,18 +188,17 @@ class UnseededTraining(StatementEdits, PortRule):
         super().__init__(*args, **kwargs)
         self._entry: Entry | None = None
         self._block: list[cst.BaseStatement] = []
+        self._message = ""
 
     def visit_Module(self, node: cst.Module) -> None:
-        calls = [call for call in findall(node, m.Call()) if isinstance(call, cst.Call)]
-        if any(not self.qualified_names(call.func).isdisjoint(_SEED_EVERYTHING) for call in calls):
+        seeds = seed_calls(node, self.qualified_names)
+        if any(kind == "all" for _, kind in seeds):
             return
-        seeds = [(call, _SEEDS[name]) for call in calls for name in self.qualified_names(call.func) if name in _SEEDS]
         numpy = numpy_alias(node)
         if seeds:
             self._complete(node, seeds, numpy)
         elif self.settings.seed is not None:
-            self._entry = process_entry(node, self.qualified_names)
-            self._block = _seeding(str(self.settings.seed), numpy, self._device_module(), with_device=True)
+            self._seed_process(node, numpy)
         elif self.settings.is_entry:
             backward = findall(node, m.Call(func=m.Attribute(attr=m.Name("backward"))))
             if backward:
@@ -164,9 +212,38 @@ class UnseededTraining(StatementEdits, PortRule):
     def _device_module(self) -> str:
         return "torch.npu" if self.settings.mode is Mode.EXPLICIT else "torch.cuda"
 
+    def _seed_process(self, module: cst.Module, numpy: str | None) -> None:
+        """Seed every generator where the process starts: with the script's seed once it is bound, else with N."""
+        entry = process_entry(module, self.qualified_names)
+        seed = script_seed(module, self.qualified_names)
+        line_of = lambda node: self.file.position(node).start.line  # noqa: E731
+        body = entry if isinstance(entry, cst.Module) else entry.body
+        binding = last_binding(list(body.body), seed.names) if seed is not None else None
+        if seed is not None and isinstance(body, (cst.Module, cst.IndentedBlock)) and binding is not None:
+            block = self._seeding_block(seed, numpy)
+            message = f"seeded every generator with {seed.described()} once it is bound"
+            self.edit(body, Edit(binding, message, insert_after=tuple(block), imports=_imports(["random", "torch"])))
+        elif seed is not None and bound_at_start(seed, module, entry, line_of):
+            self._entry, self._block = entry, self._seeding_block(seed, numpy)
+            self._message = f"seeded every generator with {seed.described()} at the start of the process"
+        else:
+            self._entry = entry
+            self._block = _seeding(str(self.settings.seed), numpy, self._device_module(), with_device=True)
+            why = f"`{seed.text}` is not bound there" if seed is not None else "the script has no seed of its own"
+            self._message = (f"seeded every generator with {self.settings.seed} at the start of the process "
+                             f"(migrate --seed: {why})")
+
+    def _seeding_block(self, seed: ScriptSeed, numpy: str | None) -> list[cst.BaseStatement]:
+        """The seeding statements for the script's seed, under its test where it may be None."""
+        lines = _seeding(seed.text, numpy, self._device_module(), with_device=True)
+        if seed.guard is None:
+            return lines
+        guarded = cst.Module([]).code_for_node(seed.guard)
+        return [statement(f"if {guarded}:\n" + "".join("    " + cst.Module([]).code_for_node(line) for line in lines))]
+
     def _complete(self, module: cst.Module, seeds: list[tuple[cst.Call, str]], numpy: str | None) -> None:
         kinds = {kind for _, kind in seeds}
-        anchor = next((call for call, kind in seeds if kind == "torch"), seeds[-1][0])
+        anchor = seed_anchor(seeds)
         if not anchor.args:
             return
         seed = cst.Module([]).code_for_node(anchor.args[0].value)
@@ -177,7 +254,8 @@ class UnseededTraining(StatementEdits, PortRule):
         place = _statement_holding(module, anchor)
         if place is not None:
             block, index = place
-            message = "completed the seeding: " + ", ".join(missing)
+            seeder = cst.Module([]).code_for_node(anchor.func)
+            message = f"completed the seeding: {', '.join(missing)} seeded with `{seed}`, as the script's {seeder}(...)"
             self.edit(block, Edit(index, message, insert_after=tuple(statements), imports=_imports(missing)))
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
@@ -193,10 +271,9 @@ class UnseededTraining(StatementEdits, PortRule):
     def _seed_entry(self, original: Entry, updated: Entry):
         if original is not self._entry:
             return updated
-        message = f"seeded every generator with {self.settings.seed} at the start of the process"
         new = at_start(updated, self._block)
         anchor = original.body[0] if isinstance(original, cst.Module) and original.body else original
-        return self.replace(original, updated, new, message, imports=_imports(["random", "torch"]), at=anchor)
+        return self.replace(original, updated, new, self._message, imports=_imports(["random", "torch"]), at=anchor)
 
 
 def _seeding(seed: str, numpy: str | None, device: str, with_device: bool) -> list[cst.BaseStatement]:

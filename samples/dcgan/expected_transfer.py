@@ -188,10 +188,10 @@ for epoch in range(opt.niter):
         # (1) Discriminator: maximize log(D(x)) + log(1 - D(G(z)))
         netD.zero_grad()
         real = data[0].to(device)
-        with torch.autocast(device_type="npu", dtype=torch.float16):
-            batch_size = real.size(0)
-            label = torch.full((batch_size,), real_label, dtype=real.dtype, device=device)
+        batch_size = real.size(0)
+        label = torch.full((batch_size,), real_label, dtype=real.dtype, device=device)
 
+        with torch.autocast(device_type="npu", dtype=torch.float16):
             output = netD(real)
         errD_real = criterion(output.float(), label.float())
         scaler.scale(errD_real).backward()
