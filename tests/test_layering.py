@@ -23,7 +23,8 @@ FORBIDDEN = [
     ("rules", {"migrate", "verify"}),
     ("verify", {"migrate", "rules", "libcst"}),
 ]
-TORCH_FREE = ("verify.compare", "verify.report", "verify.store", "verify.findings", "verify.curves", "verify.op_verdicts",
+TORCH_FREE = ("verify.compare", "verify.report", "verify.report_tables", "verify.report_html", "verify.report_xlsx",
+              "verify.report_terminal", "verify.store", "verify.findings", "verify.curves", "verify.op_verdicts",
               "verify.precision_policy", "verify.run_folders", "verify.devices")
 
 

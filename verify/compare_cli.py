@@ -22,6 +22,7 @@ from verify import msprobe, report as reports
 from verify.compare import compare_runs
 from verify.findings import CompareError
 from verify.precision_policy import CompareOptions
+from verify.report_terminal import print_run, print_saved_summary, print_summary
 from verify.errors import exit_with
 from verify.schema import EXIT_ERROR, EXIT_OK, VerifyFailure
 from verify.store import Run, RunDirError, read_run
@@ -69,7 +70,7 @@ def _compare(ref_run: Path, actual_run: Path, out: Path | None, loss_rtol: float
     result = compare_runs(read_side(ref_run), read_side(actual_run), CompareOptions(loss_rtol=loss_rtol))
     written = reports.write_reports(result, out, checklist=reports.find_checklist(ref_run, actual_run, out)) \
         if out else []
-    reports.print_summary(result, stdout, max_rows=max_rows)
+    print_summary(result, stdout, max_rows=max_rows)
     for path in written:
         stderr.print(f"wrote {path}")
     return result.verdict.exit_code
@@ -85,13 +86,13 @@ def report(
 def _report(run_or_result: Path) -> int:
     summary_file = run_or_result / reports.SUMMARY_JSON
     if not summary_file.is_file():
-        reports.print_run(read_side(run_or_result), stdout)
+        print_run(read_side(run_or_result), stdout)
         return EXIT_OK
     try:
         summary = json.loads(summary_file.read_text(encoding="utf-8"))
     except ValueError as error:
         raise VerifyFailure(f"{summary_file} is not valid JSON: {error}") from None
-    reports.print_saved_summary(summary, stdout)
+    print_saved_summary(summary, stdout)
     return int(summary.get("exit_code", EXIT_ERROR))
 
 

@@ -38,6 +38,7 @@ from verify import report as reports
 from verify.checklist_items import REPORT_SUFFIX, TITLES, Status as ChecklistStatus, port_name
 from verify.compare import ComparisonResult, compare_runs
 from verify.precision_policy import CompareOptions, amp_dtype
+from verify.report_terminal import print_summary
 from verify.compare_cli import read_side
 from verify import devices, run_folders
 from verify.errors import exit_with
@@ -245,7 +246,7 @@ def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
     migrate_reports = plan.ported.with_name(plan.ported.stem + REPORT_SUFFIX)
     _write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
                    summary={"pair": how | {"amp_effect": amp_effect}})
-    reports.print_summary(result, stdout)
+    print_summary(result, stdout)
     if amp_effect is not None:
         colour = "green" if amp_effect["passed"] else "yellow"
         stdout.print(f"[bold {colour}]AMP effect (fp32 vs {runs.imposed} reference, not part of the verdict): "

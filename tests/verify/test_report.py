@@ -13,6 +13,10 @@ from verify import report
 from verify.compare import compare_runs
 from verify.findings import Finding, FindingCode, Verdict
 from verify.compare_cli import read_side
+from verify.report_html import svg_plot
+from verify.report_tables import STATUS_COLOURS, op_report_frame
+from verify.report_terminal import print_saved_summary, print_summary
+from verify.report_xlsx import write_xlsx
 
 
 def failing_result(tmp_path, **actual):
@@ -48,22 +52,22 @@ def test_all_reports_are_written_and_self_contained(tmp_path):
 
 def test_xlsx_rows_are_coloured_by_status(tmp_path):
     result = failing_result(tmp_path)
-    report.write_xlsx(report.op_report_frame(result), tmp_path / "ops.xlsx")
+    write_xlsx(op_report_frame(result), tmp_path / "ops.xlsx")
     sheet = load_workbook(tmp_path / "ops.xlsx").active
     header = [cell.value for cell in sheet[1]]
     status_at, passed_at = header.index("status"), header.index("passed")
     colours = {(row[status_at].value, row[passed_at].value): row[0].fill.start_color.rgb[-6:]
                for row in sheet.iter_rows(min_row=2)}
-    assert colours[("exact", True)] == report.STATUS_COLOURS["exact"]
-    assert colours[("exact", False)] == report.STATUS_COLOURS["failed"]
-    csv_keys = report.op_report_frame(result)["ref_key"].dropna()
+    assert colours[("exact", True)] == STATUS_COLOURS["exact"]
+    assert colours[("exact", False)] == STATUS_COLOURS["failed"]
+    csv_keys = op_report_frame(result)["ref_key"].dropna()
     assert csv_keys.iloc[0] == "0/forward/Net.conv1/aten.convolution#0"
 
 
 def test_terminal_summary(tmp_path):
     result = failing_result(tmp_path)
     console = Console(record=True, width=200)
-    report.print_summary(result, console)
+    print_summary(result, console)
     text = console.export_text()
     assert "ACTUAL RAN ON AN EMULATED NPU" in text
     assert "FAIL: hyperparameter differs: lr 0.1 vs 0.01 in group 0" in text
@@ -71,9 +75,9 @@ def test_terminal_summary(tmp_path):
 
 
 def test_svg_plot_survives_nan_and_constant_series():
-    svg = report.svg_plot({"a": ([0, 1, 2], [1.0, np.nan, 1.0])}, "t", "y", limit=0.5)
+    svg = svg_plot({"a": ([0, 1, 2], [1.0, np.nan, 1.0])}, "t", "y", limit=0.5)
     assert svg.startswith("<svg") and "polyline" in svg
-    assert "no data" in report.svg_plot({"a": ([], [])}, "t", "y")
+    assert "no data" in svg_plot({"a": ([], [])}, "t", "y")
 
 
 # What compare puts in a finding's detail comes from pandas rows and numpy reductions: none of it is plain JSON.
@@ -109,7 +113,7 @@ def test_every_finding_with_numpy_details_goes_through_every_report_writer(tmp_p
     assert load_workbook(tmp_path / "out" / "ops.xlsx").active.max_row == len(result.ops) + 1
     assert len(pd.read_csv(tmp_path / "out" / "ops.csv")) == len(result.ops) and len(paths) == 6
     console = Console(record=True, width=200)
-    report.print_saved_summary(summary, console)
+    print_saved_summary(summary, console)
     assert "FAIL: run_failed found" in console.export_text()
 
 
