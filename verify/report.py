@@ -1,6 +1,7 @@
 """The report files of a comparison, written by `verify compare -o` and `verify ORIGINAL PORTED`: summary.json,
-ops.csv, ops.xlsx (verify/report_xlsx.py), advice.txt, report.html (verify/report_html.py), losses.csv. The terminal's
-reports are verify/report_terminal.py's; the tables they share, verify/report_tables.py's.
+advice.txt, report.html (verify/report_html.py), ops.xlsx (verify/report_xlsx.py), ops.csv and ops.parquet (the full
+op table, every row and column), losses.csv. The terminal's reports are
+verify/report_terminal.py's; the tables they share, verify/report_tables.py's.
 
 Renders only: every number comes from compare.py. No torch.
 """
@@ -9,12 +10,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv
+import pyarrow.parquet
 
 from verify.advice import Advice, advise
 from verify.checklist_items import CHECKLIST_JSON  # written by `migrate` (id, title, status, evidence, action)
@@ -24,6 +29,10 @@ from verify.report_tables import op_report_frame
 from verify.report_xlsx import write_xlsx
 
 SUMMARY_JSON = "summary.json"
+OPS_CSV = "ops.csv"
+OPS_PARQUET = "ops.parquet"
+
+
 
 
 def find_checklist(*places: Path | None) -> list[dict[str, Any]] | None:
@@ -75,19 +84,47 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(json_data(data), indent=1, allow_nan=False), encoding="utf-8")
 
 
+def report_writers(result: ComparisonResult, checklist: list[dict[str, Any]] | None = None,
+                   summary: dict[str, Any] | None = None) -> dict[str, Callable[[Path], None]]:
+    """Each report file of a comparison -> what writes it; `summary`: sections only the caller knows (the pair's), in
+    summary.json. What several share (the advice, the full op table) is made here, once."""
+    advice = advise(result.findings)
+    summary = result.summary() | {"advice": [item.message for item in advice]} | (summary or {})
+    # pyarrow writes both files of the full table several times faster than pandas' own writers: to_csv formats
+    # every float in Python, about 1 s for 60,000 rows of ~60 columns (tests/perf/bench_compare.py).
+    frame = op_report_frame(result)
+    full_table = pa.Table.from_pandas(frame, preserve_index=False)
+    return {
+        SUMMARY_JSON: lambda path: write_json(path, summary),
+        "advice.txt": lambda path: path.write_text(advice_text(result, advice), encoding="utf-8"),
+        "report.html": lambda path: path.write_text(render_html(result, advice, checklist), encoding="utf-8"),
+        "ops.xlsx": lambda path: write_xlsx(frame, path),
+        OPS_CSV: lambda path: write_csv(full_table, path),
+        OPS_PARQUET: lambda path: write_parquet(full_table, path),
+        "losses.csv": lambda path: result.loss.frame.to_csv(path, index=False),
+    }
+
+
+def write_csv(table: pa.Table, path: Path) -> None:
+    """ops.csv: pyarrow quotes every text cell, and its header too; the header stays plain column names, as awk, cut
+    and `head -1` read them (ours need no quotes)."""
+    with path.open("wb") as sink:
+        sink.write((",".join(table.column_names) + "\n").encode())
+        pyarrow.csv.write_csv(table, sink, pyarrow.csv.WriteOptions(include_header=False))
+
+
+def write_parquet(table: pa.Table, path: Path) -> None:
+    """ops.parquet: dictionaries for the text and integer columns only (a statistic rarely repeats, and encoding the
+    floats as dictionaries is most of the default writer's time); zstd, smaller and faster than the default snappy."""
+    repeating = [column.name for column in table.schema if not pa.types.is_floating(column.type)]
+    pyarrow.parquet.write_table(table, path, use_dictionary=repeating, compression="zstd")
+
+
 def write_reports(result: ComparisonResult, out: Path, checklist: list[dict[str, Any]] | None = None,
                   summary: dict[str, Any] | None = None) -> list[Path]:
-    """Every report of a comparison; `summary`: sections only the caller knows (the pair's), in summary.json."""
+    """Every report file of a comparison (report_writers), in `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    advice = advise(result.findings)
-    frame = op_report_frame(result)
-    summary = result.summary() | {"advice": [item.message for item in advice]} | (summary or {})
-    paths = {name: out / name for name in
-             (SUMMARY_JSON, "ops.csv", "ops.xlsx", "advice.txt", "report.html", "losses.csv")}
-    write_json(paths[SUMMARY_JSON], summary)
-    frame.to_csv(paths["ops.csv"], index=False)
-    write_xlsx(frame, paths["ops.xlsx"])
-    paths["advice.txt"].write_text(advice_text(result, advice), encoding="utf-8")
-    result.loss.frame.to_csv(paths["losses.csv"], index=False)
-    paths["report.html"].write_text(render_html(result, advice, checklist), encoding="utf-8")
-    return list(paths.values())
+    writers = report_writers(result, checklist, summary)
+    for name, write in writers.items():
+        write(out / name)
+    return [out / name for name in writers]

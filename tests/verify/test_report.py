@@ -36,8 +36,8 @@ def test_all_reports_are_written_and_self_contained(tmp_path):
     out = tmp_path / "out"
     found = report.find_checklist(tmp_path / "ref", tmp_path / "actual", out)
     paths = report.write_reports(result, out, checklist=found)
-    assert {p.name for p in paths} == {"summary.json", "ops.csv", "ops.xlsx", "advice.txt", "report.html",
-                                       "losses.csv"}
+    assert {p.name for p in paths} == {"summary.json", "ops.csv", "ops.parquet", "ops.xlsx", "advice.txt",
+                                       "report.html", "losses.csv"}
     page = (out / "report.html").read_text()
     assert "EMULATED NPU" in page and 'class="banner"' in page
     assert page.count("<svg") == 2 and "<script" not in page and "http://" not in page.replace(
@@ -111,7 +111,9 @@ def test_every_finding_with_numpy_details_goes_through_every_report_writer(tmp_p
     assert all(f"{code.value} found" in page for code in FindingCode)
     assert "steps_differ found" in (tmp_path / "out" / "advice.txt").read_text()
     assert load_workbook(tmp_path / "out" / "ops.xlsx").active.max_row == len(result.ops) + 1
-    assert len(pd.read_csv(tmp_path / "out" / "ops.csv")) == len(result.ops) and len(paths) == 6
+    full, csv = pd.read_parquet(tmp_path / "out" / "ops.parquet"), pd.read_csv(tmp_path / "out" / "ops.csv")
+    assert len(full) == len(csv) == len(result.ops) and list(full.columns) == list(csv.columns) and len(paths) == 7
+    assert full["ref_key"].iloc[0] == csv["ref_key"].iloc[0] == "0/forward/Net.conv1/aten.convolution#0"
     console = Console(record=True, width=200)
     print_saved_summary(summary, console)
     assert "FAIL: run_failed found" in console.export_text()
