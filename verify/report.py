@@ -1,6 +1,6 @@
 """The report files of a comparison, written by `verify compare -o` and `verify ORIGINAL PORTED`: summary.json,
-advice.txt, report.html (verify/report_html.py), ops.xlsx (verify/report_xlsx.py), ops.csv and ops.parquet (the full
-op table, every row and column), losses.csv. The terminal's reports are
+advice.txt, report.html (verify/report_html.py), ops.xlsx (verify/report_xlsx.py, what a person reads in a
+spreadsheet), ops.csv and ops.parquet (the full op table, every row and column), losses.csv. The terminal's reports are
 verify/report_terminal.py's; the tables they share, verify/report_tables.py's.
 
 Renders only: every number comes from compare.py. No torch.
@@ -92,13 +92,12 @@ def report_writers(result: ComparisonResult, checklist: list[dict[str, Any]] | N
     summary = result.summary() | {"advice": [item.message for item in advice]} | (summary or {})
     # pyarrow writes both files of the full table several times faster than pandas' own writers: to_csv formats
     # every float in Python, about 1 s for 60,000 rows of ~60 columns (tests/perf/bench_compare.py).
-    frame = op_report_frame(result)
-    full_table = pa.Table.from_pandas(frame, preserve_index=False)
+    full_table = pa.Table.from_pandas(op_report_frame(result), preserve_index=False)
     return {
         SUMMARY_JSON: lambda path: write_json(path, summary),
         "advice.txt": lambda path: path.write_text(advice_text(result, advice), encoding="utf-8"),
         "report.html": lambda path: path.write_text(render_html(result, advice, checklist), encoding="utf-8"),
-        "ops.xlsx": lambda path: write_xlsx(frame, path),
+        "ops.xlsx": lambda path: write_xlsx(result, advice, path),
         OPS_CSV: lambda path: write_csv(full_table, path),
         OPS_PARQUET: lambda path: write_parquet(full_table, path),
         "losses.csv": lambda path: result.loss.frame.to_csv(path, index=False),

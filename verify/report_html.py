@@ -1,6 +1,6 @@
 """report.html: one self-contained page (inline SVG plots, inline CSS, no script, no external resource), so that
-it can be mailed and opened offline. Its operator table holds the first rows past tolerance or unmatched; every row
-is in ops.csv and ops.xlsx. Renders only: every number comes from compare.py. No torch.
+it can be mailed and opened offline. Its operator table holds the first rows past tolerance or unmatched; the full
+table is in ops.csv and ops.parquet. Renders only: every number comes from compare.py. No torch.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import pandas as pd
 from verify import environment
 from verify.advice import Advice
 from verify.compare import ComparisonResult
-from verify.report_tables import both_sides, cell_text, diverging_rows, emulation, emulation_banners
-from verify.schema import OP_COLUMNS, STAT_COLUMNS
+from verify.report_tables import cell_text, diverging_rows, emulation, emulation_banners, reading_columns
 
 HTML_MAX_OP_ROWS = 200
 
@@ -111,13 +110,10 @@ def _ops_section(result: ComparisonResult) -> str:
     counts = ", ".join(f"{status}: {count}" for status, count in result.status_counts().items())
     if rows.empty:
         return _section("Operators", f"<p>{counts}. Every matched op is within tolerance.</p>")
-    statistics = [c for c in STAT_COLUMNS if OP_COLUMNS[c] == "float64"]
-    shown = rows.reindex(columns=["step", "phase", "module", "ref_op", "actual_op", "io", "status", "ref_dtype",
-                                  "actual_dtype", "stats_error", "tolerance", *both_sides(statistics), "cosine",
-                                  "note"])
+    shown = rows.reindex(columns=reading_columns())
     classes = np.where((rows["passed"] == False).fillna(False), "failed", rows["status"])  # noqa: E712
     return _section("Operators past tolerance or unmatched",
-                    f"<p>{counts}. First {len(rows)} rows; every row is in ops.csv / ops.xlsx.</p>"
+                    f"<p>{counts}. First {len(rows)} rows; every row is in ops.csv and ops.parquet.</p>"
                     + _html_table(shown, classes))
 
 

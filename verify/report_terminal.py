@@ -11,7 +11,7 @@ from rich.table import Table
 
 from verify.advice import advise
 from verify.compare import ComparisonResult
-from verify.report_tables import cell_text, diverging_rows, emulation_banners
+from verify.report_tables import cell_text, diverging_rows, emulation_banners, loss_line, ops_line
 from verify.store import Run
 
 _DIVERGING_COLUMNS = ("step", "phase", "module", "ref_op", "io", "status", "stats_error", "tolerance")
@@ -25,14 +25,9 @@ def print_summary(result: ComparisonResult, console: Console, max_rows: int = 10
     console.print(f"comparison: {result.policy.description}")
     console.print(f"ref:    {result.ref.manifest.title} ({result.ref.source})")
     console.print(f"actual: {result.actual.manifest.title} ({result.actual.source})")
-    loss = result.loss
-    if loss.steps_compared:
-        console.print(f"loss: {loss.steps_compared} steps, max rel diff {loss.max_rel_diff:.3%}, mean "
-                      f"{loss.mean_rel_diff:.3%}, tolerance {loss.rtol:.2%}, first step past tolerance: "
-                      f"{loss.first_step_past_tolerance if loss.first_step_past_tolerance is not None else 'none'}")
-    counts = result.status_counts()
-    console.print(f"ops: not compared, {result.ops_not_compared}" if result.ops_not_compared else
-                  "ops: " + ", ".join(f"{status} {count}" for status, count in counts.items()))
+    if loss := loss_line(result):
+        console.print(f"loss: {loss}")
+    console.print(f"ops: {ops_line(result)}")
     if result.first_divergent:
         console.print(_divergence_table(result.first_divergent))
     rows = diverging_rows(result, max_rows)

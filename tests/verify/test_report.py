@@ -1,4 +1,5 @@
-"""Reports written by `verify compare -o`: self-contained HTML, coloured xlsx, csv, advice, summary.json."""
+"""Reports written by `verify compare -o`: self-contained HTML, the xlsx a person reads, the full table in csv and
+parquet, advice, summary.json; and the terminal's verdict."""
 
 import json
 from pathlib import Path
@@ -6,17 +7,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from openpyxl import load_workbook
+from openpyxl.utils import get_column_letter
 from rich.console import Console
 
 from test_compare import hparams, trace_ops, with_noise, write_run
-from verify import report
+from verify import report, report_xlsx
 from verify.compare import compare_runs
 from verify.findings import Finding, FindingCode, Verdict
 from verify.compare_cli import read_side
 from verify.report_html import svg_plot
-from verify.report_tables import STATUS_COLOURS, op_report_frame
+from verify.report_tables import STATUS_COLOURS
 from verify.report_terminal import print_saved_summary, print_summary
-from verify.report_xlsx import write_xlsx
 
 
 def failing_result(tmp_path, **actual):
@@ -50,18 +51,59 @@ def test_all_reports_are_written_and_self_contained(tmp_path):
     assert summary["first_divergent"]["module"] == "Net.fc1" and summary["actual"]["emulated"] is True
 
 
+def drifting_pair(tmp_path):
+    """A port whose every op from step 1 on is 5% off: 34 rows past tolerance, one unmatched extra call."""
+    ops = with_noise(trace_ops())
+    ops.loc[ops["step"] >= 1, "l2_norm"] *= 1.05
+    extra = ops.loc[(ops["step"] == 2) & (ops["seq"] == 16)].assign(seq=17, op="aten.clone", key="2/optimizer//x#0")
+    actual = write_run(tmp_path / "actual", ops=pd.concat([ops, extra], ignore_index=True), device="npu")
+    return compare_runs(read_side(write_run(tmp_path / "ref")), read_side(actual))
+
+
+def sheet_rows(workbook, name):
+    return list(workbook[name].iter_rows(values_only=True))
+
+
+def test_xlsx_holds_what_a_person_reads_and_says_where_the_full_table_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(report_xlsx, "SHEET_ROWS", 20)  # cut the rows past tolerance, as 60,000 records would
+    result = drifting_pair(tmp_path)
+    failing = result.ops.loc[result.ops["passed"] == False]  # noqa: E712
+    assert len(failing) > 20
+    report.write_reports(result, tmp_path / "out")
+    workbook = load_workbook(tmp_path / "out" / "ops.xlsx")
+    assert workbook.sheetnames == ["summary", "past tolerance", "unmatched", "worst 100", "modules"]
+    header, *rows, note = sheet_rows(workbook, "past tolerance")
+    shown = pd.DataFrame(rows, columns=header)
+    assert shown[["step", "ref_seq", "ref_op"]].values.tolist() == failing[["step", "ref_seq", "ref_op"]].head(
+        20).values.tolist()
+    assert (shown["passed"] == False).all() and shown["ref_l2_norm"].notna().all()  # noqa: E712
+    assert note == (f"{len(failing) - 20} more rows (passed is false) are in ops.csv and ops.parquet beside this "
+                    "workbook", *[None] * (len(header) - 1))
+    summary = dict(sheet_rows(workbook, "summary")[1:])
+    assert summary["verdict"] == result.verdict.reason
+    assert summary["full table"].startswith(f"every operator row ({len(result.ops)}) and column is in ops.csv and "
+                                            "ops.parquet")
+    assert f"past tolerance: 20 of {len(failing)} rows" in summary["full table"]
+    header, *unmatched = sheet_rows(workbook, "unmatched")
+    assert [row[header.index("actual_op")] for row in unmatched] == ["aten.clone"]
+    header, *modules = sheet_rows(workbook, "modules")
+    totals = {(row[0], row[1]): row[header.index("past_tolerance")] for row in modules}
+    assert totals[("Net.fc1", "forward")] == 2 and sum(totals.values()) == len(failing)
+    full, csv = pd.read_parquet(tmp_path / "out" / "ops.parquet"), pd.read_csv(tmp_path / "out" / "ops.csv")
+    assert len(full) == len(csv) == len(result.ops) and list(full.columns) == list(csv.columns)
+    assert full["ref_key"].iloc[0] == csv["ref_key"].iloc[0] == "0/forward/Net.conv1/aten.convolution#0"
+
+
 def test_xlsx_rows_are_coloured_by_status(tmp_path):
-    result = failing_result(tmp_path)
-    write_xlsx(op_report_frame(result), tmp_path / "ops.xlsx")
-    sheet = load_workbook(tmp_path / "ops.xlsx").active
+    """By conditional formatting over the rows (they keep their colour when sorted), red past tolerance."""
+    report.write_reports(drifting_pair(tmp_path), tmp_path / "out")
+    sheet = load_workbook(tmp_path / "out" / "ops.xlsx")["past tolerance"]
     header = [cell.value for cell in sheet[1]]
-    status_at, passed_at = header.index("status"), header.index("passed")
-    colours = {(row[status_at].value, row[passed_at].value): row[0].fill.start_color.rgb[-6:]
-               for row in sheet.iter_rows(min_row=2)}
-    assert colours[("exact", True)] == STATUS_COLOURS["exact"]
-    assert colours[("exact", False)] == STATUS_COLOURS["failed"]
-    csv_keys = op_report_frame(result)["ref_key"].dropna()
-    assert csv_keys.iloc[0] == "0/forward/Net.conv1/aten.convolution#0"
+    passed, status = (f"${get_column_letter(header.index(name) + 1)}2" for name in ("passed", "status"))
+    fills = {rule.formula[0]: rule.dxf.fill.fgColor.rgb[-6:] for rules in sheet.conditional_formatting
+             for rule in rules.rules}
+    assert fills[f"AND(ISLOGICAL({passed}),NOT({passed}))"] == STATUS_COLOURS["failed"]
+    assert fills[f'{status}="related"'] == STATUS_COLOURS["related"]
 
 
 def test_terminal_summary(tmp_path):
@@ -110,10 +152,10 @@ def test_every_finding_with_numpy_details_goes_through_every_report_writer(tmp_p
     page = (tmp_path / "out" / "report.html").read_text()
     assert all(f"{code.value} found" in page for code in FindingCode)
     assert "steps_differ found" in (tmp_path / "out" / "advice.txt").read_text()
-    assert load_workbook(tmp_path / "out" / "ops.xlsx").active.max_row == len(result.ops) + 1
-    full, csv = pd.read_parquet(tmp_path / "out" / "ops.parquet"), pd.read_csv(tmp_path / "out" / "ops.csv")
-    assert len(full) == len(csv) == len(result.ops) and list(full.columns) == list(csv.columns) and len(paths) == 7
-    assert full["ref_key"].iloc[0] == csv["ref_key"].iloc[0] == "0/forward/Net.conv1/aten.convolution#0"
+    findings = [value for item, value in sheet_rows(load_workbook(tmp_path / "out" / "ops.xlsx"), "summary")
+                if item == "finding"]
+    assert findings == [f"{code.value} found" for code in FindingCode]
+    assert len(pd.read_csv(tmp_path / "out" / "ops.csv")) == len(result.ops) and len(paths) == 7
     console = Console(record=True, width=200)
     print_saved_summary(summary, console)
     assert "FAIL: run_failed found" in console.export_text()
