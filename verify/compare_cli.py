@@ -68,9 +68,9 @@ def compare(
 
 def _compare(ref_run: Path, actual_run: Path, out: Path | None, loss_rtol: float | None, max_rows: int) -> int:
     result = compare_runs(read_side(ref_run), read_side(actual_run), CompareOptions(loss_rtol=loss_rtol))
+    print_summary(result, stdout, max_rows=max_rows)  # the verdict first: the report files take their time after it
     written = reports.write_reports(result, out, checklist=reports.find_checklist(ref_run, actual_run, out)) \
         if out else []
-    print_summary(result, stdout, max_rows=max_rows)
     for path in written:
         stderr.print(f"wrote {path}")
     return result.verdict.exit_code

@@ -234,23 +234,26 @@ def _optimizers(run: Run) -> int:
 
 
 def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
-    """Compares and reports as `verify compare -o` does, plus the comparison made and the AMP effect."""
+    """Compares and reports as `verify compare -o` does, plus the comparison made and the AMP effect. The verdict is
+    printed first; the report files take their time after it."""
     result = compare_runs(runs.ref, runs.actual, CompareOptions(loss_rtol=plan.loss_rtol))
     how = _comparison_made(plan, runs)
     result.notes.insert(0, how["description"])
     if plan.amp_effect and runs.ref_fp32 is None:
         result.notes.append("--amp-effect: nothing to measure, the port computes in fp32")
-    amp_effect = (_amp_effect(runs.ref_fp32, runs.ref, plan.out / run_folders.AMP_EFFECT) if runs.ref_fp32
-                  else None)
-    # migrate writes its checklist into <port>_report/ beside the port (its default report folder).
-    migrate_reports = plan.ported.with_name(plan.ported.stem + REPORT_SUFFIX)
-    _write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
-                   summary={"pair": how | {"amp_effect": amp_effect}})
+    effect = compare_runs(runs.ref_fp32, runs.ref) if runs.ref_fp32 else None
+    amp_effect = _amp_effect(effect) if effect is not None else None
     print_summary(result, stdout)
     if amp_effect is not None:
         colour = "green" if amp_effect["passed"] else "yellow"
         stdout.print(f"[bold {colour}]AMP effect (fp32 vs {runs.imposed} reference, not part of the verdict): "
                      f"{amp_effect['reason']}[/]")
+    # migrate writes its checklist into <port>_report/ beside the port (its default report folder).
+    migrate_reports = plan.ported.with_name(plan.ported.stem + REPORT_SUFFIX)
+    _write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
+                   summary={"pair": how | {"amp_effect": amp_effect}})
+    if effect is not None:
+        _write_reports(effect, plan.out / run_folders.AMP_EFFECT)
     stderr.print(f"reports in {plan.out}")
     return result.verdict.exit_code
 
@@ -301,15 +304,14 @@ def _skipped_words(twin: dict[str, Any]) -> str:
     return f" (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})" if steps else ""
 
 
-def _amp_effect(ref_fp32: Run, ref_amp: Run, out: Path) -> dict[str, Any]:
-    """The reference in fp32 against the reference under autocast: what AMP alone does to the loss curve, judged by
-    compare's documented fp32-vs-AMP tolerances (verify/tolerances.py), since one side computes in half precision."""
-    effect = compare_runs(ref_fp32, ref_amp)
-    _write_reports(effect, out)
+def _amp_effect(effect: ComparisonResult) -> dict[str, Any]:
+    """The reference in fp32 against the reference under autocast (compared by judge_pair): what AMP alone does to the
+    loss curve, judged by compare's documented fp32-vs-AMP tolerances (verify/tolerances.py), since one side computes
+    in half precision. Its reports go into the pair's AMP_EFFECT folder."""
     loss = effect.summary()["loss"]
     return {"passed": effect.verdict.passed, "reason": effect.verdict.reason, "comparison": effect.policy.description,
             "loss_rtol": effect.loss.rtol, "max_rel_diff": loss["max_rel_diff"], "mean_rel_diff": loss["mean_rel_diff"],
-            "reports": out.name}
+            "reports": run_folders.AMP_EFFECT}
 
 
 def pair(
@@ -476,9 +478,8 @@ def _determinism(script: Path, args: list[str], options: RunOptions, out: Path, 
     result = compare_runs(first, second, CompareOptions(loss_rtol=0.0))
     deterministic = result.verdict.passed
     differing = differing_ops(result)
+    print_determinism(result, differing, deterministic)  # the verdict first, the report files after it
     _write_reports(result, out, out, script.parent)
-    record = determinism_record(result, differing, deterministic)
-    reports.write_json(out / DETERMINISM_JSON, record)
-    print_determinism(result, differing, deterministic)
+    reports.write_json(out / DETERMINISM_JSON, determinism_record(result, differing, deterministic))
     stderr.print(f"reports in {out}")
     return EXIT_OK if deterministic else EXIT_FAILED

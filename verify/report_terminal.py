@@ -1,5 +1,7 @@
-"""The terminal's reports (rich): a comparison's verdict and findings, a saved comparison's summary, one run. No
-torch.
+"""The terminal's reports (rich): a comparison's verdict and findings, a saved comparison's summary, one run.
+
+`verify compare` and `verify ORIGINAL PORTED` print the verdict before they write the report files, so that what a
+person waits for comes first. No torch.
 """
 
 from __future__ import annotations

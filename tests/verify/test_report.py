@@ -1,23 +1,26 @@
 """Reports written by `verify compare -o`: self-contained HTML, the xlsx a person reads, the full table in csv and
-parquet, advice, summary.json; and the terminal's verdict."""
+parquet, advice, summary.json; and the terminal's verdict, printed before them."""
 
 import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from openpyxl import load_workbook
 from openpyxl.utils import get_column_letter
 from rich.console import Console
 
-from test_compare import hparams, trace_ops, with_noise, write_run
-from verify import report, report_xlsx
+from test_compare import _cli, hparams, trace_ops, with_noise, write_run
+from typer.testing import CliRunner
+from verify import pair, report, report_xlsx
 from verify.compare import compare_runs
 from verify.findings import Finding, FindingCode, Verdict
 from verify.compare_cli import read_side
 from verify.report_html import svg_plot
 from verify.report_tables import STATUS_COLOURS
 from verify.report_terminal import print_saved_summary, print_summary
+from verify.runner import RunOptions
 
 
 def failing_result(tmp_path, **actual):
@@ -104,6 +107,27 @@ def test_xlsx_rows_are_coloured_by_status(tmp_path):
              for rule in rules.rules}
     assert fills[f"AND(ISLOGICAL({passed}),NOT({passed}))"] == STATUS_COLOURS["failed"]
     assert fills[f'{status}="related"'] == STATUS_COLOURS["related"]
+
+
+def test_the_verdict_is_printed_before_the_report_files_are_written(tmp_path, monkeypatch):
+    """A disk that fills up while the reports are written leaves the verdict on the terminal (verify compare and
+    verify ORIGINAL PORTED)."""
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "write_reports", disk_full)
+    result = drifting_pair(tmp_path)
+    compared = CliRunner().invoke(_cli(), ["compare", str(tmp_path / "ref"), str(tmp_path / "actual"), "-o",
+                                           str(tmp_path / "out")])
+    assert compared.exit_code == 2 and "No space left on device" in compared.stderr
+    assert result.verdict.reason in compared.stdout
+    plan = pair.PairPlan(tmp_path / "train.py", tmp_path / "train_npu.py", [], RunOptions(steps=3), "cpu", "npu",
+                         match_amp=True, amp_effect=False, ref_run=None, loss_rtol=None, out=tmp_path / "pair")
+    console = Console(record=True, width=400)
+    monkeypatch.setattr(pair, "stdout", console)
+    with pytest.raises(OSError):
+        pair.judge_pair(plan, pair.PairRuns(result.actual, result.ref, "off", ""))
+    assert result.verdict.reason in console.export_text()
 
 
 def test_terminal_summary(tmp_path):
