@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from verify import compare_cli, devices, pair
+from verify import compare_cli, determinism, devices, pair
 from verify.devices import Device, EmulateOn
 from verify.errors import exit_with
 from verify.runner import RunOptions, run_script
@@ -144,9 +144,10 @@ def _print_summary(manifest: RunManifest, run_dir: Path) -> None:
 app.command("compare")(compare_cli.compare)
 app.command("report")(compare_cli.report)
 app.command("export")(compare_cli.export)
-# The paired commands (verify/pair.py); `pair` is what `verify ORIGINAL [PORTED]` runs (see main).
+# The paired commands (verify/pair.py, verify/determinism.py); `pair` is what `verify ORIGINAL [PORTED]` runs (see
+# main).
 app.command(pair.PAIR_COMMAND, hidden=True, no_args_is_help=True)(pair.pair)
-app.command("determinism", no_args_is_help=True)(pair.determinism)
+app.command("determinism", no_args_is_help=True)(determinism.determinism)
 
 
 def main() -> None:

@@ -3,14 +3,14 @@
     verify ORIGINAL [PORTED] [options] [-- SCRIPT ARGS]   the original (cuda, else EMULATED CUDA) against the port
                                                           (npu, else the EMULATED NPU): same seed, steps and args;
                                                           verdict; reports
-    verify determinism SCRIPT [options] [-- SCRIPT ARGS]  the same script twice: is it a usable reference (C1)?
 
 Typer cannot mix a default command with subcommands, so `route()` (called by verify/cli.py's main) sends a command
 line whose first word is neither a command nor an option to the hidden `pair` command.
 
 Each side is a `verify run` (verify/runner.py) and the comparison is `verify compare`'s (verify/compare.py,
 verify/report.py): this module only decides what to run, runs it with progress, and adds what the pair knows to the
-reports: how the precision of the two sides was matched, and the AMP effect when asked.
+reports: how the precision of the two sides was matched, and the AMP effect when asked. `verify determinism` runs one
+script twice with the same pieces (verify/determinism.py).
 
 Mixed precision on one side only: `migrate` usually gives the port an fp16 autocast that the original lacks. When
 the port's forward computes in fp16/bf16, the reference runs under the same autocast imposed from outside (on the
@@ -32,10 +32,9 @@ import pandas as pd
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from verify import report as reports
-from verify.checklist_items import REPORT_SUFFIX, TITLES, Status as ChecklistStatus, port_name
+from verify.checklist_items import REPORT_SUFFIX, port_name
 from verify.compare import ComparisonResult, compare_runs
 from verify.precision_policy import CompareOptions, amp_dtype
 from verify.report_terminal import print_summary
@@ -44,14 +43,11 @@ from verify import devices, run_folders
 from verify.errors import exit_with
 from verify.runner import RunOptions, run_script
 from verify.store import Run
-from verify.schema import (AUTOCAST_DTYPES, EXIT_FAILED, EXIT_OK, DumpMode, LossScalerPlan, Status,
-                           VerifyFailure)
+from verify.schema import AUTOCAST_DTYPES, DumpMode, LossScalerPlan, Status, VerifyFailure
 
 PAIR_COMMAND = "pair"
-DETERMINISM_JSON = "determinism.json"
-_RUN_ENDED_WELL = (Status.OK.value, Status.SHORT.value)
+RUN_ENDED_WELL = (Status.OK.value, Status.SHORT.value)
 _AUTOCAST_FLAGS = {dtype: flag for flag, dtype in AUTOCAST_DTYPES.items()}  # float16 -> fp16
-DIFFERING_OPS_SHOWN = 15
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -138,8 +134,8 @@ def _device_words(run: Run) -> str:
     return devices.title(run.manifest.device, run.manifest.emulated_on)
 
 
-def _write_reports(result: ComparisonResult, out: Path, *checklist_places: Path,
-                   summary: dict[str, Any] | None = None) -> None:
+def write_pair_reports(result: ComparisonResult, out: Path, *checklist_places: Path,
+                       summary: dict[str, Any] | None = None) -> None:
     """The reports `verify compare -o` writes, with migrate's checklist when one lies beside the scripts, and what
     only the pair knows in summary.json."""
     reports.write_reports(result, out, checklist=reports.find_checklist(*checklist_places), summary=summary)
@@ -203,7 +199,7 @@ def _run_reference(plan: PairPlan, sides: SideRunner, actual: Run, imposed: str,
 def _crashed_under_autocast(ref: Run, actual: Run) -> str:
     """The reason to run the reference again as written: it crashed under the port's autocast where the port ran.
     If it crashes as written too, the script crashes by itself and that run is the one to judge."""
-    if ref.manifest.status != Status.CRASHED.value or actual.manifest.status not in _RUN_ENDED_WELL:
+    if ref.manifest.status != Status.CRASHED.value or actual.manifest.status not in RUN_ENDED_WELL:
         return ""
     return (ref.manifest.message.strip().splitlines() or [ref.manifest.status])[0]
 
@@ -250,10 +246,10 @@ def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
                      f"{amp_effect['reason']}[/]")
     # migrate writes its checklist into <port>_report/ beside the port (its default report folder).
     migrate_reports = plan.ported.with_name(plan.ported.stem + REPORT_SUFFIX)
-    _write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
+    write_pair_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
                    summary={"pair": how | {"amp_effect": amp_effect}})
     if effect is not None:
-        _write_reports(effect, plan.out / run_folders.AMP_EFFECT)
+        write_pair_reports(effect, plan.out / run_folders.AMP_EFFECT)
     stderr.print(f"reports in {plan.out}")
     return result.verdict.exit_code
 
@@ -376,110 +372,3 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
     with side_runner(quiet) as sides:
         runs = run_sides(plan, sides)
     return judge_pair(plan, runs)
-
-
-# --- determinism (checklist C1) ------------------------------------------------------------------------------------
-
-
-def differing_ops(result: ComparisonResult) -> pd.DataFrame:
-    """The ops whose results differ between the two runs, in execution order (the first is the first divergent one)."""
-    ops = result.ops
-    differing = ops.loc[(ops["passed"] == False)]  # noqa: E712 (nullable boolean: NA rows are unmatched)
-    columns = ["step", "phase", "module", "ref_op", "io", "ref_dtype", "ref_seq", "judged_by"]
-    return differing[columns].rename(columns={"ref_op": "op", "ref_dtype": "dtype", "ref_seq": "seq"}).astype(
-        {"phase": str, "module": str, "op": str, "io": str, "dtype": str, "judged_by": str}).reset_index(drop=True)
-
-
-def determinism_record(result: ComparisonResult, differing: pd.DataFrame, deterministic: bool) -> dict[str, Any]:
-    """determinism.json: the verdict, the loss difference, the differing ops, and checklist item C1 in the shape
-    migrate's checklist.json uses (id, title, status, evidence, action)."""
-    summary = result.summary()
-    manifest = result.ref.manifest
-    evidence = [result.verdict.reason.replace("PASS: ", "").replace("FAIL: ", "")]
-    evidence += [f"step {row.step} {row.phase} {row.module or 'top level'}: {row.op} {row.io}"
-                 for row in differing.head(DIFFERING_OPS_SHOWN).itertuples()]
-    action = "" if deterministic else (
-        "Make the original constant before comparing a port with it: seed every generator, "
-        "torch.use_deterministic_algorithms(True), cudnn.deterministic=True, and no dropout for the comparison "
-        "(verify --no-dropout); start from the first operator listed.")
-    return {
-        "deterministic": deterministic,
-        "script": manifest.script, "argv": manifest.argv, "seed": manifest.seed, "device": manifest.device,
-        "dump": manifest.dump_mode, "steps": summary["loss"]["steps_compared"],
-        "loss": summary["loss"],
-        "first_divergent": summary["first_divergent"],
-        "differing_ops": differing.to_dict("records"),
-        "checklist": {"id": "C1", "title": TITLES["C1"],
-                      "status": (ChecklistStatus.PASSED if deterministic else ChecklistStatus.FAILED).value,
-                      "evidence": evidence, "action": action},
-    }
-
-
-def print_determinism(result: ComparisonResult, differing: pd.DataFrame, deterministic: bool) -> None:
-    if result.ref.manifest.emulated:
-        stdout.print(f"[bold black on yellow] {result.ref.manifest.title} [/]")
-    verdict = "DETERMINISTIC" if deterministic else "NOT DETERMINISTIC"
-    stdout.print(f"[bold {'green' if deterministic else 'red'}]{verdict}[/]: two runs of {result.ref.manifest.title}, "
-                 f"seed {result.ref.manifest.seed}, {result.ref.manifest.dump_mode} dump")
-    loss = result.loss
-    stdout.print(f"loss: {loss.steps_compared} steps, max abs diff {loss.max_abs_diff:.6g}, max rel diff "
-                 f"{loss.max_rel_diff:.3g}, first step that differs: "
-                 f"{'none' if loss.first_step_past_tolerance is None else loss.first_step_past_tolerance}")
-    if len(differing):
-        table = Table(title=f"{len(differing)} op results differ; the first is where the randomness enters",
-                      title_justify="left")
-        for column in ("step", "phase", "module", "op", "io", "dtype"):
-            table.add_column(column)
-        for row in differing.head(DIFFERING_OPS_SHOWN).itertuples():
-            table.add_row(str(row.step), row.phase, row.module or "(top level)", row.op, row.io, row.dtype)
-        stdout.print(table)
-    for note in result.notes:
-        stdout.print(f"[dim]note: {note}[/]")
-
-
-def determinism(
-    script: Annotated[Path, typer.Argument(help="The script to run twice, unmodified.", show_default=False)],
-    script_args: Annotated[Optional[list[str]], typer.Argument(
-        help="The script's own arguments, after `--`.", show_default=False)] = None,
-    steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps per run.")] = 5,
-    seed: Annotated[int, typer.Option(help="The seed both runs get.")] = 1234,
-    device: Annotated[devices.Device, typer.Option(help="As `verify run`.")] = devices.Device.AUTO,
-    dump: Annotated[DumpMode, typer.Option(
-        help="md5: bit-exact per op; stats: equal within the dtype tolerances.")] = DumpMode.MD5,
-    no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off.")] = False,
-    timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a run after this many seconds.")] = None,
-    out: Annotated[Optional[Path], typer.Option(
-        "--out", "-o", help="Folder for the runs and the reports (default: verify-out/STEM-TIME beside SCRIPT).")] = (
-        None),
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the script's output.")] = False,
-) -> None:
-    """Run SCRIPT twice with the same seed and list the operators whose results differ (checklist C1).
-
-    Exit codes: 0 deterministic, 1 not deterministic, 2 error (also when a run did not end well: there is nothing
-    to judge). Writes determinism.json (with checklist item C1 for migrate) beside the usual reports.
-    """
-    options = RunOptions(steps=steps, seed=seed, device=device.value, dump=dump, no_dropout=no_dropout,
-                         timeout=timeout)
-    out = out or run_folders.default_pair_dir(script)
-    exit_with(lambda: _determinism(script, list(script_args or []), options, out, quiet),
-              f"check whether {script} is deterministic", out)
-
-
-def _determinism(script: Path, args: list[str], options: RunOptions, out: Path, quiet: bool) -> int:
-    if not script.is_file():
-        raise PairError(f"{script}: no such script")
-    out = run_folders.claim(out)
-    with side_runner(quiet) as sides:
-        first, second = (sides.run(f"run {n}", script, args, options, out / run_folders.determinism_run(n)) for n in (1, 2))
-    for run in (first, second):
-        if run.manifest.status not in _RUN_ENDED_WELL:
-            raise PairError(f"{run.root.name} ended '{run.manifest.status}': {run.manifest.message}")
-    # Exact: the loss and the gradients of two runs of one script on one device must agree to the last bit.
-    result = compare_runs(first, second, CompareOptions(loss_rtol=0.0))
-    deterministic = result.verdict.passed
-    differing = differing_ops(result)
-    print_determinism(result, differing, deterministic)  # the verdict first, the report files after it
-    _write_reports(result, out, out, script.parent)
-    reports.write_json(out / DETERMINISM_JSON, determinism_record(result, differing, deterministic))
-    stderr.print(f"reports in {out}")
-    return EXIT_OK if deterministic else EXIT_FAILED

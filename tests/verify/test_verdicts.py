@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from migrate import Settings, migrate_source
 from verify import tolerances
 from verify.cli import app
-from verify.pair import DETERMINISM_JSON, route
+from verify.determinism import DETERMINISM_JSON
+from verify.pair import route
 from verify.run_folders import AMP_EFFECT
 from verify.runner import RunOptions, run_script
 
