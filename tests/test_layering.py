@@ -24,7 +24,8 @@ FORBIDDEN = [
     ("verify", {"migrate", "rules", "libcst"}),
     ("migrate", {"torch", "pandas"}),  # its report tables are a few hundred rows: the csv module writes them
 ]
-TORCH_FREE = ("verify.compare", "verify.report", "verify.store", "verify.findings", "verify.curves", "verify.op_verdicts",
+TORCH_FREE = ("verify.compare", "verify.report", "verify.report_tables", "verify.report_html", "verify.report_xlsx",
+              "verify.report_terminal", "verify.store", "verify.findings", "verify.curves", "verify.op_verdicts",
               "verify.adaptation",
               "verify.precision_policy", "verify.run_folders", "verify.devices")
 

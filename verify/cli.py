@@ -144,7 +144,8 @@ def _print_summary(manifest: RunManifest, run_dir: Path) -> None:
 app.command("compare")(compare_cli.compare)
 app.command("report")(compare_cli.report)
 app.command("export")(compare_cli.export)
-# The paired commands (verify/pair.py); `pair` is what `verify ORIGINAL [PORTED]` runs (see main).
+# The paired commands (verify/pair.py, verify/determinism.py); `pair` is what `verify ORIGINAL [PORTED]` runs (see
+# main).
 app.command(pair.PAIR_COMMAND, hidden=True, no_args_is_help=True)(pair.pair)
 app.command("determinism", no_args_is_help=True)(determinism.determinism)
 

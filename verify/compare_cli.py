@@ -24,6 +24,7 @@ from verify.adaptation import write_adaptation
 from verify.compare import compare_runs
 from verify.findings import CompareError
 from verify.precision_policy import CompareOptions
+from verify.report_terminal import print_run, print_saved_summary, print_summary
 from verify.errors import exit_with
 from verify.schema import EXIT_ERROR, EXIT_OK, VerifyFailure
 from verify.store import Run, RunDirError, read_run
@@ -74,12 +75,12 @@ def _compare(ref_run: Path, actual_run: Path, out: Path | None, loss_rtol: float
     if adaptation_report and out is None:
         raise VerifyFailure("--adaptation-report writes adaptation.md into the -o folder: give one")
     result = compare_runs(read_side(ref_run), read_side(actual_run), CompareOptions(loss_rtol=loss_rtol))
+    print_summary(result, stdout, max_rows=max_rows)  # the verdict first: the report files take their time after it
     if adaptation_report:
         out.mkdir(parents=True, exist_ok=True)
         stderr.print(f"wrote {write_adaptation(result, out)}")
     written = reports.write_reports(result, out, checklist=reports.find_checklist(ref_run, actual_run, out)) \
         if out else []
-    reports.print_summary(result, stdout, max_rows=max_rows)
     for path in written:
         stderr.print(f"wrote {path}")
     return result.verdict.exit_code
@@ -100,13 +101,13 @@ def _report(run_or_result: Path, adaptation_report: bool = False) -> int:
         return _adaptation_of_pair(run_or_result)
     summary_file = run_or_result / reports.SUMMARY_JSON
     if not summary_file.is_file():
-        reports.print_run(read_side(run_or_result), stdout)
+        print_run(read_side(run_or_result), stdout)
         return EXIT_OK
     try:
         summary = json.loads(summary_file.read_text(encoding="utf-8"))
     except ValueError as error:
         raise VerifyFailure(f"{summary_file} is not valid JSON: {error}") from None
-    reports.print_saved_summary(summary, stdout)
+    print_saved_summary(summary, stdout)
     return int(summary.get("exit_code", EXIT_ERROR))
 
 

@@ -22,10 +22,7 @@ from verify.runner import RunOptions
 from verify.side_runs import RUN_ENDED_WELL, PairError, side_runner, stderr, stdout, write_reports
 from verify.schema import EXIT_FAILED, EXIT_OK, DumpMode
 
-
 DETERMINISM_JSON = "determinism.json"
-
-
 DIFFERING_OPS_SHOWN = 15
 
 
@@ -126,9 +123,8 @@ def _determinism(script: Path, args: list[str], options: RunOptions, out: Path, 
     result = compare_runs(first, second, CompareOptions(loss_rtol=0.0))
     deterministic = result.verdict.passed
     differing = differing_ops(result)
+    print_determinism(result, differing, deterministic)  # the verdict first, the report files after it
     write_reports(result, out, out, script.parent)
-    record = determinism_record(result, differing, deterministic)
-    reports.write_json(out / DETERMINISM_JSON, record)
-    print_determinism(result, differing, deterministic)
+    reports.write_json(out / DETERMINISM_JSON, determinism_record(result, differing, deterministic))
     stderr.print(f"reports in {out}")
     return EXIT_OK if deterministic else EXIT_FAILED

@@ -7,7 +7,8 @@ line whose first word is neither a command nor an option to the hidden `pair` co
 
 Each side is a `verify run` (verify/runner.py) and the comparison is `verify compare`'s (verify/compare.py,
 verify/report.py): this module only decides what to run, runs it with progress, and adds what the pair knows to the
-reports: how the precision of the two sides was matched, and the AMP effect when asked.
+reports: how the precision of the two sides was matched, and the AMP effect when asked. `verify determinism` runs one
+script twice with the same pieces (verify/determinism.py).
 
 Mixed precision on one side only: `migrate` usually gives the port an fp16 autocast that the original lacks. When
 the port's forward computes in fp16/bf16, the reference computes under the same autocast where the port does, module
@@ -28,11 +29,11 @@ from typing import Annotated, Any, Optional
 import pandas as pd
 import typer
 
-from verify import report as reports
 from verify.adaptation import write_adaptation
 from verify.checklist_items import REPORT_SUFFIX, port_name
-from verify.compare import compare_runs
+from verify.compare import ComparisonResult, compare_runs
 from verify.precision_policy import CompareOptions, amp_dtype
+from verify.report_terminal import print_summary
 from verify.compare_cli import read_side
 from verify import devices, run_folders
 from verify.errors import exit_with
@@ -180,25 +181,28 @@ def _optimizers(run: Run) -> int:
 
 
 def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
-    """Compares and reports as `verify compare -o` does, plus the comparison made and the AMP effect."""
+    """Compares and reports as `verify compare -o` does, plus the comparison made and the AMP effect. The verdict is
+    printed first; the report files take their time after it."""
     result = compare_runs(runs.ref, runs.actual, CompareOptions(loss_rtol=plan.loss_rtol))
     how = _comparison_made(plan, runs)
     result.notes.insert(0, how["description"])
     if plan.amp_effect and runs.ref_fp32 is None:
         result.notes.append("--amp-effect: nothing to measure, the port computes in fp32")
-    amp_effect = (_amp_effect(runs.ref_fp32, runs.ref, plan.out / run_folders.AMP_EFFECT) if runs.ref_fp32
-                  else None)
+    effect = compare_runs(runs.ref_fp32, runs.ref) if runs.ref_fp32 else None
+    amp_effect = _amp_effect(effect) if effect is not None else None
+    print_summary(result, stdout)
+    if amp_effect is not None:
+        colour = "green" if amp_effect["passed"] else "yellow"
+        stdout.print(f"[bold {colour}]AMP effect (fp32 vs {runs.imposed} reference, not part of the verdict): "
+                     f"{amp_effect['reason']}[/]")
     # migrate writes its checklist into <port>_report/ beside the port (its default report folder).
     migrate_reports = plan.ported.with_name(plan.ported.stem + REPORT_SUFFIX)
     if plan.adaptation:
         write_adaptation(result, plan.out)
     write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
-                   summary={"pair": how | {"amp_effect": amp_effect}})
-    reports.print_summary(result, stdout)
-    if amp_effect is not None:
-        colour = "green" if amp_effect["passed"] else "yellow"
-        stdout.print(f"[bold {colour}]AMP effect (fp32 vs {runs.imposed} reference, not part of the verdict): "
-                     f"{amp_effect['reason']}[/]")
+                  summary={"pair": how | {"amp_effect": amp_effect}})
+    if effect is not None:
+        write_reports(effect, plan.out / run_folders.AMP_EFFECT)
     stderr.print(f"reports in {plan.out}")
     return result.verdict.exit_code
 
@@ -249,15 +253,14 @@ def _skipped_words(twin: dict[str, Any]) -> str:
     return f" (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})" if steps else ""
 
 
-def _amp_effect(ref_fp32: Run, ref_amp: Run, out: Path) -> dict[str, Any]:
-    """The reference in fp32 against the reference under autocast: what AMP alone does to the loss curve, judged by
-    compare's documented fp32-vs-AMP tolerances (verify/tolerances.py), since one side computes in half precision."""
-    effect = compare_runs(ref_fp32, ref_amp)
-    write_reports(effect, out)
+def _amp_effect(effect: ComparisonResult) -> dict[str, Any]:
+    """The reference in fp32 against the reference under autocast (compared by judge_pair): what AMP alone does to the
+    loss curve, judged by compare's documented fp32-vs-AMP tolerances (verify/tolerances.py), since one side computes
+    in half precision. Its reports go into the pair's AMP_EFFECT folder."""
     loss = effect.summary()["loss"]
     return {"passed": effect.verdict.passed, "reason": effect.verdict.reason, "comparison": effect.policy.description,
             "loss_rtol": effect.loss.rtol, "max_rel_diff": loss["max_rel_diff"], "mean_rel_diff": loss["mean_rel_diff"],
-            "reports": out.name}
+            "reports": run_folders.AMP_EFFECT}
 
 
 def pair(

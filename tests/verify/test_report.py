@@ -1,18 +1,26 @@
-"""Reports written by `verify compare -o`: self-contained HTML, coloured xlsx, csv, advice, summary.json."""
+"""Reports written by `verify compare -o`: self-contained HTML, the xlsx a person reads, the full table in csv and
+parquet, advice, summary.json; and the terminal's verdict, printed before them."""
 
 import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from openpyxl import load_workbook
+from openpyxl.utils import get_column_letter
 from rich.console import Console
 
-from test_compare import hparams, trace_ops, with_noise, write_run
-from verify import report
+from test_compare import _cli, hparams, trace_ops, with_noise, write_run
+from typer.testing import CliRunner
+from verify import pair, report, report_xlsx
 from verify.compare import compare_runs
 from verify.findings import Finding, FindingCode, Verdict
 from verify.compare_cli import read_side
+from verify.report_html import svg_plot
+from verify.report_tables import STATUS_COLOURS
+from verify.report_terminal import print_saved_summary, print_summary
+from verify.runner import RunOptions
 
 
 def failing_result(tmp_path, **actual):
@@ -32,8 +40,8 @@ def test_all_reports_are_written_and_self_contained(tmp_path):
     out = tmp_path / "out"
     found = report.find_checklist(tmp_path / "ref", tmp_path / "actual", out)
     paths = report.write_reports(result, out, checklist=found)
-    assert {p.name for p in paths} == {"summary.json", "ops.csv", "ops.xlsx", "advice.txt", "report.html",
-                                       "losses.csv"}
+    assert {p.name for p in paths} == {"summary.json", "ops.csv", "ops.parquet", "ops.xlsx", "advice.txt",
+                                       "report.html", "losses.csv"}
     page = (out / "report.html").read_text()
     assert "EMULATED NPU" in page and 'class="banner"' in page
     assert page.count("<svg") == 2 and "<script" not in page and "http://" not in page.replace(
@@ -46,24 +54,86 @@ def test_all_reports_are_written_and_self_contained(tmp_path):
     assert summary["first_divergent"]["module"] == "Net.fc1" and summary["actual"]["emulated"] is True
 
 
+def drifting_pair(tmp_path):
+    """A port whose every op from step 1 on is 5% off: 34 rows past tolerance, one unmatched extra call."""
+    ops = with_noise(trace_ops())
+    ops.loc[ops["step"] >= 1, "l2_norm"] *= 1.05
+    extra = ops.loc[(ops["step"] == 2) & (ops["seq"] == 16)].assign(seq=17, op="aten.clone", key="2/optimizer//x#0")
+    actual = write_run(tmp_path / "actual", ops=pd.concat([ops, extra], ignore_index=True), device="npu")
+    return compare_runs(read_side(write_run(tmp_path / "ref")), read_side(actual))
+
+
+def sheet_rows(workbook, name):
+    return list(workbook[name].iter_rows(values_only=True))
+
+
+def test_xlsx_holds_what_a_person_reads_and_says_where_the_full_table_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(report_xlsx, "SHEET_ROWS", 20)  # cut the rows past tolerance, as 60,000 records would
+    result = drifting_pair(tmp_path)
+    failing = result.ops.loc[result.ops["passed"] == False]  # noqa: E712
+    assert len(failing) > 20
+    report.write_reports(result, tmp_path / "out")
+    workbook = load_workbook(tmp_path / "out" / "ops.xlsx")
+    assert workbook.sheetnames == ["summary", "past tolerance", "unmatched", "worst 100", "modules"]
+    header, *rows, note = sheet_rows(workbook, "past tolerance")
+    shown = pd.DataFrame(rows, columns=header)
+    assert shown[["step", "ref_seq", "ref_op"]].values.tolist() == failing[["step", "ref_seq", "ref_op"]].head(
+        20).values.tolist()
+    assert (shown["passed"] == False).all() and shown["ref_l2_norm"].notna().all()  # noqa: E712
+    assert note == (f"{len(failing) - 20} more rows (passed is false) are in ops.csv and ops.parquet beside this "
+                    "workbook", *[None] * (len(header) - 1))
+    summary = dict(sheet_rows(workbook, "summary")[1:])
+    assert summary["verdict"] == result.verdict.reason
+    assert summary["full table"].startswith(f"every operator row ({len(result.ops)}) and column is in ops.csv and "
+                                            "ops.parquet")
+    assert f"past tolerance: 20 of {len(failing)} rows" in summary["full table"]
+    header, *unmatched = sheet_rows(workbook, "unmatched")
+    assert [row[header.index("actual_op")] for row in unmatched] == ["aten.clone"]
+    header, *modules = sheet_rows(workbook, "modules")
+    totals = {(row[0], row[1]): row[header.index("past_tolerance")] for row in modules}
+    assert totals[("Net.fc1", "forward")] == 2 and sum(totals.values()) == len(failing)
+    full, csv = pd.read_parquet(tmp_path / "out" / "ops.parquet"), pd.read_csv(tmp_path / "out" / "ops.csv")
+    assert len(full) == len(csv) == len(result.ops) and list(full.columns) == list(csv.columns)
+    assert full["ref_key"].iloc[0] == csv["ref_key"].iloc[0] == "0/forward/Net.conv1/aten.convolution#0"
+
+
 def test_xlsx_rows_are_coloured_by_status(tmp_path):
-    result = failing_result(tmp_path)
-    report.write_xlsx(report.op_report_frame(result), tmp_path / "ops.xlsx")
-    sheet = load_workbook(tmp_path / "ops.xlsx").active
+    """By conditional formatting over the rows (they keep their colour when sorted), red past tolerance."""
+    report.write_reports(drifting_pair(tmp_path), tmp_path / "out")
+    sheet = load_workbook(tmp_path / "out" / "ops.xlsx")["past tolerance"]
     header = [cell.value for cell in sheet[1]]
-    status_at, passed_at = header.index("status"), header.index("passed")
-    colours = {(row[status_at].value, row[passed_at].value): row[0].fill.start_color.rgb[-6:]
-               for row in sheet.iter_rows(min_row=2)}
-    assert colours[("exact", True)] == report.STATUS_COLOURS["exact"]
-    assert colours[("exact", False)] == report.STATUS_COLOURS["failed"]
-    csv_keys = report.op_report_frame(result)["ref_key"].dropna()
-    assert csv_keys.iloc[0] == "0/forward/Net.conv1/aten.convolution#0"
+    passed, status = (f"${get_column_letter(header.index(name) + 1)}2" for name in ("passed", "status"))
+    fills = {rule.formula[0]: rule.dxf.fill.fgColor.rgb[-6:] for rules in sheet.conditional_formatting
+             for rule in rules.rules}
+    assert fills[f"AND(ISLOGICAL({passed}),NOT({passed}))"] == STATUS_COLOURS["failed"]
+    assert fills[f'{status}="related"'] == STATUS_COLOURS["related"]
+
+
+def test_the_verdict_is_printed_before_the_report_files_are_written(tmp_path, monkeypatch):
+    """A disk that fills up while the reports are written leaves the verdict on the terminal (verify compare and
+    verify ORIGINAL PORTED)."""
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "write_reports", disk_full)
+    result = drifting_pair(tmp_path)
+    compared = CliRunner().invoke(_cli(), ["compare", str(tmp_path / "ref"), str(tmp_path / "actual"), "-o",
+                                           str(tmp_path / "out")])
+    assert compared.exit_code == 2 and "No space left on device" in compared.stderr
+    assert result.verdict.reason in compared.stdout
+    plan = pair.PairPlan(tmp_path / "train.py", tmp_path / "train_npu.py", [], RunOptions(steps=3), "cpu", "npu",
+                         match_amp=True, amp_effect=False, ref_run=None, loss_rtol=None, out=tmp_path / "pair")
+    console = Console(record=True, width=400)
+    monkeypatch.setattr(pair, "stdout", console)
+    with pytest.raises(OSError):
+        pair.judge_pair(plan, pair.PairRuns(result.actual, result.ref, "off", ""))
+    assert result.verdict.reason in console.export_text()
 
 
 def test_terminal_summary(tmp_path):
     result = failing_result(tmp_path)
     console = Console(record=True, width=200)
-    report.print_summary(result, console)
+    print_summary(result, console)
     text = console.export_text()
     assert "ACTUAL RAN ON AN EMULATED NPU" in text
     assert "FAIL: hyperparameter differs: lr 0.1 vs 0.01 in group 0" in text
@@ -71,9 +141,9 @@ def test_terminal_summary(tmp_path):
 
 
 def test_svg_plot_survives_nan_and_constant_series():
-    svg = report.svg_plot({"a": ([0, 1, 2], [1.0, np.nan, 1.0])}, "t", "y", limit=0.5)
+    svg = svg_plot({"a": ([0, 1, 2], [1.0, np.nan, 1.0])}, "t", "y", limit=0.5)
     assert svg.startswith("<svg") and "polyline" in svg
-    assert "no data" in report.svg_plot({"a": ([], [])}, "t", "y")
+    assert "no data" in svg_plot({"a": ([], [])}, "t", "y")
 
 
 # What compare puts in a finding's detail comes from pandas rows and numpy reductions: none of it is plain JSON.
@@ -106,10 +176,12 @@ def test_every_finding_with_numpy_details_goes_through_every_report_writer(tmp_p
     page = (tmp_path / "out" / "report.html").read_text()
     assert all(f"{code.value} found" in page for code in FindingCode)
     assert "steps_differ found" in (tmp_path / "out" / "advice.txt").read_text()
-    assert load_workbook(tmp_path / "out" / "ops.xlsx").active.max_row == len(result.ops) + 1
-    assert len(pd.read_csv(tmp_path / "out" / "ops.csv")) == len(result.ops) and len(paths) == 6
+    findings = [value for item, value in sheet_rows(load_workbook(tmp_path / "out" / "ops.xlsx"), "summary")
+                if item == "finding"]
+    assert findings == [f"{code.value} found" for code in FindingCode]
+    assert len(pd.read_csv(tmp_path / "out" / "ops.csv")) == len(result.ops) and len(paths) == 7
     console = Console(record=True, width=200)
-    report.print_saved_summary(summary, console)
+    print_saved_summary(summary, console)
     assert "FAIL: run_failed found" in console.export_text()
 
 
