@@ -79,6 +79,6 @@ def install_autocast_casts_on_cpu() -> object:
 
 def ops_computed_in_fp32() -> list[str]:
     """The ops this process's emulation computed in float32 where the CPU lacks the device's dtype (autocast_policy's
-    FP32_FALLBACK_OPS), for the manifest; none where no emulation or CPU autocast policy was loaded."""
+    COMPUTED_IN_FLOAT32), for the manifest; none where no emulation or CPU autocast policy was loaded."""
     policy = sys.modules.get(f"{EMULATION_PACKAGE}.autocast_policy")
-    return sorted(policy.COMPUTED_IN_FP32) if policy is not None else []
+    return policy.computed_in_float32() if policy is not None else []

@@ -318,22 +318,6 @@ def test_a_port_updating_its_parameters_by_hand_with_another_rate_fails_with_its
     assert {"report.html", "ops.xlsx", "advice.txt"} <= {path.name for path in out.iterdir()}
 
 
-def test_an_lstm_under_fp16_autocast_and_its_faithful_port_pass(tmp_path):
-    """Regression: the emulated NPU ran the port's LSTM in fp16 on the CPU, where oneDNN has no such kernel, and the
-    faithful port crashed at step 0 (FAIL: actual run crashed). Both emulations now compute it in float32 and round to
-    float16, and the report names the op so computed."""
-    code = (SCRIPTS / "lstm_train.py").read_text()
-    (tmp_path / "lstm_npu.py").write_text(migrate_source(code, "lstm_train.py", Settings(is_entry=True)).code)
-    assert "torch.autocast" in (tmp_path / "lstm_npu.py").read_text()
-    exit_code, summary, out = verify(SCRIPTS / "lstm_train.py", tmp_path / "lstm_npu.py", "-n", STEPS, "-q",
-                                     "-o", tmp_path / "out")
-    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
-    assert summary["pair"]["mode"] == "same-amp-imposed"
-    assert json.loads((out / "actual" / "manifest.json").read_text())["extra"]["computed_in_fp32"] == [
-        "aten.lstm.input (float16)"]
-    assert any("computed aten.lstm.input (float16) in float32" in note for note in summary["notes"])
-
-
 def test_an_inference_pair_names_its_outputs_and_writes_an_adaptation_report(tmp_path):
     """Issue 24: a classifier's inference script (no optimizer, top-5 printed) against its port: the verdict names the
     outputs' figures, summary.json holds them with the criterion, and adaptation.md has every section."""

@@ -10,21 +10,26 @@ CUDA autocast also bans ops outright: binary_cross_entropy raises "unsafe to aut
 (torch_npu's autocast registers the same refusal), where CPU autocast would run it in float32. The emulated NPU
 raises as they do, so that a port computing BCELoss under autocast fails here as it would on the NPU.
 
-The CPU also lacks kernels that the devices have: oneDNN has no float16 LSTM ("could not create a primitive
-descriptor for the LSTM forward propagation primitive"), which CUDA (cuDNN) and the NPU (torch_npu's own kernel) run
-in float16 under autocast. Such ops (FP32_FALLBACK_OPS) compute in float32 and round their results to the autocast
-dtype, as the device returns them; each one so computed is kept in COMPUTED_IN_FP32, which verify's manifest names.
+Where the CPU has no kernel for an op in the dtype the device runs it in, or its kernel computes something else, the
+op is computed in float32 from inputs rounded to the device's dtype, and its outputs are rounded to that dtype
+(COMPUTED_IN_FLOAT32): the device's values up to accumulation order, with autograd recording the casts and the
+float32 op, so that backward runs through it. `computed_in_float32()` names the ops a process computed so (the run's
+manifest lists them). The ops were found by tests/verify/probe_cpu_kernels.py, over torch's OpInfo database and the
+recurrent modules, forward and backward, in float16 and bfloat16.
 
-Difference that remains: CUDA's "promote" list (addcmul, index_put, ...) is left to CPU autocast's own handling.
+Differences that remain: CUDA's "promote" list (addcmul, index_put, ...) is left to CPU autocast's own handling, and
+so are the ops that only CPU autocast computes in float32 (avg_pool3d, the fft_* ops, reflection and replication
+padding, ...), which a device under autocast runs in the dtype they receive.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 # CUDA autocast's float32 list: (op, overloads); no overloads means every overload that is not an out= variant.
 FLOAT32_OPS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
@@ -69,9 +74,24 @@ BANNED_OPS: dict[str, str] = {
     ),
 }
 
-# Ops the CPU cannot run in a dtype the devices run them in under autocast: op -> the dtypes it lacks.
-FP32_FALLBACK_OPS: dict[str, tuple[torch.dtype, ...]] = {"lstm": (torch.float16,)}
-COMPUTED_IN_FP32: set[str] = set()  # "aten.lstm.input (float16)": what this process computed in float32 and rounded
+
+class Float32Compute(NamedTuple):
+    in_autocast_dtype: bool  # the device runs it in autocast's dtype (a low-precision list); else in the dtype it gets
+    why: str  # what the device runs, and what the CPU lacks
+
+
+_RECURRENT = (
+    "a GPU runs the whole recurrent layer as one kernel in the autocast dtype (CUDA autocast casts cuDNN's "
+    "_cudnn_rnn), as torch_npu's own kernel does on the NPU; on the CPU a float16 LSTM has no oneDNN primitive, and a "
+    "GRU under autocast computes partly in float32 and returns float32"
+)
+
+# The ops computed in float32 and rounded (see the module docstring), by aten name (every overload).
+COMPUTED_IN_FLOAT32: dict[str, Float32Compute] = {
+    **{name: Float32Compute(True, _RECURRENT) for name in ("lstm", "gru", "rnn_tanh", "rnn_relu")},
+    "rrelu": Float32Compute(False, "the CPU's rrelu_with_noise has no float16 kernel (RReLU in training, after an "
+                                   "autocast linear)"),
+}
 
 _AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 _REDUCED = (torch.float16, torch.bfloat16)
@@ -98,6 +118,48 @@ def _casting_kernel(op: torch._ops.OpOverload, cast: Callable[[Any], Any]) -> Ca
     return kernel
 
 
+_computed_in_float32: set[str] = set()  # what this process computed so, for computed_in_float32()
+
+
+def _rounded_to(dtype: torch.dtype) -> Callable[[Any], Any]:
+    def round_value(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dtype in (torch.float32, *_REDUCED):
+            return value.to(dtype)
+        return value
+
+    return round_value
+
+
+def _device_dtype(how: Float32Compute, args: Any, kwargs: Any) -> torch.dtype | None:
+    """The dtype the device computes the op in: autocast's, or the one its floating inputs promote to (None: none)."""
+    if how.in_autocast_dtype:
+        return torch.get_autocast_dtype("cpu")
+    dtypes = [value.dtype for value in tree_flatten((args, kwargs))[0]
+              if isinstance(value, torch.Tensor) and value.is_floating_point()]
+    return functools.reduce(torch.promote_types, dtypes) if dtypes else None
+
+
+def _float32_kernel(op: torch._ops.OpOverload, how: Float32Compute) -> Callable:
+    """`op` as the device computes it in a reduced dtype, but in float32 from the rounded inputs, rounded back."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        dtype = _device_dtype(how, args, kwargs)
+        reduced = dtype in _REDUCED
+        if reduced:
+            args, kwargs = tree_map(lambda value: _to_float32(_rounded_to(dtype)(value)), (args, kwargs))
+            _computed_in_float32.add(op.name())
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+            outputs = op(*args, **kwargs)
+        return tree_map(_rounded_to(dtype), outputs) if reduced else outputs
+
+    return kernel
+
+
+def computed_in_float32() -> list[str]:
+    """The aten ops (with their overload) this process computed in float32 and rounded, by COMPUTED_IN_FLOAT32."""
+    return sorted(_computed_in_float32)
+
+
 def _dispatched_overloads(name: str, chosen: tuple[str, ...], dispatched: set[str]) -> list[torch._ops.OpOverload]:
     """The overloads of aten `name` (those `chosen`, or all but out= variants) that the dispatcher runs: this
     leaves out TorchScript-only overloads (acos.int) and ops this torch does not have."""
@@ -115,59 +177,31 @@ def _register(library: torch.library.Library, ops: tuple, cast: Callable[[Any], 
                 library.impl(op, _casting_kernel(op, cast), "AutocastCPU")
 
 
-def _fallback_kernel(op: torch._ops.OpOverload, lacking: tuple[torch.dtype, ...]) -> Callable:
-    """CPU autocast's low-precision policy for `op`, except in the dtypes the CPU lacks for it: there float32, with the
-    results rounded to that dtype (autograd sees the casts, so the backward runs in float32 too)."""
-
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        dtype = torch.get_autocast_dtype("cpu")
-        if dtype not in lacking:
-            return _casting_kernel(op, _to_low_precision)(*args, **kwargs)
-        COMPUTED_IN_FP32.add(f"{op.name().replace('::', '.')} ({str(dtype).removeprefix('torch.')})")
-        args, kwargs = tree_map(_to_float32, (args, kwargs))
-        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
-            result = op(*args, **kwargs)
-        return tree_map(lambda value: value.to(dtype) if _is_float(value) else value, result)
-
-    return kernel
-
-
-def _is_float(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.is_floating_point()
-
-
-def _fall_back(library: torch.library.Library) -> None:
-    """Replace CPU autocast's own policy for FP32_FALLBACK_OPS with one that computes what the CPU lacks in float32."""
+def _register_over_cpu_policy(library: torch.library.Library, ops: dict[str, Any],
+                              kernel_for: Callable[[torch._ops.OpOverload, Any], Callable]) -> None:
+    """Registers `kernel_for(op, ops[name])` for every overload of each op, in place of CPU autocast's own policy
+    where it has one."""
     dispatched = set(torch._C._dispatch_get_all_op_names())
-    for name, lacking in FP32_FALLBACK_OPS.items():
+    for name, how in ops.items():
         for op in _dispatched_overloads(name, (), dispatched):
             with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
                 warnings.simplefilter("ignore", UserWarning)
-                library.impl(op, _fallback_kernel(op, lacking), "AutocastCPU")
+                library.impl(op, kernel_for(op, how), "AutocastCPU")
 
 
-def _refusing_kernel(message: str) -> Callable:
+def _refusing_kernel(op: torch._ops.OpOverload, message: str) -> Callable:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(message)
 
     return kernel
 
 
-def _ban(library: torch.library.Library) -> None:
-    """Replace CPU autocast's own policy for the banned ops (float32 for binary_cross_entropy) with a refusal."""
-    dispatched = set(torch._C._dispatch_get_all_op_names())
-    for name, message in BANNED_OPS.items():
-        for op in _dispatched_overloads(name, (), dispatched):
-            with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
-                warnings.simplefilter("ignore", UserWarning)
-                library.impl(op, _refusing_kernel(message), "AutocastCPU")
-
-
 def install_npu_autocast_policy() -> torch.library.Library:
-    """Registers the casts and the bans; the returned library must stay alive for them to stay registered."""
+    """Registers the casts, the bans and the float32 computations; the returned library must stay alive for them
+    to stay registered."""
     library = torch.library.Library("aten", "IMPL")
     _register(library, FLOAT32_OPS, _to_float32)
     _register(library, LOW_PRECISION_OPS, _to_low_precision)
-    _fall_back(library)
-    _ban(library)
+    _register_over_cpu_policy(library, BANNED_OPS, _refusing_kernel)
+    _register_over_cpu_policy(library, COMPUTED_IN_FLOAT32, _float32_kernel)
     return library

@@ -3,7 +3,8 @@
 After `install()`, torch.cuda.is_available() and torch.accelerator.is_available() are True, cuda devices and
 tensors land on the CPU (`tensor.device` says cpu, `tensor.is_cuda` is True), torch.cuda's device API answers as one
 GPU of compute capability 8.0 (bf16 supported, as on the A100 and newer), autocast("cuda") is CPU autocast with
-CUDA's float16 default and CUDA's op lists, GradScaler("cuda") scales on the CPU, nccl runs as gloo, and fp32
+CUDA's float16 default and CUDA's op lists (a recurrent layer, which cuDNN runs in float16, computed in float32
+and rounded: autocast_policy.COMPUTED_IN_FLOAT32), GradScaler("cuda") scales on the CPU, nccl runs as gloo, and fp32
 convolutions and matmuls round their inputs to TF32 where torch.backends allows it (convolutions by default, as
 cuDNN does). So a script that branches on CUDA (shuffling, workers, pin_memory, its AMP dtype) reads the same data
 and takes the same branches as on a real GPU. Not reproduced: GPU kernels' other numerics (cuDNN algorithms,

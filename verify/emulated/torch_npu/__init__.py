@@ -2,8 +2,11 @@
 
 `verify` puts this package on the PYTHONPATH of the child process that runs a ported script when the real torch_npu
 cannot run. Importing it maps the "npu" device and the torch.npu API onto the CPU (or a CUDA GPU), with the NPU's
-mixed-precision numerics (float16 autocast with CUDA's op lists), and says so on stderr. It refuses to load anywhere
-else: outside a process started with verify.devices.emulation_env(), or under any name but `torch_npu`.
+mixed-precision numerics (float16 autocast with CUDA's op lists), and says so on stderr. Where the CPU has no kernel
+that runs an op as the NPU does in float16/bfloat16 (nn.LSTM, GRU and RNN, which torch_npu runs as its own kernel;
+a training RReLU), the op is computed in float32 from inputs rounded to that dtype and its outputs rounded to it
+(autocast_policy.COMPUTED_IN_FLOAT32); the run's manifest names each op so computed. The package refuses to load
+anywhere else: outside a process started with verify.devices.emulation_env(), or under any name but `torch_npu`.
 
 What a script sees differently from a real NPU is listed in the docstrings of npu_port_emulation.patches (devices),
 npu_port_emulation.device_api and npu (device API), npu_port_emulation.autocast_policy (numerics),
