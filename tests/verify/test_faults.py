@@ -1,0 +1,94 @@
+"""Issue 22's reproductions, each driven from a run directory written here (no training): damaged tables, manifests
+that do not follow the schema, huge strings, one-sided tables. Every outcome is a verdict with a note naming the
+damage, or exit 2 with one line; never a crash, a traceback or a silent PASS."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer import Typer
+from typer.testing import CliRunner
+
+from test_compare import trace_ops, with_noise, write_run
+from verify import compare_cli
+from verify.schema import EXIT_ERROR, MANIFEST, TABLE_FILE
+
+app = Typer()
+app.command("compare")(compare_cli.compare)
+app.command("export")(compare_cli.export)
+
+
+@pytest.fixture
+def pair(tmp_path) -> tuple[Path, Path]:
+    """A reference and a port that agree (device noise only): undamaged, they PASS."""
+    return write_run(tmp_path / "ref"), write_run(tmp_path / "actual", ops=with_noise(trace_ops()), device="npu")
+
+
+def invoke(*args: object):
+    return CliRunner().invoke(app, [str(arg) for arg in args])
+
+
+def one_error_line(result) -> str:
+    assert result.exit_code == EXIT_ERROR and result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def test_undamaged_pair_passes(pair):
+    result = invoke("compare", *pair)
+    assert result.exit_code == 0 and "PASS" in result.output and "is damaged at" not in result.output
+
+
+@pytest.mark.parametrize("fill", [b"A", b"\xff", b"\0"], ids=["A", "0xFF", "zeros"])
+def test_400_damaged_bytes_mid_stream_end_the_table_with_a_note(pair, tmp_path, fill):
+    stream = pair[1] / "ops" / TABLE_FILE
+    data = bytearray(stream.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 400] = fill * 400
+    stream.write_bytes(bytes(data))
+    compared = invoke("compare", *pair)
+    assert compared.exit_code in (0, 1) and compared.exception is None or isinstance(compared.exception, SystemExit)
+    note = " ".join(compared.output.split())
+    assert f"actual: ops/{TABLE_FILE} is damaged at byte " in note and "step(s) before it" in note
+    exported = invoke("export", pair[1], tmp_path / "dump", "--msprobe")
+    assert exported.exit_code == 0 and exported.exception is None or isinstance(exported.exception, SystemExit)
+
+
+def test_a_damaged_checksum_is_named_with_the_step_and_offset(pair):
+    """A value changed in place (one float's bytes) still parses: only the checksum tells it from another number."""
+    stream = pair[1] / "ops" / TABLE_FILE
+    data = bytearray(stream.read_bytes())
+    first_batch = _batch_offsets(stream)[1]
+    at = data.index(b"Net.conv1", first_batch)  # a string value of step 1's batch
+    data[at:at + 3] = b"Xet"
+    stream.write_bytes(bytes(data))
+    note = " ".join(invoke("compare", *pair).output.split())
+    assert (f"actual: ops/{TABLE_FILE} is damaged at byte {first_batch}, in the batch after step 0's: checksum "
+            "mismatch; read the 1 step(s) before it") in note
+
+
+def _batch_offsets(stream: Path) -> list[int]:
+    """Where each record batch of a stream begins."""
+    import pyarrow as pa
+
+    offsets = []
+    with pa.OSFile(str(stream)) as source:
+        reader = pa.ipc.open_stream(source)
+        while True:
+            offsets.append(source.tell())
+            try:
+                reader.read_next_batch()
+            except StopIteration:
+                return offsets[:-1]
+
+
+def test_a_side_without_ops_and_grads_is_named(pair):
+    shutil.rmtree(pair[1] / "ops")
+    shutil.rmtree(pair[1] / "grads")
+    output = " ".join(invoke("compare", *pair).output.split())
+    assert "the actual side recorded none" in output
+    assert "the actual side has no gradient records where the ref side has 6" in output
