@@ -31,6 +31,7 @@ from typing import Annotated, Any, Optional
 import pandas as pd
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -44,7 +45,7 @@ from verify.errors import exit_with
 from verify.runner import RunOptions, run_script
 from verify.store import Run
 from verify.schema import (AUTOCAST_DTYPES, EXIT_FAILED, EXIT_OK, DumpMode, LossScalerPlan, Status,
-                           VerifyFailure)
+                           VerifyFailure, shown)
 
 PAIR_COMMAND = "pair"
 DETERMINISM_JSON = "determinism.json"
@@ -431,7 +432,7 @@ def print_determinism(result: ComparisonResult, differing: pd.DataFrame, determi
             table.add_row(str(row.step), row.phase, row.module or "(top level)", row.op, row.io, row.dtype)
         stdout.print(table)
     for note in result.notes:
-        stdout.print(f"[dim]note: {note}[/]")
+        stdout.print(f"[dim]note: {escape(shown(note))}[/]")
 
 
 def determinism(

@@ -19,6 +19,7 @@ from openpyxl import Workbook
 from openpyxl.cell import WriteOnlyCell
 from openpyxl.styles import Font, PatternFill
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from verify import environment
@@ -27,7 +28,7 @@ from verify.align import AlignStatus
 from verify.checklist_items import CHECKLIST_JSON  # written by `migrate` (id, title, status, evidence, action)
 from verify.compare import ComparisonResult
 from verify.devices import title
-from verify.schema import OP_COLUMNS, OP_KEY_PARTS, OP_SHARED_COLUMNS, OP_SIDE_COLUMNS, STAT_COLUMNS
+from verify.schema import OP_COLUMNS, OP_KEY_PARTS, OP_SHARED_COLUMNS, OP_SIDE_COLUMNS, STAT_COLUMNS, shown, shown_json
 from verify.store import Run, op_keys
 
 SUMMARY_JSON = "summary.json"
@@ -204,10 +205,10 @@ def print_summary(result: ComparisonResult, console: Console, max_rows: int = 10
     for banner in _emulation_banners(result):
         console.print(f"[bold black on yellow] {banner} [/]")
     colour = "green" if result.verdict.passed else "red"
-    console.print(f"[bold {colour}]{result.verdict.reason}[/]")
+    console.print(f"[bold {colour}]{escape(shown(result.verdict.reason))}[/]")
     console.print(f"comparison: {result.policy.description}")
-    console.print(f"ref:    {result.ref.manifest.title} ({result.ref.source})")
-    console.print(f"actual: {result.actual.manifest.title} ({result.actual.source})")
+    console.print(f"ref:    {escape(shown(result.ref.manifest.title))} ({result.ref.source})")
+    console.print(f"actual: {escape(shown(result.actual.manifest.title))} ({result.actual.source})")
     loss = result.loss
     if loss.steps_compared:
         console.print(f"loss: {loss.steps_compared} steps, max rel diff {loss.max_rel_diff:.3%}, mean "
@@ -228,11 +229,11 @@ def print_summary(result: ComparisonResult, console: Console, max_rows: int = 10
                                                              "stats_error", "tolerance")))
         console.print(table)
     for finding in result.findings:
-        console.print(f"- {finding.message}")
+        console.print(f"- {escape(shown(finding.message))}")
     for n, item in enumerate(advise(result.findings), 1):
-        console.print(f"[bold]{n}.[/] {item.message}")
+        console.print(f"[bold]{n}.[/] {escape(shown(item.message))}")
     for note in result.notes:
-        console.print(f"[dim]note: {note}[/]")
+        console.print(f"[dim]note: {escape(shown(note))}[/]")
 
 
 def _divergence_table(first: dict[str, Any]) -> Table:
@@ -260,29 +261,29 @@ def print_saved_summary(summary: dict[str, Any], console: Console) -> None:
         if summary.get(side, {}).get("emulated"):
             console.print(f"[bold black on yellow] {side.upper()} RAN ON AN EMULATED DEVICE: "
                           f"{summary[side]['title']} [/]")
-    console.print(f"[bold {colour}]{summary.get('reason', '')}[/]")
-    console.print(f"comparison: {summary.get('comparison', '')}")
+    console.print(f"[bold {colour}]{escape(shown(str(summary.get('reason', ''))))}[/]")
+    console.print(f"comparison: {escape(shown(str(summary.get('comparison', ''))))}")
     for finding in summary.get("findings", []):
-        console.print(f"- {finding['message']}")
+        console.print(f"- {escape(shown(str(finding['message'])))}")
     for n, text in enumerate(summary.get("advice", []), 1):
-        console.print(f"[bold]{n}.[/] {text}")
+        console.print(f"[bold]{n}.[/] {escape(shown(str(text)))}")
 
 
 def print_run(run: Run, console: Console) -> None:
     manifest = run.manifest
     if manifest.emulated:
-        console.print(f"[bold black on yellow] {manifest.title} [/]")
-    console.print(f"[bold]{manifest.title}[/] ({run.source})")
-    console.print(f"status {manifest.status}, {manifest.steps_completed}/{manifest.steps_requested} steps, "
-                  f"dump {manifest.dump_mode}, {len(run.ops)} op records" +
-                  (f": {manifest.message}" if manifest.message else ""))
+        console.print(f"[bold black on yellow] {escape(shown(manifest.title))} [/]")
+    console.print(f"[bold]{escape(shown(manifest.title))}[/] ({run.source})")
+    console.print(f"status {escape(shown(manifest.status))}, {manifest.steps_completed}/{manifest.steps_requested} "
+                  f"steps, dump {escape(shown(manifest.dump_mode))}, {len(run.ops)} op records"
+                  + (f": {escape(shown(manifest.message))}" if manifest.message else ""))
     if len(run.losses):
         table = Table("step", "micro_step", "loss", "loss_scale")
         for row in run.losses.itertuples(index=False):
             table.add_row(str(row.step), str(row.micro_step), _cell(row.loss), _cell(row.loss_scale))
         console.print(table)
     for note in run.notes:
-        console.print(f"[dim]note: {note}[/]")
+        console.print(f"[dim]note: {escape(shown(note))}[/]")
 
 
 # --- html --------------------------------------------------------------------------------------------------------
@@ -425,11 +426,16 @@ def _misc_sections(result: ComparisonResult) -> str:
 
 def _manifest_section(result: ComparisonResult) -> str:
     blocks = "".join(
-        f"<h3>{side}: {html.escape(run.manifest.title)}</h3><p>{html.escape(run.source)}, "
+        f"<h3>{side}: {_text(run.manifest.title)}</h3><p>{html.escape(run.source)}, "
         f"<code>{html.escape(str(run.root))}</code></p><pre>"
-        f"{html.escape(json.dumps(run.manifest.to_json(), indent=1, default=str))}</pre>"
+        f"{html.escape(json.dumps(shown_json(run.manifest.to_json()), indent=1, default=str))}</pre>"
         for side, run in (("ref", result.ref), ("actual", result.actual)))
     return _section("Runs", blocks)
+
+
+def _text(text: str) -> str:
+    """Text that may come from a run directory (a message, a note, a script's path), as the HTML shows it."""
+    return html.escape(shown(text))
 
 
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;
@@ -445,13 +451,13 @@ def render_html(result: ComparisonResult, advice: Sequence[Advice], checklist: l
     banners = "".join(f'<div class="banner">{html.escape(b)}: its numerics are a stand-in\'s, not the real '
                       "device's.</div>" for b in _emulation_banners(result))
     emulated = _emulated_devices(result)
-    findings = "".join(f"<li>{html.escape(f.message)}</li>" for f in result.findings) or "<li>none</li>"
+    findings = "".join(f"<li>{_text(f.message)}</li>" for f in result.findings) or "<li>none</li>"
     advice_items = "".join(
-        f"<li>{html.escape(a.message)}" + (f" <i>[checklist {', '.join(a.checklist)}]</i>" if a.checklist else "")
+        f"<li>{_text(a.message)}" + (f" <i>[checklist {', '.join(a.checklist)}]</i>" if a.checklist else "")
         + "</li>" for a in advice) or "<li>Nothing to do.</li>"
-    notes = "".join(f"<li>{html.escape(n)}</li>" for n in result.notes)
+    notes = "".join(f"<li>{_text(n)}</li>" for n in result.notes)
     body = (f"<h1>npu-port verify{emulated}</h1>{banners}"
-            f'<div class="verdict {verdict_class}">{html.escape(result.verdict.reason)}</div>'
+            f'<div class="verdict {verdict_class}">{_text(result.verdict.reason)}</div>'
             f"<p>Comparison: {html.escape(result.policy.description)}</p>"
             + _section("Findings", f"<ul>{findings}</ul>") + _section("Advice", f"<ol>{advice_items}</ol>")
             + _first_divergent_section(result.first_divergent) + _loss_section(result) + _ops_section(result)

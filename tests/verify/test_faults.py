@@ -31,8 +31,13 @@ def invoke(*args: object):
     return CliRunner().invoke(app, [str(arg) for arg in args])
 
 
+def _crashed(result) -> bool:
+    """An exception other than the command's own exit escaped it (CliRunner catches it)."""
+    return result.exception is not None and not isinstance(result.exception, SystemExit)
+
+
 def one_error_line(result) -> str:
-    assert result.exit_code == EXIT_ERROR and result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.exit_code == EXIT_ERROR and not _crashed(result), result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     return lines[0]
@@ -51,11 +56,11 @@ def test_400_damaged_bytes_mid_stream_end_the_table_with_a_note(pair, tmp_path, 
     data[middle:middle + 400] = fill * 400
     stream.write_bytes(bytes(data))
     compared = invoke("compare", *pair)
-    assert compared.exit_code in (0, 1) and compared.exception is None or isinstance(compared.exception, SystemExit)
+    assert compared.exit_code in (0, 1) and not _crashed(compared), compared.output
     note = " ".join(compared.output.split())
     assert f"actual: ops/{TABLE_FILE} is damaged at byte " in note and "step(s) before it" in note
     exported = invoke("export", pair[1], tmp_path / "dump", "--msprobe")
-    assert exported.exit_code == 0 and exported.exception is None or isinstance(exported.exception, SystemExit)
+    assert exported.exit_code == 0 and not _crashed(exported), exported.output
 
 
 def test_a_damaged_checksum_is_named_with_the_step_and_offset(pair):
@@ -92,3 +97,47 @@ def test_a_side_without_ops_and_grads_is_named(pair):
     output = " ".join(invoke("compare", *pair).output.split())
     assert "the actual side recorded none" in output
     assert "the actual side has no gradient records where the ref side has 6" in output
+
+
+def retyped(run: Path, **fields: object) -> None:
+    manifest = run / MANIFEST
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) | fields))
+
+
+@pytest.mark.parametrize("field, value, kind", [
+    ("device", ["x"], "a list, not the str"),
+    ("skipped_steps", "0", "a string, not the list[int]"),
+    ("loss_scaler", "x", "a string, not the dict[str, Any]"),
+    ("emulated", 1, "a number, not the bool"),
+    ("exit_code", "1", "a string, not the int | None"),
+])
+def test_a_manifest_field_of_the_wrong_type_is_exit_2_naming_it(pair, field, value, kind):
+    retyped(pair[1], **{field: value})
+    line = one_error_line(invoke("compare", *pair))
+    assert f"{pair[1] / MANIFEST} is not a valid manifest: field {field!r} is {kind} the schema declares" in line
+
+
+def test_a_manifest_that_is_not_an_object_or_lacks_a_field_is_exit_2(pair):
+    (pair[1] / MANIFEST).write_text("[1, 2]")
+    assert "a JSON object expected, found a list" in one_error_line(invoke("compare", *pair))
+    (pair[1] / MANIFEST).write_text(json.dumps({"schema_version": 2, "script": "x"}))
+    assert "field 'device' is missing" in one_error_line(invoke("compare", *pair))
+    (pair[1] / MANIFEST).write_bytes(b'{"script": "\xff"}')
+    assert "is not a valid manifest" in one_error_line(invoke("compare", *pair))
+
+
+def test_an_empty_losses_csv_is_a_note(pair):
+    (pair[1] / "losses.csv").write_bytes(b"")
+    result = invoke("compare", *pair)
+    assert result.exit_code in (0, 1), result.output
+    assert "actual: losses.csv is unreadable, read as empty" in " ".join(result.output.split())
+
+
+def test_a_huge_message_is_capped_where_shown_and_kept_whole_in_the_file(pair, tmp_path):
+    huge = "boom " * 2_000_000  # 10 MB
+    retyped(pair[1], status="crashed", message=huge, traceback=huge)
+    result = invoke("compare", *pair, "-o", tmp_path / "out")
+    assert result.exit_code == 1 and len(result.output) < 20_000
+    assert "more characters, kept whole in the run directory" in result.output
+    assert (tmp_path / "out" / "report.html").stat().st_size < 200_000
+    assert json.loads((pair[1] / MANIFEST).read_text())["message"] == huge
