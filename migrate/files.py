@@ -273,10 +273,19 @@ def write_atomic(target: Path, data: bytes, like: Path | None = None) -> None:
             stream.write(data)
         if like is not None:
             shutil.copymode(like, temporary)
+        else:  # mkstemp makes it 0600; a new file's mode is the umask's, as open() would have made it
+            os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (only readable by setting it: set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 # ----- many files -------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """Every user file arrives (issue 22): a folder's port keeps every file, a port never replaces a file of the user's
-(it refuses before writing anything), and names that are not UTF-8 are ported and
-reported with escapes. Each case on real files."""
+(it refuses before writing anything), names that are not UTF-8 are ported and reported with escapes, and the
+reports' modes follow the umask. Each case on real files."""
 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,15 @@ def test_a_name_that_is_not_utf8_is_ported_and_reported_with_escapes(tmp_path):
     diff = subprocess.run([sys.executable, "-m", "migrate", "src", "--diff", *IMP001], cwd=tmp_path,
                           capture_output=True, env=os.environ | {"PYTHONPATH": str(Path(__file__).parents[1])})
     assert diff.returncode == 1 and b'--- "a/src/y\\377.py"\n' in diff.stdout, diff.stderr
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_reports_have_the_mode_the_umask_gives_new_files(tmp_path, umask):
+    write(tmp_path / "train.py")
+    previous = os.umask(umask)
+    try:
+        assert migrate(tmp_path / "train.py", *IMP001).exit_code == 0
+    finally:
+        os.umask(previous)
+    modes = {stat.S_IMODE(path.stat().st_mode) for path in (tmp_path / "train_npu_report").iterdir()}
+    assert modes == {0o666 & ~umask}
