@@ -225,15 +225,18 @@ def _empty(columns: Mapping[str, str]) -> pd.DataFrame:
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in columns.items()})
 
 
-def _complete_batches(path: Path, name: str, problems: list[str]) -> list[pa.RecordBatch]:
+def _complete_batches(path: Path, folder: str, problems: list[str]) -> list[pa.RecordBatch]:
     """The record batches of a stream up to the first damaged one, each checked before any of its values is used
     (offsets and lengths in full, then its checksum); the damage (a write cut short by a crash, a flipped byte) is
     reported with the step it hides and its byte offset."""
     batches: list[pa.RecordBatch] = []
-    offset = 0
+    offset, name = 0, f"{folder}/{TABLE_FILE}"
     try:
         with pa.OSFile(str(path)) as source:
             reader = pa.ipc.open_stream(source)
+            if damage := _schema_damage(reader.schema, folder):  # the schema has no checksum: its columns are checked
+                problems.append(_damaged(name, batches, offset, damage))
+                return batches
             checksummed = (reader.schema.metadata or {}).items() >= _CHECKSUMMED.items()
             while True:
                 offset = source.tell()
@@ -245,9 +248,20 @@ def _complete_batches(path: Path, name: str, problems: list[str]) -> list[pa.Rec
                     problems.append(_damaged(name, batches, offset, damage))
                     return batches
                 batches.append(batch)
-    except (pa.ArrowException, OSError) as error:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as error:  # a damaged name in the schema: not UTF-8
         problems.append(_damaged(name, batches, offset, str(error)))
     return batches
+
+
+def _schema_damage(schema: pa.Schema, folder: str) -> str:
+    """What is wrong with a stream's schema ("" nothing): a column the table does not have, or of another type. A
+    column it lacks is allowed (version 1 had no ops.inputs): it reads as missing."""
+    expected = _SCHEMAS[folder]
+    for field in schema:
+        known = expected.field(field.name) if field.name in expected.names else None
+        if known is None or known.type != field.type or schema.names.count(field.name) > 1:
+            return f"its schema has a column {field.name!r} of type {field.type} that {folder} does not have"
+    return ""
 
 
 def _damage(batch: pa.RecordBatch, metadata: pa.KeyValueMetadata | None, checksummed: bool) -> str:
@@ -265,14 +279,15 @@ def _damage(batch: pa.RecordBatch, metadata: pa.KeyValueMetadata | None, checksu
 
 def _damaged(name: str, batches: list[pa.RecordBatch], offset: int, damage: str) -> str:
     last = batches[-1]["step"][0].as_py() if batches and batches[-1].num_rows else None
-    where = "in its first step's batch" if not batches else f"in the batch after step {last}'s"
+    where = ("in its schema" if not offset else "in its first step's batch") if not batches else (
+        f"in the batch after step {last}'s")
     return f"{name} is damaged at byte {offset}, {where}: {' '.join(damage.split())}; read the {len(batches)} step(s) before it"
 
 
 def _read_steps(run_dir: Path, folder: str, problems: list[str]) -> pd.DataFrame:
     columns = TABLES[folder]
     path = run_dir / folder / TABLE_FILE
-    batches = _complete_batches(path, f"{folder}/{TABLE_FILE}", problems) if path.is_file() else []
+    batches = _complete_batches(path, folder, problems) if path.is_file() else []
     if not batches:
         return _empty(columns)
     frame = pa.Table.from_batches(batches).to_pandas()
@@ -291,7 +306,9 @@ def _read_csv(
                                 encoding_errors="replace")
         except (pd.errors.EmptyDataError, pd.errors.ParserError) as error:
             problems.append(f"{path.name} is unreadable, read as empty: {' '.join(str(error).split())}")
-    frame = frame.reindex(columns=list(columns))
+    if missing := [name for name in columns if name not in frame.columns]:
+        problems.append(f"{path.name} lacks the column(s) {', '.join(missing)}: its header is damaged")
+    frame = frame.reindex(columns=list(columns)).astype("string")
     for name in (*floats, *integers):
         frame[name] = pd.to_numeric(frame[name].replace("", None), errors="coerce").astype("float64")
     counts = frame[list(integers)]

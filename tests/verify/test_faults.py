@@ -141,3 +141,23 @@ def test_a_huge_message_is_capped_where_shown_and_kept_whole_in_the_file(pair, t
     assert "more characters, kept whole in the run directory" in result.output
     assert (tmp_path / "out" / "report.html").stat().st_size < 200_000
     assert json.loads((pair[1] / MANIFEST).read_text())["message"] == huge
+
+
+def test_a_damaged_csv_header_is_a_note(pair):
+    hparams = pair[1] / "hparams.csv"
+    hparams.write_bytes(hparams.read_bytes().replace(b"name", b"n\x92me", 1))
+    result = invoke("compare", *pair)
+    assert result.exit_code in (0, 1) and not _crashed(result), result.output
+    assert "actual: hparams.csv lacks the column(s) name: its header is damaged" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("damaged", [b"shapX", b"sh\xffpe"], ids=["another name", "not UTF-8"])
+def test_a_damaged_column_name_in_a_streams_schema_is_a_note(pair, damaged):
+    """The schema has no checksum of its own: its columns are checked against the table's."""
+    stream = pair[1] / "grads" / TABLE_FILE
+    stream.write_bytes(stream.read_bytes().replace(b"shape", damaged, 1))
+    result = invoke("compare", *pair)
+    assert result.exit_code in (0, 1) and not _crashed(result), result.output
+    note = " ".join(result.output.split())
+    assert f"actual: grads/{TABLE_FILE} is damaged at byte 0, in its schema" in note
+    assert "the actual side has no gradient records where the ref side has 6" in note

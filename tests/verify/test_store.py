@@ -89,7 +89,7 @@ def test_a_stream_cut_inside_its_schema_reads_as_an_empty_table(tmp_path):
     stream = tmp_path / OPS_DIR / TABLE_FILE
     data = stream.read_bytes()
     stream.write_bytes(data[: metadata_end(data, 0) // 2])
-    with pytest.warns(UserWarning, match=r"in its first step.s batch: .*read the 0 step\(s\)"):
+    with pytest.warns(UserWarning, match=r"in its schema: .*read the 0 step\(s\)"):
         run = read_run(tmp_path)
     assert run.ops.empty and dict(run.ops.dtypes.astype(str)) == OP_COLUMNS
 
