@@ -229,7 +229,8 @@ def run_job(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
         where = shown_path(error.filename or job.target)
         return FileResult(source, None, FileStatus.ERROR, error=f"{where}: {error.strerror or error}")
     except Exception as error:  # noqa: BLE001 - see the docstring
-        return _not_ported(job, f"{source}:1:1: internal error: {type(error).__name__}: {error} (please report this bug)")
+        internal = f"internal error: {type(error).__name__}: {error} (please report this bug)"
+        return _not_ported(job, f"{source}:1:1: {internal}")
 
 
 def _not_ported(job: Job, error: str) -> FileResult:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import types
 import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -257,7 +257,8 @@ class RunManifest:
                 raise ManifestError(f"field {name!r} is missing")
         for name, hint in hints.items():
             if name in data and not _conforms(data[name], hint):
-                raise ManifestError(f"field {name!r} is {_json_kind(data[name])}, not the {_type_name(hint)} the schema declares")
+                raise ManifestError(
+                    f"field {name!r} is {_json_kind(data[name])}, not the {_type_name(hint)} the schema declares")
         if not 1 <= data["schema_version"] <= SCHEMA_VERSION:
             raise ManifestError(f"schema_version {data['schema_version']!r} is not one this npu-port reads (1 to "
                                 f"{SCHEMA_VERSION}); compare it with the npu-port that wrote it")

@@ -257,10 +257,10 @@ def _schema_damage(schema: pa.Schema, folder: str) -> str:
     """What is wrong with a stream's schema ("" nothing): a column the table does not have, or of another type. A
     column it lacks is allowed (version 1 had no ops.inputs): it reads as missing."""
     expected = _SCHEMAS[folder]
-    for field in schema:
-        known = expected.field(field.name) if field.name in expected.names else None
-        if known is None or known.type != field.type or schema.names.count(field.name) > 1:
-            return f"its schema has a column {field.name!r} of type {field.type} that {folder} does not have"
+    for column in schema:
+        known = expected.field(column.name) if column.name in expected.names else None
+        if known is None or known.type != column.type or schema.names.count(column.name) > 1:
+            return f"its schema has a column {column.name!r} of type {column.type} that {folder} does not have"
     return ""
 
 
@@ -281,7 +281,8 @@ def _damaged(name: str, batches: list[pa.RecordBatch], offset: int, damage: str)
     last = batches[-1]["step"][0].as_py() if batches and batches[-1].num_rows else None
     where = ("in its schema" if not offset else "in its first step's batch") if not batches else (
         f"in the batch after step {last}'s")
-    return f"{name} is damaged at byte {offset}, {where}: {' '.join(damage.split())}; read the {len(batches)} step(s) before it"
+    damage = " ".join(damage.split())
+    return f"{name} is damaged at byte {offset}, {where}: {damage}; read the {len(batches)} step(s) before it"
 
 
 def _read_steps(run_dir: Path, folder: str, problems: list[str]) -> pd.DataFrame:
