@@ -21,11 +21,11 @@ from rich.progress import Progress
 from rich.table import Table
 
 from migrate import __version__, checklist
-from migrate.files import PlanError, plan, run_jobs
+from migrate.files import PlanError, default_report_dir, plan, run_jobs, shown_path
 from migrate.report import Summary, finding_text, write_reports
 from migrate.types import FileResult, FileStatus
 from rules import Action, AmpPolicy, Mode, RuleError, Settings, Severity, all_rules, rule_by_code, select_rules
-from verify.checklist_items import PORT_SUFFIX, REPORT_SUFFIX, port_name
+from verify.checklist_items import PORT_SUFFIX, port_name
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # one error, one line: grep-able
@@ -74,6 +74,10 @@ def migrate(
     amp: Annotated[AmpPolicy, typer.Option(help="Mixed precision to add to fp32 training.")] = AmpPolicy.FP16,
     seed: Annotated[Optional[int], typer.Option(help="Seed to fix at the start of the entry point.")] = None,
     deterministic: Annotated[bool, typer.Option(help="Also switch on deterministic algorithms.")] = False,
+    suffix: Annotated[str, typer.Option(
+        help="What the port's name adds to the original's (train.py -> train_npu.py, src/ -> src_npu/).")] = (
+        PORT_SUFFIX
+    ),
     report_dir: Annotated[
         Optional[Path], typer.Option(help="Where the reports go (default: OUTPUT_report beside the output).")
     ] = None,
@@ -93,12 +97,15 @@ def migrate(
             return _explain(explain)
         if not paths:
             raise PlanError("give at least one file or folder to port (or --list-rules, --explain CODE)")
+        if not suffix or any(separator in suffix for separator in ("/", os.sep)) or suffix.strip(".") == "":
+            raise PlanError(f"--suffix {suffix!r}: give a name part such as _npu (no path separator)")
         rules = select_rules(_codes(select), _codes(ignore))
         settings = Settings(mode=mode, unsafe_fixes=unsafe_fixes, amp=amp, seed=seed, deterministic=deterministic)
         writes = not (diff or check)
-        planned = plan(paths, settings, out=out, in_place=in_place, write=writes)
+        planned = plan(paths, settings, out=out, in_place=in_place, write=writes, suffix=suffix,
+                       report_dir=report_dir)
     except (PlanError, RuleError) as error:
-        stderr.print(f"[red]error:[/] {error}")
+        stderr.print(f"[red]error:[/] {escape(str(error))}")
         raise typer.Exit(ExitCode.ERROR) from None
     results = _run(planned, rules, jobs or os.cpu_count() or 1, quiet)
     for result in results:  # first: what follows (diffs, checklist, summary) is about the files that were read
@@ -110,13 +117,14 @@ def migrate(
     report = None
     # A run that read no file has nothing to report on: no report folder, no checklist.
     if writes and any(result.status is not FileStatus.ERROR for result in results):
-        directory = report_dir or _default_report_dir(paths[0], out, in_place)
+        directory = report_dir or _default_report_dir(paths[0], out, in_place, suffix)
         original, ported = _first_port(results)
         items = checklist.build(results, settings, rules, _verify_command(original, ported), original)
         try:
             report = write_reports(results, directory, f"npu-port migrate report ({mode.value} mode)", items)[0]
         except OSError as error:
-            stderr.print(f"[red]error:[/] cannot write the report: {error.filename or directory}: {error.strerror}")
+            where = shown_path(error.filename or directory)
+            stderr.print(f"[red]error:[/] cannot write the report: {escape(where)}: {error.strerror}")
             raise typer.Exit(ExitCode.ERROR) from None
         if not quiet:
             _print_checklist(items)
@@ -131,13 +139,12 @@ def _run(planned, rules, workers: int, quiet: bool) -> list[FileResult]:
         return run_jobs(planned, rules, workers, on_result=lambda _: progress.advance(task))
 
 
-def _default_report_dir(first: Path, out: Optional[Path], in_place: bool) -> Path:
-    base = first if in_place else (out or (port_name(first) if first.is_file() else None))
+def _default_report_dir(first: Path, out: Optional[Path], in_place: bool, suffix: str) -> Path:
+    base = first if in_place else (out or (port_name(first, suffix) if first.is_file() else None))
     if base is None:
         resolved = first.resolve()
-        base = resolved.with_name(f"{resolved.name}{PORT_SUFFIX}")  # a folder: its whole name, dots included
-    base = base.with_suffix("") if base.suffix == ".py" else base
-    return base.with_name(base.name + REPORT_SUFFIX)
+        base = resolved.with_name(f"{resolved.name}{suffix}")  # a folder: its whole name, dots included
+    return default_report_dir(base)
 
 
 def _exit_code(results: list[FileResult], writes: bool, quiet: bool, report: Optional[Path]) -> int:
@@ -146,7 +153,7 @@ def _exit_code(results: list[FileResult], writes: bool, quiet: bool, report: Opt
         _print_findings(results)
         stderr.print(_summary_line(summary, writes))
         if report is not None:
-            stderr.print(f"Report: {report}")
+            stderr.print(f"Report: {escape(shown_path(report))}")
     if summary.errors:
         return ExitCode.ERROR
     return ExitCode.PENDING if not writes and summary.changed else ExitCode.OK

@@ -8,6 +8,7 @@ changed) and fixes those three things.
 from __future__ import annotations
 
 import difflib
+import os
 
 NO_NEWLINE = "\\ No newline at end of file\n"
 
@@ -19,8 +20,8 @@ def unified_diff(old: str, new: str, source: str, target: str, context: int = 3)
     lines = difflib.unified_diff(
         old.splitlines(keepends=True),
         new.splitlines(keepends=True),
-        fromfile=f"a/{_posix(source)}",
-        tofile=f"b/{_posix(target)}",
+        fromfile=_quoted(f"a/{_posix(source)}"),
+        tofile=_quoted(f"b/{_posix(target)}"),
         n=context,
     )
     return "".join(line if line.endswith("\n") else line + "\n" + NO_NEWLINE for line in lines)
@@ -28,3 +29,16 @@ def unified_diff(old: str, new: str, source: str, target: str, context: int = 3)
 
 def _posix(path: str) -> str:
     return path.replace("\\", "/").removeprefix("./").lstrip("/")
+
+
+def _quoted(name: str) -> str:
+    """A name as git writes it in a patch: as it is, or, where its bytes are not UTF-8 (a file name as the OS gave it,
+    undecodable bytes as surrogates), in quotes with those bytes as octal escapes, which `git apply` reads back."""
+    raw = os.fsencode(name)
+    try:
+        raw.decode("utf-8")
+        return name
+    except UnicodeDecodeError:
+        escaped = "".join(chr(byte) if 0x20 <= byte < 0x7F and byte not in b'"\\' else f"\\{byte:03o}"
+                          for byte in raw)
+        return f'"{escaped}"'

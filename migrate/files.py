@@ -26,13 +26,24 @@ from verify.checklist_items import PORT_SUFFIX, REPORT_SUFFIX, port_name
 if TYPE_CHECKING:
     from rules import PortRule
 
+REPORT_MD = "report.md"  # migrate/report.py writes it; an earlier port is listed in it
 SKIPPED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", ".tox", ".mypy_cache", ".pytest_cache"}
 
 
 class PlanError(Exception):
-    """The paths asked for cannot be ported (missing input, output over input, ...)."""
+    """The paths asked for cannot be ported (missing input, output over input, a user's file in the way, ...)."""
 
 
+def shown_path(path: Path | str) -> str:
+    """A path as reports and the terminal show it: the OS's name as it is, bytes that are not UTF-8 as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def default_report_dir(output: Path) -> Path:
+    """Where the reports of a port written to `output` go: NAME_npu.py -> NAME_npu_report/, src_npu/ ->
+    src_npu_report/. Its presence beside an output is what marks the output as migrate's own."""
+    name = output.stem if output.suffix == ".py" else output.name
+    return output.with_name(name + REPORT_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -45,12 +56,20 @@ class Job:
     settings: Settings
     write: bool = True  # False under --check and --diff
     is_own_output: bool = False  # NAME_npu.py from an earlier run: written only if porting it changes something
+    mirror: bool = False  # part of a folder's copy (FOLDER_npu/): copied unchanged where it cannot be ported
 
 
 def plan(
-    paths: Sequence[Path], settings: Settings, out: Path | None = None, in_place: bool = False, write: bool = True
+    paths: Sequence[Path],
+    settings: Settings,
+    out: Path | None = None,
+    in_place: bool = False,
+    write: bool = True,
+    suffix: str = PORT_SUFFIX,
+    report_dir: Path | None = None,
 ) -> list[Job]:
-    """Decide, for every input path, what is read and where it is written."""
+    """Decide, for every input path, what is read and where it is written; PlanError before anything is written
+    where an output would replace a file of the user's."""
     if out is not None and in_place:
         raise PlanError("--out and --in-place exclude each other")
     if out is not None and len(paths) > 1:
@@ -60,13 +79,17 @@ def plan(
         if not path.exists():
             raise PlanError(f"{path}: no such file or directory")
         if path.is_dir():
-            target_root = path if in_place else out or _sibling(path)
+            target_root = path if in_place else out or _sibling(path, suffix)
             _refuse_overwrite(path, target_root, in_place)
+            if write and out is None and not in_place:
+                _refuse_user_output(path, target_root, report_dir)
             jobs.extend(replace(job, write=write) for job in _plan_folder(path, target_root, settings))
         else:
-            target = path if in_place else _file_target(path, out)
+            target = path if in_place else _file_target(path, out, suffix)
             _refuse_overwrite(path, target, in_place)
-            own_output = out is None and not in_place and path.stem.endswith(PORT_SUFFIX)
+            if write and out is None and not in_place:
+                _refuse_user_output(path, target, report_dir)
+            own_output = out is None and not in_place and path.stem.endswith(suffix)
             entry = replace(settings, is_entry=True, line_length=configured_line_length(path))
             jobs.append(Job(path, target, port=True, settings=entry, write=write, is_own_output=own_output))
     return jobs
@@ -74,17 +97,39 @@ def plan(
 
 def _refuse_overwrite(source: Path, target: Path, in_place: bool) -> None:
     if not in_place and target.resolve() == source.resolve():
-        raise PlanError(f"{target}: the output would overwrite the input; pass --in-place to mean that")
+        raise PlanError(f"{shown_path(target)}: the output would overwrite the input; pass --in-place to mean that")
 
 
-def _sibling(folder: Path) -> Path:
+def _refuse_user_output(source: Path, target: Path, report_dir: Path | None) -> None:
+    """The name migrate would give the port (NAME_npu.py, FOLDER_npu/) is taken by something that is not an earlier
+    port (whose report folder is beside it, or whose report in --report-dir names it): the user's own file, which
+    must survive. -o names an output explicitly."""
+    taken = target.is_file() or target.is_symlink() or (target.is_dir() and any(target.iterdir()))
+    if taken and not _is_earlier_port(target, report_dir):
+        raise PlanError(
+            f"{shown_path(target)} already exists and is not an earlier port of {shown_path(source)} (no "
+            f"{default_report_dir(target).name}/ beside it): nothing was written; name the port otherwise with "
+            "--suffix or -o")
+
+
+def _is_earlier_port(target: Path, report_dir: Path | None) -> bool:
+    if default_report_dir(target).is_dir():
+        return True
+    report = report_dir / REPORT_MD if report_dir is not None else None
+    try:
+        return report is not None and f"`{shown_path(target)}`" in report.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _sibling(folder: Path, suffix: str) -> Path:
     folder = folder.resolve()
-    return folder.with_name(f"{folder.name}{PORT_SUFFIX}")
+    return folder.with_name(f"{folder.name}{suffix}")
 
 
-def _file_target(path: Path, out: Path | None) -> Path:
+def _file_target(path: Path, out: Path | None, suffix: str) -> Path:
     if out is None:
-        return port_name(path)
+        return port_name(path, suffix)
     return out / path.name if out.is_dir() or out.suffix != ".py" else out
 
 
@@ -94,7 +139,7 @@ def _plan_folder(root: Path, target_root: Path, settings: Settings) -> Iterator[
         target = target_root / source.relative_to(root)
         if source.suffix == ".py":
             own = replace(settings, is_entry=_has_main_guard(source), line_length=configured_line_length(source))
-            yield Job(source, target, port=True, settings=own)
+            yield Job(source, target, port=True, settings=own, mirror=not in_place)
         elif not in_place:
             yield Job(source, target, port=False, settings=settings)
 
@@ -103,7 +148,8 @@ def _walk(root: Path, skip: Path | None) -> Iterator[Path]:
     """Files under root in a stable order, without migrate's own outputs from earlier runs.
 
     Symlinked folders are not followed (no loops), dangling links are left out, and so are hidden and tool folders,
-    the output folder itself, report folders (NAME_npu_report/) and NAME_npu.py files that sit beside their NAME.py.
+    the output folder itself, report folders (NAME_npu_report/) and the ports of earlier runs (NAME_npu.py beside
+    its NAME.py and its NAME_npu_report/; without the report folder it is the user's own file, and is kept).
     """
     for folder, dirs, files in os.walk(root, followlinks=False):
         dirs[:] = sorted(
@@ -122,7 +168,8 @@ def _walk(root: Path, skip: Path | None) -> Iterator[Path]:
 
 def _is_earlier_output(path: Path, siblings: Sequence[str]) -> bool:
     stem = path.stem.removesuffix(PORT_SUFFIX)
-    return path.suffix == ".py" and stem != path.stem and f"{stem}{path.suffix}" in siblings
+    return (path.suffix == ".py" and stem != path.stem and f"{stem}{path.suffix}" in siblings
+            and default_report_dir(path).is_dir())
 
 
 def _has_main_guard(path: Path) -> bool:
@@ -142,20 +189,20 @@ class Decoded:
     bom: bool
 
 
-def decode(data: bytes, path: Path) -> Decoded:
+def decode(data: bytes, path: str) -> Decoded:
     """Bytes to text with the encoding Python itself would use (BOM, PEP 263 cookie, else utf-8)."""
     if b"\0" in data:
-        raise SourceError(str(path), 1, 1, "binary file (contains NUL bytes), not Python source")
+        raise SourceError(path, 1, 1, "binary file (contains NUL bytes), not Python source")
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as error:
-        raise SourceError(str(path), 1, 1, f"cannot read the encoding: {error.msg}") from None
+        raise SourceError(path, 1, 1, f"cannot read the encoding: {error.msg}") from None
     bom = encoding == "utf-8-sig"
     try:
         text = data.decode(encoding)
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
-        raise SourceError(str(path), line, 1, f"not valid {encoding} ({error.reason}); declare the encoding") from None
+        raise SourceError(path, line, 1, f"not valid {encoding} ({error.reason}); declare the encoding") from None
     return Decoded(text.removeprefix("\ufeff") if bom else text, encoding, bom)
 
 
@@ -169,30 +216,44 @@ def run_job(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     This is the per-file boundary: a bug in one rule on one file is reported as that file's internal error, and the
     other files of the run are still ported.
     """
-    target = str(job.target) if job.write else None
+    source = shown_path(job.source)
     try:
         if not job.port:
             if job.write:
                 write_atomic(job.target, job.source.read_bytes(), like=job.source)
-            return FileResult(str(job.source), target, FileStatus.SKIPPED)
+            return FileResult(source, shown_path(job.target) if job.write else None, FileStatus.SKIPPED)
         return _port(job, rules)
     except SourceError as error:
-        return FileResult(str(job.source), target, FileStatus.ERROR, error=str(error))
+        return _not_ported(job, str(error))
     except OSError as error:
-        where = error.filename or job.target
-        return FileResult(str(job.source), target, FileStatus.ERROR, error=f"{where}: {error.strerror or error}")
+        where = shown_path(error.filename or job.target)
+        return FileResult(source, None, FileStatus.ERROR, error=f"{where}: {error.strerror or error}")
     except Exception as error:  # noqa: BLE001 - see the docstring
-        message = f"{job.source}:1:1: internal error: {type(error).__name__}: {error} (please report this bug)"
-        return FileResult(str(job.source), target, FileStatus.ERROR, error=message)
+        internal = f"internal error: {type(error).__name__}: {error} (please report this bug)"
+        return _not_ported(job, f"{source}:1:1: {internal}")
+
+
+def _not_ported(job: Job, error: str) -> FileResult:
+    """A file that could not be ported. In a folder's copy it is copied unchanged, so that every file of the folder
+    arrives (the report says so); elsewhere nothing is written for it."""
+    target = None
+    if job.write and job.mirror:
+        try:
+            write_atomic(job.target, job.source.read_bytes(), like=job.source)
+            target = shown_path(job.target)
+        except OSError as failure:
+            error += f"; not copied either: {failure.strerror or failure}"
+    return FileResult(shown_path(job.source), target, FileStatus.ERROR, error=error)
 
 
 def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     from migrate.engine import migrate_source  # libcst and the rules' machinery: loaded when a file is ported
 
+    source, target = shown_path(job.source), shown_path(job.target)
     data = job.source.read_bytes()
-    decoded = decode(data, job.source)
-    result = migrate_source(decoded.text, str(job.source), job.settings, rules)
-    diff = unified_diff(result.original, result.code, str(job.source), str(job.target))
+    decoded = decode(data, source)
+    result = migrate_source(decoded.text, source, job.settings, rules)
+    diff = unified_diff(result.original, result.code, str(job.source), str(job.target))  # names quoted as git does
     # An earlier run's NAME_npu.py that needs nothing more is not copied to NAME_npu_npu.py.
     writes = job.write and (result.changed or not job.is_own_output) and (result.changed or job.target != job.source)
     if writes:
@@ -201,8 +262,7 @@ def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     # The checklist's facts cost two more parses: only a run that writes its reports needs them.
     ran = (rule.CODE for rule in rules if rule.wants(result.original, job.settings))  # as the engine chose them
     facts = file_facts(result.original, result.code, ran) if job.write else None
-    target = str(job.target) if writes else None
-    return FileResult(str(job.source), target, status, findings=result.findings, diff=diff, facts=facts)
+    return FileResult(source, target if writes else None, status, findings=result.findings, diff=diff, facts=facts)
 
 
 def write_atomic(target: Path, data: bytes, like: Path | None = None) -> None:
@@ -214,10 +274,19 @@ def write_atomic(target: Path, data: bytes, like: Path | None = None) -> None:
             stream.write(data)
         if like is not None:
             shutil.copymode(like, temporary)
+        else:  # mkstemp makes it 0600; a new file's mode is the umask's, as open() would have made it
+            os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (only readable by setting it: set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 # ----- many files -------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from migrate import checklist
-from migrate.files import write_atomic
+from migrate.files import REPORT_MD, write_atomic
 from migrate.types import FileResult, FileStatus
 from rules import Action, Finding, Severity
 from verify.checklist_items import CHECKLIST_JSON
@@ -78,7 +78,7 @@ def write_reports(
     """Write every report file into `directory`; returns the paths written."""
     findings = findings_table(results)
     files = {
-        "report.md": render_markdown(results, title).encode(),
+        REPORT_MD: render_markdown(results, title).encode(),
         "findings.csv": to_csv(findings, FINDING_COLUMNS).encode(),
         "findings.json": json.dumps(findings, indent=1, ensure_ascii=False).encode(),
         "diff.patch": "".join(result.diff for result in results).encode(),
@@ -172,7 +172,7 @@ def render_markdown(results: Sequence[FileResult], title: str) -> str:
             continue
         changes = sum(1 for f in result.findings if f.action is Action.CHANGED)
         lines.append(
-            f"| `{result.source}` | {result.status.value} | `{result.target or '-'}` | {changes} "
+            f"| `{result.source}` | {_status_text(result)} | `{result.target or '-'}` | {changes} "
             f"| {len(result.findings) - changes} |"
         )
     errors = [result.error for result in results if result.error]
@@ -183,6 +183,12 @@ def render_markdown(results: Sequence[FileResult], title: str) -> str:
         if chosen:
             lines += ["", f"## {heading}", ""] + [_finding_line(f) for f in chosen]
     return "\n".join(lines) + "\n"
+
+
+def _status_text(result: FileResult) -> str:
+    """A file that could not be ported but was copied unchanged into a folder's port says so."""
+    copied = result.status is FileStatus.ERROR and result.target
+    return f"{result.status.value}, copied unchanged" if copied else result.status.value
 
 
 def _needs_person(finding: Finding) -> bool:

@@ -38,7 +38,10 @@ def test_syntax_error_is_reported_and_the_other_files_are_still_ported(tmp_path:
     assert f"{broken}:3:7: syntax error: invalid syntax" in result.stderr
     out = tmp_path / "src_npu"
     assert (out / "good.py").read_bytes() == TORCH + INSERTED + entry_point
-    assert not (out / "broken.py").exists()
+    # Every file of the folder arrives: the one that does not parse as it is, and the report says so (issue 22).
+    assert (out / "broken.py").read_bytes() == broken.read_bytes()
+    report = (tmp_path / "src_npu_report" / "report.md").read_text()
+    assert f"| `{broken}` | error, copied unchanged | `{out / 'broken.py'}` |" in report
     assert broken.read_bytes() == b"import torch\n\ndef f(:\n    pass\n"
 
 
@@ -180,4 +183,5 @@ def test_an_internal_error_in_one_file_spares_the_others(tmp_path: Path, workers
     assert statuses == {"a.py": FileStatus.UNCHANGED, "b.py": FileStatus.ERROR, "c.py": FileStatus.UNCHANGED}
     error = next(r.error for r in results if r.status is FileStatus.ERROR)
     assert "b.py:1:1: internal error: RuntimeError: boom" in error
-    assert not (tmp_path / "src_npu" / "b.py").exists() and (tmp_path / "src_npu" / "c.py").exists()
+    assert (tmp_path / "src_npu" / "b.py").read_bytes() == b"def explode():\n    pass\n"  # copied unchanged
+    assert (tmp_path / "src_npu" / "c.py").exists()

@@ -132,12 +132,27 @@ def _ended_by_itself(manifest: RunManifest, recorder: StepRecorder, code: Any) -
         manifest.message = f"the script called sys.exit({code!r}) after {_steps(done)}"
     elif done == 0:
         manifest.status = Status.NO_STEPS.value
-        manifest.message = "the script ended without a step: no optimizer.step(), and no module forward"
+        manifest.message = f"the script ended without a step: {_no_step(recorder)}"
     elif done < manifest.steps_requested:
         manifest.status = Status.SHORT.value
         manifest.message = f"the script ended by itself after {done} of {manifest.steps_requested} steps"
     else:
         manifest.status, manifest.message = Status.OK.value, f"ran the {done} requested steps"
+
+
+def _no_step(recorder: StepRecorder) -> str:
+    """What a run without a step lacked. A step is the first optimizer's step(); without any optimizer, a forward of
+    the outermost module: a model that ran but whose optimizer never stepped made no step."""
+    if recorder.model_forwards == 0:
+        return "no module's forward ran and no optimizer stepped"
+    backward = "backward() ran" if recorder.training else "backward() was never called"
+    return (f"the model's forward ran {recorder.model_forwards} time(s) and {backward}, but the "
+            f"{_plural(recorder.optimizers_created, 'optimizer')} it created never stepped (no optimizer.step(): with "
+            "an optimizer, its steps are the steps)")
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _make_capture(manifest: RunManifest, writer: RunWriter, batch: StatBatch) -> OpCapture | None:

@@ -13,9 +13,10 @@ from pathlib import Path
 PORT_SUFFIX = "_npu"
 
 
-def port_name(original: Path) -> Path:
-    """Where `migrate ORIGINAL` writes the port by default, and where `verify ORIGINAL` looks for it."""
-    return original.with_name(f"{original.stem}{PORT_SUFFIX}{original.suffix}")
+def port_name(original: Path, suffix: str = PORT_SUFFIX) -> Path:
+    """Where `migrate ORIGINAL` writes the port by default, and where `verify ORIGINAL` looks for it (`migrate
+    --suffix` names it otherwise)."""
+    return original.with_name(f"{original.stem}{suffix}{original.suffix}")
 
 
 # migrate writes its reports into <port stem>_report/ beside the port, the checklist as checklist.json in it.

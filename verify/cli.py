@@ -18,6 +18,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -25,7 +26,7 @@ from verify import compare_cli, determinism, devices, pair
 from verify.devices import Device, EmulateOn
 from verify.errors import exit_with
 from verify.runner import RunOptions, run_script
-from verify.schema import EXIT_ERROR, EXIT_FAILED, EXIT_OK, DumpMode, RunManifest, Status
+from verify.schema import EXIT_ERROR, EXIT_FAILED, EXIT_OK, DumpMode, RunManifest, Status, shown
 from verify.store import read_losses, read_manifest
 
 stdout = Console(highlight=False, soft_wrap=True)
@@ -130,14 +131,14 @@ def _print_summary(manifest: RunManifest, run_dir: Path) -> None:
                      "double, not the device itself")
     table = Table.grid(padding=(0, 2))
     style = _STYLES.get(manifest.status, "bold red")
-    table.add_row("status", f"[{style}]{manifest.status}[/]  {manifest.message}")
+    table.add_row("status", f"[{style}]{escape(shown(manifest.status))}[/]  {escape(shown(manifest.message))}")
     table.add_row("steps", f"{manifest.steps_completed} / {manifest.steps_requested}")
     table.add_row("final loss", _final_loss(run_dir))
     table.add_row("device", f"{manifest.device} ({manifest.device_name})" if manifest.device_name else manifest.device)
     table.add_row("run dir", str(run_dir))
     stderr.print(table)
     if manifest.traceback:
-        stderr.print(manifest.traceback.rstrip(), markup=False, highlight=False, style="red")
+        stderr.print(shown(manifest.traceback.rstrip(), tail=True), markup=False, highlight=False, style="red")
 
 
 # The offline commands: no torch needed (verify/compare_cli.py).

@@ -128,6 +128,22 @@ def _step_notes(ref: Run, actual: Run) -> list[str]:
     return notes
 
 
+def _one_sided_notes(ref: Run, actual: Run) -> list[str]:
+    """Gradient or output records on one side only: the other's are missing (deleted, damaged from its first step,
+    or never written), and comparing only the steps both have would hide it. The operators have their own note."""
+    notes = []
+    for table in ("grads", "outputs"):
+        counts = {side: len(getattr(run, table)) for side, run in (("ref", ref), ("actual", actual))}
+        for side, other in (("ref", "actual"), ("actual", "ref")):
+            if counts[side] == 0 and counts[other]:
+                notes.append(f"the {side} side has no {_TABLE_NAMES[table]} records where the {other} side has "
+                             f"{counts[other]}: they were not compared")
+    return notes
+
+
+_TABLE_NAMES = {"grads": "gradient", "outputs": "output"}
+
+
 def _ops_not_compared(ref: Run, actual: Run) -> str:
     """Why the operators cannot be compared ("" when both sides recorded some): a side without records is named, so
     that the other side's records are not counted as unmatched."""
@@ -158,7 +174,7 @@ def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions
     """The comparison of two runs; CompareError where they prove nothing (see findings.how_runs_ended)."""
     ended, shared_ending = how_runs_ended(ref, actual)
     notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual),
-             *_random_notes(ref, actual), *_emulation_notes(ref, actual)]
+             *_one_sided_notes(ref, actual), *_random_notes(ref, actual), *_emulation_notes(ref, actual)]
     if shared_ending:
         notes.append(shared_ending)
     policy = precision_policy(ref, actual, options)

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 
 import pandas as pd
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from verify import report as reports
@@ -20,7 +21,7 @@ from verify import devices, run_folders
 from verify.errors import exit_with
 from verify.runner import RunOptions
 from verify.side_runs import RUN_ENDED_WELL, PairError, side_runner, stderr, stdout, write_reports
-from verify.schema import EXIT_FAILED, EXIT_OK, DumpMode
+from verify.schema import EXIT_FAILED, EXIT_OK, DumpMode, shown
 
 DETERMINISM_JSON = "determinism.json"
 DIFFERING_OPS_SHOWN = 15
@@ -79,7 +80,7 @@ def print_determinism(result: ComparisonResult, differing: pd.DataFrame, determi
             table.add_row(str(row.step), row.phase, row.module or "(top level)", row.op, row.io, row.dtype)
         stdout.print(table)
     for note in result.notes:
-        stdout.print(f"[dim]note: {note}[/]")
+        stdout.print(f"[dim]note: {escape(shown(note))}[/]")
 
 
 def determinism(

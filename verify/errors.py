@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from verify.schema import EXIT_ERROR, VerifyFailure
+from verify.schema import EXIT_ERROR, VerifyFailure, shown
 
 TRACEBACK_FILE = "verify-traceback.txt"
 
@@ -42,7 +42,7 @@ def exit_with(body: Callable[[], int], doing: str, out: Path | None = None) -> N
 
 
 def _error_line(message: str) -> None:
-    stderr.print(f"[bold red]error:[/] {escape(' '.join(message.split()))}")
+    stderr.print(f"[bold red]error:[/] {escape(shown(' '.join(message.split())))}")
 
 
 def _keep_traceback(out: Path | None) -> str:

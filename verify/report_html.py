@@ -16,6 +16,7 @@ from verify import environment
 from verify.advice import Advice
 from verify.compare import ComparisonResult
 from verify.report_tables import cell_text, diverging_rows, emulation, emulation_banners, reading_columns
+from verify.schema import shown, shown_json
 
 HTML_MAX_OP_ROWS = 200
 
@@ -72,6 +73,11 @@ def _html_table(frame: pd.DataFrame, row_classes: Iterable[str] | None = None) -
         f'<tr class="{cls}">' + "".join(f"<td>{html.escape(cell_text(v))}</td>" for v in row) + "</tr>"
         for cls, row in zip(classes, frame.itertuples(index=False, name=None)))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _text(text: str) -> str:
+    """Text that may come from a run directory (a message, a note, a script's path), as the HTML shows it."""
+    return html.escape(shown(text))
 
 
 def _section(title: str, body: str) -> str:
@@ -154,9 +160,9 @@ def _misc_sections(result: ComparisonResult) -> str:
 
 def _manifest_section(result: ComparisonResult) -> str:
     blocks = "".join(
-        f"<h3>{side}: {html.escape(run.manifest.title)}</h3><p>{html.escape(run.source)}, "
+        f"<h3>{side}: {_text(run.manifest.title)}</h3><p>{html.escape(run.source)}, "
         f"<code>{html.escape(str(run.root))}</code></p><pre>"
-        f"{html.escape(json.dumps(run.manifest.to_json(), indent=1, default=str))}</pre>"
+        f"{html.escape(json.dumps(shown_json(run.manifest.to_json()), indent=1, default=str))}</pre>"
         for side, run in (("ref", result.ref), ("actual", result.actual)))
     return _section("Runs", blocks)
 
@@ -180,13 +186,13 @@ def render_html(result: ComparisonResult, advice: Sequence[Advice], checklist: l
     banners = "".join(f'<div class="banner">{html.escape(b)}: its numerics are a stand-in\'s, not the real '
                       "device's.</div>" for b in emulation_banners(result))
     emulated = _emulated_devices(result)
-    findings = "".join(f"<li>{html.escape(f.message)}</li>" for f in result.findings) or "<li>none</li>"
+    findings = "".join(f"<li>{_text(f.message)}</li>" for f in result.findings) or "<li>none</li>"
     advice_items = "".join(
-        f"<li>{html.escape(a.message)}" + (f" <i>[checklist {', '.join(a.checklist)}]</i>" if a.checklist else "")
+        f"<li>{_text(a.message)}" + (f" <i>[checklist {', '.join(a.checklist)}]</i>" if a.checklist else "")
         + "</li>" for a in advice) or "<li>Nothing to do.</li>"
-    notes = "".join(f"<li>{html.escape(n)}</li>" for n in result.notes)
+    notes = "".join(f"<li>{_text(n)}</li>" for n in result.notes)
     body = (f"<h1>npu-port verify{emulated}</h1>{banners}"
-            f'<div class="verdict {verdict_class}">{html.escape(result.verdict.reason)}</div>'
+            f'<div class="verdict {verdict_class}">{_text(result.verdict.reason)}</div>'
             f"<p>Comparison: {html.escape(result.policy.description)}</p>"
             + _section("Findings", f"<ul>{findings}</ul>") + _section("Advice", f"<ol>{advice_items}</ol>")
             + _first_divergent_section(result.first_divergent) + _loss_section(result) + _ops_section(result)

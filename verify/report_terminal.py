@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from verify.advice import advise
 from verify.compare import ComparisonResult
 from verify.report_tables import cell_text, diverging_rows, emulation_banners, loss_line, ops_line
+from verify.schema import shown
 from verify.store import Run
 
 _DIVERGING_COLUMNS = ("step", "phase", "module", "ref_op", "io", "status", "stats_error", "tolerance")
@@ -23,10 +25,10 @@ def print_summary(result: ComparisonResult, console: Console, max_rows: int = 10
     for banner in emulation_banners(result):
         console.print(f"[bold black on yellow] {banner} [/]")
     colour = "green" if result.verdict.passed else "red"
-    console.print(f"[bold {colour}]{result.verdict.reason}[/]")
+    console.print(f"[bold {colour}]{escape(shown(result.verdict.reason))}[/]")
     console.print(f"comparison: {result.policy.description}")
-    console.print(f"ref:    {result.ref.manifest.title} ({result.ref.source})")
-    console.print(f"actual: {result.actual.manifest.title} ({result.actual.source})")
+    console.print(f"ref:    {escape(shown(result.ref.manifest.title))} ({result.ref.source})")
+    console.print(f"actual: {escape(shown(result.actual.manifest.title))} ({result.actual.source})")
     if loss := loss_line(result):
         console.print(f"loss: {loss}")
     console.print(f"ops: {ops_line(result)}")
@@ -41,11 +43,11 @@ def print_summary(result: ComparisonResult, console: Console, max_rows: int = 10
             table.add_row(*(cell_text(getattr(row, c)) for c in _DIVERGING_COLUMNS))
         console.print(table)
     for finding in result.findings:
-        console.print(f"- {finding.message}")
+        console.print(f"- {escape(shown(finding.message))}")
     for n, item in enumerate(advise(result.findings), 1):
-        console.print(f"[bold]{n}.[/] {item.message}")
+        console.print(f"[bold]{n}.[/] {escape(shown(item.message))}")
     for note in result.notes:
-        console.print(f"[dim]note: {note}[/]")
+        console.print(f"[dim]note: {escape(shown(note))}[/]")
 
 
 def _divergence_table(first: dict[str, Any]) -> Table:
@@ -65,26 +67,26 @@ def print_saved_summary(summary: dict[str, Any], console: Console) -> None:
         if summary.get(side, {}).get("emulated"):
             console.print(f"[bold black on yellow] {side.upper()} RAN ON AN EMULATED DEVICE: "
                           f"{summary[side]['title']} [/]")
-    console.print(f"[bold {colour}]{summary.get('reason', '')}[/]")
-    console.print(f"comparison: {summary.get('comparison', '')}")
+    console.print(f"[bold {colour}]{escape(shown(str(summary.get('reason', ''))))}[/]")
+    console.print(f"comparison: {escape(shown(str(summary.get('comparison', ''))))}")
     for finding in summary.get("findings", []):
-        console.print(f"- {finding['message']}")
+        console.print(f"- {escape(shown(str(finding['message'])))}")
     for n, text in enumerate(summary.get("advice", []), 1):
-        console.print(f"[bold]{n}.[/] {text}")
+        console.print(f"[bold]{n}.[/] {escape(shown(str(text)))}")
 
 
 def print_run(run: Run, console: Console) -> None:
     manifest = run.manifest
     if manifest.emulated:
-        console.print(f"[bold black on yellow] {manifest.title} [/]")
-    console.print(f"[bold]{manifest.title}[/] ({run.source})")
-    console.print(f"status {manifest.status}, {manifest.steps_completed}/{manifest.steps_requested} steps, "
-                  f"dump {manifest.dump_mode}, {len(run.ops)} op records" +
-                  (f": {manifest.message}" if manifest.message else ""))
+        console.print(f"[bold black on yellow] {escape(shown(manifest.title))} [/]")
+    console.print(f"[bold]{escape(shown(manifest.title))}[/] ({run.source})")
+    console.print(f"status {escape(shown(manifest.status))}, {manifest.steps_completed}/{manifest.steps_requested} "
+                  f"steps, dump {escape(shown(manifest.dump_mode))}, {len(run.ops)} op records"
+                  + (f": {escape(shown(manifest.message))}" if manifest.message else ""))
     if len(run.losses):
         table = Table("step", "micro_step", "loss", "loss_scale")
         for row in run.losses.itertuples(index=False):
             table.add_row(str(row.step), str(row.micro_step), cell_text(row.loss), cell_text(row.loss_scale))
         console.print(table)
     for note in run.notes:
-        console.print(f"[dim]note: {note}[/]")
+        console.print(f"[dim]note: {escape(shown(note))}[/]")

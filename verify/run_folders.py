@@ -8,10 +8,18 @@ what a run directory holds is verify/schema.py's.
     PAIR/ref-fp32/             --amp-effect: the reference as written
     PAIR/amp-effect/           --amp-effect: its comparison's reports
     PAIR/run-1/, PAIR/run-2/   verify determinism: the two runs
+
+A folder verify writes into has one writer: claim() creates WRITER_LOCK in it with O_EXCL, so that of two verify
+commands started at once into the same folder, exactly one writes and the other exits 2; the lock goes when its
+process ends. Default names carry a random suffix besides the time, so two commands started in the same second
+get two folders.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import secrets
 import time
 from pathlib import Path
 
@@ -22,6 +30,7 @@ ACTUAL = "actual"
 REF_UNDER_AUTOCAST = "ref-under-autocast"
 REF_FP32 = "ref-fp32"
 AMP_EFFECT = "amp-effect"
+WRITER_LOCK = ".verify-writer.lock"
 
 
 class FolderInUse(VerifyFailure):
@@ -33,22 +42,51 @@ def determinism_run(number: int) -> str:
 
 
 def _stamp() -> str:
-    return time.strftime("%Y%m%d-%H%M%S")
+    """The time to the second, and a random suffix: unique per invocation, even for two in the same second."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def default_run_dir(script: Path, device: str) -> Path:
-    """`verify run` without -o: verify-runs/STEM-DEVICE-TIME in the working folder."""
+    """`verify run` without -o: verify-runs/STEM-DEVICE-TIME-RANDOM in the working folder."""
     return Path("verify-runs") / f"{script.stem}-{device}-{_stamp()}"
 
 
 def default_pair_dir(script: Path) -> Path:
-    """A pair without -o: verify-out/STEM-TIME beside the original."""
+    """A pair without -o: verify-out/STEM-TIME-RANDOM beside the original."""
     return script.parent / "verify-out" / f"{script.stem}-{_stamp()}"
 
 
 def claim(folder: Path) -> Path:
-    """`folder`, created, where it does not exist or is an empty folder."""
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise FolderInUse(f"{folder} already exists and is not an empty folder; choose another -o")
+    """`folder`, created where it does not exist, with this process as its only writer until it exits: a folder
+    that holds anything (another run's files, another writer's lock) is refused (FolderInUse, exit 2)."""
+    if folder.exists() and not folder.is_dir():
+        raise FolderInUse(f"{folder} already exists and is not a folder; choose another -o")
     folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / WRITER_LOCK
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))  # atomic: one creator wins
+    except FileExistsError:
+        raise FolderInUse(f"{folder} is being written by another verify (its lock {WRITER_LOCK} is there; delete it "
+                          "if no verify is running); choose another -o") from None
+    if any(entry.name != WRITER_LOCK for entry in folder.iterdir()):
+        lock.unlink()
+        raise FolderInUse(f"{folder} already exists and is not an empty folder; choose another -o")
+    _held.add(lock)
     return folder
+
+
+def release(folder: Path) -> None:
+    """Ends this process's claim on `folder` (a run written to its end); every claim ends when the process does."""
+    lock = folder / WRITER_LOCK
+    if lock in _held:
+        _held.discard(lock)
+        lock.unlink(missing_ok=True)
+
+
+_held: set[Path] = set()
+
+
+@atexit.register
+def _release_all() -> None:
+    for lock in list(_held):
+        release(lock.parent)

@@ -135,6 +135,7 @@ def run_script(
         script.parent, env, run_dir, options.timeout, on_output, on_progress,
     )
     _finalise(run_dir, returncode, ending, options.timeout, time.monotonic() - started)
+    run_folders.release(run_dir)
     if ending == "interrupted":
         raise KeyboardInterrupt
     return run_dir

@@ -22,8 +22,10 @@ drop_last, seeded_generator}, ...]}.
 
 A table (ops, grads, outputs) is one Arrow IPC stream, TABLE_FILE in its folder: the schema, then one record batch
 per step, appended and flushed to the OS as the step ends (every step pays for it: no file to create and no parquet
-encoding keeps it cheap). The folder appears with the table's first step, so a training run has no outputs/. A
-stream cut short by a crash is read up to its last complete batch. Every file is plain data (JSON, CSV, Arrow IPC,
+encoding keeps it cheap). The folder appears with the table's first step, so a training run has no outputs/. Each
+batch carries the CRC-32 of its serialized form (verify/store.py): a stream cut short by a crash, or damaged, is read
+up to the batch before the damage, with a note. manifest.json is checked against RunManifest as it is read (types,
+required fields, schema version): RunManifest.from_json. Every file is plain data (JSON, CSV, Arrow IPC,
 .npy without pickle): readers never unpickle anything, and names read from a run directory never become paths
 outside it. This module imports neither torch nor pandas.
 """
@@ -31,7 +33,9 @@ outside it. This module imports neither torch nor pandas.
 from __future__ import annotations
 
 
-from dataclasses import asdict, dataclass, field, fields
+import types
+import typing
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -241,8 +245,24 @@ class RunManifest:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RunManifest":
-        known = {f.name for f in fields(cls)}
+    def from_json(cls, data: Any) -> "RunManifest":
+        """The manifest `data` (parsed JSON) holds, checked against this class first: ManifestError names the first
+        field that is missing, of another type than the one declared here, or a schema version this tool cannot
+        read. What passes is what every reader may rely on."""
+        hints = _manifest_hints()
+        if not isinstance(data, dict):
+            raise ManifestError(f"a JSON object expected, found {_json_kind(data)}")
+        for name in REQUIRED_MANIFEST_FIELDS:
+            if name not in data:
+                raise ManifestError(f"field {name!r} is missing")
+        for name, hint in hints.items():
+            if name in data and not _conforms(data[name], hint):
+                raise ManifestError(
+                    f"field {name!r} is {_json_kind(data[name])}, not the {_type_name(hint)} the schema declares")
+        if not 1 <= data["schema_version"] <= SCHEMA_VERSION:
+            raise ManifestError(f"schema_version {data['schema_version']!r} is not one this npu-port reads (1 to "
+                                f"{SCHEMA_VERSION}); compare it with the npu-port that wrote it")
+        known = hints.keys()
         manifest = cls(**{key: value for key, value in data.items() if key in known})
         manifest.extra.update({key: value for key, value in data.items() if key not in known})
         return manifest
@@ -251,6 +271,70 @@ class RunManifest:
     def title(self) -> str:
         """How every report names this run; an emulation is never hidden."""
         return f"{self.script} on {title(self.device, self.emulated_on)}"
+
+
+SHOWN_CHARS = 2000
+"""The most of one string read from a run directory (a message, a traceback, a note, a path) that a terminal or a
+report shows; the run directory keeps it whole."""
+
+
+def shown(text: str, limit: int = SHOWN_CHARS, tail: bool = False) -> str:
+    """`text` as verify shows it: cut to `limit` characters (its end where `tail`, as for a traceback), the cut said."""
+    if len(text) <= limit:
+        return text
+    cut = f"[{len(text) - limit} more characters, kept whole in the run directory]"
+    return f"{cut} ...{text[-limit:]}" if tail else f"{text[:limit]}... {cut}"
+
+
+def shown_json(value: Any) -> Any:
+    """A JSON value with every string in it `shown()`: a manifest as a report prints it."""
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, list):
+        return [shown_json(item) for item in value]
+    if isinstance(value, dict):
+        return {shown(str(key)): shown_json(item) for key, item in value.items()}
+    return value
+
+
+class ManifestError(VerifyFailure, ValueError):
+    """A manifest that does not follow RunManifest: the message names the field (the reader adds the path)."""
+
+
+# What every writer of every schema version wrote; the other fields take their defaults when absent.
+REQUIRED_MANIFEST_FIELDS = ("schema_version", "script", "device", "status", "steps_requested", "steps_completed")
+
+
+def _manifest_hints() -> dict[str, Any]:
+    return typing.get_type_hints(RunManifest)
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether a parsed JSON value has the type a RunManifest annotation declares (bool is no number here)."""
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, argument) for argument in arguments)
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(item, arguments[0]) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_conforms(item, arguments[1]) for item in value.values())
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def _json_kind(value: Any) -> str:
+    """A JSON value's kind, as a person reading the file names it (never the value: it may be huge)."""
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return kinds.get(type(value), "a number")
 
 
 @dataclass

@@ -82,6 +82,7 @@ class StepRecorder:
         self.steps_done = 0
         self.training = False
         self.optimizers_created = 0
+        self.model_forwards = 0  # forwards of an outermost module: what a run without a step did run
         self._optimizer_index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._optimizer_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._roots: list[weakref.ref] = []
@@ -299,8 +300,10 @@ class StepRecorder:
 
     def _after_forward(self, module, args, output) -> None:
         self._root_depth -= 1
-        if self._root_depth == 0 and self.enabled and self.capture is not None:
-            self.capture.note_outputs(output)
+        if self._root_depth == 0 and self.enabled:
+            self.model_forwards += 1
+            if self.capture is not None:
+                self.capture.note_outputs(output)
         if self._root_depth or not self.enabled or self.optimizers_created:
             return
         if not self.training:

@@ -12,6 +12,7 @@ import csv
 import json
 import os
 import warnings
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -35,7 +36,6 @@ from verify.schema import (
     OPS_DIR,
     OUTPUT_COLUMNS,
     OUTPUTS_DIR,
-    SCHEMA_VERSION,
     TABLE_FILE,
     RunManifest,
     VerifyFailure,
@@ -69,18 +69,14 @@ def write_manifest(run_dir: Path, manifest: RunManifest) -> None:
 
 
 def read_manifest(run_dir: Path) -> RunManifest:
+    """The run's manifest, checked against verify.schema.RunManifest (RunDirError names the field that is not)."""
     path = Path(run_dir) / MANIFEST
     try:
-        manifest = RunManifest.from_json(json.loads(path.read_text()))
+        return RunManifest.from_json(json.loads(path.read_bytes()))
     except FileNotFoundError:
         raise RunDirError(f"{run_dir} is not a run directory: {MANIFEST} is missing") from None
-    except (json.JSONDecodeError, TypeError) as error:
+    except (ValueError, RecursionError) as error:  # JSON, UTF-8 or the schema (ManifestError)
         raise RunDirError(f"{path} is not a valid manifest: {error}") from None
-    # Every version this tool ever wrote (1) is read as it is; a newer writer's may mean other things.
-    if not isinstance(manifest.schema_version, int) or not 1 <= manifest.schema_version <= SCHEMA_VERSION:
-        raise RunDirError(f"{path}: schema_version {manifest.schema_version!r} is not one this npu-port reads (1 to "
-                          f"{SCHEMA_VERSION}); compare it with the npu-port that wrote it")
-    return manifest
 
 
 def _arrow_schema(columns: Mapping[str, str]) -> pa.Schema:
@@ -88,6 +84,15 @@ def _arrow_schema(columns: Mapping[str, str]) -> pa.Schema:
 
 
 _SCHEMAS = {folder: _arrow_schema(columns) for folder, columns in TABLES.items()}
+# Each record batch carries the CRC-32 of its serialized form in its IPC message's metadata, and the stream's schema
+# says so: a reader then tells a damaged batch (a flipped byte, a block of zeros) from a step that computed other
+# numbers. A stream whose schema does not say so was written before checksums (read with full validation only).
+_CHECKSUM_KEY = b"crc32"
+_CHECKSUMMED = {b"npu-port.batch-checksum": _CHECKSUM_KEY}
+
+
+def _checksum(batch: pa.RecordBatch) -> bytes:
+    return str(zlib.crc32(batch.serialize())).encode()
 
 
 def _record_batch(folder: str, step: int, columns: Mapping[str, Sequence[Any]]) -> pa.RecordBatch:
@@ -142,14 +147,15 @@ class RunWriter:
             path.parent.mkdir(exist_ok=True)
             # Buffered: a batch is a dozen small writes (header, each column's buffers); the flush makes them one.
             sink = pa.BufferedOutputStream(pa.OSFile(str(path), "wb"), buffer_size=1 << 16)
-            self._streams[folder] = sink, pa.ipc.new_stream(sink, _SCHEMAS[folder])
+            self._streams[folder] = sink, pa.ipc.new_stream(sink, _SCHEMAS[folder].with_metadata(_CHECKSUMMED))
         return self._streams[folder]
 
     def write_step_table(self, folder: str, step: int, columns: Mapping[str, Sequence[Any]]) -> None:
         """One step of ops, grads or outputs, as column lists named as in the schema (missing columns: defaults),
         appended to the table's stream as one record batch. The OS has it when this returns: a kill keeps it."""
         sink, stream = self._stream(folder)
-        stream.write_batch(_record_batch(folder, step, columns))
+        batch = _record_batch(folder, step, columns)
+        stream.write_batch(batch, custom_metadata={_CHECKSUM_KEY: _checksum(batch)})
         sink.flush()
 
     def save_array(self, relative: str, array: np.ndarray) -> str:
@@ -219,23 +225,70 @@ def _empty(columns: Mapping[str, str]) -> pd.DataFrame:
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in columns.items()})
 
 
-def _complete_batches(path: Path, name: str, problems: list[str]) -> list[pa.RecordBatch]:
-    """The record batches of a stream up to the first damaged one; the damage (a write cut short by a crash, in a
-    step's batch or in the schema before it) is reported."""
+def _complete_batches(path: Path, folder: str, problems: list[str]) -> list[pa.RecordBatch]:
+    """The record batches of a stream up to the first damaged one, each checked before any of its values is used
+    (offsets and lengths in full, then its checksum); the damage (a write cut short by a crash, a flipped byte) is
+    reported with the step it hides and its byte offset."""
     batches: list[pa.RecordBatch] = []
+    offset, name = 0, f"{folder}/{TABLE_FILE}"
     try:
         with pa.OSFile(str(path)) as source:
-            for batch in pa.ipc.open_stream(source):  # one by one: the batches before a damaged one are kept
+            reader = pa.ipc.open_stream(source)
+            if damage := _schema_damage(reader.schema, folder):  # the schema has no checksum: its columns are checked
+                problems.append(_damaged(name, batches, offset, damage))
+                return batches
+            checksummed = (reader.schema.metadata or {}).items() >= _CHECKSUMMED.items()
+            while True:
+                offset = source.tell()
+                try:
+                    batch, metadata = reader.read_next_batch_with_custom_metadata()
+                except StopIteration:
+                    return batches
+                if damage := _damage(batch, metadata, checksummed):
+                    problems.append(_damaged(name, batches, offset, damage))
+                    return batches
                 batches.append(batch)
-    except (pa.ArrowException, OSError) as error:
-        problems.append(f"skipped the unreadable end of {name} after {len(batches)} step(s): {error}")
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as error:  # a damaged name in the schema: not UTF-8
+        problems.append(_damaged(name, batches, offset, str(error)))
     return batches
+
+
+def _schema_damage(schema: pa.Schema, folder: str) -> str:
+    """What is wrong with a stream's schema ("" nothing): a column the table does not have, or of another type. A
+    column it lacks is allowed (version 1 had no ops.inputs): it reads as missing."""
+    expected = _SCHEMAS[folder]
+    for column in schema:
+        known = expected.field(column.name) if column.name in expected.names else None
+        if known is None or known.type != column.type or schema.names.count(column.name) > 1:
+            return f"its schema has a column {column.name!r} of type {column.type} that {folder} does not have"
+    return ""
+
+
+def _damage(batch: pa.RecordBatch, metadata: pa.KeyValueMetadata | None, checksummed: bool) -> str:
+    """What is wrong with a batch just read ("" nothing). Validated in full before anything reads its values: a
+    damaged offset would otherwise send the reader outside its buffers."""
+    try:
+        batch.validate(full=True)
+    except pa.ArrowException as error:
+        return f"invalid batch: {error}"
+    expected = (metadata or {}).get(_CHECKSUM_KEY)
+    if expected is None:
+        return "a batch without its checksum" if checksummed else ""
+    return "" if _checksum(batch) == expected else "checksum mismatch"
+
+
+def _damaged(name: str, batches: list[pa.RecordBatch], offset: int, damage: str) -> str:
+    last = batches[-1]["step"][0].as_py() if batches and batches[-1].num_rows else None
+    where = ("in its schema" if not offset else "in its first step's batch") if not batches else (
+        f"in the batch after step {last}'s")
+    damage = " ".join(damage.split())
+    return f"{name} is damaged at byte {offset}, {where}: {damage}; read the {len(batches)} step(s) before it"
 
 
 def _read_steps(run_dir: Path, folder: str, problems: list[str]) -> pd.DataFrame:
     columns = TABLES[folder]
     path = run_dir / folder / TABLE_FILE
-    batches = _complete_batches(path, f"{folder}/{TABLE_FILE}", problems) if path.is_file() else []
+    batches = _complete_batches(path, folder, problems) if path.is_file() else []
     if not batches:
         return _empty(columns)
     frame = pa.Table.from_batches(batches).to_pandas()
@@ -245,15 +298,23 @@ def _read_steps(run_dir: Path, folder: str, problems: list[str]) -> pd.DataFrame
 def _read_csv(
     path: Path, columns: Sequence[str], floats: Sequence[str], integers: Sequence[str], problems: list[str]
 ) -> pd.DataFrame:
-    """A CSV of ours; a row whose integer cells do not parse (cut short by a crash) is dropped and reported."""
+    """A CSV of ours; a row whose integer cells do not parse (cut short by a crash) is dropped and reported, and a
+    file that is not CSV at all (empty, damaged) reads as no rows, with a note."""
+    frame = pd.DataFrame({name: pd.Series(dtype="string") for name in columns})
     if path.is_file():
-        frame = pd.read_csv(path, dtype="string", keep_default_na=False, on_bad_lines="skip")
-    else:
-        frame = pd.DataFrame({name: pd.Series(dtype="string") for name in columns})
-    frame = frame.reindex(columns=list(columns))
+        try:
+            frame = pd.read_csv(path, dtype="string", keep_default_na=False, on_bad_lines="skip",
+                                encoding_errors="replace")
+        except (pd.errors.EmptyDataError, pd.errors.ParserError) as error:
+            problems.append(f"{path.name} is unreadable, read as empty: {' '.join(str(error).split())}")
+    if missing := [name for name in columns if name not in frame.columns]:
+        problems.append(f"{path.name} lacks the column(s) {', '.join(missing)}: its header is damaged")
+    frame = frame.reindex(columns=list(columns)).astype("string")
     for name in (*floats, *integers):
         frame[name] = pd.to_numeric(frame[name].replace("", None), errors="coerce").astype("float64")
-    complete = frame[list(integers)].notna().all(axis=1)
+    counts = frame[list(integers)]
+    # A step or a counter that is not a whole number in int64's range is as unreadable as a missing one.
+    complete = (counts.notna() & (counts % 1 == 0) & (counts.abs() < 2.0**62)).all(axis=1)
     if not complete.all():
         problems.append(f"skipped {int((~complete).sum())} incomplete row(s) of {path.name}")
     frame = frame[complete].reset_index(drop=True)

@@ -118,7 +118,16 @@ def test_script_ending_early(tmp_path, args, status, steps_done, message):
 
 def test_no_steps(tmp_path):
     manifest = run(tmp_path, "no_steps.py").manifest
-    assert manifest.status == Status.NO_STEPS.value and "without a step" in manifest.message
+    assert manifest.status == Status.NO_STEPS.value
+    assert manifest.message == "the script ended without a step: no module's forward ran and no optimizer stepped"
+
+
+def test_a_model_that_ran_without_an_optimizer_step_is_told_so(tmp_path):
+    manifest = run(tmp_path, "forward_without_step.py").manifest
+    assert manifest.status == Status.NO_STEPS.value
+    assert manifest.message == ("the script ended without a step: the model's forward ran 10 time(s) and backward() "
+                                "ran, but the 1 optimizer it created never stepped (no optimizer.step(): with an "
+                                "optimizer, its steps are the steps)")
 
 
 def test_inference_script_records_each_forward_as_a_step(tmp_path):

@@ -61,7 +61,8 @@ def test_truncated_stream_and_csv_line_are_skipped_with_a_warning(tmp_path):
         run = read_run(tmp_path)
     assert set(run.ops["step"]) == {0}
     assert run.losses["step"].tolist() in ([0, 1], [0, 1, 2])  # a short row is kept only if its numbers parse
-    assert any(f"unreadable end of {OPS_DIR}/{TABLE_FILE} after 1 step(s)" in warning for warning in run.notes)
+    assert any(f"{OPS_DIR}/{TABLE_FILE} is damaged at byte {sizes[0]}, in the batch after step 0's" in note
+               and note.endswith("read the 1 step(s) before it") for note in run.notes)
 
 
 def metadata_end(data: bytes, start: int) -> int:
@@ -77,7 +78,7 @@ def test_a_stream_cut_inside_a_batch_keeps_the_steps_before_it(tmp_path, part):
     data = stream.read_bytes()
     third_batch, its_body = sizes[1], metadata_end(data, sizes[1])
     stream.write_bytes(data[: (third_batch + its_body) // 2 if part == "metadata" else (its_body + sizes[2]) // 2])
-    with pytest.warns(UserWarning, match=r"after 2 step\(s\)"):
+    with pytest.warns(UserWarning, match=r"read the 2 step\(s\) before it"):
         run = read_run(tmp_path)
     assert run.ops["step"].tolist() == [0, 0, 1, 1]
     assert dict(run.ops.dtypes.astype(str)) == OP_COLUMNS
@@ -88,7 +89,7 @@ def test_a_stream_cut_inside_its_schema_reads_as_an_empty_table(tmp_path):
     stream = tmp_path / OPS_DIR / TABLE_FILE
     data = stream.read_bytes()
     stream.write_bytes(data[: metadata_end(data, 0) // 2])
-    with pytest.warns(UserWarning, match=r"after 0 step\(s\)"):
+    with pytest.warns(UserWarning, match=r"in its schema: .*read the 0 step\(s\)"):
         run = read_run(tmp_path)
     assert run.ops.empty and dict(run.ops.dtypes.astype(str)) == OP_COLUMNS
 

@@ -1,0 +1,193 @@
+"""Fuzzing `verify compare` with damaged run directories (issue 22): a fixed seed, a bounded number of mutations of one
+side (bytes flipped, blocks overwritten, files truncated, manifest fields retyped, files removed), each judged as
+`verify compare` judges it. Every outcome must be a verdict with a note naming the damage, or exit 2 with one line;
+never a crash, a hang, or a PASS without a note on tables that differ from the ones written.
+
+The run directories are written once, synthetically (verify.store's writer, as test_compare does), not by training.
+Only the tables (Arrow streams) carry checksums: a digit changed in losses.csv or in the manifest reads as another
+run's number, so a PASS on those needs no note, but it must still be a verdict or one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import random
+import shutil
+import signal
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer import Typer
+from typer.testing import CliRunner
+
+from test_compare import trace_ops, with_noise, write_run
+from verify import compare_cli
+from verify.compare import compare_runs
+from verify.compare_cli import read_side
+from verify.schema import EXIT_ERROR, MANIFEST, VerifyFailure
+
+SEED = 22
+SHARDS = 4  # xdist runs them side by side: 520 mutations in all, two shards a core within the minute
+MUTATIONS_PER_SHARD = 130
+SHARD_BUDGET_S = 30.0
+CASE_LIMIT_S = 10  # one case: a hang, not a slow machine
+FILES = ("manifest.json", "losses.csv", "hparams.csv", "ops/steps.arrows", "grads/steps.arrows")
+TABLES = ("ops/steps.arrows", "grads/steps.arrows")
+
+app = Typer()
+app.command("compare")(compare_cli.compare)
+app.command("report")(compare_cli.report)  # two commands: typer then takes the first argument as the command
+
+
+@dataclass
+class Mutation:
+    kind: str
+    file: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.file} ({self.detail})"
+
+
+def _flip(data: bytearray, rng: random.Random) -> str:
+    places = [rng.randrange(len(data)) for _ in range(rng.randint(1, 8))]
+    for place in places:
+        data[place] ^= rng.randint(1, 255)
+    return f"bytes at {places}"
+
+
+def _overwrite(data: bytearray, rng: random.Random) -> str:
+    length = rng.randint(1, 400)
+    start = rng.randrange(len(data))
+    fill = rng.choice([b"A", b"\xff", b"\0", None])
+    block = bytes(rng.randrange(256) for _ in range(length)) if fill is None else fill * length
+    data[start:start + length] = block[: len(data) - start]
+    return f"{length} bytes of {fill!r} at {start}"
+
+
+def _truncate(data: bytearray, rng: random.Random) -> str:
+    keep = rng.randrange(len(data))
+    del data[keep:]
+    return f"kept {keep} bytes"
+
+
+RETYPED = [["x"], "0", {"a": 1}, 1.5, -1, None, True, "", [], "x" * 100_000, [[1, "a"]], {"": None}]
+
+
+def mutate(side: Path, rng: random.Random) -> Mutation:
+    """One mutation of the run directory `side`, in place."""
+    kind = rng.choice(["flip", "flip", "overwrite", "truncate", "retype", "retype", "remove", "not-an-object"])
+    if kind in ("retype", "not-an-object"):
+        manifest = json.loads((side / MANIFEST).read_text())
+        if kind == "not-an-object":
+            value = rng.choice([[manifest], 3, "manifest", None])
+            (side / MANIFEST).write_text(json.dumps(value))
+            return Mutation(kind, MANIFEST, type(value).__name__)
+        field = rng.choice([*manifest, "extra.environment", "loss_scaler.dynamic"])
+        value = rng.choice(RETYPED)
+        if "." in field:
+            outer, inner = field.split(".")
+            manifest[outer] = {**manifest[outer], inner: value}
+        else:
+            manifest[field] = value
+        (side / MANIFEST).write_text(json.dumps(manifest))
+        return Mutation(kind, MANIFEST, f"{field} = {str(value)[:20]}")
+    name = rng.choice(FILES)
+    path = side / name
+    if kind == "remove":
+        shutil.rmtree(path.parent) if name in TABLES and rng.random() < 0.5 else path.unlink()
+        return Mutation(kind, name, "")
+    data = bytearray(path.read_bytes())
+    detail = {"flip": _flip, "overwrite": _overwrite, "truncate": _truncate}[kind](data, rng)
+    path.write_bytes(bytes(data))
+    return Mutation(kind, name, detail)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("fuzz")
+    return write_run(root / "ref"), write_run(root / "actual", ops=with_noise(trace_ops()), device="npu")
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_every_damaged_run_directory_gets_a_verdict_with_a_note_or_one_error_line(pristine, tmp_path, shard):
+    ref, actual = pristine
+    baseline = read_side(actual)
+    baseline_notes = set(compare_runs(read_side(ref), baseline).notes)
+    rng = random.Random(SEED * SHARDS + shard)
+    runner = CliRunner()
+    outcomes = {"verdict with a note": 0, "verdict, tables intact": 0, "exit 2": 0}
+    judged: dict[str, str] = {}  # what a run directory reads as -> its outcome: equal reads, equal verdicts
+    started, cpu_started = time.monotonic(), time.process_time()
+    for case in range(MUTATIONS_PER_SHARD):
+        side = tmp_path / f"case-{case}"
+        shutil.copytree(actual, side)
+        mutation = mutate(side, rng)
+        where = f"case {case}, {mutation}"
+        with _time_limit(CASE_LIMIT_S, where):
+            read_as = _read_as(side)
+            if read_as not in judged or not read_as:  # a new read, or none (exit 2): through the command itself
+                result = runner.invoke(app, ["compare", str(ref), str(side)])
+                judged[read_as] = _judge(where, result, side, baseline, baseline_notes)
+        outcomes[judged[read_as]] += 1
+        shutil.rmtree(side)
+    cpu = time.process_time() - cpu_started
+    print(f"shard {shard}: {MUTATIONS_PER_SHARD} mutations ({len(judged)} distinct reads) in "
+          f"{time.monotonic() - started:.1f} s ({cpu:.1f} s of CPU): {outcomes}")
+    # CPU time, not wall time: the machine may be shared; alone on one core the shard takes this long.
+    assert cpu < SHARD_BUDGET_S
+    assert all(outcomes.values()), outcomes  # each kind of outcome was reached: the mutations reach the reader
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: int, what: str):
+    """A hang fails the case instead of the whole run (SIGALRM: pytest runs tests in the main thread)."""
+    def hung(signum, frame):
+        raise TimeoutError(f"{what}: no outcome after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _read_as(side: Path) -> str:
+    """A digest of everything compare reads of a run directory ("" where it cannot be read: judged every time)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run = read_side(side)
+    except VerifyFailure:
+        return ""
+    digest = hashlib.sha256(json.dumps([run.manifest.to_json(), run.notes], sort_keys=True, default=str).encode())
+    for frame in (run.ops, run.losses, run.hparams.astype({"value": str}), run.grads, run.outputs):
+        digest.update(frame.to_csv(index=False).encode())
+    return digest.hexdigest()
+
+
+def _judge(where: str, result, side: Path, baseline, baseline_notes: set[str]) -> str:
+    """The outcome of `verify compare` on a damaged side; an assertion names the case where it is not allowed."""
+    crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
+    assert not crashed, f"{where}: {result.exception!r}\n{result.output}"
+    assert result.exit_code in (0, 1, EXIT_ERROR), f"{where}: exit {result.exit_code}"
+    if result.exit_code == EXIT_ERROR:
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), f"{where}: {result.output}"
+        assert "verify's own error" not in lines[0], f"{where}: {lines[0]}"
+        return "exit 2"
+    notes = [line for line in result.output.splitlines() if line.startswith("note: ")]
+    if any(note.removeprefix("note: ") not in baseline_notes for note in notes):
+        return "verdict with a note"
+    # No new note: what the comparison read of the checksummed tables must be what was written.
+    run = read_side(side)
+    for table in ("ops", "grads"):
+        assert getattr(run, table).equals(getattr(baseline, table)), f"{where}: {table} changed without a note"
+    return "verdict, tables intact"
