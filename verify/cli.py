@@ -86,7 +86,8 @@ def run(
         Optional[float], typer.Option(min=0, help="Kill the run after this many seconds (status timeout).")
     ] = None,
     out: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="Run directory (default: verify-runs/SCRIPT-DEVICE-TIME).")
+        Optional[Path], typer.Option(
+            "--out", "-o", help="Run directory (default: verify-runs/SCRIPT-DEVICE-TIME-RANDOM).")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the script's output.")] = False,
 ) -> None:
@@ -97,7 +98,8 @@ def run(
     """
     options = RunOptions(
         steps=steps, seed=seed, device=device.value, emulate_on=emulate_on.value, dump=dump, ops=ops,
-        no_dropout=no_dropout, align_random=not no_align_random, autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb,
+        no_dropout=no_dropout, align_random=not no_align_random, autocast=autocast.value, timeout=timeout,
+        tensor_cap_mb=tensor_cap_mb,
     )
     exit_with(lambda: _run(script, list(script_args or []), options, out, quiet), f"run {script}", out)
 

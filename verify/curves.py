@@ -147,7 +147,8 @@ def compare_outputs(ref: Run, actual: Run, policy: PrecisionPolicy, notes: list[
         merged[name] = column
     by_tensor = ~np.isnan(values["cosine"])
     tensor_ok = (values["cosine"] >= limits["cosine_min"].to_numpy()) & ~(
-        values["top1_agreement"] < tolerances.OUTPUT_TOP1_MIN) & ~(values["top5_agreement"] < tolerances.OUTPUT_TOP5_MIN)
+        values["top1_agreement"] < tolerances.OUTPUT_TOP1_MIN) & ~(
+        values["top5_agreement"] < tolerances.OUTPUT_TOP5_MIN)
     stats_ok = ~(merged["stats_error"].to_numpy() > limits["stats_rtol"].to_numpy())
     merged["passed"] = np.where(by_tensor, tensor_ok, stats_ok)
     return merged

@@ -95,7 +95,8 @@ def determinism(
     no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off.")] = False,
     timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a run after this many seconds.")] = None,
     out: Annotated[Optional[Path], typer.Option(
-        "--out", "-o", help="Folder for the runs and the reports (default: verify-out/STEM-TIME beside SCRIPT).")] = (
+        "--out", "-o",
+        help="Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside SCRIPT).")] = (
         None),
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the script's output.")] = False,
 ) -> None:
@@ -116,7 +117,8 @@ def _determinism(script: Path, args: list[str], options: RunOptions, out: Path, 
         raise PairError(f"{script}: no such script")
     out = run_folders.claim(out)
     with side_runner(quiet) as sides:
-        first, second = (sides.run(f"run {n}", script, args, options, out / run_folders.determinism_run(n)) for n in (1, 2))
+        first, second = (sides.run(f"run {n}", script, args, options, out / run_folders.determinism_run(n))
+                         for n in (1, 2))
     for run in (first, second):
         if run.manifest.status not in RUN_ENDED_WELL:
             raise PairError(f"{run.root.name} ended '{run.manifest.status}': {run.manifest.message}")

@@ -1,5 +1,6 @@
 """Global forward hooks that see each module call's entry and exit with its path, for the child's own bookkeeping
-(verify/precision_scopes.py, verify/random_streams.py): the paths are the op records' (module_scopes.ModuleScopes.name)."""
+(verify/precision_scopes.py, verify/random_streams.py): the paths are the op records'
+(module_scopes.ModuleScopes.name)."""
 
 from __future__ import annotations
 

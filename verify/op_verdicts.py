@@ -33,7 +33,8 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     """Adds statistic differences, the judged error, tolerances, tensor/md5 metrics and `passed` to aligned rows."""
     table = aligned
     for stat in metrics.STAT_NAMES:
-        ref_values, actual_values = table[f"ref_{stat}"].to_numpy("float64"), table[f"actual_{stat}"].to_numpy("float64")
+        ref_values = table[f"ref_{stat}"].to_numpy("float64")
+        actual_values = table[f"actual_{stat}"].to_numpy("float64")
         table[f"{stat}_diff"] = metrics.difference(ref_values, actual_values)
         table[f"{stat}_rel_diff"] = metrics.relative_difference(ref_values, actual_values)
     table["stats_error"] = metrics.stats_error(

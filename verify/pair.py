@@ -293,7 +293,7 @@ def pair(
         help="A reference run directory (`verify run`, an earlier pair) to use instead of running ORIGINAL.")] = (
         None),
     out: Annotated[Optional[Path], typer.Option(
-        "--out", "-o", help="Folder for the runs and the reports (default: verify-out/STEM-TIME beside ORIGINAL).")] = (
+        "--out", "-o", help="Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside ORIGINAL).")] = (
         None),
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the scripts' output.")] = False,
     adaptation_report: Annotated[bool, typer.Option(
