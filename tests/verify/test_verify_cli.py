@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +86,13 @@ def test_emulating_the_npu_on_cuda_without_a_gpu_is_verify_error(tmp_path):
                     "-o", str(tmp_path / "run"))
     assert result.exit_code == 2 and "cannot use device" in result.output
     assert "--emulate-on cuda needs a CUDA GPU" in read_manifest(tmp_path / "run").verify_error
+
+
+def test_without_its_dependencies_verify_says_so_on_one_line_with_exit_2(tmp_path):
+    """Regression: run by an interpreter without npu-port's dependencies, `python -m verify compare` died on
+    ModuleNotFoundError with a traceback and exit 1, the code for FAIL."""
+    hide_typer = "import runpy, sys; sys.modules['typer'] = None; runpy.run_module('verify', run_name='__main__')"
+    done = subprocess.run([sys.executable, "-c", hide_typer, "compare", "a", "b"], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("verify: error: typer is not installed for ")
