@@ -236,10 +236,11 @@ def _explained_by_inherited_noise(table: pd.DataFrame, rows: np.ndarray) -> np.n
         "shape": table["ref_shape"].cat.codes.to_numpy()[matched],
         "error": np.nan_to_num(table["stats_error"].to_numpy("float64")[matched], nan=0.0),
         "tolerance": table["tolerance"].to_numpy("float64")[matched]}, index=matched)
-    limit = np.zeros(len(table))
-    limit[matched] = _stand_in_limit(calls)
+    limit = np.zeros(len(table))  # a recorded data flow replaces the stand-ins: no producer, nothing inherited
     pairs, known = _producer_pairs(table, matched)
-    limit[known] = 0.0  # a recorded data flow replaces the stand-ins: no producer, nothing inherited
+    if len(known) < len(matched):  # a run without a recorded data flow (schema version 1, an msprobe dump)
+        limit[matched] = _stand_in_limit(calls)
+        limit[known] = 0.0
     per_call = calls.groupby(["step", "seq"])[["error", "tolerance"]].max().reset_index()
     flow = pairs.merge(per_call, on=["step", "seq"]).groupby("row")[["error", "tolerance"]].max()
     limit[flow.index.to_numpy()] = _limit(flow["error"].to_numpy(), flow["tolerance"].to_numpy())
