@@ -76,6 +76,8 @@ STAND_IN_DIR = Path(__file__).resolve().parent / "emulated"
 EMULATION_PACKAGE = "npu_port_emulation"  # in STAND_IN_DIR: what both stand-ins share
 
 EMULATE_ON_VAR = "NPU_PORT_EMULATE_ON"  # read by the stand-ins (verify/emulated/npu_port_emulation/target.py)
+# Set: the emulations compute as the CPU does, without the devices' modelled numerics (device_numerics.py there).
+EXACT_EMULATION_VAR = "NPU_PORT_EXACT_EMULATION"
 AUTOLOAD_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 _IMPORTS_TORCH_NPU = re.compile(r"^\s*(import\s+torch_npu\b|from\s+torch_npu\b)", re.MULTILINE)
 
@@ -121,8 +123,14 @@ def for_script(script: Path, choice: str) -> str:
     return choice
 
 
-def child_env(device: str, emulate_on: str) -> dict[str, str]:
-    """What a child's environment needs for `device`. Raises EmulationError where it cannot run here."""
+def child_env(device: str, emulate_on: str, exact_emulation: bool = False) -> dict[str, str]:
+    """What a child's environment needs for `device` (an emulation computing `exact`ly as the CPU does, or with the
+    device's modelled numerics). Raises EmulationError where it cannot run here."""
+    exact = {EXACT_EMULATION_VAR: "1"} if exact_emulation else {}
+    return {**_device_env(device, emulate_on), **exact}
+
+
+def _device_env(device: str, emulate_on: str) -> dict[str, str]:
     if device == Device.CPU:
         return {"CUDA_VISIBLE_DEVICES": ""}
     if device == Device.NPU:

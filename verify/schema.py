@@ -209,6 +209,10 @@ class RunManifest:
     # before it existed. random_not_aligned: the random draws this run left to its device's own generator.
     align_random: bool = False
     random_not_aligned: list[str] = field(default_factory=list)
+    # An emulated device's numerics: what it modelled of its real counterpart's (its own generator, its summation
+    # order: verify/emulated/npu_port_emulation/device_numerics.py), or exact_emulation: computed as the CPU does.
+    modelled_numerics: list[str] = field(default_factory=list)
+    exact_emulation: bool = False
     autocast: str = ""  # autocast imposed from outside ("" none, "fp16", "bf16")
     # A reference imposed the autocast where the port computed under it (verify/precision_scopes.py): the port's
     # autocast_scopes; empty: around the whole script.
