@@ -35,6 +35,9 @@ SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECAS
 FULL_FP32 = "fp32"
 # What each reduced-precision switch computes fp32 matmuls/convolutions in (10-bit mantissa inputs).
 TF32, HF32 = "tf32", "hf32"
+# TF32 on a GPU and HF32 on an NPU round fp32 matmul and convolution inputs to the same 10-bit mantissa: one setting
+# under two names, so a GPU reference in TF32 and an NPU port in HF32 do not differ in it.
+_SAME_NUMERICS = {HF32: TF32}
 
 # Ops whose results a matmul or convolution precision switch changes (verify's op names are aten overload packets).
 MATMUL_OPS = frozenset({
@@ -91,7 +94,11 @@ def differences(ref_manifest: Any, actual_manifest: Any) -> list[Difference]:
     ref_flat, actual_flat = _flat(ref), _flat(actual)
     names = sorted(set(ref_flat) | set(actual_flat), key=_setting_order)
     return [Difference(name, ref_flat.get(name), actual_flat.get(name)) for name in names
-            if ref_flat.get(name) != actual_flat.get(name)]
+            if _numerics(ref_flat.get(name)) != _numerics(actual_flat.get(name))]
+
+
+def _numerics(value: Any) -> Any:
+    return _SAME_NUMERICS.get(value, value) if isinstance(value, str) else value
 
 
 def _setting_order(name: str) -> tuple[int, str]:

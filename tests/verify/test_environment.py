@@ -39,6 +39,15 @@ def test_differences_lists_each_differing_setting_numerics_first():
     assert differences(ref, RunManifest()) == []  # a run without a record (older verify, msprobe dump)
 
 
+def test_tf32_on_a_gpu_and_hf32_on_an_npu_are_one_setting():
+    """Both round fp32 matmul and convolution inputs to a 10-bit mantissa: a GPU reference's default TF32
+    convolutions against the NPU's default HF32 ones is no difference (it was advice item 1 on the mnist sample)."""
+    ref = manifest(precision={"fp32_matmul": "fp32", "fp32_conv": "tf32"})
+    assert differences(ref, manifest(precision={"fp32_matmul": "fp32", "fp32_conv": "hf32"})) == []
+    assert differences(ref, manifest(precision={"fp32_matmul": "fp32", "fp32_conv": "fp32"})) == [
+        Difference("precision.fp32_conv", "tf32", "fp32")]
+
+
 @pytest.mark.parametrize(("op", "step", "explained"), [
     ("aten.addmm", 2, ["precision.fp32_matmul"]),
     ("aten.convolution", 2, []),
