@@ -237,7 +237,10 @@ class OpCapture:
             return
         with self.paused(), torch.no_grad():  # the statistics of a device tensor are torch ops of our own
             for name, parameter in parameters:
-                self.record(self._call(_OPTIMIZER, name, UPDATE_OP), "out", [parameter.detach()])
+                call = self._call(_OPTIMIZER, name, UPDATE_OP)
+                # its inputs: the recorded backward (or unscale) call that wrote the gradient it applied
+                call.inputs = self.producers([parameter.grad]) if parameter.grad is not None else ""
+                self.record(call, "out", [parameter.detach()])
 
     def note_outputs(self, output: Any) -> None:
         """An outermost module's outputs: what a later outermost module (a loss) receives of them is computed, not

@@ -19,7 +19,7 @@ from verify.align import RANDOM_OPS, AlignStatus, align_ops
 from verify.curves import (LossComparison, compare_grads, compare_hparams, compare_losses, compare_outputs,
                            compare_overflow, summarize_outputs)
 from verify.findings import Finding, Verdict, collect_findings, how_runs_ended, verdict
-from verify.op_verdicts import first_divergent_op, op_metrics, unscaled_backward
+from verify.op_verdicts import carried_noise_of, first_divergent_op, op_metrics, unscaled_backward
 from verify.precision_policy import CompareOptions, PrecisionPolicy, precision_policy
 from verify.store import Run
 from verify.devices import title
@@ -111,10 +111,18 @@ def _random_notes(ref: Run, actual: Run) -> list[str]:
 
 
 def _emulation_notes(ref: Run, actual: Run) -> list[str]:
-    """Ops an emulation computed in float32 and rounded, where the CPU lacks the kernel the device runs them with."""
-    return [f"{side}: {title(run.manifest.device, run.manifest.emulated_on)} computed {', '.join(ops)} in float32 "
-            "and rounded the results to that dtype, as the CPU has no kernel for it"
-            for side, run in (("ref", ref), ("actual", actual)) if (ops := run.manifest.extra.get("computed_in_fp32"))]
+    """Ops an emulation computed in float32 and rounded, where the CPU lacks the kernel the device runs them with, and
+    what it modelled of its device's numerics (or that it computed exactly as the CPU)."""
+    sides = (("ref", ref), ("actual", actual))
+    notes = [f"{side}: {title(run.manifest.device, run.manifest.emulated_on)} computed {', '.join(ops)} in float32 "
+             "and rounded the results to that dtype, as the CPU has no kernel for it"
+             for side, run in sides if (ops := run.manifest.extra.get("computed_in_fp32"))]
+    notes += [f"{side}: {title(run.manifest.device, run.manifest.emulated_on)} modelled its device's own summation "
+              f"order and generator: {'; '.join(modelled)}" for side, run in sides
+              if (modelled := run.manifest.modelled_numerics)]
+    notes += [f"{side}: {title(run.manifest.device, run.manifest.emulated_on)} computed exactly as the CPU does "
+              "(--exact-emulation)" for side, run in sides if run.manifest.exact_emulation]
+    return notes
 
 
 def _step_notes(ref: Run, actual: Run) -> list[str]:
@@ -185,7 +193,7 @@ def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions
     first = first_divergent_op(table)
     loss = compare_losses(ref, actual, policy.loss_rtol)
     hparams = compare_hparams(ref, actual)
-    grads = compare_grads(ref, actual, policy.loss_rtol)
+    grads = compare_grads(ref, actual, policy.loss_rtol, carried_noise_of(table))
     outputs = compare_outputs(ref, actual, policy, notes)
     overflow = compare_overflow(ref, actual)
     if ops_not_compared:

@@ -102,7 +102,9 @@ def _hparam_message(name: Any, ref_value: str, actual_value: str, group: Any, op
     return f"{name} {ref_value} vs {actual_value}{group_text}{optimizer_text}{since}"
 
 
-def compare_grads(ref: Run, actual: Run, rtol: float) -> pd.DataFrame:
+def compare_grads(ref: Run, actual: Run, rtol: float, carried: pd.Series | None = None) -> pd.DataFrame:
+    """Each parameter's gradient norm per step, within `rtol`, or within the noise its step `carried` in from the
+    state earlier steps left (op_verdicts.carried_noise: step -> noise), whichever is larger."""
     keys = ["step", "param"]
     columns = [*keys, "dtype", "norm", "nan_count", "inf_count"]
     # The gradients of a step a loss scaler skipped were never applied, and overflowed on purpose on the scaled side.
@@ -112,11 +114,16 @@ def compare_grads(ref: Run, actual: Run, rtol: float) -> pd.DataFrame:
     merged = merged.rename(columns=lambda c: f"{c.rsplit('_', 1)[1]}_{c.rsplit('_', 1)[0]}"
                            if c.endswith(("_ref", "_actual")) else c)
     ref_norm, actual_norm = merged["ref_norm"].to_numpy("float64"), merged["actual_norm"].to_numpy("float64")
-    scale = np.maximum(np.maximum(np.abs(ref_norm), np.abs(actual_norm)), tolerances.GRAD_NORM_ATOL)
+    largest = merged.groupby("step")["ref_norm"].transform("max").to_numpy("float64")
+    scale = np.fmax.reduce([np.abs(ref_norm), np.abs(actual_norm), tolerances.GRAD_NORM_SHARE_OF_LARGEST * largest,
+                            np.full(len(merged), tolerances.GRAD_NORM_ATOL)])
     merged["rel_diff"] = np.abs(actual_norm - ref_norm) / scale
     nonfinite_agree = ((merged["ref_nan_count"] > 0) == (merged["actual_nan_count"] > 0)) & (
         (merged["ref_inf_count"] > 0) == (merged["actual_inf_count"] > 0))
-    merged["passed"] = (merged["rel_diff"] <= rtol) & nonfinite_agree
+    tolerance = np.fmax(rtol, (carried if carried is not None else pd.Series(dtype="float64")).reindex(
+        merged["step"]).fillna(0.0).to_numpy())
+    merged["tolerance"] = tolerance
+    merged["passed"] = (merged["rel_diff"] <= tolerance) & nonfinite_agree
     return merged.sort_values(keys).reset_index(drop=True)
 
 

@@ -299,14 +299,14 @@ def _loss_finding(loss: LossComparison) -> list[Finding]:
         f"{loss.steps_compared} steps"), {"step": int(row["step"]), "rel_diff": float(row["rel_diff"])})]
 
 
-def _grad_finding(grads: pd.DataFrame, rtol: float) -> list[Finding]:
+def _grad_finding(grads: pd.DataFrame) -> list[Finding]:
     failing = grads.loc[~grads["passed"]]
     if failing.empty:
         return []
     row = failing.iloc[0]
     return [Finding(FindingCode.GRAD_DIVERGES, (
         f"gradient norm of {row['param']} differs by {row['rel_diff']:.2%} at step {int(row['step'])} "
-        f"({row['ref_norm']:.6g} vs {row['actual_norm']:.6g}; tolerance {rtol:.2%}); "
+        f"({row['ref_norm']:.6g} vs {row['actual_norm']:.6g}; tolerance {row['tolerance']:.2%}); "
         f"{len(failing)} of {len(grads)} parameter-steps past tolerance"), {"param": row["param"]})]
 
 
@@ -405,7 +405,7 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
         *inputs,
         *_changed_op_findings(table),
         *_op_findings(first, ref, actual, hparams, bool(inputs)),
-        *_grad_finding(grads, policy.loss_rtol),
+        *_grad_finding(grads),
         *_match_finding(table),
     ]
     if policy.mixed:

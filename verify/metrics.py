@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from verify import tolerances
 from verify.schema import STAT_COLUMNS
 
 STAT_NAMES = STAT_COLUMNS[:4]  # the compared statistics (the nan/inf counts are compared as flags)
@@ -34,7 +35,8 @@ def stats_error(ref: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> np
 
     min, max and mean are divided by the tensor's largest magnitude rather than by themselves: a mean near zero
     (a centred activation, a gradient) has a huge relative difference for a difference that is invisible next to its
-    elements, which is msprobe's most common false warning. l2_norm is divided by itself.
+    elements, which is msprobe's most common false warning. l2_norm is divided by itself. min and max are single
+    elements: their differences count tolerances.EXTREME_WEIGHT of theirs.
     """
     with np.errstate(invalid="ignore"):  # inf - inf: both sides overflowed, judged by their nan/inf counts
         return _stats_error(ref, actual)
@@ -43,7 +45,8 @@ def stats_error(ref: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> np
 def _stats_error(ref: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> np.ndarray:
     magnitude = np.maximum.reduce([np.abs(ref["min"]), np.abs(ref["max"]), np.abs(actual["min"]), np.abs(actual["max"])])
     magnitude = np.maximum(magnitude, TINY)
-    errors = [np.abs(actual[name] - ref[name]) / magnitude for name in ("min", "max", "mean")]
+    errors = [np.abs(actual[name] - ref[name]) / magnitude * tolerances.EXTREME_WEIGHT for name in ("min", "max")]
+    errors.append(np.abs(actual["mean"] - ref["mean"]) / magnitude)
     norm_scale = np.maximum(np.maximum(np.abs(ref["l2_norm"]), np.abs(actual["l2_norm"])), TINY)
     errors.append(np.abs(actual["l2_norm"] - ref["l2_norm"]) / norm_scale)
     return np.fmax.reduce(errors)  # fmax: a statistic a writer left empty (NaN) does not hide the others

@@ -22,6 +22,13 @@ def test_stats_error_scales_mean_by_magnitude_and_ignores_missing():
     assert metrics.stats_error(ref, actual)[0] == pytest.approx(1e-6 / 3)
 
 
+def test_stats_error_weighs_the_extremes_single_elements_less():
+    ref = {"min": np.array([-3.0]), "max": np.array([3.0]), "mean": np.array([0.5]), "l2_norm": np.array([100.0])}
+    actual = {"min": np.array([-3.0]), "max": np.array([3.3]), "mean": np.array([0.5]), "l2_norm": np.array([100.0])}
+    # the max moved 0.3 of the largest magnitude 3.3: one element, counted at EXTREME_WEIGHT
+    assert metrics.stats_error(ref, actual)[0] == pytest.approx(0.3 / 3.3 * tolerances.EXTREME_WEIGHT)
+
+
 def test_tensor_metrics():
     ref = np.array([1.0, 2.0, 3.0, 4.0])
     actual = np.array([1.0, 2.0, 3.0, 4.03])
