@@ -9,6 +9,7 @@ runs for that).
 import json
 import shutil
 
+import pandas as pd
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.slow
 # The samples whose port rightly does not train as the original does, with the start of the verdict that says why.
 # ddp_file_shards' original reads its shard files in glob order (the filesystem's); the port sorts them (DATA rule),
 # so the two read different batches: the reference is not a usable one until it sorts too (checklist C1/C6).
+# Samples whose losses show the emulators' modelled device noise within their verify.toml's steps.
+LOSSES_DIFFER = {"mnist_cnn", "gpt_lm", "imagenet_classifier", "dcgan"}
 NOT_THE_SAME = {"ddp_file_shards": "FAIL: the sides read different data: the in0 input of Classifier's first forward"}
 
 
@@ -35,13 +38,17 @@ def test_the_faithful_port_of_each_sample_passes(sample, tmp_path):
     ported.write_text(port(sample.script.read_text(), Mode.TRANSFER))
     out = tmp_path / "out"
     argv = [str(original), str(ported), "-n", str(config["steps"]), "--seed", str(config["seed"]), "-q",
-            "-o", str(out), "--", *config["args"]]
+            "--loss-rtol", str(config["tolerances"]["loss_rtol"]), "-o", str(out), "--", *config["args"]]
     result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
     summary = json.loads((out / "summary.json").read_text())
     if sample.name in NOT_THE_SAME:
         assert result.exit_code == 1 and summary["reason"].startswith(NOT_THE_SAME[sample.name]), summary["reason"]
     else:
         assert (result.exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+        # the emulated devices sum in orders of their own, as a GPU and an NPU do: a faithful port is not bit-exact
+        assert pd.read_parquet(out / "ops.parquet")["stats_error"].max() > 0.0
+        if sample.name in LOSSES_DIFFER:  # (others round their losses alike: an fp32 loss of fp16 logits)
+            assert summary["loss"]["max_rel_diff"] > 0.0, summary["loss"]
     for side in ("ref", "actual"):
         manifest = json.loads((out / side / "manifest.json").read_text())
         assert manifest["status"] == "ok", f"{side}: {manifest['message']}"

@@ -192,6 +192,7 @@ def run(run_dir: Path) -> Status:
         manifest.extra["tensor_cap_reached"] = True
     if computed := device_setup.ops_computed_in_fp32():  # the CPU lacked the device's kernel (an fp16 LSTM)
         manifest.extra["computed_in_fp32"] = computed
+    manifest.modelled_numerics = device_setup.modelled_numerics()
     manifest.finished_at = now_iso()
     writer.close()
     write_manifest(run_dir, manifest)

@@ -79,6 +79,9 @@ def run(
     no_align_random: Annotated[bool, typer.Option(
         "--no-align-random", help="Dropout masks from the device's own generator, not the keyed stream every device "
                                   "draws alike.")] = False,
+    exact_emulation: Annotated[bool, typer.Option(
+        "--exact-emulation", help="An emulated device computes as the CPU does, without its device's modelled "
+                                  "summation order and generator (bit-exact debugging).")] = False,
     autocast: Annotated[Autocast, typer.Option(help="Run the whole script under torch.autocast with this dtype.")] = (
         Autocast.OFF
     ),
@@ -98,8 +101,8 @@ def run(
     """
     options = RunOptions(
         steps=steps, seed=seed, device=device.value, emulate_on=emulate_on.value, dump=dump, ops=ops,
-        no_dropout=no_dropout, align_random=not no_align_random, autocast=autocast.value, timeout=timeout,
-        tensor_cap_mb=tensor_cap_mb,
+        no_dropout=no_dropout, align_random=not no_align_random, exact_emulation=exact_emulation,
+        autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb,
     )
     exit_with(lambda: _run(script, list(script_args or []), options, out, quiet), f"run {script}", out)
 

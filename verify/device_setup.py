@@ -77,6 +77,13 @@ def install_autocast_casts_on_cpu() -> object:
     return importlib.import_module(f"{load_emulation().__name__}.autocast_policy").install_npu_autocast_policy()
 
 
+def modelled_numerics() -> list[str]:
+    """What this process's emulation modelled of its device's numerics (device_numerics.MODELLED), for the manifest;
+    none on a real device, the CPU, or in exact mode."""
+    numerics = sys.modules.get(f"{EMULATION_PACKAGE}.device_numerics")
+    return list(numerics.MODELLED) if numerics is not None else []
+
+
 def ops_computed_in_fp32() -> list[str]:
     """The ops this process's emulation computed in float32 where the CPU lacks the device's dtype (autocast_policy's
     COMPUTED_IN_FLOAT32), for the manifest; none where no emulation or CPU autocast policy was loaded."""

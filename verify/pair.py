@@ -281,6 +281,9 @@ def pair(
     no_align_random: Annotated[bool, typer.Option(
         "--no-align-random", help="Each side's dropout masks from its device's own generator (as on real hardware "
                                   "without verify), not from the keyed stream both draw alike.")] = False,
+    exact_emulation: Annotated[bool, typer.Option(
+        "--exact-emulation", help="Emulated devices compute as the CPU does: no modelled summation order or own "
+                                  "generator, so a faithful CPU pair agrees bit for bit (debugging).")] = False,
     timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a side after this many seconds.")] = None,
     loss_rtol: Annotated[Optional[float], typer.Option(
         help="Relative loss tolerance per step (default 0.01; 0.05 for fp32 against AMP).")] = None,
@@ -306,7 +309,7 @@ def pair(
     """
     out = out or run_folders.default_pair_dir(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
-                         timeout=timeout)
+                         exact_emulation=exact_emulation, timeout=timeout)
     exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value, loss_rtol,
                             match_amp, amp_effect, ref_run, out, quiet, adaptation_report),
               f"verify {original} against {ported or default_port(original)}", out)

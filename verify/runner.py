@@ -44,6 +44,7 @@ class RunOptions:
     ops: str | None = None
     no_dropout: bool = False
     align_random: bool = True
+    exact_emulation: bool = False  # emulations without the devices' modelled numerics
     autocast: str = "off"
     autocast_follow: dict[str, list] = field(default_factory=dict)  # where to impose it (manifest.autocast_follow)
     timeout: float | None = None
@@ -56,7 +57,7 @@ def _device_and_env(script: Path, options: RunOptions) -> tuple[str, dict[str, s
     """The device to record and the environment the child needs for it (verify.devices decides both)."""
     device = devices.for_script(script, options.device)
     try:
-        return device, devices.child_env(device, options.emulate_on)
+        return device, devices.child_env(device, options.emulate_on, options.exact_emulation)
     except devices.EmulationError as error:
         raise VerifyError(str(error)) from None
 
@@ -100,6 +101,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         tensor_cap_mb=options.tensor_cap_mb if options.dump == DumpMode.TENSOR else 0.0,
         no_dropout=options.no_dropout,
         align_random=options.align_random and not options.no_dropout,
+        exact_emulation=options.exact_emulation and device != devices.Device.CPU,
         autocast="" if options.autocast == "off" else options.autocast,
         autocast_follow=dict(options.autocast_follow) if options.autocast != "off" else {},
         loss_scaler_plan=options.loss_scaler_plan.to_record() if options.loss_scaler_plan else {},

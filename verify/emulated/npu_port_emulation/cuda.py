@@ -7,8 +7,9 @@ CUDA's float16 default and CUDA's op lists (a recurrent layer, which cuDNN runs 
 and rounded: autocast_policy.COMPUTED_IN_FLOAT32), GradScaler("cuda") scales on the CPU, nccl runs as gloo, and fp32
 convolutions and matmuls round their inputs to TF32 where torch.backends allows it (convolutions by default, as
 cuDNN does). So a script that branches on CUDA (shuffling, workers, pin_memory, its AMP dtype) reads the same data
-and takes the same branches as on a real GPU. Not reproduced: GPU kernels' other numerics (cuDNN algorithms,
-accumulation order, atomics), memory
+and takes the same branches as on a real GPU. Its products and sums add their partial results in an order of their
+own, and its dropout masks come from a generator of its own (device_numerics.py; off with --exact-emulation). Not
+reproduced: GPU kernels' other numerics (cuDNN algorithms, the order of other reductions, atomics), memory
 statistics (0), torch.Generator(device="cuda"), CUDA graphs and CUDA extensions.
 """
 
@@ -19,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import device_api
+from . import device_api, device_numerics
 from .autocast_policy import install_npu_autocast_policy
 from .patches import install_accelerator, install_amp_patches, install_device_patches, install_distributed_patches
 from .reduced_precision import install_hf32_rounding
@@ -72,7 +73,7 @@ def install() -> None:
     if TARGET != "cpu":
         raise RuntimeError(f"{EMULATION} computes on the CPU only (the emulation target is {TARGET})")
     redirected_types.add("cuda")
-    device_api.FACE = "CUDA"
+    device_api.become("CUDA")
     for name in device_api.__all__:
         setattr(torch.cuda, name, getattr(device_api, name))
     for name, function in CUDA_ONLY.items():
@@ -85,4 +86,5 @@ def install() -> None:
     _installed.append(install_npu_autocast_policy())
     # TF32 as a GPU computes it (10-bit mantissa inputs) wherever torch.backends allows it: convolutions by default
     install_hf32_rounding(lambda: torch.backends.cuda.matmul.allow_tf32, lambda: torch.backends.cudnn.allow_tf32)
+    device_numerics.install("CUDA", device_api.GENERATOR)  # its own summation order and generator
     print(f"npu-port: {EMULATION}: cuda calls run on the CPU", file=sys.stderr)

@@ -3,8 +3,8 @@ the emulation target.
 
 On cpu: one device; synchronize, streams and events are trivially satisfied because CPU execution is synchronous;
 memory statistics are 0 (there is no device memory to count) and mem_get_info reports host memory. The device's
-random generator is the CPU's default generator, so manual_seed also seeds CPU-side randomness, which a real device
-does not. On cuda (the NPU emulated on a GPU): each call goes to the matching torch.cuda function of the GPU.
+random generator is its own (device_numerics.OwnGenerator: a stream other than the CPU's and the other face's,
+seeded by torch.manual_seed as a device's is; in exact mode, the CPU's default generator). On cuda (the NPU emulated on a GPU): each call goes to the matching torch.cuda function of the GPU.
 
 What differs between the devices (properties, capability, precision switches) is in each face's own module:
 torch_npu.npu for the NPU, npu_port_emulation.cuda for the CUDA stand-in.
@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .device_numerics import OwnGenerator
 from .target import EMULATION, TARGET, check_index, device_index
 from .target import device_count as device_count
 
@@ -27,7 +28,8 @@ ON_CUDA = TARGET == "cuda"
 # The GPU functions the emulation delegates to, captured before transfer_to_npu points torch.cuda's names here.
 _cuda = types.SimpleNamespace(**{name: getattr(torch.cuda, name) for name in dir(torch.cuda)
                                  if not name.startswith("__")})
-# The device this module answers for, as get_device_name() says it ("NPU" or "CUDA"); set by the face installing it.
+# The device this module answers for, as get_device_name() says it ("NPU" or "CUDA"); set by the face installing it
+# (become()).
 FACE = "NPU"
 
 __all__ = [
@@ -143,49 +145,60 @@ def reset_peak_memory_stats(device: object = None) -> None:
 reset_max_memory_allocated = reset_peak_memory_stats
 
 
-# On cpu the device generator is the CPU's default generator. Call it directly: torch.manual_seed and torch.seed
-# themselves call torch.npu.manual_seed_all (the registered device module) and, after transfer_to_npu, torch.cuda's.
+# On cpu the device generator is the face's own (device_numerics.OwnGenerator). Call it directly: torch.manual_seed
+# and torch.seed themselves call torch.npu.manual_seed_all (the registered device module) and, after transfer_to_npu,
+# torch.cuda's.
+GENERATOR = None if ON_CUDA else OwnGenerator(FACE)
+
+
+def become(face: str) -> None:
+    """This module answers for `face` ("NPU" or "CUDA"): its name, and on cpu its own generator's stream."""
+    global FACE, GENERATOR
+    FACE = face
+    GENERATOR = None if ON_CUDA else OwnGenerator(face)
+
+
 def manual_seed(seed: int) -> None:
     if ON_CUDA:
         _cuda.manual_seed(seed)
     else:
-        torch.default_generator.manual_seed(seed)
+        GENERATOR.manual_seed(seed)
 
 
 def manual_seed_all(seed: int) -> None:
     if ON_CUDA:
         _cuda.manual_seed_all(seed)
     else:
-        torch.default_generator.manual_seed(seed)
+        GENERATOR.manual_seed(seed)
 
 
 def seed() -> None:
     if ON_CUDA:
         _cuda.seed()
     else:
-        torch.default_generator.seed()
+        GENERATOR.seed()
 
 
 def seed_all() -> None:
     if ON_CUDA:
         _cuda.seed_all()
     else:
-        torch.default_generator.seed()
+        GENERATOR.seed()
 
 
 def initial_seed() -> int:
-    return _cuda.initial_seed() if ON_CUDA else torch.default_generator.initial_seed()
+    return _cuda.initial_seed() if ON_CUDA else GENERATOR.initial_seed()
 
 
 def get_rng_state(device: object = "npu") -> torch.Tensor:
-    return _cuda.get_rng_state(_cuda_index_or_current(device)) if ON_CUDA else torch.default_generator.get_state()
+    return _cuda.get_rng_state(_cuda_index_or_current(device)) if ON_CUDA else GENERATOR.generator.get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device: object = "npu") -> None:
     if ON_CUDA:
         _cuda.set_rng_state(new_state, _cuda_index_or_current(device))
     else:
-        torch.default_generator.set_state(new_state)
+        GENERATOR.generator.set_state(new_state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:

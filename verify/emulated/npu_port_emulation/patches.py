@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.utils._device
 
+from . import device_api
 from .target import TARGET, redirected_types, target_device, translate
 
 DEVICE_KEYWORDS = ("device", "device_type", "map_location", "device_id")
@@ -33,6 +34,8 @@ FACTORIES = (
     "sparse_coo_tensor", "sparse_csr_tensor", "sparse_compressed_tensor", "frombuffer", "from_file", "load",
     "set_default_device",
 )
+# Factories that draw random numbers: given the emulated device, they draw from its own generator, as a device does.
+RANDOM_FACTORIES = ("rand", "randn", "randint", "randperm")
 TENSOR_METHODS = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_tensor", "new_zeros")
 
 
@@ -64,6 +67,22 @@ def accepting_npu(fn: Callable, ints_are_devices: bool = False) -> Callable:
         return fn(*args, **kwargs)
 
     return on_target
+
+
+def drawing_on_device(fn: Callable) -> Callable:
+    """A random factory that, given the emulated device and no generator, draws from the device's own generator
+    (device_api.GENERATOR: the CPU's default one in exact mode)."""
+
+    @functools.wraps(fn)
+    def draw(*args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get("device")
+        own = device_api.GENERATOR
+        if own is not None and device is not None and kwargs.get("generator") is None:
+            if translate(device, ints_are_devices=True) != device:  # the emulated device, not the host
+                kwargs["generator"] = own.generator
+        return fn(*args, **kwargs)
+
+    return draw
 
 
 def _wrap_all(owner: object, names: tuple[str, ...], ints_are_devices: bool = False) -> None:
@@ -136,6 +155,8 @@ def install_accelerator(face: str, device_api: Any) -> None:
 
 def install_device_patches(face: str) -> None:
     _wrap_all(torch, FACTORIES)
+    for name in RANDOM_FACTORIES:
+        setattr(torch, name, drawing_on_device(getattr(torch, name)))
     _wrap_all(torch.Tensor, TENSOR_METHODS)
     _wrap_all(torch.Tensor, ("to",), ints_are_devices=True)
     _wrap_all(torch.nn.Module, ("to", "to_empty"), ints_are_devices=True)

@@ -51,6 +51,9 @@ if EMULATED_ON == "cpu":
     from npu_port_emulation.autocast_policy import install_npu_autocast_policy
 
     _autocast_policy_library = install_npu_autocast_policy()
+from npu_port_emulation import device_api, device_numerics  # noqa: E402
+
+device_numerics.install("NPU", device_api.GENERATOR)  # its own summation order and generator
 globals().update(SUPPORTED)
 
 

@@ -1,0 +1,118 @@
+"""The emulated devices differ as devices do (verify/emulated/npu_port_emulation/device_numerics.py): each face sums
+its products and reductions in an order of its own and draws from a generator of its own, within float32's noise of
+the CPU; `--exact-emulation` turns both off. Each face runs in a child process, as under `verify`."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from verify import devices
+
+FACES = {"emulated-npu": "npu", "emulated-cuda": "cuda"}
+
+PROBE = """
+import json, sys
+import torch
+import torch.nn.functional as F
+from verify.device_setup import prepare
+
+prepare(sys.argv[1], True)
+device = "npu" if sys.argv[1] == "emulated-npu" else "cuda"
+generator = torch.Generator().manual_seed(0)
+a, b = torch.randn(64, 4096, generator=generator), torch.randn(4096, 32, generator=generator)
+values = torch.randn(1000, 300, generator=generator)
+bias = torch.randn(32, generator=generator)
+torch.manual_seed(7)
+drawn = torch.randn(6, device=device)
+torch.manual_seed(7)
+mask = F.dropout(torch.ones(2000), 0.5)
+print("RESULT " + json.dumps({
+    "mm": (a.to(device) @ b.to(device)).tolist(),
+    "linear": F.linear(a, b.T.contiguous(), bias).tolist(),
+    "half_mm": (a.half() @ b.half()).float().tolist(),
+    "sum": values.sum(0).tolist(), "mean": values.mean().item(),
+    "randn": drawn.tolist(), "dropout": mask.tolist(),
+}))
+"""
+
+
+def inputs() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 4096, generator=generator), torch.randn(4096, 32, generator=generator)
+    values, bias = torch.randn(1000, 300, generator=generator), torch.randn(32, generator=generator)
+    return {"a": a, "b": b, "values": values, "bias": bias}
+
+
+def on_the_cpu() -> dict[str, torch.Tensor]:
+    """What the CPU computes and draws, in this process, with one thread as the children (a sum's order depends on
+    the thread count)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _computed_here()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _computed_here() -> dict[str, torch.Tensor]:
+    given = inputs()
+    torch.manual_seed(7)
+    drawn = torch.randn(6)
+    torch.manual_seed(7)
+    mask = F.dropout(torch.ones(2000), 0.5)
+    return {"mm": given["a"] @ given["b"], "linear": F.linear(given["a"], given["b"].T.contiguous(), given["bias"]),
+            "half_mm": (given["a"].half() @ given["b"].half()).float(), "sum": given["values"].sum(0),
+            "mean": given["values"].mean(), "randn": drawn, "dropout": mask}
+
+
+def computed_on(device: str, exact: bool = False) -> dict[str, torch.Tensor]:
+    env = {**os.environ, **devices.child_env(device, devices.EmulateOn.CPU.value, exact_emulation=exact)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(devices.STAND_IN_DIR.parents[1])]))
+    done = subprocess.run([sys.executable, "-c", PROBE, device], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    return {name: torch.tensor(value) for name, value in result.items()}
+
+
+@pytest.fixture(scope="module")
+def faces() -> dict[str, dict[str, torch.Tensor]]:
+    return {device: computed_on(device) for device in FACES}
+
+
+@pytest.mark.parametrize("name", ["mm", "linear", "half_mm", "sum", "mean"])
+def test_each_face_sums_in_its_own_order_within_the_noise_of_the_cpu(faces, name):
+    cpu, npu, cuda = on_the_cpu()[name], faces["emulated-npu"][name], faces["emulated-cuda"][name]
+    assert not torch.equal(npu, cpu) and not torch.equal(cuda, cpu) and not torch.equal(npu, cuda)
+    tolerance = 2e-3 if name == "half_mm" else 1e-5  # float16 keeps 11 bits: one rounding flips at 5e-4
+    for face in (npu, cuda):
+        assert torch.allclose(face, cpu, rtol=tolerance, atol=tolerance * cpu.abs().max().item())
+
+
+def test_each_device_draws_from_its_own_generator_reproducibly(faces):
+    cpu = on_the_cpu()
+    npu, cuda = faces["emulated-npu"], faces["emulated-cuda"]
+    for name in ("randn", "dropout"):
+        assert len({tuple(values.tolist()) for values in (cpu[name], npu[name], cuda[name])}) == 3, name
+    assert torch.equal(computed_on("emulated-npu")["randn"], npu["randn"])  # seeded by torch.manual_seed
+    assert set(npu["dropout"].unique().tolist()) == {0.0, 2.0}  # a dropout mask, kept units scaled by 1 / keep
+
+
+@pytest.mark.parametrize("device", list(FACES))
+def test_exact_emulation_computes_and_draws_as_the_cpu(device):
+    exact, cpu = computed_on(device, exact=True), on_the_cpu()
+    for name in ("mm", "linear", "half_mm", "sum", "mean", "randn", "dropout"):
+        assert torch.equal(exact[name], cpu[name].to(exact[name].dtype)), name
+
+
+def test_parent_and_stand_in_name_the_same_exact_variable():
+    tree = ast.parse((devices.STAND_IN_DIR / "npu_port_emulation" / "device_numerics.py").read_text())
+    assigned = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "EXACT_VAR"}
+    assert assigned == {"EXACT_VAR": devices.EXACT_EMULATION_VAR}
