@@ -54,3 +54,42 @@ def test_the_faithful_port_of_each_sample_passes(sample, tmp_path):
         assert manifest["status"] == "ok", f"{side}: {manifest['message']}"
     assert not (out / REF_UNDER_AUTOCAST).exists(), "the reference crashed under the port's autocast"
     assert summary["pair"]["mode"] in ("same-amp-imposed", "as-written"), summary["pair"]["description"]
+
+
+MNIST_BREAKAGES = {  # one deliberate bug in the faithful port -> the start of the verdict that must name it
+    "gelu": (("nn.ReLU()", "nn.GELU()"), "FAIL: the port computes aten.gelu where the original computes aten.relu"),
+    "lr": (('default=1.0, metavar="LR"', 'default=0.5, metavar="LR"'), "FAIL: hyperparameter differs: lr 1.0 vs 0.5"),
+    "zero_grad": (("        optimizer.zero_grad()\n", ""), "FAIL: the actual side does not reset gradients"),
+}
+
+
+@pytest.fixture(scope="module")
+def mnist_reference(tmp_path_factory):
+    """samples/mnist_cnn's faithful pair on the emulators' modelled device noise, run once: its reference is shared."""
+    sample = next(sample for sample in all_samples() if sample.name == "mnist_cnn")
+    folder = tmp_path_factory.mktemp("mnist")
+    original = folder / SCRIPT
+    shutil.copy(sample.script, original)
+    ported = port(sample.script.read_text(), Mode.TRANSFER)
+    config = sample.verify_config()
+    argv = [str(original), str(original.with_name("faithful_npu.py")), "-n", str(config["steps"]), "-q"]
+    original.with_name("faithful_npu.py").write_text(ported)
+    result = CliRunner().invoke(app, route([*argv, "-o", str(folder / "out"), "--", *config["args"]],
+                                           typer.main.get_command(app)))
+    assert result.exit_code == 0, result.output
+    return original, ported, config, folder / "out" / "ref"
+
+
+@pytest.mark.parametrize("bug", list(MNIST_BREAKAGES))
+def test_a_broken_mnist_port_fails_naming_its_cause_through_the_device_noise(mnist_reference, bug, tmp_path):
+    original, ported, config, reference = mnist_reference
+    (old, new), reason = MNIST_BREAKAGES[bug]
+    assert ported.count(old) >= 1, old
+    broken = tmp_path / "broken_npu.py"
+    broken.write_text(ported.replace(old, new, 1))
+    out = tmp_path / "out"
+    argv = [str(original), str(broken), "-n", str(config["steps"]), "-q", "--ref-run", str(reference), "-o", str(out),
+            "--", *config["args"]]
+    result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
+    summary = json.loads((out / "summary.json").read_text())
+    assert result.exit_code == 1 and summary["reason"].startswith(reason), summary["reason"]
