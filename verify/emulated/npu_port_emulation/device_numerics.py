@@ -52,6 +52,12 @@ def _accumulated(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _LOW_PRECISION else dtype
 
 
+def _strided(*tensors: torch.Tensor) -> bool:
+    """Dense tensors with real storage: sparse, nested and tensor subclasses (a compiler's fake tensors) compute as
+    the CPU does."""
+    return all(tensor.layout == torch.strided and type(tensor) is torch.Tensor for tensor in tensors)
+
+
 def _blockwise(count: int, size: int) -> list[slice]:
     """`count` contiguous slices covering range(size), as equal as they can be."""
     bounds = [size * block // count for block in range(count + 1)]
@@ -92,7 +98,8 @@ class DeviceNumerics(TorchDispatchMode):
         """left @ right (2-d or batched) as the sum of the face's partial products, in the accumulation dtype; None
         where the inner dimension is too short to split or the dtype is not floating."""
         inner = left.shape[-1]
-        if inner < 2 * self.blocks or not left.is_floating_point() or left.dtype != right.dtype:
+        if (inner < 2 * self.blocks or not left.is_floating_point() or left.dtype != right.dtype
+                or not _strided(left, right)):
             return None
         accumulate = _accumulated(left.dtype)
         total = None
@@ -120,7 +127,8 @@ class DeviceNumerics(TorchDispatchMode):
                      stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
                      groups: int) -> torch.Tensor:
         channels = input.shape[1] if input.dim() > 1 else 0
-        if groups != 1 or channels < 2 * self.blocks or not input.is_floating_point() or input.dtype != weight.dtype:
+        if (groups != 1 or channels < 2 * self.blocks or not input.is_floating_point() or input.dtype != weight.dtype
+                or not _strided(input, weight)):
             return func(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
         accumulate = _accumulated(input.dtype)
         total = None
@@ -154,7 +162,7 @@ class DeviceNumerics(TorchDispatchMode):
         return total, count
 
     def _reducible(self, input: torch.Tensor, dim: Any) -> bool:
-        if not input.is_floating_point() or input.dim() == 0 or input.is_complex():
+        if not input.is_floating_point() or input.dim() == 0 or not _strided(input):
             return False
         dims = [d % input.dim() for d in dim] if dim else range(input.dim())
         return max(input.shape[d] for d in dims) >= 2 * self.blocks
