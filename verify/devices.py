@@ -76,6 +76,7 @@ STAND_IN_DIR = Path(__file__).resolve().parent / "emulated"
 EMULATION_PACKAGE = "npu_port_emulation"  # in STAND_IN_DIR: what both stand-ins share
 
 EMULATE_ON_VAR = "NPU_PORT_EMULATE_ON"  # read by the stand-ins (verify/emulated/npu_port_emulation/target.py)
+DEVICE_COUNT_VAR = "NPU_PORT_EMULATED_DEVICES"  # how many devices an emulation on the CPU presents (target.py too)
 AUTOLOAD_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 _IMPORTS_TORCH_NPU = re.compile(r"^\s*(import\s+torch_npu\b|from\s+torch_npu\b)", re.MULTILINE)
 
@@ -121,8 +122,10 @@ def for_script(script: Path, choice: str) -> str:
     return choice
 
 
-def child_env(device: str, emulate_on: str) -> dict[str, str]:
-    """What a child's environment needs for `device`. Raises EmulationError where it cannot run here."""
+def child_env(device: str, emulate_on: str, ranks: int = 1) -> dict[str, str]:
+    """What a child's environment needs for `device`, run as `ranks` processes. Raises EmulationError where it cannot
+    run here. An emulation on the CPU presents one device a rank, so that a script's `set_device(local_rank)` and
+    `device_count()` answer as on a node with that many devices (`auto` may become EMULATED CUDA in the child)."""
     if device == Device.CPU:
         return {"CUDA_VISIBLE_DEVICES": ""}
     if device == Device.NPU:
@@ -130,11 +133,13 @@ def child_env(device: str, emulate_on: str) -> dict[str, str]:
         if not probe.available:
             raise EmulationError(f"--device npu: torch_npu does not work here ({probe.reason}); "
                                  "try --device emulated-npu")
+        return {}
+    count = {DEVICE_COUNT_VAR: str(ranks)}
     if device == Device.EMULATED_NPU:
-        return emulation_env(emulate_on)
+        return emulation_env(emulate_on) | count
     if device == Device.EMULATED_CUDA:
-        return {"CUDA_VISIBLE_DEVICES": "", EMULATE_ON_VAR: EmulateOn.CPU.value}
-    return {}
+        return {"CUDA_VISIBLE_DEVICES": "", EMULATE_ON_VAR: EmulateOn.CPU.value} | count
+    return count
 
 
 @dataclass(frozen=True)
