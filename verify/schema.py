@@ -239,6 +239,14 @@ class RunManifest:
     # Steps whose first backward() found gradients left from an earlier step (no zero_grad() between steps).
     grads_carried_steps: list[int] = field(default_factory=list)
     timeout_s: float | None = None  # --timeout, if any
+    # Several ranks (verify/run_folders.py: RUN/rank0/ ...): `rank` is this rank's (0 in the run's own manifest),
+    # `world_size` how many the run had (1: a single process); `nproc_per_node` how many verify launched through
+    # torch.distributed.run (1: none, the script may spawn its own). process_group: the backend the script asked for
+    # and the one that ran it ({"backend": "hccl", "runs_as": "gloo"} on an emulation, where gloo stands in).
+    rank: int = 0
+    world_size: int = 1
+    nproc_per_node: int = 1
+    process_group: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -269,8 +277,17 @@ class RunManifest:
 
     @property
     def title(self) -> str:
-        """How every report names this run; an emulation is never hidden."""
-        return f"{self.script} on {title(self.device, self.emulated_on)}"
+        """How every report names this run; an emulation is never hidden, nor a backend standing in for another."""
+        return f"{self.script} on {title(self.device, self.emulated_on)}{self.ranks_words}"
+
+    @property
+    def ranks_words(self) -> str:
+        """", 2 ranks (hccl run as gloo)" for a run of several ranks; "" for a single process."""
+        if self.world_size <= 1:
+            return ""
+        asked, ran = self.process_group.get("backend", ""), self.process_group.get("runs_as", "")
+        backend = f" ({asked} run as {ran})" if ran and ran != asked else f" ({asked})" if asked else ""
+        return f", {self.world_size} ranks{backend}"
 
 
 SHOWN_CHARS = 2000

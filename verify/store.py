@@ -14,7 +14,7 @@ import os
 import warnings
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from verify.run_folders import rank_dirs
 from verify.schema import (
     GRAD_COLUMNS,
     GRADS_DIR,
@@ -215,6 +216,9 @@ class Run:
     outputs: pd.DataFrame = field(default_factory=lambda: empty_frame(OUTPUT_COLUMNS))
     source: str = "npu-port run directory"
     notes: list[str] = field(default_factory=list)
+    # A run of several ranks: each rank's Run, by rank; the run itself holds the run's manifest and rank 0's records,
+    # which stand for the run where one rank is read (its precision, its loss scaler). [] for a single process.
+    ranks: list[Run] = field(default_factory=list)
 
     def load_array(self, relative: str) -> np.ndarray:
         """A tensor saved in the run (a `tensor_file` cell), confined to the run directory and never unpickled."""
@@ -329,9 +333,36 @@ def read_losses(run_dir: Path, problems: list[str] | None = None) -> pd.DataFram
 
 
 def read_run(run_dir: Path) -> Run:
-    """Reads a run directory written by `verify run` (or one cut short by a crash). Problems become `Run.notes`
-    and Python warnings; only a missing or corrupt manifest is an error (RunDirError)."""
+    """Reads a run directory written by `verify run` (or one cut short by a crash), of one process or of several
+    ranks (verify/run_folders.py). Problems become `Run.notes` and Python warnings; only a missing or corrupt
+    manifest of the run is an error (RunDirError)."""
     run_dir = Path(run_dir)
+    folders = rank_dirs(run_dir)
+    return _read_ranks(run_dir, folders) if folders else _read_process(run_dir)
+
+
+def _read_ranks(run_dir: Path, folders: list[Path]) -> Run:
+    """A run of several ranks: the run's manifest, rank 0's records, and each rank's Run. A rank folder without a
+    readable manifest (a rank killed before it wrote one) is left out, with a note."""
+    manifest = read_manifest(run_dir)
+    ranks, notes = [], []
+    for folder in folders:
+        try:
+            ranks.append(_read_process(folder))
+        except RunDirError as error:
+            notes.append(f"{folder.name} left out: {error}")
+    ranks.sort(key=lambda run: run.manifest.rank)
+    missing = sorted(set(range(manifest.world_size)) - {run.manifest.rank for run in ranks})
+    if missing:
+        notes.append(f"no records of rank(s) {', '.join(map(str, missing))} of {manifest.world_size}")
+    notes += [f"rank {run.manifest.rank}: {note}" for run in ranks for note in run.notes]
+    if not ranks:
+        return Run(run_dir, manifest, notes=notes)
+    return replace(ranks[0], root=run_dir, manifest=manifest, ranks=ranks, notes=notes)
+
+
+def _read_process(run_dir: Path) -> Run:
+    """The run directory of one process: a single-process run, or one rank of several."""
     manifest = read_manifest(run_dir)
     problems: list[str] = []
     losses = read_losses(run_dir, problems)
