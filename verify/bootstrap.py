@@ -29,7 +29,7 @@ import torch
 from verify import device_setup, devices
 from verify.capture import OpCapture, TensorSaver
 from verify.tensor_stats import StatBatch
-from verify import environment_record, precision_scopes, random_streams
+from verify import environment_record, precision_scopes, random_streams, rank_capture
 from verify.schema import DumpMode, RunManifest, Status
 from verify.step_recorder import StepRecorder, StopRun
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
@@ -166,8 +166,12 @@ def _make_capture(manifest: RunManifest, writer: RunWriter, batch: StatBatch) ->
 
 
 def run(run_dir: Path) -> Status:
-    """The whole child: prepare, instrument, run the script, write the final manifest."""
+    """The whole child: prepare, instrument, run the script, write the final manifest. A rank that
+    torch.distributed.run started writes into its own folder of the run directory."""
     manifest = read_manifest(run_dir)
+    rank = rank_capture.launched_rank() if manifest.nproc_per_node > 1 else None
+    if rank is not None:
+        run_dir, manifest = rank_capture.open_rank_dir(run_dir, manifest, rank, int(os.environ["WORLD_SIZE"]))
     manifest.python_version = platform.python_version()
     manifest.torch_version = torch.__version__
     try:
@@ -184,7 +188,9 @@ def run(run_dir: Path) -> Status:
     capture = _make_capture(manifest, writer, batch)
     recorder = StepRecorder(manifest, run_dir, writer, capture, batch)
     recorder.install()
-    with environment_record.recorded(manifest):  # versions, precision/determinism switches, loaders (issue 12)
+    if capture is not None:
+        capture.on_collective = rank_capture.LastCollective(run_dir).called
+    with environment_record.recorded(manifest), rank_capture.process_group_recorded(manifest):
         write_manifest(run_dir, manifest)
         _run_script(manifest, recorder, capture)
     recorder.discard_partial_step()

@@ -106,6 +106,15 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def _completed(out: Any) -> None:
+    """Waits for a collective's work (gloo's all-reduce returns before its result is in the tensors; NCCL's wait only
+    orders the device's stream): its outputs are recorded as the collective leaves them, not half reduced. The
+    script's own wait then returns at once."""
+    for item in out if isinstance(out, (tuple, list)) else (out,):
+        if not isinstance(item, (torch.Tensor, list, tuple)) and callable(getattr(item, "wait", None)):
+            item.wait()
+
+
 class _OpRecorder(TorchDispatchMode):
     """Records a summary of each op's outputs (and inputs, in tensor mode) into `capture.rows`."""
 
@@ -133,6 +142,8 @@ class _OpRecorder(TorchDispatchMode):
         if capture.with_inputs:
             capture.record(call, "in", arguments)
         out = func(*args, **kwargs)
+        if name.startswith("c10d."):
+            _completed(out)
         outputs = tensors_in(out)
         if not outputs:  # in-place ops that return nothing (foreach): their results are the written arguments
             outputs = tensors_in(self._written(func, args, kwargs))
@@ -198,6 +209,9 @@ class OpCapture:
         self._stack = contextlib.ExitStack()
         self._optimizer_pause = contextlib.ExitStack()
         self._recorder: _OpRecorder | None = None
+        # Called with (step, op, module) as a collective (a c10d op) is called: a rank's last collective is kept
+        # where a hang leaves it (verify/rank_capture.py).
+        self.on_collective: Callable[[int, str, str], None] | None = None
 
     def __enter__(self) -> OpCapture:
         self._stack.enter_context(self.modules)
@@ -288,6 +302,8 @@ class OpCapture:
 
     def begin_call(self, op: str) -> _Call:
         module = self.modules.innermost
+        if self.on_collective is not None and op.startswith("c10d."):
+            self.on_collective(self._step, op, module)
         if self.modules.in_backward():
             phase = _BACKWARD
         else:

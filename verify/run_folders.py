@@ -56,6 +56,12 @@ def rank_dir(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / f"{_RANK_PREFIX}{rank}"
 
 
+def lead_dir(run_dir: Path) -> Path:
+    """The folder whose records stand for the run where one is read (progress, the final loss): the lowest rank's
+    folder for a run of ranks, the run directory itself otherwise."""
+    return (rank_dirs(run_dir) or [Path(run_dir)])[0]
+
+
 def rank_dirs(run_dir: Path) -> list[Path]:
     """The rank folders of a run directory, by rank number ([] for a single-process run)."""
     folders = {}

@@ -11,6 +11,8 @@ A run directory is written incrementally, so a crash or a timeout keeps every co
     outputs/step-NNNNNN-outK.npy inference runs: the output tensors themselves (small: top-k agreement needs them)
     tensors/step-NNNNNN/...npy   full tensors of the ops selected with --ops in `tensor` mode, under a size cap
     output.log             the script's stdout and stderr
+    last-collective.json   the last collective (c10d op) the process called: {"step", "op", "module", "count"},
+                           padded with spaces; absent where it called none
 
 manifest.extra["environment"] (verify/environment.py) is the environment the run computed in, written at the start
 and again when the script ends: {"versions": {python, torch, torch_npu, cann}, "precision": {fp32_matmul,
@@ -52,6 +54,7 @@ OUTPUTS_DIR = "outputs"
 TENSORS_DIR = "tensors"
 TABLE_FILE = "steps.arrows"
 LOG = "output.log"
+LAST_COLLECTIVE = "last-collective.json"  # a rank's last collective call, rewritten in place (verify/rank_capture.py)
 
 
 def step_file(step: int, suffix: str) -> str:

@@ -29,6 +29,7 @@ from verify.schema import (
     GRADS_DIR,
     HPARAM_COLUMNS,
     HPARAMS,
+    LAST_COLLECTIVE,
     LOSS_COLUMNS,
     LOSSES,
     MANIFEST,
@@ -375,6 +376,16 @@ def _read_process(run_dir: Path) -> Run:
         problems.append("no loss recorded")
     return Run(run_dir, manifest, ops=tables[OPS_DIR], losses=losses, hparams=hparams, grads=tables[GRADS_DIR],
                outputs=tables[OUTPUTS_DIR], notes=problems)
+
+
+def read_last_collective(run_dir: Path) -> dict[str, Any]:
+    """The last collective a rank called ({"step", "op", "module", "count"}), {} where it called none or the record
+    cannot be read (a write cut short)."""
+    try:
+        record = json.loads((Path(run_dir) / LAST_COLLECTIVE).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) and isinstance(record.get("count"), int) else {}
 
 
 def _json_or_text(cell: str) -> Any:
