@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from verify.module_scopes import ModuleScopes, leaves
 from verify.tensor_stats import (Handle, PendingStats, SmallTensorStats, StatBatch, dtype_name, has_readable_data,
-                                 has_statistics, host_array, md5_of, summarize)
+                                 has_statistics, host_array, md5_of, sample_fingerprints, summarize)
 from verify.schema import INPUT_OP, STAT_COLUMNS, UPDATE_OP, DumpMode, Phase, TENSORS_DIR, op_key, step_file
 
 aten = torch.ops.aten
@@ -200,6 +200,7 @@ class OpCapture:
         self.small_tensors = SmallTensorStats(batch)
         self.recording = True
         self.rows: list[OpRow] = []
+        self.samples: list[tuple[str, int, str, str, str]] = []  # this step's (module, call_index, io, shape, hashes)
         self._computed: dict[int, weakref.ref] = {}  # note_outputs
         self._writers: dict[int, int] = {}  # storage address -> seq of this step's last recorded call writing it
         self.truncated = False  # this step reached MAX_ROWS_PER_STEP
@@ -285,6 +286,8 @@ class OpCapture:
                 md5 = md5_of(tensor) if self.dump == DumpMode.MD5 else ""
                 self.rows.append(OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"in{position}",
                                        stats, md5))
+                self.samples.append((call.module, call.call_index, f"in{position}", stats.shape,
+                                     sample_fingerprints(tensor)))
 
     def producers(self, tensors: Sequence[torch.Tensor]) -> str:
         """The recorded calls of this step that wrote the storage of `tensors` (views included), as "seq,seq"."""
@@ -356,10 +359,17 @@ class OpCapture:
         self._writers = {}
         self.modules.release_leaf_hooks()
         self.rows = []
+        self.samples = []
         self.truncated = False
         self._seq = 0
         self._call_counts = {}
         self._step = next_step
+
+
+def sample_columns(samples: list[tuple[str, int, str, str, str]]) -> dict[str, list[Any]]:
+    """A step's sample fingerprints (OpCapture.samples) as SAMPLE_COLUMNS lists."""
+    names = ("module", "call_index", "io", "shape", "fingerprints")
+    return {name: list(column) for name, column in zip(names, zip(*samples))} if samples else {}
 
 
 def step_columns(step: int, rows: list[OpRow], fetched: Callable[[Handle], list[float]]) -> dict[str, list[Any]]:

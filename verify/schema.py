@@ -9,6 +9,8 @@ A run directory is written incrementally, so a crash or a timeout keeps every co
     grads/steps.arrows     per-parameter gradient statistics just before the optimizer step (GRAD_COLUMNS)
     outputs/steps.arrows   inference runs: statistics of the outermost module's outputs (OUTPUT_COLUMNS)
     outputs/step-NNNNNN-outK.npy inference runs: the output tensors themselves (small: top-k agreement needs them)
+    samples/steps.arrows   a fingerprint of each sample the outermost modules received (SAMPLE_COLUMNS): which
+                           samples each rank read, compared across ranks and sides (verify/sharding.py)
     tensors/step-NNNNNN/...npy   full tensors of the ops selected with --ops in `tensor` mode, under a size cap
     output.log             the script's stdout and stderr
     last-collective.json   the last collective (c10d op) the process called: {"step", "op", "module", "count"},
@@ -51,6 +53,7 @@ HPARAMS = "hparams.csv"
 OPS_DIR = "ops"
 GRADS_DIR = "grads"
 OUTPUTS_DIR = "outputs"
+SAMPLES_DIR = "samples"
 TENSORS_DIR = "tensors"
 TABLE_FILE = "steps.arrows"
 LOG = "output.log"
@@ -174,6 +177,17 @@ OUTPUT_COLUMNS: dict[str, str] = {
     "nan_count": "int64",
     "inf_count": "int64",
     "tensor_file": "string",
+}
+
+SAMPLE_COLUMNS: dict[str, str] = {
+    "step": "int64",
+    "module": "string",  # the outermost module whose forward received the batch (as in the INPUT_OP op records)
+    "call_index": "int64",  # its n-th such forward in the step (gradient accumulation: several)
+    "io": "string",  # "in0", "in1", ... as in the INPUT_OP records
+    "shape": "string",
+    # One 16-hex-digit hash a sample (a row along the first dimension) of its values as float64, comma-separated:
+    # equal on two devices for the same sample whatever the tensor's dtype or device.
+    "fingerprints": "string",
 }
 
 LOSS_COLUMNS = ("step", "micro_step", "loss", "loss_scale", "wall_ms")

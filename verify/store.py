@@ -38,6 +38,8 @@ from verify.schema import (
     OPS_DIR,
     OUTPUT_COLUMNS,
     OUTPUTS_DIR,
+    SAMPLE_COLUMNS,
+    SAMPLES_DIR,
     TABLE_FILE,
     RunManifest,
     VerifyFailure,
@@ -46,7 +48,8 @@ from verify.schema import (
 _ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
 _DEFAULTS = {"int64": pa.scalar(0), "float64": pa.scalar(None, pa.float64()), "string": pa.scalar("")}
 """What a column left out of `RunWriter.write_step_table` holds (float64: null, read back as NaN)."""
-TABLES: dict[str, dict[str, str]] = {OPS_DIR: OP_COLUMNS, GRADS_DIR: GRAD_COLUMNS, OUTPUTS_DIR: OUTPUT_COLUMNS}
+TABLES: dict[str, dict[str, str]] = {OPS_DIR: OP_COLUMNS, GRADS_DIR: GRAD_COLUMNS, OUTPUTS_DIR: OUTPUT_COLUMNS,
+                                     SAMPLES_DIR: SAMPLE_COLUMNS}
 """Folder holding a table's stream (TABLE_FILE) -> its columns."""
 
 
@@ -215,6 +218,7 @@ class Run:
     hparams: pd.DataFrame = field(default_factory=lambda: empty_frame(HPARAM_COLUMNS))
     grads: pd.DataFrame = field(default_factory=lambda: empty_frame(GRAD_COLUMNS))
     outputs: pd.DataFrame = field(default_factory=lambda: empty_frame(OUTPUT_COLUMNS))
+    samples: pd.DataFrame = field(default_factory=lambda: empty_frame(SAMPLE_COLUMNS))
     source: str = "npu-port run directory"
     notes: list[str] = field(default_factory=list)
     # A run of several ranks: each rank's Run, by rank; the run itself holds the run's manifest and rank 0's records,
@@ -375,7 +379,7 @@ def _read_process(run_dir: Path) -> Run:
     if losses.empty and not manifest.inference:
         problems.append("no loss recorded")
     return Run(run_dir, manifest, ops=tables[OPS_DIR], losses=losses, hparams=hparams, grads=tables[GRADS_DIR],
-               outputs=tables[OUTPUTS_DIR], notes=problems)
+               outputs=tables[OUTPUTS_DIR], samples=tables[SAMPLES_DIR], notes=problems)
 
 
 def read_last_collective(run_dir: Path) -> dict[str, Any]:

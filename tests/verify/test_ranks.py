@@ -58,3 +58,60 @@ def test_verify_run_launches_ranks_through_torchrun_and_each_writes_its_folder(t
         assert rank_run.manifest.rank == rank and rank_run.manifest.steps_completed == 4
         assert len(rank_run.losses) == 4 and "c10d.allreduce_" in set(rank_run.ops["op"])
         assert rank_run.manifest.device == "emulated-npu"
+
+
+def broken_port(tmp_path: Path, *replacements: tuple[str, str]) -> Path:
+    """The faithful port with lines replaced (a replacement by "" drops the line)."""
+    text = PORT.read_text()
+    for old, new in replacements:
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / "ddp_torchrun_npu.py"
+    path.write_text(text)
+    return path
+
+
+def verify_against_faithful_ref(faithful, port: Path, out: Path) -> tuple[int, str, dict]:
+    """A broken port against the faithful pair's reference run (--ref-run: the original runs once)."""
+    return verify(ORIGINAL, port, *RANKS, "--ref-run", faithful[3] / "ref", "-o", out, *ARGS)
+
+
+def test_a_faithful_port_passes_rank_by_rank_with_the_sharding_checked(faithful):
+    code, output, summary, out = faithful
+    assert code == 0, output
+    assert summary["reason"].startswith("PASS: on each of the 2 ranks, loss within")
+    assert summary["ranks"]["world_size"] == {"ref": 2, "actual": 2}
+    assert summary["ranks"]["sharding"]["passed"] and summary["ranks"]["sharding"]["original_disjoint"]
+    assert [reason[:4] for reason in summary["ranks"]["verdicts"]] == ["PASS", "PASS"]
+    assert "2 ranks (nccl run as gloo)" in summary["ref"]["title"]
+    assert "2 ranks (hccl run as gloo)" in summary["actual"]["title"]
+    ops = read_run(out / "actual").ranks[1].ops
+    assert "c10d.allreduce_" in set(ops["op"])  # the collectives are op records, compared like any other
+
+
+def test_a_port_without_its_distributed_sampler_fails_naming_the_sharding_first(faithful, tmp_path):
+    port = broken_port(tmp_path, ("    sampler = DistributedSampler(dataset)\n", ""),
+                       (", sampler=sampler)", ", shuffle=True)"), ("        sampler.set_epoch(epoch)\n", ""))
+    code, output, summary = verify_against_faithful_ref(faithful, port, tmp_path / "out")
+    assert code == 1, output
+    assert summary["reason"] == (
+        "FAIL: rank 1 read the same samples as rank 0 at step 0, where the original's ranks read disjoint shards: "
+        "the port has no DistributedSampler (its DataLoader samples with RandomSampler)")
+    assert summary["findings"][0]["code"] == "sharding"
+
+
+def test_a_port_that_never_sets_the_samplers_epoch_fails_naming_set_epoch(faithful, tmp_path):
+    port = broken_port(tmp_path, ("        sampler.set_epoch(epoch)\n", ""))
+    code, output, summary = verify_against_faithful_ref(faithful, port, tmp_path / "out")
+    assert code == 1, output
+    assert summary["reason"] == (
+        "FAIL: at step 2 the port's ranks read again the samples of step 0, where the original's read new ones: the "
+        "port does not set the sampler's epoch (set_epoch) as the original does")
+
+
+def test_a_port_whose_ranks_do_not_all_reduce_fails_naming_it(faithful, tmp_path):
+    port = broken_port(tmp_path, ("    model = DistributedDataParallel(model, device_ids=[local_rank])\n", ""))
+    code, output, summary = verify_against_faithful_ref(faithful, port, tmp_path / "out")
+    assert code == 1, output
+    assert summary["reason"].startswith("FAIL: the port's rank 1 holds another gradient")
+    assert "the port does not all-reduce its gradients" in summary["reason"]

@@ -1,7 +1,7 @@
 """A torchrun-style DistributedDataParallel trainer: the launcher's variables, one GPU a rank, nccl, a
 DistributedSampler whose epoch is set each epoch. `python -m torch.distributed.run --nproc-per-node 2 ddp_torchrun.py`.
 
-Arguments: EPOCHS BATCH_SIZE (a small MLP on 64 seeded random samples, so that 2 ranks of batch 4 make 8 steps an epoch).
+Arguments: EPOCHS BATCH_SIZE (a small MLP on 16 seeded random samples: 2 ranks of batch 4 make 2 steps an epoch).
 """
 
 import os
@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 def make_dataset() -> TensorDataset:
     generator = torch.Generator().manual_seed(0)
-    inputs = torch.randn(64, 6, generator=generator)
+    inputs = torch.randn(16, 6, generator=generator)
     targets = (inputs.sum(dim=1, keepdim=True) > 0).float()
     return TensorDataset(inputs, targets)
 

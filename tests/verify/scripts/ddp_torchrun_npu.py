@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 def make_dataset() -> TensorDataset:
     generator = torch.Generator().manual_seed(0)
-    inputs = torch.randn(64, 6, generator=generator)
+    inputs = torch.randn(16, 6, generator=generator)
     targets = (inputs.sum(dim=1, keepdim=True) > 0).float()
     return TensorDataset(inputs, targets)
 
