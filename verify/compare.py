@@ -18,7 +18,7 @@ from verify import environment
 from verify.align import RANDOM_OPS, AlignStatus, align_ops
 from verify.curves import (LossComparison, compare_grads, compare_hparams, compare_losses, compare_outputs,
                            compare_overflow, summarize_outputs)
-from verify.findings import FAILING, Finding, Verdict, collect_findings, how_runs_ended, verdict
+from verify.findings import FAILING, Finding, FindingCode, Verdict, collect_findings, how_runs_ended, verdict
 from verify.op_verdicts import first_divergent_op, op_metrics, unscaled_backward
 from verify.precision_policy import CompareOptions, PrecisionPolicy, precision_policy
 from verify.rank_compare import findings_across_ranks, ranks_of, worst_rank
@@ -186,7 +186,9 @@ def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions
 def _compare_ranks(ref: Run, actual: Run, options: CompareOptions) -> ComparisonResult:
     """Each pair of ranks compared as two processes; the findings across ranks first (the data each rank read, the
     ranks' agreement), then the worst rank's, named. That rank's comparison is what the reports show."""
+    ended = [finding for finding in how_runs_ended(ref, actual)[0] if finding.code is FindingCode.RUN_FAILED]
     across, evidence = findings_across_ranks(ref, actual)
+    across = ended + across  # the port's run as a whole: the rank that ended it, the collective the others were in
     results = [_compare_processes(mine, theirs, options) for mine, theirs in zip(ranks_of(ref), ranks_of(actual))]
     worst = worst_rank([(result.verdict.passed, result.findings) for result in results],
                        actual.manifest.extra.get("cause_rank", 0))

@@ -36,36 +36,41 @@ def stop_rank(manifest: RunManifest, ending: str, timeout: float | None, last: d
 
 
 def _cause(ranks: list[RunManifest], lasts: list[dict[str, Any]]) -> int:
-    """The index of the rank that ended the run: the first that failed by itself; where every rank was stopped, the one
-    that called the fewest collectives (the others wait in one it never called); else rank 0."""
-    for index, manifest in enumerate(ranks):
-        if manifest.status not in _ENDED_WELL and STOPPED not in manifest.extra:
-            return index
-    stopped = [index for index, manifest in enumerate(ranks) if STOPPED in manifest.extra]
-    if stopped:
-        return min(stopped, key=lambda index: (lasts[index].get("count", 0), index))
-    return 0
+    """The index of the rank that ended the run: of the ranks that failed by themselves (else of those stopped), the
+    one that called the fewest collectives: the others failed or waited in one it never called; else rank 0."""
+    failed = [index for index, manifest in enumerate(ranks)
+              if manifest.status not in _ENDED_WELL and STOPPED not in manifest.extra]
+    candidates = failed or [index for index, manifest in enumerate(ranks) if STOPPED in manifest.extra]
+    return min(candidates, key=lambda index: (lasts[index].get("count", 0), index)) if candidates else 0
+
+
+def _ending(run: RunManifest, ranks: list[RunManifest], lasts: list[dict[str, Any]], cause: int) -> str:
+    """The run's message: the rank that ended it first, then the collective another rank failed or waited in, which
+    that rank never called."""
+    culprit, last = ranks[cause], lasts[cause]
+    if culprit.status in _ENDED_WELL:
+        return culprit.message + (f" on each of {len(ranks)} ranks" if len(ranks) > 1 else "")
+    ahead = [(manifest, lasts[index]) for index, manifest in enumerate(ranks)
+             if index != cause and lasts[index].get("count", 0) > last.get("count", 0)]
+    if not ahead:
+        return f"rank {culprit.rank}: {culprit.message}"
+    other, theirs = ahead[0]
+    if culprit.status == Status.TIMEOUT.value:
+        return (f"rank {culprit.rank} hung at step {culprit.steps_completed} outside the collectives the others wait "
+                f"for (its last: {collective_words(last)}); rank {other.rank} waits in {collective_words(theirs)}, "
+                f"which rank {culprit.rank} never called; timed out after {run.timeout_s:g} s")
+    verb = "was stopped" if STOPPED in other.extra else "failed"
+    return (f"rank {culprit.rank}: {culprit.message}; rank {other.rank} {verb} in {collective_words(theirs)}, "
+            f"which rank {culprit.rank} never called")
 
 
 def run_manifest(run: RunManifest, ranks: list[RunManifest], lasts: list[dict[str, Any]]) -> RunManifest:
     """The run's manifest from its ranks': rank 0's record of the run (device, precision, process group), the steps
-    every rank completed, and how the run ended: the rank that caused it named first, then the collective the other
-    ranks wait in, where it hung."""
+    every rank completed, and how the run ended, the rank that caused it named first."""
     cause = _cause(ranks, lasts)
-    culprit, last = ranks[cause], lasts[cause]
-    message = f"rank {culprit.rank}: {culprit.message}"
-    waiting = [(manifest.rank, lasts[index]) for index, manifest in enumerate(ranks)
-               if index != cause and lasts[index].get("count", 0) > last.get("count", 0)]
-    if culprit.status == Status.TIMEOUT.value and waiting:
-        rank, their = waiting[0]
-        message = (f"rank {culprit.rank} hung at step {culprit.steps_completed} outside the collectives the others "
-                   f"wait for (its last: {collective_words(last)}); rank {rank} waits in "
-                   f"{collective_words(their)}, which rank {culprit.rank} never called; timed out after "
-                   f"{run.timeout_s:g} s")
-    elif culprit.status in _ENDED_WELL:
-        message = culprit.message + (f" on each of {len(ranks)} ranks" if len(ranks) > 1 else "")
+    culprit = ranks[cause]
     return replace(
-        ranks[0], rank=0, world_size=max(run.world_size, len(ranks)), status=culprit.status, message=message,
-        exit_code=culprit.exit_code, traceback=culprit.traceback, verify_error=culprit.verify_error,
-        steps_completed=min(manifest.steps_completed for manifest in ranks), wall_s=run.wall_s,
-        finished_at=run.finished_at, extra={**ranks[0].extra, "cause_rank": culprit.rank})
+        ranks[0], rank=0, world_size=max(run.world_size, len(ranks)), status=culprit.status,
+        message=_ending(run, ranks, lasts, cause), exit_code=culprit.exit_code, traceback=culprit.traceback,
+        verify_error=culprit.verify_error, steps_completed=min(manifest.steps_completed for manifest in ranks),
+        wall_s=run.wall_s, finished_at=run.finished_at, extra={**ranks[0].extra, "cause_rank": culprit.rank})

@@ -9,6 +9,7 @@ the broken ports are made from the port by replacing one line. Each run makes 4 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,63 @@ def test_a_port_whose_ranks_do_not_all_reduce_fails_naming_it(faithful, tmp_path
     assert code == 1, output
     assert summary["reason"].startswith("FAIL: the port's rank 1 holds another gradient")
     assert "the port does not all-reduce its gradients" in summary["reason"]
+
+
+FAILS = SCRIPTS / "ddp_rank_fails.py"
+
+
+def processes_naming(path: Path) -> list[str]:
+    """The command lines of the processes still running that name `path` (a launcher, a rank, a worker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(path) in command:
+            found.append(command)
+    return found
+
+
+@pytest.mark.parametrize("hang", ["hang", "hang-deaf"])
+def test_a_rank_that_hangs_is_stopped_at_the_timeout_named_with_the_collective_and_nothing_survives(tmp_path, hang):
+    """hang-deaf ignores SIGTERM: the launcher cannot stop it, and verify kills the launcher and the rank's own
+    session (torchrun gives each rank one) itself."""
+    out = tmp_path / "run"
+    started = time.monotonic()
+    code, output, _ = verify("run", FAILS, "--nproc-per-node", "2", "--steps", "5", "--timeout", "15", "-q",
+                             "-o", out, "--", hang)
+    assert time.monotonic() - started < 60
+    assert code == 1, output
+    run = read_run(out)
+    assert run.manifest.status == "timeout"
+    assert run.manifest.message.startswith("rank 1 hung at step 2 outside the collectives the others wait for")
+    assert "rank 0 waits in c10d.allreduce_ in Sequential.0 of step 2" in run.manifest.message
+    assert [len(rank.losses) for rank in run.ranks] == [2, 2]  # every rank's records up to then
+    assert [rank.manifest.status for rank in run.ranks] == ["timeout", "timeout"]
+    assert processes_naming(out.resolve()) == []
+
+
+def test_a_rank_that_crashes_is_named_first_and_nothing_survives(tmp_path):
+    out = tmp_path / "run"
+    code, output, _ = verify("run", FAILS, "--nproc-per-node", "2", "--steps", "5", "--timeout", "120", "-q",
+                             "-o", out, "--", "crash")
+    assert code == 1, output
+    run = read_run(out)
+    assert run.manifest.status == "crashed"
+    assert run.manifest.message.startswith("rank 1: RuntimeError: rank 1 fails on purpose (after 2 steps); rank 0 ")
+    assert "c10d.allreduce_" in run.manifest.message and "which rank 1 never called" in run.manifest.message
+    assert [len(rank.losses) for rank in run.ranks] == [2, 2]
+    assert processes_naming(out.resolve()) == []
+
+
+def test_a_port_whose_rank_hangs_fails_naming_the_rank_and_the_collective(tmp_path):
+    port = tmp_path / "ddp_rank_fails_npu.py"
+    port.write_text(FAILS.read_text().replace("MODE = sys.argv[1]", 'MODE = "hang"'))
+    out = tmp_path / "pair"
+    code, output, summary = verify(FAILS, port, "--nproc-per-node", "2", "--steps", "4", "--timeout", "15", "-q",
+                                   "-o", out, "--", "none")
+    assert code == 1, output
+    assert summary["reason"].startswith("FAIL: actual run timeout: rank 1 hung at step 2")
+    assert "rank 0 waits in c10d.allreduce_" in summary["reason"]
+    assert processes_naming(out.resolve()) == []
