@@ -169,7 +169,7 @@ def run(run_dir: Path) -> Status:
     """The whole child: prepare, instrument, run the script, write the final manifest. A rank that
     torch.distributed.run started writes into its own folder of the run directory."""
     manifest = read_manifest(run_dir)
-    rank = rank_capture.launched_rank() if manifest.nproc_per_node > 1 else None
+    rank = rank_capture.launched_rank() if manifest.nproc_per_node else None
     if rank is not None:
         run_dir, manifest = rank_capture.open_rank_dir(run_dir, manifest, rank, int(os.environ["WORLD_SIZE"]))
     manifest.python_version = platform.python_version()

@@ -85,8 +85,9 @@ def run(
     timeout: Annotated[
         Optional[float], typer.Option(min=0, help="Kill the run after this many seconds (status timeout).")
     ] = None,
-    nproc_per_node: Annotated[int, typer.Option(
-        min=1, help="Run the script as N ranks through torch.distributed.run (each writes RUNDIR/rankK/).")] = 1,
+    nproc_per_node: Annotated[Optional[int], typer.Option(
+        min=1, help="Run the script as N ranks through torch.distributed.run (each writes RUNDIR/rankK/); "
+                    "without it, as one process.", show_default=False)] = None,
     out: Annotated[
         Optional[Path], typer.Option(
             "--out", "-o", help="Run directory (default: verify-runs/SCRIPT-DEVICE-TIME-RANDOM).")
@@ -101,7 +102,7 @@ def run(
     options = RunOptions(
         steps=steps, seed=seed, device=device.value, emulate_on=emulate_on.value, dump=dump, ops=ops,
         no_dropout=no_dropout, align_random=not no_align_random, autocast=autocast.value, timeout=timeout,
-        tensor_cap_mb=tensor_cap_mb, nproc_per_node=nproc_per_node,
+        tensor_cap_mb=tensor_cap_mb, nproc_per_node=nproc_per_node or 0,
     )
     exit_with(lambda: _run(script, list(script_args or []), options, out, quiet), f"run {script}", out)
 

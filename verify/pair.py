@@ -282,8 +282,9 @@ def pair(
         "--no-align-random", help="Each side's dropout masks from its device's own generator (as on real hardware "
                                   "without verify), not from the keyed stream both draw alike.")] = False,
     timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a side after this many seconds.")] = None,
-    nproc_per_node: Annotated[int, typer.Option(
-        min=1, help="Run each side as N ranks through torch.distributed.run, compared rank by rank.")] = 1,
+    nproc_per_node: Annotated[Optional[int], typer.Option(
+        min=1, help="Run each side as N ranks through torch.distributed.run, compared rank by rank; without it, "
+                    "as one process.", show_default=False)] = None,
     loss_rtol: Annotated[Optional[float], typer.Option(
         help="Relative loss tolerance per step (default 0.01; 0.05 for fp32 against AMP).")] = None,
     match_amp: Annotated[bool, typer.Option(
@@ -308,7 +309,7 @@ def pair(
     """
     out = out or run_folders.default_pair_dir(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
-                         timeout=timeout, nproc_per_node=nproc_per_node)
+                         timeout=timeout, nproc_per_node=nproc_per_node or 0)
     exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value, loss_rtol,
                             match_amp, amp_effect, ref_run, out, quiet, adaptation_report),
               f"verify {original} against {ported or default_port(original)}", out)

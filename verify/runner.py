@@ -6,7 +6,7 @@ folder in a new process group, streams the script's output into output.log and t
 from the manifest, enforces the timeout by killing the whole group, and finalises the manifest when the child
 could not (killed, timed out, died hard).
 
-With `nproc_per_node` N > 1 the child is torch's own launcher, `python -m torch.distributed.run --nproc-per-node N
+With `nproc_per_node` N (1 or more) the child is torch's own launcher, `python -m torch.distributed.run --nproc-per-node N
 --standalone`, which starts the bootstrap as N ranks (each writes RUNDIR/rankK/: verify/run_folders.py). The launcher
 puts each rank in a session of its own, so the timeout stops each rank's group too (the pid each rank records); the
 run's manifest then says how the ranks ended (verify/rank_outcome.py).
@@ -56,14 +56,14 @@ class RunOptions:
     tensor_cap_mb: float = 512.0
     extra_env: dict[str, str] = field(default_factory=dict)
     loss_scaler_plan: LossScalerPlan | None = None  # a reference following the port's GradScaler
-    nproc_per_node: int = 1  # ranks launched through torch.distributed.run (1: the script as one process)
+    nproc_per_node: int = 0  # ranks launched through torch.distributed.run (0: the script as one process)
 
 
 def _device_and_env(script: Path, options: RunOptions) -> tuple[str, dict[str, str]]:
     """The device to record and the environment the child needs for it (verify.devices decides both)."""
     device = devices.for_script(script, options.device)
     try:
-        return device, devices.child_env(device, options.emulate_on, options.nproc_per_node)
+        return device, devices.child_env(device, options.emulate_on, max(1, options.nproc_per_node))
     except devices.EmulationError as error:
         raise VerifyError(str(error)) from None
 
@@ -80,7 +80,7 @@ def _check_inputs(script: Path, options: RunOptions, run_dir: Path) -> None:
         raise VerifyError(f"{script}: no such script")
     if options.steps < 1:
         raise VerifyError("--steps must be at least 1")
-    if options.nproc_per_node < 1:
+    if options.nproc_per_node < 0:
         raise VerifyError("--nproc-per-node must be at least 1")
     if options.device not in devices.DEVICES:
         raise VerifyError(f"--device must be one of {', '.join(devices.DEVICES)}")
@@ -116,14 +116,14 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         started_at=now_iso(),
         timeout_s=options.timeout,
         nproc_per_node=options.nproc_per_node,
-        world_size=options.nproc_per_node,
+        world_size=max(1, options.nproc_per_node),
     )
 
 
 def _command(run_dir: Path, nproc_per_node: int) -> list[str]:
     """The bootstrap, as one process or as N ranks started by torch's own launcher on this node."""
     bootstrap = [sys.executable, "-P", "-m", "verify.bootstrap", str(run_dir.resolve())]
-    if nproc_per_node == 1:
+    if not nproc_per_node:
         return bootstrap
     return [sys.executable, "-P", "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
             "--standalone", "--no-python", *bootstrap]

@@ -258,11 +258,11 @@ class RunManifest:
     timeout_s: float | None = None  # --timeout, if any
     # Several ranks (verify/run_folders.py: RUN/rank0/ ...): `rank` is this rank's (0 in the run's own manifest),
     # `world_size` how many the run had (1: a single process); `nproc_per_node` how many verify launched through
-    # torch.distributed.run (1: none, the script may spawn its own). process_group: the backend the script asked for
+    # torch.distributed.run (0: none; the script may spawn its own). process_group: the backend the script asked for
     # and the one that ran it ({"backend": "hccl", "runs_as": "gloo"} on an emulation, where gloo stands in).
     rank: int = 0
     world_size: int = 1
-    nproc_per_node: int = 1
+    nproc_per_node: int = 0
     process_group: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
