@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import json
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+import torch.multiprocessing
 
 from verify import run_folders
-from verify.schema import LAST_COLLECTIVE, RunManifest
-from verify.store import write_manifest
+from verify.schema import LAST_COLLECTIVE, RunManifest, Status
+from verify.store import read_manifest, write_manifest
 
 # The process group classes torch's backends run as, by the name a person knows them by.
 _BACKEND_CLASSES = {"ProcessGroupGloo": "gloo", "ProcessGroupNCCL": "nccl", "ProcessGroupHCCL": "hccl",
@@ -90,3 +93,41 @@ class LastCollective:
         self.count += 1
         record = json.dumps({"step": step, "op": op, "module": module, "count": self.count}).encode()
         os.pwrite(self._fd, record[: self.SIZE].ljust(self.SIZE), 0)
+
+
+class CapturedRank:
+    """What torch.multiprocessing.spawn runs in each process it starts, in place of the script's function: that
+    function under verify's capture, writing into the rank's folder. Pickled to the spawned process as the function
+    itself is, by reference (the script is re-imported there as __mp_main__)."""
+
+    def __init__(self, fn: Callable[..., Any], run_dir: Path, nprocs: int) -> None:
+        self.fn, self.run_dir, self.nprocs = fn, str(run_dir), nprocs
+
+    def __call__(self, index: int, *args: Any) -> None:
+        from verify import bootstrap  # the bootstrap imports this module
+
+        run_dir = Path(self.run_dir)
+        folder, manifest = open_rank_dir(run_dir, read_manifest(run_dir), index, self.nprocs)
+        status = bootstrap.instrumented(folder, manifest, lambda: self.fn(index, *args))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # As the bootstrap ends: the script's leftover threads (a process group's) must not keep the rank alive.
+        os._exit(0 if status in (Status.OK, Status.SHORT) else 1)
+
+
+@contextlib.contextmanager
+def spawned_ranks_captured(run_dir: Path) -> Iterator[None]:
+    """Ranks the script starts with torch.multiprocessing.spawn (or start_processes) run its function under the
+    capture, each into its folder of the run directory, without any option."""
+    module = importlib.import_module("torch.multiprocessing.spawn")  # torch.multiprocessing.spawn is the function
+    original = module.start_processes
+
+    @functools.wraps(original)
+    def start_processes(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, *rest: Any, **kwargs: Any) -> Any:
+        return original(CapturedRank(fn, run_dir, nprocs), args, nprocs, *rest, **kwargs)
+
+    module.start_processes = torch.multiprocessing.start_processes = start_processes
+    try:
+        yield
+    finally:
+        module.start_processes = torch.multiprocessing.start_processes = original

@@ -176,3 +176,14 @@ def test_a_port_whose_rank_hangs_fails_naming_the_rank_and_the_collective(tmp_pa
     assert summary["reason"].startswith("FAIL: actual run timeout: rank 1 hung at step 2")
     assert "rank 0 waits in c10d.allreduce_" in summary["reason"]
     assert processes_naming(out.resolve()) == []
+
+
+def test_a_script_that_spawns_its_own_ranks_is_captured_in_every_rank_without_an_option(tmp_path):
+    spawner = SCRIPTS / "ddp_spawn.py"
+    code, output, summary = verify(spawner, spawner, "--steps", "4", "--timeout", "120", "-q", "-o", tmp_path / "out")
+    assert code == 0, output
+    assert summary["reason"].startswith("PASS: on each of the 2 ranks")
+    run = read_run(tmp_path / "out" / "actual")
+    assert run.manifest.world_size == 2 and run.manifest.nproc_per_node == 0
+    assert [len(rank.losses) for rank in run.ranks] == [4, 4]
+    assert summary["ranks"]["sharding"]["passed"] and summary["ranks"]["sharding"]["original_disjoint"]
