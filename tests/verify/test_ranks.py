@@ -93,12 +93,17 @@ def test_a_faithful_port_passes_rank_by_rank_with_the_sharding_checked(faithful)
 def test_a_port_without_its_distributed_sampler_fails_naming_the_sharding_first(faithful, tmp_path):
     port = broken_port(tmp_path, ("    sampler = DistributedSampler(dataset)\n", ""),
                        (", sampler=sampler)", ", shuffle=True)"), ("        sampler.set_epoch(epoch)\n", ""))
+    checklist = [{"id": "C7", "title": "Sharding", "status": "Passed", "evidence": ["train.py:30"]}]
+    (tmp_path / "ddp_torchrun_npu_report").mkdir()
+    (tmp_path / "ddp_torchrun_npu_report" / "checklist.json").write_text(json.dumps(checklist))
     code, output, summary = verify_against_faithful_ref(faithful, port, tmp_path / "out")
     assert code == 1, output
     assert summary["reason"] == (
         "FAIL: rank 1 read the same samples as rank 0 at step 0, where the original's ranks read disjoint shards: "
         "the port has no DistributedSampler (its DataLoader samples with RandomSampler)")
     assert summary["findings"][0]["code"] == "sharding"
+    html = (tmp_path / "out" / "report.html").read_text()  # checklist item C7 takes the run-time evidence
+    assert "verify (run time): rank 1 read the same samples as rank 0" in html and "Passed" not in html
 
 
 def test_a_port_that_never_sets_the_samplers_epoch_fails_naming_set_epoch(faithful, tmp_path):
