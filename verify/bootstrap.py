@@ -19,7 +19,7 @@ import random
 import runpy
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ import torch
 from verify import device_setup, devices
 from verify.capture import OpCapture, TensorSaver
 from verify.tensor_stats import StatBatch
-from verify import environment_record, precision_scopes, random_streams
+from verify import environment_record, precision_scopes, random_streams, rank_capture
 from verify.schema import DumpMode, RunManifest, Status
 from verify.step_recorder import StepRecorder, StopRun
 from verify.store import RunWriter, now_iso, read_manifest, write_manifest
@@ -81,8 +81,10 @@ def _script_traceback(error: BaseException, script: str) -> str:
     return "".join(report.format())
 
 
-def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCapture | None) -> None:
-    """Runs the script as `python SCRIPT ARGS` would, and sets the manifest's status, message and exit code."""
+def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCapture | None,
+                body: Callable[[], Any]) -> None:
+    """Runs `body` (the script as `python SCRIPT ARGS` would; in a rank the script spawned, its function), and sets
+    the manifest's status, message and exit code."""
     sys.argv = [manifest.script, *manifest.argv]
     sys.path.insert(0, str(Path(manifest.script).parent))  # as `python SCRIPT` does (the bootstrap runs with -P)
     with contextlib.ExitStack() as stack:
@@ -101,7 +103,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
         if capture is not None:
             stack.enter_context(capture)
         try:
-            runpy.run_path(manifest.script, run_name="__main__")
+            body()
             recorder.end_open_step()
             _ended_by_itself(manifest, recorder, 0)
         except StopRun as stop:
@@ -166,8 +168,20 @@ def _make_capture(manifest: RunManifest, writer: RunWriter, batch: StatBatch) ->
 
 
 def run(run_dir: Path) -> Status:
-    """The whole child: prepare, instrument, run the script, write the final manifest."""
+    """The whole child: prepare, instrument, run the script, write the final manifest. A rank that
+    torch.distributed.run started writes into its own folder of the run directory; ranks the script spawns itself
+    are captured too (rank_capture.spawned_ranks_captured)."""
     manifest = read_manifest(run_dir)
+    rank = rank_capture.launched_rank() if manifest.nproc_per_node else None
+    if rank is not None:
+        folder, manifest = rank_capture.open_rank_dir(run_dir, manifest, rank, int(os.environ["WORLD_SIZE"]))
+        return instrumented(folder, manifest, lambda: runpy.run_path(manifest.script, run_name="__main__"))
+    with rank_capture.spawned_ranks_captured(run_dir):
+        return instrumented(run_dir, manifest, lambda: runpy.run_path(manifest.script, run_name="__main__"))
+
+
+def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) -> Status:
+    """Prepares the device, instruments this process, runs `body` and writes the final manifest into `run_dir`."""
     manifest.python_version = platform.python_version()
     manifest.torch_version = torch.__version__
     try:
@@ -184,9 +198,11 @@ def run(run_dir: Path) -> Status:
     capture = _make_capture(manifest, writer, batch)
     recorder = StepRecorder(manifest, run_dir, writer, capture, batch)
     recorder.install()
-    with environment_record.recorded(manifest):  # versions, precision/determinism switches, loaders (issue 12)
+    if capture is not None:
+        capture.on_collective = rank_capture.LastCollective(run_dir).called
+    with environment_record.recorded(manifest), rank_capture.process_group_recorded(manifest):
         write_manifest(run_dir, manifest)
-        _run_script(manifest, recorder, capture)
+        _run_script(manifest, recorder, capture, body)
     recorder.discard_partial_step()
     if capture is not None and capture.saver is not None and capture.saver.budget_exhausted:
         manifest.extra["tensor_cap_reached"] = True

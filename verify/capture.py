@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from verify.module_scopes import ModuleScopes, leaves
 from verify.tensor_stats import (Handle, PendingStats, SmallTensorStats, StatBatch, dtype_name, has_readable_data,
-                                 has_statistics, host_array, md5_of, summarize)
+                                 has_statistics, host_array, md5_of, sample_fingerprints, summarize)
 from verify.schema import INPUT_OP, STAT_COLUMNS, UPDATE_OP, DumpMode, Phase, TENSORS_DIR, op_key, step_file
 
 aten = torch.ops.aten
@@ -106,6 +106,15 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def _completed(out: Any) -> None:
+    """Waits for a collective's work (gloo's all-reduce returns before its result is in the tensors; NCCL's wait only
+    orders the device's stream): its outputs are recorded as the collective leaves them, not half reduced. The
+    script's own wait then returns at once."""
+    for item in out if isinstance(out, (tuple, list)) else (out,):
+        if not isinstance(item, (torch.Tensor, list, tuple)) and callable(getattr(item, "wait", None)):
+            item.wait()
+
+
 class _OpRecorder(TorchDispatchMode):
     """Records a summary of each op's outputs (and inputs, in tensor mode) into `capture.rows`."""
 
@@ -133,6 +142,8 @@ class _OpRecorder(TorchDispatchMode):
         if capture.with_inputs:
             capture.record(call, "in", arguments)
         out = func(*args, **kwargs)
+        if name.startswith("c10d."):
+            _completed(out)
         outputs = tensors_in(out)
         if not outputs:  # in-place ops that return nothing (foreach): their results are the written arguments
             outputs = tensors_in(self._written(func, args, kwargs))
@@ -189,6 +200,7 @@ class OpCapture:
         self.small_tensors = SmallTensorStats(batch)
         self.recording = True
         self.rows: list[OpRow] = []
+        self.samples: list[tuple[str, int, str, str, str]] = []  # this step's (module, call_index, io, shape, hashes)
         self._computed: dict[int, weakref.ref] = {}  # note_outputs
         self._writers: dict[int, int] = {}  # storage address -> seq of this step's last recorded call writing it
         self.truncated = False  # this step reached MAX_ROWS_PER_STEP
@@ -198,6 +210,9 @@ class OpCapture:
         self._stack = contextlib.ExitStack()
         self._optimizer_pause = contextlib.ExitStack()
         self._recorder: _OpRecorder | None = None
+        # Called with (step, op, module) as a collective (a c10d op) is called: a rank's last collective is kept
+        # where a hang leaves it (verify/rank_capture.py).
+        self.on_collective: Callable[[int, str, str], None] | None = None
 
     def __enter__(self) -> OpCapture:
         self._stack.enter_context(self.modules)
@@ -274,6 +289,8 @@ class OpCapture:
                 md5 = md5_of(tensor) if self.dump == DumpMode.MD5 else ""
                 self.rows.append(OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"in{position}",
                                        stats, md5))
+                self.samples.append((call.module, call.call_index, f"in{position}", stats.shape,
+                                     sample_fingerprints(tensor)))
 
     def producers(self, tensors: Sequence[torch.Tensor]) -> str:
         """The recorded calls of this step that wrote the storage of `tensors` (views included), as "seq,seq"."""
@@ -291,6 +308,8 @@ class OpCapture:
 
     def begin_call(self, op: str) -> _Call:
         module = self.modules.innermost
+        if self.on_collective is not None and op.startswith("c10d."):
+            self.on_collective(self._step, op, module)
         if self.modules.in_backward():
             phase = _BACKWARD
         else:
@@ -343,10 +362,17 @@ class OpCapture:
         self._writers = {}
         self.modules.release_leaf_hooks()
         self.rows = []
+        self.samples = []
         self.truncated = False
         self._seq = 0
         self._call_counts = {}
         self._step = next_step
+
+
+def sample_columns(samples: list[tuple[str, int, str, str, str]]) -> dict[str, list[Any]]:
+    """A step's sample fingerprints (OpCapture.samples) as SAMPLE_COLUMNS lists."""
+    names = ("module", "call_index", "io", "shape", "fingerprints")
+    return {name: list(column) for name, column in zip(names, zip(*samples))} if samples else {}
 
 
 def step_columns(step: int, rows: list[OpRow], fetched: Callable[[Handle], list[float]]) -> dict[str, list[Any]]:

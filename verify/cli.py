@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from verify import compare_cli, determinism, devices, pair
+from verify import compare_cli, determinism, devices, pair, run_folders
 from verify.devices import Device, EmulateOn
 from verify.errors import exit_with
 from verify.runner import RunOptions, run_script
@@ -88,6 +88,9 @@ def run(
     timeout: Annotated[
         Optional[float], typer.Option(min=0, help="Kill the run after this many seconds (status timeout).")
     ] = None,
+    nproc_per_node: Annotated[Optional[int], typer.Option(
+        min=1, help="Run the script as N ranks through torch.distributed.run (each writes RUNDIR/rankK/); "
+                    "without it, as one process.", show_default=False)] = None,
     out: Annotated[
         Optional[Path], typer.Option(
             "--out", "-o", help="Run directory (default: verify-runs/SCRIPT-DEVICE-TIME-RANDOM).")
@@ -102,7 +105,7 @@ def run(
     options = RunOptions(
         steps=steps, seed=seed, device=device.value, emulate_on=emulate_on.value, dump=dump, ops=ops,
         no_dropout=no_dropout, align_random=not no_align_random, exact_emulation=exact_emulation,
-        autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb,
+        autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb, nproc_per_node=nproc_per_node or 0,
     )
     exit_with(lambda: _run(script, list(script_args or []), options, out, quiet), f"run {script}", out)
 
@@ -126,7 +129,7 @@ def _run(script: Path, args: list[str], options: RunOptions, out: Path | None, q
 
 
 def _final_loss(run_dir: Path) -> str:
-    losses = read_losses(run_dir)
+    losses = read_losses(run_folders.lead_dir(run_dir))
     return f"{losses['loss'].iloc[-1]:.6g}" if len(losses) else "-"
 
 
@@ -139,7 +142,8 @@ def _print_summary(manifest: RunManifest, run_dir: Path) -> None:
     table.add_row("status", f"[{style}]{escape(shown(manifest.status))}[/]  {escape(shown(manifest.message))}")
     table.add_row("steps", f"{manifest.steps_completed} / {manifest.steps_requested}")
     table.add_row("final loss", _final_loss(run_dir))
-    table.add_row("device", f"{manifest.device} ({manifest.device_name})" if manifest.device_name else manifest.device)
+    table.add_row("device", (f"{manifest.device} ({manifest.device_name})" if manifest.device_name else manifest.device)
+                  + manifest.ranks_words)
     table.add_row("run dir", str(run_dir))
     stderr.print(table)
     if manifest.traceback:

@@ -9,7 +9,7 @@ never imports torch, so a comparison runs on any laptop.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import pandas as pd
@@ -18,9 +18,10 @@ from verify import environment
 from verify.align import RANDOM_OPS, AlignStatus, align_ops
 from verify.curves import (LossComparison, compare_grads, compare_hparams, compare_losses, compare_outputs,
                            compare_overflow, summarize_outputs)
-from verify.findings import Finding, Verdict, collect_findings, how_runs_ended, verdict
+from verify.findings import FAILING, Finding, FindingCode, Verdict, collect_findings, how_runs_ended, verdict
 from verify.op_verdicts import carried_noise_of, first_divergent_op, op_metrics, unscaled_backward
 from verify.precision_policy import CompareOptions, PrecisionPolicy, precision_policy
+from verify.rank_compare import findings_across_ranks, ranks_of, worst_rank
 from verify.store import Run
 from verify.devices import title
 from verify.schema import DumpMode
@@ -43,6 +44,9 @@ class ComparisonResult:
     notes: list[str]
     outputs_summary: dict[str, Any] = field(default_factory=dict)  # curves.summarize_outputs: inference only
     ops_not_compared: str = ""  # why no operator was compared (compare._ops_not_compared), "" when they were
+    # Runs of several ranks: their numbers, the rank whose comparison this is, each rank's verdict and the sharding
+    # evidence (verify/rank_compare.py); empty for two single processes.
+    ranks: dict[str, Any] = field(default_factory=dict)
 
     def status_counts(self) -> dict[str, int]:
         counts = self.ops["status"].value_counts() if len(self.ops) else pd.Series(dtype="int64")
@@ -73,6 +77,7 @@ class ComparisonResult:
             "outputs": self.outputs_summary,
             "findings": [{"code": f.code.value, "message": f.message, "detail": f.detail} for f in self.findings],
             "notes": self.notes,
+            **({"ranks": self.ranks} if self.ranks else {}),
         }
 
 
@@ -179,7 +184,44 @@ def _evidence(loss: LossComparison, hparams_compared: bool, grads: pd.DataFrame,
 
 
 def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions()) -> ComparisonResult:
-    """The comparison of two runs; CompareError where they prove nothing (see findings.how_runs_ended)."""
+    """The comparison of two runs; CompareError where they prove nothing (see findings.how_runs_ended). Runs of
+    several ranks are compared rank by rank, and across ranks (_compare_ranks)."""
+    if ref.ranks or actual.ranks:
+        return _compare_ranks(ref, actual, options)
+    return _compare_processes(ref, actual, options)
+
+
+def _compare_ranks(ref: Run, actual: Run, options: CompareOptions) -> ComparisonResult:
+    """Each pair of ranks compared as two processes; the findings across ranks first (the data each rank read, the
+    ranks' agreement), then the worst rank's, named. That rank's comparison is what the reports show."""
+    ended = [finding for finding in how_runs_ended(ref, actual)[0] if finding.code is FindingCode.RUN_FAILED]
+    across, evidence = findings_across_ranks(ref, actual)
+    across = ended + across  # the port's run as a whole: the rank that ended it, the collective the others were in
+    results = [_compare_processes(mine, theirs, options) for mine, theirs in zip(ranks_of(ref), ranks_of(actual))]
+    worst = worst_rank([(result.verdict.passed, result.findings) for result in results],
+                       actual.manifest.extra.get("cause_rank", 0))
+    verdicts = [rank_result.verdict.reason for rank_result in results]
+    result = results[worst]
+    result.findings = across + [replace(finding, message=f"rank {worst}: {finding.message}",
+                                        detail={**finding.detail, "rank": worst}) for finding in result.findings]
+    failing = [finding for finding in across if finding.code in FAILING]
+    reason = result.verdict.reason.split(": ", 1)[-1]
+    if failing:
+        result.verdict = Verdict(False, f"FAIL: {failing[0].message}")
+    elif not result.verdict.passed:
+        result.verdict = Verdict(False, f"FAIL: rank {worst}: {reason}")
+    else:
+        result.verdict = Verdict(True, f"PASS: on each of the {len(results)} ranks, {reason}")
+    result.notes += [f"rank {rank}: {reason}" for rank, reason in enumerate(verdicts)]
+    if evidence["sharding"].get("checked"):
+        result.notes.append(f"data read by each rank (run time): {evidence['sharding']['message']}")
+    result.ref, result.actual = ref, actual
+    result.ranks = {**evidence, "shown_rank": worst, "verdicts": verdicts}
+    return result
+
+
+def _compare_processes(ref: Run, actual: Run, options: CompareOptions) -> ComparisonResult:
+    """Two processes: two single-process runs, or a rank of each."""
     ended, shared_ending = how_runs_ended(ref, actual)
     notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual),
              *_one_sided_notes(ref, actual), *_random_notes(ref, actual), *_emulation_notes(ref, actual)]

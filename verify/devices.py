@@ -78,6 +78,7 @@ EMULATION_PACKAGE = "npu_port_emulation"  # in STAND_IN_DIR: what both stand-ins
 EMULATE_ON_VAR = "NPU_PORT_EMULATE_ON"  # read by the stand-ins (verify/emulated/npu_port_emulation/target.py)
 # Set: the emulations compute as the CPU does, without the devices' modelled numerics (device_numerics.py there).
 EXACT_EMULATION_VAR = "NPU_PORT_EXACT_EMULATION"
+DEVICE_COUNT_VAR = "NPU_PORT_EMULATED_DEVICES"  # how many devices an emulation on the CPU presents (target.py too)
 AUTOLOAD_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 _IMPORTS_TORCH_NPU = re.compile(r"^\s*(import\s+torch_npu\b|from\s+torch_npu\b)", re.MULTILINE)
 
@@ -123,14 +124,16 @@ def for_script(script: Path, choice: str) -> str:
     return choice
 
 
-def child_env(device: str, emulate_on: str, exact_emulation: bool = False) -> dict[str, str]:
-    """What a child's environment needs for `device` (an emulation computing `exact`ly as the CPU does, or with the
-    device's modelled numerics). Raises EmulationError where it cannot run here."""
+def child_env(device: str, emulate_on: str, ranks: int = 1, exact_emulation: bool = False) -> dict[str, str]:
+    """What a child's environment needs for `device`, run as `ranks` processes, its emulation computing exactly as the
+    CPU does or with its device's modelled numerics. Raises EmulationError where it cannot run here. An emulation on
+    the CPU presents one device a rank, so that a script's `set_device(local_rank)` and `device_count()` answer as on
+    a node with that many devices (`auto` may become EMULATED CUDA in the child)."""
     exact = {EXACT_EMULATION_VAR: "1"} if exact_emulation else {}
-    return {**_device_env(device, emulate_on), **exact}
+    return {**_device_env(device, emulate_on, ranks), **exact}
 
 
-def _device_env(device: str, emulate_on: str) -> dict[str, str]:
+def _device_env(device: str, emulate_on: str, ranks: int) -> dict[str, str]:
     if device == Device.CPU:
         return {"CUDA_VISIBLE_DEVICES": ""}
     if device == Device.NPU:
@@ -138,11 +141,13 @@ def _device_env(device: str, emulate_on: str) -> dict[str, str]:
         if not probe.available:
             raise EmulationError(f"--device npu: torch_npu does not work here ({probe.reason}); "
                                  "try --device emulated-npu")
+        return {}
+    count = {DEVICE_COUNT_VAR: str(ranks)}
     if device == Device.EMULATED_NPU:
-        return emulation_env(emulate_on)
+        return emulation_env(emulate_on) | count
     if device == Device.EMULATED_CUDA:
-        return {"CUDA_VISIBLE_DEVICES": "", EMULATE_ON_VAR: EmulateOn.CPU.value}
-    return {}
+        return {"CUDA_VISIBLE_DEVICES": "", EMULATE_ON_VAR: EmulateOn.CPU.value} | count
+    return count
 
 
 @dataclass(frozen=True)

@@ -46,11 +46,15 @@ class FindingCode(str, Enum):
     GRADS_NOT_RESET = "grads_not_reset"
     SCALE_STUCK = "scale_stuck"
     ENVIRONMENT_DIFFERS = "environment_differs"  # not failing by itself: it names a cause (verify/environment.py)
+    RANKS_DIFFER = "ranks_differ"  # the sides ran other numbers of ranks
+    SHARDING = "sharding"  # a rank of the port read other samples than the original's (verify/sharding.py)
+    RANKS_DISAGREE = "ranks_disagree"  # the port's ranks hold other gradients or parameters where the original's agree
 
 
 # Findings that fail the verdict, causes before symptoms: the one-line reason names the first that is present. The
 # first divergent operator comes before the loss it moves.
-FAILING = (FindingCode.RUN_FAILED, FindingCode.STEPS_DIFFER, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
+FAILING = (FindingCode.RUN_FAILED, FindingCode.STEPS_DIFFER, FindingCode.RANKS_DIFFER, FindingCode.SHARDING,
+           FindingCode.RANKS_DISAGREE, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
            FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES,
            FindingCode.NONDETERMINISM,
            FindingCode.OUTPUT_DIVERGES, FindingCode.LOSS_DIVERGES, FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)

@@ -57,9 +57,17 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     # Casts and copies carry values, they compute none: what they carry is judged at the ops that use it (their n-th
     # call on one side need not be the n-th on the other), so they are neither passed nor failed themselves.
     carried = table["ref_op"].isin(list(CARRIER_OPS)).to_numpy(dtype=bool, na_value=False)
-    judged = matched & ~_scaler_overflow(table, ref, actual) & ~carried
+    judged = matched & ~_scaler_overflow(table, ref, actual) & ~carried & ~_process_bookkeeping(table)
     table["passed"] = pd.arrays.BooleanArray(passed & judged, ~judged)  # unmatched rows: NA, neither pass nor fail
     return table
+
+
+def _process_bookkeeping(table: pd.DataFrame) -> np.ndarray:
+    """Integer collectives outside every module: what processes tell each other of themselves, not training values
+    (DDP gathers each rank's buffer addresses as it is built), so they differ from run to run and are not judged."""
+    collective = table["ref_op"].astype("string").str.startswith("c10d.").to_numpy(dtype=bool, na_value=False)
+    integer = table["ref_dtype"].astype("string").str.startswith(("int", "uint")).to_numpy(dtype=bool, na_value=False)
+    return collective & integer & (table["phase"] == "other").to_numpy(dtype=bool, na_value=False)
 
 
 def _indices_of_agreeing_values(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray) -> np.ndarray:

@@ -285,6 +285,9 @@ def pair(
         "--exact-emulation", help="Emulated devices compute as the CPU does: no modelled summation order or own "
                                   "generator, so a faithful CPU pair agrees bit for bit (debugging).")] = False,
     timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a side after this many seconds.")] = None,
+    nproc_per_node: Annotated[Optional[int], typer.Option(
+        min=1, help="Run each side as N ranks through torch.distributed.run, compared rank by rank; without it, "
+                    "as one process.", show_default=False)] = None,
     loss_rtol: Annotated[Optional[float], typer.Option(
         help="Relative loss tolerance per step (default 0.01; 0.05 for fp32 against AMP).")] = None,
     match_amp: Annotated[bool, typer.Option(
@@ -309,7 +312,7 @@ def pair(
     """
     out = out or run_folders.default_pair_dir(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
-                         exact_emulation=exact_emulation, timeout=timeout)
+                         exact_emulation=exact_emulation, timeout=timeout, nproc_per_node=nproc_per_node or 0)
     exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value, loss_rtol,
                             match_amp, amp_effect, ref_run, out, quiet, adaptation_report),
               f"verify {original} against {ported or default_port(original)}", out)

@@ -23,6 +23,7 @@ import pyarrow.parquet
 
 from verify.advice import Advice, advise
 from verify.checklist_items import CHECKLIST_JSON  # written by `migrate` (id, title, status, evidence, action)
+from verify.checklist_items import Status as ChecklistStatus
 from verify.compare import ComparisonResult
 from verify.report_html import render_html
 from verify.report_tables import op_report_frame
@@ -89,6 +90,7 @@ def report_writers(result: ComparisonResult, checklist: list[dict[str, Any]] | N
     """Each report file of a comparison -> what writes it; `summary`: sections only the caller knows (the pair's), in
     summary.json. What several share (the advice, the full op table) is made here, once."""
     advice = advise(result.findings)
+    checklist = with_run_time_sharding(checklist, result)
     summary = result.summary() | {"advice": [item.message for item in advice]} | (summary or {})
     # pyarrow writes both files of the full table several times faster than pandas' own writers: to_csv formats
     # every float in Python, about 1 s for 60,000 rows of ~60 columns (tests/perf/bench_compare.py).
@@ -102,6 +104,23 @@ def report_writers(result: ComparisonResult, checklist: list[dict[str, Any]] | N
         OPS_PARQUET: lambda path: write_parquet(full_table, path),
         "losses.csv": lambda path: result.loss.frame.to_csv(path, index=False),
     }
+
+
+# The checklist items whose run-time evidence is the data each rank read (verify/sharding.py).
+SHARDING_ITEMS = ("C6", "C7")
+
+
+def with_run_time_sharding(checklist: list[dict[str, Any]] | None,
+                           result: ComparisonResult) -> list[dict[str, Any]] | None:
+    """migrate's checklist with C6 and C7 judged on what the ranks read at run time, where verify checked it: Passed
+    or Failed, the sharding evidence first among the item's evidence."""
+    sharding = result.ranks.get("sharding", {})
+    if not checklist or not sharding.get("checked"):
+        return checklist
+    status = ChecklistStatus.PASSED if sharding["passed"] else ChecklistStatus.FAILED
+    return [item | {"status": status.value, "evidence": [f"verify (run time): {sharding['message']}",
+                                                         *item.get("evidence", [])]}
+            if item.get("id") in SHARDING_ITEMS else item for item in checklist]
 
 
 def write_csv(table: pa.Table, path: Path) -> None:

@@ -9,6 +9,13 @@ what a run directory holds is verify/schema.py's.
     PAIR/amp-effect/           --amp-effect: its comparison's reports
     PAIR/run-1/, PAIR/run-2/   verify determinism: the two runs
 
+A run of several ranks (`--nproc-per-node N`, or a script that spawns its own) keeps one run directory per rank
+inside its run directory; a single process keeps today's layout, without rank folders:
+
+    RUN/manifest.json          the run's manifest: how the run as a whole ended (the runner composes it)
+    RUN/output.log             every rank's output, as the launcher passed it on
+    RUN/rank0/, RUN/rank1/     each rank's run directory (manifest, losses, ops ...: verify/schema.py)
+
 A folder verify writes into has one writer: claim() creates WRITER_LOCK in it with O_EXCL, so that of two verify
 commands started at once into the same folder, exactly one writes and the other exits 2; the lock goes when its
 process ends. Default names carry a random suffix besides the time, so two commands started in the same second
@@ -39,6 +46,31 @@ class FolderInUse(VerifyFailure):
 
 def determinism_run(number: int) -> str:
     return f"run-{number}"
+
+
+_RANK_PREFIX = "rank"
+
+
+def rank_dir(run_dir: Path, rank: int) -> Path:
+    """The run directory of rank `rank` inside the run directory of a multi-rank run."""
+    return Path(run_dir) / f"{_RANK_PREFIX}{rank}"
+
+
+def lead_dir(run_dir: Path) -> Path:
+    """The folder whose records stand for the run where one is read (progress, the final loss): the lowest rank's
+    folder for a run of ranks, the run directory itself otherwise."""
+    return (rank_dirs(run_dir) or [Path(run_dir)])[0]
+
+
+def rank_dirs(run_dir: Path) -> list[Path]:
+    """The rank folders of a run directory, by rank number ([] for a single-process run)."""
+    folders = {}
+    if Path(run_dir).is_dir():
+        for entry in Path(run_dir).iterdir():
+            number = entry.name.removeprefix(_RANK_PREFIX)
+            if entry.name.startswith(_RANK_PREFIX) and number.isdigit() and entry.is_dir():
+                folders[int(number)] = entry
+    return [folders[rank] for rank in sorted(folders)]
 
 
 def _stamp() -> str:

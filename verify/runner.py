@@ -5,10 +5,16 @@ manifest (which is the child's whole configuration), starts `python -P -m verify
 folder in a new process group, streams the script's output into output.log and to a callback, reports progress
 from the manifest, enforces the timeout by killing the whole group, and finalises the manifest when the child
 could not (killed, timed out, died hard).
+
+With `nproc_per_node` N (1 or more) the child is torch's own launcher, `python -m torch.distributed.run --nproc-per-node N
+--standalone`, which starts the bootstrap as N ranks (each writes RUNDIR/rankK/: verify/run_folders.py). The launcher
+puts each rank in a session of its own, so the timeout stops each rank's group too (the pid each rank records); the
+run's manifest then says how the ranks ended (verify/rank_outcome.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import os
@@ -22,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verify import devices, run_folders
+from verify import devices, rank_outcome, run_folders
 from verify.schema import AUTOCAST_DTYPES, LOG, DumpMode, LossScalerPlan, RunManifest, Status, VerifyFailure
-from verify.store import RunDirError, now_iso, read_manifest, write_manifest
+from verify.store import RunDirError, now_iso, read_last_collective, read_manifest, write_manifest
 
 _KILL_GRACE_S = 5.0
 _PROGRESS_POLL_S = 0.5
@@ -51,13 +57,15 @@ class RunOptions:
     tensor_cap_mb: float = 512.0
     extra_env: dict[str, str] = field(default_factory=dict)
     loss_scaler_plan: LossScalerPlan | None = None  # a reference following the port's GradScaler
+    nproc_per_node: int = 0  # ranks launched through torch.distributed.run (0: the script as one process)
 
 
 def _device_and_env(script: Path, options: RunOptions) -> tuple[str, dict[str, str]]:
     """The device to record and the environment the child needs for it (verify.devices decides both)."""
     device = devices.for_script(script, options.device)
     try:
-        return device, devices.child_env(device, options.emulate_on, options.exact_emulation)
+        return device, devices.child_env(device, options.emulate_on, ranks=max(1, options.nproc_per_node),
+                                         exact_emulation=options.exact_emulation)
     except devices.EmulationError as error:
         raise VerifyError(str(error)) from None
 
@@ -74,6 +82,8 @@ def _check_inputs(script: Path, options: RunOptions, run_dir: Path) -> None:
         raise VerifyError(f"{script}: no such script")
     if options.steps < 1:
         raise VerifyError("--steps must be at least 1")
+    if options.nproc_per_node < 0:
+        raise VerifyError("--nproc-per-node must be at least 1")
     if options.device not in devices.DEVICES:
         raise VerifyError(f"--device must be one of {', '.join(devices.DEVICES)}")
     if options.autocast not in ("off", *AUTOCAST_DTYPES):
@@ -108,7 +118,18 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         steps_requested=options.steps,
         started_at=now_iso(),
         timeout_s=options.timeout,
+        nproc_per_node=options.nproc_per_node,
+        world_size=max(1, options.nproc_per_node),
     )
+
+
+def _command(run_dir: Path, nproc_per_node: int) -> list[str]:
+    """The bootstrap, as one process or as N ranks started by torch's own launcher on this node."""
+    bootstrap = [sys.executable, "-P", "-m", "verify.bootstrap", str(run_dir.resolve())]
+    if not nproc_per_node:
+        return bootstrap
+    return [sys.executable, "-P", "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
+            "--standalone", "--no-python", *bootstrap]
 
 
 def run_script(
@@ -133,8 +154,7 @@ def run_script(
     env["PYTHONUNBUFFERED"] = "1"  # the script's output reaches output.log and the user as it is printed
     started = time.monotonic()
     returncode, ending = _supervise(
-        [sys.executable, "-P", "-m", "verify.bootstrap", str(run_dir.resolve())],
-        script.parent, env, run_dir, options.timeout, on_output, on_progress,
+        _command(run_dir, options.nproc_per_node), script.parent, env, run_dir, options.timeout, on_output, on_progress,
     )
     _finalise(run_dir, returncode, ending, options.timeout, time.monotonic() - started)
     run_folders.release(run_dir)
@@ -157,7 +177,8 @@ def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress) -> t
         except KeyboardInterrupt:  # the child has its own session, so Ctrl-C reaches only us: end it too
             ending = "interrupted"
         if ending != "exited":
-            _kill_group(child)
+            _kill_groups(child, run_dir)
+        _kill_groups(child, run_dir, ranks_only=True)  # a rank the launcher left behind
         reader.join(timeout=_KILL_GRACE_S)
     return child.returncode, ending
 
@@ -189,7 +210,7 @@ def _report_progress(run_dir: Path, last_steps: int, on_progress) -> int:
     if on_progress is None:
         return last_steps
     try:
-        steps = read_manifest(run_dir).steps_completed
+        steps = read_manifest(run_folders.lead_dir(run_dir)).steps_completed
     except RunDirError:  # replaced atomically, so only a vanished folder gets here
         return last_steps
     if steps != last_steps:
@@ -197,18 +218,48 @@ def _report_progress(run_dir: Path, last_steps: int, on_progress) -> int:
     return steps
 
 
-def _kill_group(child: subprocess.Popen) -> None:
-    """SIGTERM to the child's whole group (DataLoader workers included), SIGKILL if it lingers."""
+def _rank_groups(run_dir: Path) -> list[int]:
+    """The process groups of the ranks still alive: torch.distributed.run starts each rank in a session of its own,
+    which signalling the launcher's group does not reach."""
+    groups = []
+    for folder in run_folders.rank_dirs(run_dir):
+        try:
+            groups.append(os.getpgid(int(read_manifest(folder).extra.get("pid", 0)) or -1))
+        except (RunDirError, ProcessLookupError, ValueError, TypeError):
+            continue  # no pid recorded, or the rank is gone
+    return groups
+
+
+def _kill_groups(child: subprocess.Popen, run_dir: Path, ranks_only: bool = False) -> None:
+    """SIGTERM to the child's whole group (DataLoader workers included) and to each rank's, SIGKILL if they
+    linger."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(child.pid, sig)
-        except ProcessLookupError:
+        groups = _rank_groups(run_dir) + ([] if ranks_only else [child.pid])
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, sig)
+        if not groups or _all_gone(child, groups):
             return
-        try:
-            child.wait(timeout=_KILL_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+
+
+def _all_gone(child: subprocess.Popen, groups: list[int]) -> bool:
+    """Whether the child has exited and no process of `groups` is left, waiting up to the grace period."""
+    deadline = time.monotonic() + _KILL_GRACE_S
+    while time.monotonic() < deadline:
+        if child.poll() is not None and not any(_group_alive(group) for group in groups):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None, wall_s: float) -> None:
@@ -227,4 +278,23 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
         cause = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
         manifest.message = f"the process {cause} before verify could record how it ended"
     manifest.finished_at = manifest.finished_at or now_iso()
+    if folders := run_folders.rank_dirs(run_dir):
+        manifest = _finalise_ranks(manifest, folders, ending, timeout)
     write_manifest(run_dir, manifest)
+
+
+def _finalise_ranks(run: RunManifest, folders: list[Path], ending: str, timeout: float | None) -> RunManifest:
+    """Each rank's manifest completed where its process could not (killed at the timeout, or by the launcher after
+    another rank failed), and the run's manifest composed from them (verify/rank_outcome.py)."""
+    ranks, lasts = [], []
+    for folder in folders:
+        try:
+            manifest = read_manifest(folder)
+        except RunDirError:
+            continue  # a rank killed before it wrote its manifest: the reader names it
+        last = read_last_collective(folder)
+        manifest = rank_outcome.stop_rank(manifest, ending, timeout, last)
+        write_manifest(folder, manifest)
+        ranks.append(manifest)
+        lasts.append(last)
+    return rank_outcome.run_manifest(run, ranks, lasts) if ranks else run

@@ -9,8 +9,12 @@ A run directory is written incrementally, so a crash or a timeout keeps every co
     grads/steps.arrows     per-parameter gradient statistics just before the optimizer step (GRAD_COLUMNS)
     outputs/steps.arrows   inference runs: statistics of the outermost module's outputs (OUTPUT_COLUMNS)
     outputs/step-NNNNNN-outK.npy inference runs: the output tensors themselves (small: top-k agreement needs them)
+    samples/steps.arrows   a fingerprint of each sample the outermost modules received (SAMPLE_COLUMNS): which
+                           samples each rank read, compared across ranks and sides (verify/sharding.py)
     tensors/step-NNNNNN/...npy   full tensors of the ops selected with --ops in `tensor` mode, under a size cap
     output.log             the script's stdout and stderr
+    last-collective.json   the last collective (c10d op) the process called: {"step", "op", "module", "count"},
+                           padded with spaces; absent where it called none
 
 manifest.extra["environment"] (verify/environment.py) is the environment the run computed in, written at the start
 and again when the script ends: {"versions": {python, torch, torch_npu, cann}, "precision": {fp32_matmul,
@@ -49,9 +53,11 @@ HPARAMS = "hparams.csv"
 OPS_DIR = "ops"
 GRADS_DIR = "grads"
 OUTPUTS_DIR = "outputs"
+SAMPLES_DIR = "samples"
 TENSORS_DIR = "tensors"
 TABLE_FILE = "steps.arrows"
 LOG = "output.log"
+LAST_COLLECTIVE = "last-collective.json"  # a rank's last collective call, rewritten in place (verify/rank_capture.py)
 
 
 def step_file(step: int, suffix: str) -> str:
@@ -173,6 +179,17 @@ OUTPUT_COLUMNS: dict[str, str] = {
     "tensor_file": "string",
 }
 
+SAMPLE_COLUMNS: dict[str, str] = {
+    "step": "int64",
+    "module": "string",  # the outermost module whose forward received the batch (as in the INPUT_OP op records)
+    "call_index": "int64",  # its n-th such forward in the step (gradient accumulation: several)
+    "io": "string",  # "in0", "in1", ... as in the INPUT_OP records
+    "shape": "string",
+    # One 16-hex-digit hash a sample (a row along the first dimension) of its values as float64, comma-separated:
+    # equal on two devices for the same sample whatever the tensor's dtype or device.
+    "fingerprints": "string",
+}
+
 LOSS_COLUMNS = ("step", "micro_step", "loss", "loss_scale", "wall_ms")
 """losses.csv: `loss` is the unscaled scalar backward() was called on; `loss_scale` the GradScaler scale at that
 moment (empty without a scaler); `micro_step` counts backward() calls within the step (gradient accumulation)."""
@@ -243,6 +260,14 @@ class RunManifest:
     # Steps whose first backward() found gradients left from an earlier step (no zero_grad() between steps).
     grads_carried_steps: list[int] = field(default_factory=list)
     timeout_s: float | None = None  # --timeout, if any
+    # Several ranks (verify/run_folders.py: RUN/rank0/ ...): `rank` is this rank's (0 in the run's own manifest),
+    # `world_size` how many the run had (1: a single process); `nproc_per_node` how many verify launched through
+    # torch.distributed.run (0: none; the script may spawn its own). process_group: the backend the script asked for
+    # and the one that ran it ({"backend": "hccl", "runs_as": "gloo"} on an emulation, where gloo stands in).
+    rank: int = 0
+    world_size: int = 1
+    nproc_per_node: int = 0
+    process_group: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -273,8 +298,17 @@ class RunManifest:
 
     @property
     def title(self) -> str:
-        """How every report names this run; an emulation is never hidden."""
-        return f"{self.script} on {title(self.device, self.emulated_on)}"
+        """How every report names this run; an emulation is never hidden, nor a backend standing in for another."""
+        return f"{self.script} on {title(self.device, self.emulated_on)}{self.ranks_words}"
+
+    @property
+    def ranks_words(self) -> str:
+        """", 2 ranks (hccl run as gloo)" for a run of several ranks; "" for a single process."""
+        if self.world_size <= 1:
+            return ""
+        asked, ran = self.process_group.get("backend", ""), self.process_group.get("runs_as", "")
+        backend = f" ({asked} run as {ran})" if ran and ran != asked else f" ({asked})" if asked else ""
+        return f", {self.world_size} ranks{backend}"
 
 
 SHOWN_CHARS = 2000

@@ -32,10 +32,10 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_flatten
 
-from verify.capture import step_columns, tensors_in
+from verify.capture import sample_columns, step_columns, tensors_in
 from verify.module_scopes import unwrapped
 from verify.tensor_stats import Handle, has_readable_data, host_array, summarize
-from verify.schema import GRADS_DIR, OPS_DIR, OUTPUTS_DIR, STAT_COLUMNS, LossScalerPlan, RunManifest, Status, step_file
+from verify.schema import GRADS_DIR, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR, STAT_COLUMNS, LossScalerPlan, RunManifest, Status, step_file
 from verify.loss_scaler_twin import LossScalerTwin, script_scaler
 from verify.store import RunWriter, write_manifest
 
@@ -371,9 +371,11 @@ class StepRecorder:
         step = self.steps_done
         with self._own_work():
             shipment = self.batch.ship()
+            samples = self.capture.samples if self.capture is not None else []
             ops = self.capture.close_step(step) if self.capture is not None else None
         outputs = self._outputs if self.manifest.inference else None
-        ended = (step, shipment, ops, self._losses, self._hparams, self._grads, outputs, self._carried_grads)
+        ended = (step, shipment, ops, samples, self._losses, self._hparams, self._grads, outputs,
+                 self._carried_grads)
         self._carried_grads = None
         if self.twin is not None:
             self.manifest.loss_scaler = self.twin.record()
@@ -397,7 +399,7 @@ class StepRecorder:
         if unwritten is not None:
             self._write_step(*unwritten)
 
-    def _write_step(self, step: int, shipment, ops, losses, hparams, grads, outputs, carried_grads) -> None:
+    def _write_step(self, step: int, shipment, ops, samples, losses, hparams, grads, outputs, carried_grads) -> None:
         """Writes an ended step's records; a NaN or inf loss stops the run there (a step ended after it is not kept)."""
         with self._own_work():
             fetched = shipment.read()
@@ -415,6 +417,8 @@ class StepRecorder:
             self._write_stats(OUTPUTS_DIR, step, "output", named, fetched, tensor_file=saved)
         if ops is not None:
             self.writer.write_step_table(OPS_DIR, step, step_columns(step, ops, fetched))
+        if samples:
+            self.writer.write_step_table(SAMPLES_DIR, step, sample_columns(samples))
         bad = [loss for _, _, loss, _, _ in losses if not math.isfinite(loss)]
         if bad:
             self._unwritten = None

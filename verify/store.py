@@ -14,7 +14,7 @@ import os
 import warnings
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -23,11 +23,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from verify.run_folders import rank_dirs
 from verify.schema import (
     GRAD_COLUMNS,
     GRADS_DIR,
     HPARAM_COLUMNS,
     HPARAMS,
+    LAST_COLLECTIVE,
     LOSS_COLUMNS,
     LOSSES,
     MANIFEST,
@@ -36,6 +38,8 @@ from verify.schema import (
     OPS_DIR,
     OUTPUT_COLUMNS,
     OUTPUTS_DIR,
+    SAMPLE_COLUMNS,
+    SAMPLES_DIR,
     TABLE_FILE,
     RunManifest,
     VerifyFailure,
@@ -44,7 +48,8 @@ from verify.schema import (
 _ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
 _DEFAULTS = {"int64": pa.scalar(0), "float64": pa.scalar(None, pa.float64()), "string": pa.scalar("")}
 """What a column left out of `RunWriter.write_step_table` holds (float64: null, read back as NaN)."""
-TABLES: dict[str, dict[str, str]] = {OPS_DIR: OP_COLUMNS, GRADS_DIR: GRAD_COLUMNS, OUTPUTS_DIR: OUTPUT_COLUMNS}
+TABLES: dict[str, dict[str, str]] = {OPS_DIR: OP_COLUMNS, GRADS_DIR: GRAD_COLUMNS, OUTPUTS_DIR: OUTPUT_COLUMNS,
+                                     SAMPLES_DIR: SAMPLE_COLUMNS}
 """Folder holding a table's stream (TABLE_FILE) -> its columns."""
 
 
@@ -213,8 +218,12 @@ class Run:
     hparams: pd.DataFrame = field(default_factory=lambda: empty_frame(HPARAM_COLUMNS))
     grads: pd.DataFrame = field(default_factory=lambda: empty_frame(GRAD_COLUMNS))
     outputs: pd.DataFrame = field(default_factory=lambda: empty_frame(OUTPUT_COLUMNS))
+    samples: pd.DataFrame = field(default_factory=lambda: empty_frame(SAMPLE_COLUMNS))
     source: str = "npu-port run directory"
     notes: list[str] = field(default_factory=list)
+    # A run of several ranks: each rank's Run, by rank; the run itself holds the run's manifest and rank 0's records,
+    # which stand for the run where one rank is read (its precision, its loss scaler). [] for a single process.
+    ranks: list[Run] = field(default_factory=list)
 
     def load_array(self, relative: str) -> np.ndarray:
         """A tensor saved in the run (a `tensor_file` cell), confined to the run directory and never unpickled."""
@@ -329,9 +338,36 @@ def read_losses(run_dir: Path, problems: list[str] | None = None) -> pd.DataFram
 
 
 def read_run(run_dir: Path) -> Run:
-    """Reads a run directory written by `verify run` (or one cut short by a crash). Problems become `Run.notes`
-    and Python warnings; only a missing or corrupt manifest is an error (RunDirError)."""
+    """Reads a run directory written by `verify run` (or one cut short by a crash), of one process or of several
+    ranks (verify/run_folders.py). Problems become `Run.notes` and Python warnings; only a missing or corrupt
+    manifest of the run is an error (RunDirError)."""
     run_dir = Path(run_dir)
+    folders = rank_dirs(run_dir)
+    return _read_ranks(run_dir, folders) if folders else _read_process(run_dir)
+
+
+def _read_ranks(run_dir: Path, folders: list[Path]) -> Run:
+    """A run of several ranks: the run's manifest, rank 0's records, and each rank's Run. A rank folder without a
+    readable manifest (a rank killed before it wrote one) is left out, with a note."""
+    manifest = read_manifest(run_dir)
+    ranks, notes = [], []
+    for folder in folders:
+        try:
+            ranks.append(_read_process(folder))
+        except RunDirError as error:
+            notes.append(f"{folder.name} left out: {error}")
+    ranks.sort(key=lambda run: run.manifest.rank)
+    missing = sorted(set(range(manifest.world_size)) - {run.manifest.rank for run in ranks})
+    if missing:
+        notes.append(f"no records of rank(s) {', '.join(map(str, missing))} of {manifest.world_size}")
+    notes += [f"rank {run.manifest.rank}: {note}" for run in ranks for note in run.notes]
+    if not ranks:
+        return Run(run_dir, manifest, notes=notes)
+    return replace(ranks[0], root=run_dir, manifest=manifest, ranks=ranks, notes=notes)
+
+
+def _read_process(run_dir: Path) -> Run:
+    """The run directory of one process: a single-process run, or one rank of several."""
     manifest = read_manifest(run_dir)
     problems: list[str] = []
     losses = read_losses(run_dir, problems)
@@ -343,7 +379,17 @@ def read_run(run_dir: Path) -> Run:
     if losses.empty and not manifest.inference:
         problems.append("no loss recorded")
     return Run(run_dir, manifest, ops=tables[OPS_DIR], losses=losses, hparams=hparams, grads=tables[GRADS_DIR],
-               outputs=tables[OUTPUTS_DIR], notes=problems)
+               outputs=tables[OUTPUTS_DIR], samples=tables[SAMPLES_DIR], notes=problems)
+
+
+def read_last_collective(run_dir: Path) -> dict[str, Any]:
+    """The last collective a rank called ({"step", "op", "module", "count"}), {} where it called none or the record
+    cannot be read (a write cut short)."""
+    try:
+        record = json.loads((Path(run_dir) / LAST_COLLECTIVE).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) and isinstance(record.get("count"), int) else {}
 
 
 def _json_or_text(cell: str) -> Any:

@@ -436,6 +436,16 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
     return tensor.cpu().numpy()
 
 
+def sample_fingerprints(tensor: torch.Tensor) -> str:
+    """A 16-hex-digit hash of each sample (row along the first dimension) of a batch, comma-separated: hashed as
+    float64 values, so that the same sample hashes alike in float32 and float16 where its values are equal, on any
+    device. The batch is brought to the host (a sync on an accelerator, once per outermost forward)."""
+    if not has_readable_data(tensor):
+        return ""
+    rows = tensor.detach().to("cpu", torch.float64).reshape(tensor.shape[0] if tensor.dim() else 1, -1).numpy()
+    return ",".join(hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in rows)
+
+
 def md5_of(tensor: torch.Tensor) -> str:
     """Hash of the tensor's bytes in logical order: equal hashes mean bit-identical values (same dtype)."""
     if not has_readable_data(tensor):

@@ -229,15 +229,15 @@ def test_emulation_env_rejects_unknown_targets():
         emulation_env("npu")
 
 
-def test_parent_and_stand_in_name_the_same_target_variable():
+def test_parent_and_stand_in_name_the_same_variables():
     tree = ast.parse((devices.STAND_IN_DIR / "npu_port_emulation" / "target.py").read_text())
+    names = ("EMULATE_ON_VAR", "DEVICE_COUNT_VAR")
     assigned = {
         node.targets[0].id: ast.literal_eval(node.value)
         for node in tree.body
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-        and node.targets[0].id == "EMULATE_ON_VAR"
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in names
     }
-    assert assigned == {"EMULATE_ON_VAR": devices.EMULATE_ON_VAR}
+    assert assigned == {name: getattr(devices, name) for name in names}
 
 
 def test_probe_reports_torch_npu_not_installed():
@@ -267,3 +267,28 @@ def test_probe_reports_why_an_installed_torch_npu_cannot_load(tmp_path, monkeypa
         reason="torch_npu 2.13.0 is installed but cannot load: "
         "ImportError: libascendcl.so: cannot open shared object file: No such file or directory",
     )
+
+
+def test_the_emulations_on_the_cpu_present_one_device_a_rank(tmp_path):
+    """verify launches N ranks with one emulated device each: set_device(local_rank) works, device_count() is N."""
+    script = """
+    import json
+    import torch, torch_npu
+    torch.npu.set_device(1)
+    try:
+        torch.zeros(1, device="npu:2")
+        missing = ""
+    except RuntimeError as error:
+        missing = str(error)
+    print("RESULT", json.dumps({"count": torch.npu.device_count(), "current": torch.npu.current_device(),
+                                "missing": missing}))
+    """
+    result, _ = run_emulated(script, tmp_path, **{devices.DEVICE_COUNT_VAR: "2"})
+    assert result["count"] == 2 and result["current"] == 1
+    assert "npu:2 does not exist" in result["missing"] and "2 device(s)" in result["missing"]
+
+
+def test_child_env_tells_the_emulations_how_many_devices_to_present():
+    assert devices.child_env("emulated-npu", "cpu", ranks=4)[devices.DEVICE_COUNT_VAR] == "4"
+    assert devices.child_env("emulated-cuda", "cpu", ranks=2)[devices.DEVICE_COUNT_VAR] == "2"
+    assert devices.child_env("emulated-cuda", "cpu")[devices.DEVICE_COUNT_VAR] == "1"

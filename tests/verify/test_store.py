@@ -148,3 +148,33 @@ def test_reader_works_without_torch(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["4", "False"]
+
+
+def test_a_run_of_several_ranks_reads_each_rank_and_the_run_manifest(tmp_path):
+    """run_folders' layout: RUN/manifest.json for the run, RUN/rankK/ for each rank; rank 0's records stand for the
+    run, every rank's Run is in `ranks`, and a rank that left no manifest is named."""
+    from verify.run_folders import rank_dir, rank_dirs
+
+    write_manifest(tmp_path, RunManifest(script="train.py", steps_requested=2, steps_completed=2, world_size=3,
+                                         process_group={"backend": "hccl", "runs_as": "gloo"}))
+    for rank in (1, 0):
+        write_run(rank_dir(tmp_path, rank), steps=rank + 1)
+        manifest = RunManifest(script="train.py", steps_requested=2, steps_completed=rank + 1, rank=rank,
+                               world_size=3)
+        write_manifest(rank_dir(tmp_path, rank), manifest)
+    rank_dir(tmp_path, 2).mkdir()  # a rank killed before it wrote anything
+    (tmp_path / "rank-notes").mkdir()  # not a rank folder
+
+    run = read_run(tmp_path)
+    assert [folder.name for folder in rank_dirs(tmp_path)] == ["rank0", "rank1", "rank2"]
+    assert [rank.manifest.rank for rank in run.ranks] == [0, 1]
+    assert [len(rank.losses) for rank in run.ranks] == [1, 2] and run.losses.equals(run.ranks[0].losses)
+    assert run.root == tmp_path and run.ranks[1].root == rank_dir(tmp_path, 1)
+    assert run.manifest.world_size == 3 and run.manifest.title == "train.py on , 3 ranks (hccl run as gloo)"
+    assert any(note.startswith("rank2 left out") for note in run.notes)
+    assert "no records of rank(s) 2 of 3" in run.notes
+
+
+def test_a_single_process_run_has_no_ranks(tmp_path):
+    write_run(tmp_path)
+    assert read_run(tmp_path).ranks == [] and read_run(tmp_path).manifest.title == "train.py on "

@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import re
 
-# The same name as verify.devices.EMULATE_ON_VAR (the stand-ins never import npu-port; a test checks they agree).
+# The same names as verify.devices.EMULATE_ON_VAR and DEVICE_COUNT_VAR (the stand-ins never import npu-port; a test
+# checks they agree).
 EMULATE_ON_VAR = "NPU_PORT_EMULATE_ON"
+DEVICE_COUNT_VAR = "NPU_PORT_EMULATED_DEVICES"
 TARGETS = ("cpu", "cuda")
 EMULATION = "npu-port's emulated NPU (a test double, not an Ascend NPU)"
 
@@ -36,9 +38,15 @@ if TARGET == "cuda" and not torch.cuda.is_available():
 _cuda_device_count = torch.cuda.device_count
 
 
+# On the cpu target, as many devices as verify launches ranks (one a rank: `set_device(local_rank)` works); all of
+# them are the CPU.
+_CPU_DEVICES = max(1, int(os.environ.get(DEVICE_COUNT_VAR) or 1))
+
+
 def device_count() -> int:
-    """The CPU emulation has exactly one NPU; the CUDA emulation has one NPU per visible GPU."""
-    return 1 if TARGET == "cpu" else _cuda_device_count()
+    """The CPU emulation has one device per rank verify launched (one by default); the CUDA emulation has one NPU per
+    visible GPU."""
+    return _CPU_DEVICES if TARGET == "cpu" else _cuda_device_count()
 
 
 def check_index(index: int) -> int:

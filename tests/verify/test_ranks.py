@@ -1,0 +1,194 @@
+"""Multi-rank runs (issue 21) on real runs: each side as N ranks through torch.distributed.run on the CPU, the
+emulations presenting one device a rank and gloo standing in for nccl and hccl; the comparison rank by rank, the
+sharding checked at run time, faults stopped with every rank's records kept and no process left behind.
+
+The fixtures are tests/verify/scripts/ddp_torchrun.py (a torchrun-style DDP trainer) and its transfer-mode port;
+the broken ports are made from the port by replacing one line. Each run makes 4 steps of a tiny MLP.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from verify.cli import app
+from verify.pair import route
+from verify.run_folders import rank_dirs
+from verify.store import read_run
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+ORIGINAL, PORT = SCRIPTS / "ddp_torchrun.py", SCRIPTS / "ddp_torchrun_npu.py"
+ARGS = ["--", "2", "4"]  # 2 epochs of batch 4: 8 steps an epoch on each of 2 ranks
+RANKS = ["--nproc-per-node", "2", "--steps", "4", "-q"]
+
+
+def verify(*args: str | Path) -> tuple[int, str, dict]:
+    """`verify ...` in-process: the exit code, the output and summary.json of the -o folder (if written)."""
+    argv = [str(arg) for arg in args]
+    result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
+    out = Path(argv[argv.index("-o") + 1])
+    summary_file = out / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    return result.exit_code, result.output, summary
+
+
+@pytest.fixture(scope="module")
+def faithful(tmp_path_factory) -> tuple[int, str, dict, Path]:
+    """The faithful port against the original, 2 ranks a side, once for the tests that read it."""
+    out = tmp_path_factory.mktemp("faithful") / "pair"
+    return (*verify(ORIGINAL, PORT, *RANKS, "-o", out, *ARGS), out)
+
+
+def test_verify_run_launches_ranks_through_torchrun_and_each_writes_its_folder(tmp_path):
+    out = tmp_path / "run"
+    code, output, _ = verify("run", PORT, *RANKS, "-o", out, *ARGS)
+    assert code == 0, output
+    assert [folder.name for folder in rank_dirs(out)] == ["rank0", "rank1"]
+    run = read_run(out)
+    assert run.manifest.status == "ok" and run.manifest.world_size == 2 and run.manifest.nproc_per_node == 2
+    assert run.manifest.process_group == {"backend": "hccl", "runs_as": "gloo"}
+    assert "2 ranks (hccl run as gloo)" in output.replace("\n", "")
+    for rank, rank_run in enumerate(run.ranks):
+        assert rank_run.manifest.rank == rank and rank_run.manifest.steps_completed == 4
+        assert len(rank_run.losses) == 4 and "c10d.allreduce_" in set(rank_run.ops["op"])
+        assert rank_run.manifest.device == "emulated-npu"
+
+
+def broken_port(tmp_path: Path, *replacements: tuple[str, str]) -> Path:
+    """The faithful port with lines replaced (a replacement by "" drops the line)."""
+    text = PORT.read_text()
+    for old, new in replacements:
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / "ddp_torchrun_npu.py"
+    path.write_text(text)
+    return path
+
+
+def verify_against_faithful_ref(faithful, port: Path, out: Path) -> tuple[int, str, dict]:
+    """A broken port against the faithful pair's reference run (--ref-run: the original runs once)."""
+    return verify(ORIGINAL, port, *RANKS, "--ref-run", faithful[3] / "ref", "-o", out, *ARGS)
+
+
+def test_a_faithful_port_passes_rank_by_rank_with_the_sharding_checked(faithful):
+    code, output, summary, out = faithful
+    assert code == 0, output
+    assert summary["reason"].startswith("PASS: on each of the 2 ranks, loss within")
+    assert summary["ranks"]["world_size"] == {"ref": 2, "actual": 2}
+    assert summary["ranks"]["sharding"]["passed"] and summary["ranks"]["sharding"]["original_disjoint"]
+    assert [reason[:4] for reason in summary["ranks"]["verdicts"]] == ["PASS", "PASS"]
+    assert "2 ranks (nccl run as gloo)" in summary["ref"]["title"]
+    assert "2 ranks (hccl run as gloo)" in summary["actual"]["title"]
+    ops = read_run(out / "actual").ranks[1].ops
+    assert "c10d.allreduce_" in set(ops["op"])  # the collectives are op records, compared like any other
+
+
+def test_a_port_without_its_distributed_sampler_fails_naming_the_sharding_first(faithful, tmp_path):
+    port = broken_port(tmp_path, ("    sampler = DistributedSampler(dataset)\n", ""),
+                       (", sampler=sampler)", ", shuffle=True)"), ("        sampler.set_epoch(epoch)\n", ""))
+    checklist = [{"id": "C7", "title": "Sharding", "status": "Passed", "evidence": ["train.py:30"]}]
+    (tmp_path / "ddp_torchrun_npu_report").mkdir()
+    (tmp_path / "ddp_torchrun_npu_report" / "checklist.json").write_text(json.dumps(checklist))
+    code, output, summary = verify_against_faithful_ref(faithful, port, tmp_path / "out")
+    assert code == 1, output
+    assert summary["reason"] == (
+        "FAIL: rank 1 read the same samples as rank 0 at step 0, where the original's ranks read disjoint shards: "
+        "the port has no DistributedSampler (its DataLoader samples with RandomSampler)")
+    assert summary["findings"][0]["code"] == "sharding"
+    html = (tmp_path / "out" / "report.html").read_text()  # checklist item C7 takes the run-time evidence
+    assert "verify (run time): rank 1 read the same samples as rank 0" in html and "Passed" not in html
+
+
+def test_a_port_that_never_sets_the_samplers_epoch_fails_naming_set_epoch(faithful, tmp_path):
+    port = broken_port(tmp_path, ("        sampler.set_epoch(epoch)\n", ""))
+    code, output, summary = verify_against_faithful_ref(faithful, port, tmp_path / "out")
+    assert code == 1, output
+    assert summary["reason"] == (
+        "FAIL: at step 2 the port's ranks read again the samples of step 0, where the original's read new ones: the "
+        "port does not set the sampler's epoch (set_epoch) as the original does")
+
+
+def test_a_port_whose_ranks_do_not_all_reduce_fails_naming_it(faithful, tmp_path):
+    port = broken_port(tmp_path, ("    model = DistributedDataParallel(model, device_ids=[local_rank])\n", ""))
+    code, output, summary = verify_against_faithful_ref(faithful, port, tmp_path / "out")
+    assert code == 1, output
+    assert summary["reason"].startswith("FAIL: the port's rank 1 holds another gradient")
+    assert "the port does not all-reduce its gradients" in summary["reason"]
+
+
+FAILS = SCRIPTS / "ddp_rank_fails.py"
+
+
+def processes_naming(path: Path) -> list[str]:
+    """The command lines of the processes still running that name `path` (a launcher, a rank, a worker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(path) in command:
+            found.append(command)
+    return found
+
+
+@pytest.mark.parametrize("hang", ["hang", "hang-deaf"])
+def test_a_rank_that_hangs_is_stopped_at_the_timeout_named_with_the_collective_and_nothing_survives(tmp_path, hang):
+    """hang-deaf ignores SIGTERM: the launcher cannot stop it, and verify kills the launcher and the rank's own
+    session (torchrun gives each rank one) itself."""
+    out = tmp_path / "run"
+    started = time.monotonic()
+    code, output, _ = verify("run", FAILS, "--nproc-per-node", "2", "--steps", "5", "--timeout", "15", "-q",
+                             "-o", out, "--", hang)
+    assert time.monotonic() - started < 60
+    assert code == 1, output
+    run = read_run(out)
+    assert run.manifest.status == "timeout"
+    assert run.manifest.message.startswith("rank 1 hung at step 2 outside the collectives the others wait for")
+    assert "rank 0 waits in c10d.allreduce_ in Sequential.0 of step 2" in run.manifest.message
+    assert [len(rank.losses) for rank in run.ranks] == [2, 2]  # every rank's records up to then
+    assert [rank.manifest.status for rank in run.ranks] == ["timeout", "timeout"]
+    assert processes_naming(out.resolve()) == []
+
+
+def test_a_rank_that_crashes_is_named_first_and_nothing_survives(tmp_path):
+    out = tmp_path / "run"
+    code, output, _ = verify("run", FAILS, "--nproc-per-node", "2", "--steps", "5", "--timeout", "120", "-q",
+                             "-o", out, "--", "crash")
+    assert code == 1, output
+    run = read_run(out)
+    assert run.manifest.status == "crashed"
+    assert run.manifest.message.startswith("rank 1: RuntimeError: rank 1 fails on purpose (after 2 steps); rank 0 ")
+    assert "c10d.allreduce_" in run.manifest.message and "which rank 1 never called" in run.manifest.message
+    assert [len(rank.losses) for rank in run.ranks] == [2, 2]
+    assert processes_naming(out.resolve()) == []
+
+
+def test_a_port_whose_rank_hangs_fails_naming_the_rank_and_the_collective(tmp_path):
+    port = tmp_path / "ddp_rank_fails_npu.py"
+    port.write_text(FAILS.read_text().replace("MODE = sys.argv[1]", 'MODE = "hang"'))
+    out = tmp_path / "pair"
+    code, output, summary = verify(FAILS, port, "--nproc-per-node", "2", "--steps", "4", "--timeout", "15", "-q",
+                                   "-o", out, "--", "none")
+    assert code == 1, output
+    assert summary["reason"].startswith("FAIL: actual run timeout: rank 1 hung at step 2")
+    assert "rank 0 waits in c10d.allreduce_" in summary["reason"]
+    assert processes_naming(out.resolve()) == []
+
+
+def test_a_script_that_spawns_its_own_ranks_is_captured_in_every_rank_without_an_option(tmp_path):
+    spawner = SCRIPTS / "ddp_spawn.py"
+    code, output, summary = verify(spawner, spawner, "--steps", "4", "--timeout", "120", "-q", "-o", tmp_path / "out")
+    assert code == 0, output
+    assert summary["reason"].startswith("PASS: on each of the 2 ranks")
+    run = read_run(tmp_path / "out" / "actual")
+    assert run.manifest.world_size == 2 and run.manifest.nproc_per_node == 0
+    assert [len(rank.losses) for rank in run.ranks] == [4, 4]
+    assert summary["ranks"]["sharding"]["passed"] and summary["ranks"]["sharding"]["original_disjoint"]
