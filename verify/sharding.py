@@ -63,10 +63,10 @@ def _overlap_finding(ref: Run, actual: Run, ref_shards: Shards, actual_shards: S
                 if not shared or ref_shards[rank][step] & ref_shards[other][step]:
                     continue
                 read = actual_shards[rank][step]
-                what = ("the same samples as" if read == actual_shards[other][step]
-                        else f"{len(shared)} of its {len(read)} samples from the ones")
+                what = (f"the same samples as rank {other}" if read == actual_shards[other][step]
+                        else f"{len(shared)} of its {len(read)} samples that rank {other} read too")
                 return Finding(FindingCode.SHARDING, (
-                    f"rank {rank} read {what} rank {other} at step {step}, where the original's ranks read disjoint "
+                    f"rank {rank} read {what} at step {step}, where the original's ranks read disjoint "
                     f"shards: {_shared_cause(ref, actual)}"), {"step": step, "rank": rank, "other_rank": other,
                                                               "cause": "overlap"})
     return None

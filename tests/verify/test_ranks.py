@@ -192,3 +192,16 @@ def test_a_script_that_spawns_its_own_ranks_is_captured_in_every_rank_without_an
     assert run.manifest.world_size == 2 and run.manifest.nproc_per_node == 0
     assert [len(rank.losses) for rank in run.ranks] == [4, 4]
     assert summary["ranks"]["sharding"]["passed"] and summary["ranks"]["sharding"]["original_disjoint"]
+
+
+def test_a_port_whose_ranks_share_one_seed_fails_naming_the_seed(tmp_path):
+    """Batches drawn by random index, each rank's generator seeded with its rank: a port that drops the offset reads
+    the same batches on every rank, and the first line says which seed is missing."""
+    original = SCRIPTS / "ddp_seeded_batches.py"
+    port = tmp_path / "ddp_seeded_batches_npu.py"
+    code = original.read_text().replace("seed_offset = rank ", "seed_offset = 0 ")
+    port.write_text("import torch_npu\nfrom torch_npu.contrib import transfer_to_npu\n" + code)
+    exit_code, output, summary = verify(original, port, *RANKS, "-o", tmp_path / "out", "--", "6")
+    assert exit_code == 1, output
+    assert summary["reason"].startswith("FAIL: rank 1 read the same samples as rank 0 at step 0"), summary["reason"]
+    assert "a seed that differs per rank" in summary["reason"]
