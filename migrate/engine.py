@@ -104,7 +104,9 @@ def _port(
     if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):  # imports a rewrite left unused (apex.parallel, say)
         ported = RemoveImportsVisitor(context).transform_module(ported)
     findings = sorted(file.findings, key=lambda f: (f.line, f.column, f.code))
-    return MigrationResult(original=code, code=file.positions.code(ported), findings=tuple(findings))
+    return MigrationResult(
+        original=code, code=file.positions.code(ported), findings=tuple(findings), inference=file.inference
+    )
 
 
 def _add_imports(context: CodemodContext, module: cst.Module) -> cst.Module:

@@ -262,7 +262,9 @@ def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     # The checklist's facts cost two more parses: only a run that writes its reports needs them.
     ran = (rule.CODE for rule in rules if rule.wants(result.original, job.settings))  # as the engine chose them
     facts = file_facts(result.original, result.code, ran) if job.write else None
-    return FileResult(source, target if writes else None, status, findings=result.findings, diff=diff, facts=facts)
+    return FileResult(
+        source, target if writes else None, status, result.findings, diff, facts=facts, inference=result.inference
+    )
 
 
 def write_atomic(target: Path, data: bytes, like: Path | None = None) -> None:

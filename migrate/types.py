@@ -35,6 +35,7 @@ class MigrationResult:
     original: str
     code: str
     findings: tuple[Finding, ...] = ()
+    inference: bool = False  # read as an inference script: an entry script that never trains (rules.FileState)
 
     @property
     def changed(self) -> bool:
@@ -52,3 +53,4 @@ class FileResult:
     diff: str = ""
     error: str = ""  # "path:line:col: message" for files that could not be ported
     facts: FileFacts | None = None  # what the checklist reads from the original and ported text
+    inference: bool = False  # read as an inference script (MigrationResult.inference)

@@ -12,7 +12,7 @@ import re
 import textwrap
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import libcst as cst
@@ -20,6 +20,7 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameProvider
 
+from rules.framework.loops import trains
 from rules.framework.names import QualifiedNames
 from rules.framework.positions import Positions, excerpt
 from rules.framework.types import Action, Finding, Mode, Safety, Settings, Severity
@@ -85,6 +86,14 @@ class FileState:
         self.qualified_names = QualifiedNames(wrapper.module)
         self.positions = Positions(wrapper.module)
         self._suppressed = _suppressions(source)
+
+    @cached_property
+    def inference(self) -> bool:
+        """Whether the file is read as an inference script: an entry script (named on the command line, or with a
+        __main__ guard) that never trains (`trains` in rules/framework/loops.py). Training-only rules leave such a
+        file alone, and only the random generators it uses are seeded. A project's other modules are never read so,
+        whatever they hold: their training loop may be in another file."""
+        return self.settings.is_entry and not trains(self.wrapper.module, self.source)
 
     def position(self, node: cst.CSTNode) -> CodeRange:
         return self.positions[node]
