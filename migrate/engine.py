@@ -105,7 +105,11 @@ def _port(
         ported = RemoveImportsVisitor(context).transform_module(ported)
     findings = sorted(file.findings, key=lambda f: (f.line, f.column, f.code))
     return MigrationResult(
-        original=code, code=file.positions.code(ported), findings=tuple(findings), inference=file.inference
+        code,
+        file.positions.code(ported),
+        tuple(findings),
+        inference=file.inference,
+        rules_run=tuple(rule.CODE for rule in wanted),
     )
 
 

@@ -260,8 +260,7 @@ def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
         write_atomic(job.target, encode(result.code, decoded), like=job.source)
     status = FileStatus.CHANGED if result.changed else FileStatus.UNCHANGED
     # The checklist's facts cost two more parses: only a run that writes its reports needs them.
-    ran = (rule.CODE for rule in rules if rule.wants(result.original, job.settings))  # as the engine chose them
-    facts = file_facts(result.original, result.code, ran) if job.write else None
+    facts = file_facts(result.original, result.code, result.rules_run) if job.write else None
     return FileResult(
         source, target if writes else None, status, result.findings, diff, facts=facts, inference=result.inference
     )

@@ -36,6 +36,7 @@ class MigrationResult:
     code: str
     findings: tuple[Finding, ...] = ()
     inference: bool = False  # read as an inference script: an entry script that never trains (rules.FileState)
+    rules_run: tuple[str, ...] = ()  # the codes of the rules that had something to look at in it (PortRule.wants)
 
     @property
     def changed(self) -> bool:
