@@ -6,12 +6,11 @@ Pure: no file system, no printing. `migrate.files` does the I/O around it.
 from __future__ import annotations
 
 import ast
-import gc
 import re
 import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from functools import lru_cache
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -20,6 +19,7 @@ from libcst.codemod.visitors import AddImportsVisitor, ImportItem, RemoveImports
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper
 
+from migrate import collector
 from migrate.types import MigrationResult, SourceError
 from rules import CheapMatcherScan, FileState, PortRule, Settings, TRIVIA, Walk, all_rules, forget, line_limit, reflow
 
@@ -60,30 +60,15 @@ def migrate_source(
     rules: Sequence[type[PortRule]] | None = None,
 ) -> MigrationResult:
     """Port `code` with `rules` (all registered rules by default) under `settings`."""
-    module = parse(code, path)
-    wanted = [rule for rule in (all_rules() if rules is None else rules) if rule.wants(code, settings)]
-    if not wanted:
-        return MigrationResult(original=code, code=code)
-    try:
-        with _tree_kept_out_of_gc():
+    with collector.paused():
+        module = parse(code, path)
+        wanted = [rule for rule in (all_rules() if rules is None else rules) if rule.wants(code, settings)]
+        if not wanted:
+            return MigrationResult(original=code, code=code)
+        try:
             return _port(module, code, path, settings, wanted)
-    finally:
-        forget(module)
-
-
-@contextmanager
-def _tree_kept_out_of_gc() -> Iterator[None]:
-    """Keep the parsed tree out of the cyclic garbage collector's reach while the rules run: it lives until the end
-    (a hundred thousand objects on a real script), and each collection of the oldest generation walked all of it to
-    free nothing. gc.freeze() sets aside every object alive now; none of them is collected, nor freed, by it."""
-    if gc.get_freeze_count():  # someone else's frozen objects: not ours to thaw
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
+        finally:
+            forget(module)
 
 
 def _port(

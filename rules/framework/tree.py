@@ -144,11 +144,25 @@ class _Undecided(Exception):
 
 
 _Compiled = tuple[frozenset[type[cst.CSTNode]] | None, Callable[[object], bool]]
-_COMPILED: dict[object, _Compiled] = {}  # matcher -> (the node types it can match, its test)
+_COMPILED: dict[object, _Compiled] = {}  # matcher's shape -> (the node types it can match, its test)
+_BY_IDENTITY: dict[int, tuple[m.BaseMatcherNode, _Compiled]] = {}  # id(matcher) -> the matcher, its compiled form
 
 
 def _compiled(matcher: m.BaseMatcherNode) -> _Compiled:
-    """Matchers are looked up by shape: rules build most of theirs anew at each call, and libcst's compare by
+    """A matcher kept in a constant is found by identity (its shape costs more than the test, and rules test every
+    call of a file); one made anew at each call by its shape."""
+    known = _BY_IDENTITY.get(id(matcher))
+    if known is not None and known[0] is matcher:
+        return known[1]
+    compiled = _compiled_by_shape(matcher)
+    if len(_BY_IDENTITY) > 4096:  # the matchers made at each call, kept alive here so that ids stay theirs: bounded
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[id(matcher)] = (matcher, compiled)
+    return compiled
+
+
+def _compiled_by_shape(matcher: m.BaseMatcherNode) -> _Compiled:
+    """Matchers are looked up by shape: rules build some of theirs anew at each call, and libcst's compare by
     identity."""
     key = _shape(matcher)
     try:
