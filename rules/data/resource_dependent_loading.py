@@ -19,6 +19,7 @@ _LOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoade
 # batch_size is left out on purpose: dividing a global batch by the device count is how DDP keeps the global batch
 # the same on any machine.
 _WATCHED = ("num_workers", "shuffle", "prefetch_factor")
+_READS = m.Call() | m.Name() | m.Attribute()  # what an expression computes from
 
 
 class ResourceDependentLoading(PortRule):
@@ -97,7 +98,7 @@ class ResourceDependentLoading(PortRule):
                 )
 
     def _depends_on_machine(self, expression: cst.BaseExpression) -> bool:
-        for node in findall(expression, m.Call() | m.Name() | m.Attribute()):
+        for node in findall(expression, _READS):
             if isinstance(node, cst.Call) and self.qualified_names(node.func) & _RESOURCE_CALLS:
                 return True
             if not isinstance(node, cst.Call) and dotted_name(node) in self._derived:

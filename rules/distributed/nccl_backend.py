@@ -25,6 +25,8 @@ _NCCL_ATTRIBUTES = {f"{prefix}.Backend.NCCL" for prefix in _C10D}
 _RENAMES = {"nccl": "hccl", "NCCL": "HCCL", "cuda": "npu"}
 # "nccl", or the device-to-backend form "cuda:nccl,cpu:gloo".
 _BACKEND_SPEC = re.compile(r"^\s*\w+\s*$|^\s*\w+:\w+\s*(,\s*\w+:\w+\s*)*$")
+_ADD_ARGUMENT = m.Attribute(attr=m.Name("add_argument"))
+_SET_DEFAULTS = m.Attribute(attr=m.Name("set_defaults"))
 
 
 def _port_backend(text: str) -> str | None:
@@ -199,9 +201,9 @@ class NcclBackend(PortRule):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         args = [self._backend_argument(original_node)]
-        if matches(original_node.func, m.Attribute(attr=m.Name("add_argument"))) and _is_backend_flag(original_node):
+        if matches(original_node.func, _ADD_ARGUMENT) and _is_backend_flag(original_node):
             args = [argument(original_node, None, "default"), argument(original_node, None, "choices")]
-        elif matches(original_node.func, m.Attribute(attr=m.Name("set_defaults"))):
+        elif matches(original_node.func, _SET_DEFAULTS):
             args = [arg for arg in original_node.args if arg.keyword and "backend" in arg.keyword.value.lower()]
         new = updated_node
         for arg in filter(None, args):
