@@ -256,7 +256,7 @@ class UnseededTraining(StatementEdits, PortRule):
         self._message = ""
 
     def visit_Module(self, node: cst.Module) -> None:
-        seeds = seed_calls(node, self.qualified_names)
+        seeds = seed_calls(node, self)
         if any(kind == "all" for _, kind in seeds):
             return
         self._generators = _Generators(imports_random(node) or not self.file.inference, numpy_alias(node))
@@ -280,7 +280,7 @@ class UnseededTraining(StatementEdits, PortRule):
     def _seed_process(self, module: cst.Module) -> None:
         """Seed every generator where the process starts: with the script's seed once it is bound, else with N."""
         entry = process_entry(module, self.qualified_names)
-        seed = script_seed(module, self.qualified_names)
+        seed = script_seed(module, self)
         line_of = lambda node: self.file.position(node).start.line  # noqa: E731
         body = entry if isinstance(entry, cst.Module) else entry.body
         binding = last_binding(list(body.body), seed.names) if seed is not None else None

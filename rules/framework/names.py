@@ -30,6 +30,7 @@ from libcst.metadata.scope_provider import (
 from rules.framework.walk import TRIVIA, child_fields
 
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_NOT_YET = object()
 _ASSIGNMENT_LIKE = frozenset(_ASSIGNMENT_LIKE_NODES)
 
 
@@ -51,6 +52,8 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
         self._scopes: dict[CSTNode, Scope] | None = None
         self._names: dict[CSTNode, set[QualifiedName]] = {}
         self._texts: dict[CSTNode, frozenset[str]] = {}
+        # node -> its dotted name's first and last parts, and the name; None for a node without one
+        self._dotted_parts: dict[CSTNode, tuple[str, str, str] | None] = {}
         # Resolutions shared by nodes that must resolve alike: a dotted name read in one scope, after the same
         # assignments (libcst walks every assignment of the name each time, hundreds for `model` in a long script).
         self._by_read: dict[tuple[int, str, int], set[QualifiedName]] = {}
@@ -77,11 +80,15 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
         `from m import x as y`), or the name's first part is a builtin or local name, which libcst gives alone
         (`builtins.str` for `str.join`). tests/test_engine.py holds every node of the corpus to that.
         """
-        dotted = cst.helpers.get_full_name_for_node(node)
-        if dotted is None:
+        parts = self._dotted_parts.get(node, _NOT_YET)
+        if parts is _NOT_YET:  # rules ask about the same call or attribute, dozens of them
+            dotted = cst.helpers.get_full_name_for_node(node)
+            parts = None if dotted is None else (dotted.partition(".")[0], dotted.rpartition(".")[2], dotted)
+            self._dotted_parts[node] = parts
+        if parts is None:
             return True
-        first, _, _ = dotted.partition(".")
-        return dotted.rpartition(".")[2] in last_parts or first in last_parts or dotted in self.aliases
+        first, last, dotted = parts
+        return last in last_parts or first in last_parts or dotted in self.aliases
 
     @property
     def aliases(self) -> set[str]:
