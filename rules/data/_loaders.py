@@ -42,6 +42,8 @@ def names_training_split(text: str) -> bool:
 
 
 def source(node: cst.CSTNode) -> str:
+    if isinstance(node, cst.Name) and not node.lpar:  # most targets: no code to generate
+        return node.value
     return cst.Module([]).code_for_node(node)
 
 

@@ -21,6 +21,7 @@ _BACKEND_PARAMETER = {
     "Backend": 0,
 }
 _BACKEND_CALLS = {f"{prefix}.{name}": index for prefix in _C10D for name, index in _BACKEND_PARAMETER.items()}
+_BACKEND_CALLERS = tuple(_BACKEND_CALLS)
 _NCCL_ATTRIBUTES = {f"{prefix}.Backend.NCCL" for prefix in _C10D}
 _RENAMES = {"nccl": "hccl", "NCCL": "HCCL", "cuda": "npu"}
 # "nccl", or the device-to-backend form "cuda:nccl,cpu:gloo".
@@ -196,6 +197,8 @@ class NcclBackend(PortRule):
                 self._backend_uses.update(operand for operand in operands if isinstance(operand, cst.Name))
 
     def _backend_argument(self, call: cst.Call) -> cst.Arg | None:
+        if not self.refers_to(call.func, *_BACKEND_CALLERS):
+            return None  # most calls of a file: not resolved
         index = next((_BACKEND_CALLS[name] for name in self.qualified_names(call.func) if name in _BACKEND_CALLS), None)
         return None if index is None else argument(call, index, "backend")
 

@@ -31,6 +31,7 @@ from rules.framework.walk import TRIVIA, child_fields
 
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 _NOT_YET = object()
+_STRINGS = (cst.SimpleString, cst.ConcatenatedString)  # what libcst reads a string annotation from
 _ASSIGNMENT_LIKE = frozenset(_ASSIGNMENT_LIKE_NODES)
 
 
@@ -78,7 +79,9 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
         libcst names a node by its dotted name (`a.b.c` for `a.b.c` or `a.b.c()`), replacing an imported prefix by
         what it imports, so the last part stays; unless the whole dotted name is an import's `as` name (`y` in
         `from m import x as y`), or the name's first part is a builtin or local name, which libcst gives alone
-        (`builtins.str` for `str.join`). tests/test_engine.py holds every node of the corpus to that.
+        (`builtins.str` for `str.join`). A node without a dotted name (a number, an operation) has no qualified name
+        unless it is a string annotation (`x: "torch.Tensor"`). tests/test_engine.py holds every node of the corpus
+        to that.
         """
         parts = self._dotted_parts.get(node, _NOT_YET)
         if parts is _NOT_YET:  # rules ask about the same call or attribute, dozens of them
@@ -86,7 +89,7 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
             parts = None if dotted is None else (dotted.partition(".")[0], dotted.rpartition(".")[2], dotted)
             self._dotted_parts[node] = parts
         if parts is None:
-            return True
+            return isinstance(node, _STRINGS)
         first, last, dotted = parts
         return last in last_parts or first in last_parts or dotted in self.aliases
 
