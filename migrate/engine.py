@@ -185,46 +185,74 @@ class _RuleSet:
     def __init__(self, rules: Sequence[PortRule]):
         self._rules = rules
         self._wide = [rule for rule in rules if _handled_types(rule) is None]
-        self._by_type: dict[type, list[_Handlers]] = {}
+        self._by_type: dict[type, _TypeHandlers] = {}
         self._skipping: dict[int, cst.CSTNode] = {}  # id(rule) -> node whose subtree that rule skips
 
     def transform(self, module: cst.Module) -> cst.Module:
         handled = set().union(*(_handled_types(rule) or () for rule in self._rules))
         trivia_wanted = self._wide or any(kind.__name__ in handled for kind in TRIVIA)
-        walk = Walk(self.on_visit, self.on_leave, self._handlers, skip=frozenset() if trivia_wanted else TRIVIA)
+        walk = Walk(self.on_visit, self.on_leave, self._wants, skip=frozenset() if trivia_wanted else TRIVIA)
         return walk.run(module)
 
-    def _handlers(self, node_type: type) -> list[_Handlers]:
+    def _wants(self, node_type: type) -> bool:
+        return bool(self._handlers(node_type).all)
+
+    def _handlers(self, node_type: type) -> _TypeHandlers:
         handlers = self._by_type.get(node_type)
         if handlers is None:
             name = node_type.__name__
-            handlers = [
+            every = [
                 _Handlers.of(rule, name)
                 for rule in self._rules
                 if rule in self._wide or name in (_handled_types(rule) or ())
             ]
-            self._by_type[node_type] = handlers
+            visits = [(id(rule), visit) for rule, visit, _ in every if visit is not None]
+            handlers = self._by_type[node_type] = _TypeHandlers(every, visits, [h.leave for h in every if h.leave])
         return handlers
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        for rule, visit, _ in self._handlers(type(node)):
-            if visit is not None and id(rule) not in self._skipping and visit(node) is False:
-                self._skipping[id(rule)] = node
+        skipping = self._skipping
+        for rule, visit in self._handlers(type(node)).visits:
+            if not (skipping and rule in skipping) and visit(node) is False:
+                skipping[rule] = node
         return True
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> object:
+        handlers = self._handlers(type(original_node))
+        if self._skipping:
+            return self._leave_while_skipping(handlers.all, original_node, updated_node)
         result: object = updated_node
-        for rule, _, leave in self._handlers(type(original_node)):
+        for leave in handlers.leaves:
+            if not isinstance(result, type(original_node)):
+                break  # an earlier rule replaced or removed the node: later rules' leave_* no longer apply
+            result = leave(original_node, result)
+        return result
+
+    def _leave_while_skipping(
+        self, handlers: list[_Handlers], original_node: cst.CSTNode, updated_node: cst.CSTNode
+    ) -> object:
+        """on_leave while some rule skips a subtree: its leave_* runs only where it started skipping."""
+        result: object = updated_node
+        for rule, _, leave in handlers:
             skipped_at = self._skipping.get(id(rule))
             if skipped_at is not None:
                 if skipped_at is not original_node:
                     continue
                 del self._skipping[id(rule)]
             if not isinstance(result, type(original_node)):
-                break  # an earlier rule replaced or removed the node: later rules' leave_* no longer apply
+                break
             if leave is not None:
                 result = leave(original_node, result)
         return result
+
+
+class _TypeHandlers(NamedTuple):
+    """What the rules do at one node type: every rule's handlers, and the visit and leave functions among them
+    (most rules that handle a type only visit it or only leave it)."""
+
+    all: list[_Handlers]
+    visits: list[tuple[int, Callable[[cst.CSTNode], object]]]  # (id(rule), its visit function)
+    leaves: list[Callable[[cst.CSTNode, cst.CSTNode], object]]
 
 
 class _Handlers(NamedTuple):
