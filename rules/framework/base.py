@@ -222,9 +222,10 @@ class PortRule(CheapMatcherScan, VisitorBasedCodemodCommand):
         return set(self.file.qualified_names.texts(node))
 
     def refers_to(self, node: cst.CSTNode, *names: str) -> bool:
-        if not self.file.qualified_names.may_end_with(node, _last_parts(names)):
+        known = self.file.qualified_names
+        if not known.may_end_with(node, _last_parts(names)):
             return False  # most calls, arguments and attributes a rule asks about: no resolution needed
-        return not self.qualified_names(node).isdisjoint(names)
+        return not known.texts(node).isdisjoint(names)
 
     def qualified_name(self, node: cst.CSTNode) -> str | None:
         names = self.qualified_names(node)
