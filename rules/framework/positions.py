@@ -2,9 +2,9 @@
 
 libcst's provider generates the code of the whole module while counting lines and columns at every token and
 building a CodeRange for every node: about three parse-and-codegen round trips on a real script, paid as soon as a
-rule records its first finding. Here the module's statements are generated in order, as plain text, only as far as
-the statement a rule asks about; only that statement is generated again recording where each node's tokens start and
-end. A token index becomes a character offset, and an offset a line and column, only for the nodes asked about
+rule records its first finding. Here the module's statements are generated in order only as far as the statement a
+rule asks about: the ones before it as plain text, that one recording where each node's tokens start and end (a
+statement passed as plain text is generated again with its spans only if a rule asks about it later). A token index becomes a character offset, and an offset a line and column, only for the nodes asked about
 (tests/test_engine.py compares the two on every rule example and sample). The statements' text is kept, and the
 ported module's code reuses it for every statement no rule changed.
 """
@@ -29,8 +29,7 @@ class Positions(Mapping[CSTNode, CodeRange]):
 
     def __init__(self, module: cst.Module):
         self._module = module
-        self._state = _PlainState(module.default_indent, module.default_newline)
-        self._generated = 0  # how many of module.body's statements the state has generated
+        self._generated = 0  # how many of module.body's statements have been generated
         self._texts: dict[CSTNode, str] = {}  # generated statement -> its code
         self._starts: dict[CSTNode, int] = {}  # generated statement -> the character offset its code starts at
         self._length = 0  # characters generated so far
@@ -79,35 +78,40 @@ class Positions(Mapping[CSTNode, CodeRange]):
         return "".join(state.tokens) or module.default_newline
 
     def _generate_through(self, statement: CSTNode) -> None:
-        """Generate the module's code on from where it stopped, up to and including `statement`."""
+        """Generate the module's code on from where it stopped, up to and including `statement`: the statements
+        before it as plain text, `statement` itself with its nodes' spans."""
         if statement in self._texts:
             return
-        state, body = self._state, self._module.body
         if self._generated == 0:
+            state = _PlainState(self._module.default_indent, self._module.default_newline)
             for line in self._module.header:
                 line._codegen(state)
-            self._account(0)
+            self._account("".join(state.tokens))
+        body = self._module.body
         while self._generated < len(body):
             generated = body[self._generated]
-            first_token = len(state.tokens)
-            generated._codegen(state)
             self._starts[generated] = self._length
-            self._texts[generated] = self._account(first_token)
+            if generated is statement:
+                text = "".join(self._statement_spans(generated)[0].tokens)
+            else:
+                state = _PlainState(self._module.default_indent, self._module.default_newline)
+                generated._codegen(state)
+                text = "".join(state.tokens)
+            self._texts[generated] = self._account(text)
             self._generated += 1
             if generated is statement:
                 return
 
-    def _account(self, first_token: int) -> str:
-        """Extend the line starts over the tokens from `first_token` on; their text."""
-        text = "".join(self._state.tokens[first_token:])
+    def _account(self, text: str) -> str:
+        """Extend the line starts over `text`, the code generated next."""
         start = self._length
         self._line_starts.extend(start + match.end() for match in NEWLINE_RE.finditer(text))
         self._length += len(text)
         return text
 
     def _statement_spans(self, statement: CSTNode) -> tuple[_SpanState, list[int]]:
-        """The token spans of the nodes of a generated top-level statement, and each token's character offset: a
-        statement at the top level is generated alone as it is within the module (no indentation to carry over)."""
+        """The token spans of the nodes of a top-level statement, and each token's character offset: a statement at
+        the top level is generated alone as it is within the module (no indentation to carry over)."""
         found = self._spans.get(statement)
         if found is None:
             spans = _SpanState(self._module.default_indent, self._module.default_newline)
