@@ -4,9 +4,10 @@ libcst's provider generates the code of the whole module while counting lines an
 building a CodeRange for every node: about three parse-and-codegen round trips on a real script, paid as soon as a
 rule records its first finding. Here the module's statements are generated in order only as far as the statement a
 rule asks about: the ones before it as plain text, that one recording where each node's tokens start and end (a
-statement passed as plain text is generated again with its spans only if a rule asks about it later). A token index becomes a character offset, and an offset a line and column, only for the nodes asked about
-(tests/test_engine.py compares the two on every rule example and sample). The statements' text is kept, and the
-ported module's code reuses it for every statement no rule changed.
+statement passed as plain text is generated again with its spans only if a rule asks about it later). A token index
+becomes a character offset, and an offset a line and column, only for the nodes asked about (tests/test_engine.py
+compares the two on every rule example and sample). The statements' text is kept, and the ported module's code
+reuses it for every statement no rule changed.
 """
 
 from __future__ import annotations
