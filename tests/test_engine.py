@@ -252,6 +252,8 @@ MATCHERS = [
     m.Arg(keyword=None),
     m.Call(args=[m.Arg(), m.ZeroOrMore()]),
     m.Call(args=m.MatchIfTrue(lambda args: len(args) == 2)),
+    m.Call(func=m.Attribute(attr=m.Name("double")), args=[]),
+    m.ClassDef(bases=()),
     m.Name(value=m.MatchIfTrue(lambda value: value.startswith("c"))),
     m.SimpleStatementLine(body=[m.Expr(value=m.Call())]),
     m.Assign(value=m.Call(func=m.Attribute(value=m.Name("nn")))),

@@ -134,7 +134,7 @@ def findall(tree: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
 
 def matches(node: object, matcher: m.BaseMatcherNode) -> bool:
     """`m.matches(node, matcher)`, compiled once per matcher into a plain function for the shapes rules use (node
-    matchers, `|`, literal and nested node fields, MatchIfTrue): libcst's general matching costs tens of
+    matchers, `|`, literal, empty and nested node fields, MatchIfTrue): libcst's general matching costs tens of
     microseconds a node, and rules test thousands of nodes. Any other shape is left to libcst."""
     return _compiled(matcher)[1](node)
 
@@ -252,6 +252,8 @@ def _compile_field(desired: object) -> Callable[[object], bool] | None:
         return lambda value: value == desired
     if isinstance(desired, m.MatchIfTrue):
         return lambda value: bool(desired.func(value))
+    if isinstance(desired, (list, tuple)) and not desired:  # `args=[]`: no element at all
+        return _empty_sequence
     node_test = _compile(desired) if isinstance(desired, (m.OneOf, m.BaseMatcherNode)) else None
     if node_test is None:
         return None
@@ -262,6 +264,12 @@ def _compile_field(desired: object) -> Callable[[object], bool] | None:
         return node_test(value)
 
     return field_matches
+
+
+def _empty_sequence(value: object) -> bool:
+    if not isinstance(value, (list, tuple)):
+        raise _Undecided
+    return not value
 
 
 def visit(tree: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
