@@ -207,7 +207,8 @@ class _RuleSet:
                 if rule in self._wide or name in (_handled_types(rule) or ())
             ]
             visits = [(id(rule), visit) for rule, visit, _ in every if visit is not None]
-            handlers = self._by_type[node_type] = _TypeHandlers(every, visits, [h.leave for h in every if h.leave])
+            leaves = [h.leave for h in every if h.leave]
+            handlers = self._by_type[node_type] = _TypeHandlers(every, visits, leaves, {id(h.rule) for h in every})
         return handlers
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -218,8 +219,9 @@ class _RuleSet:
         return True
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> object:
+        """The rules' leave_* functions in turn, each given what the one before returned."""
         handlers = self._handlers(type(original_node))
-        if self._skipping:
+        if self._skipping and not handlers.rules.isdisjoint(self._skipping):
             return self._leave_while_skipping(handlers.all, original_node, updated_node)
         result: object = updated_node
         for leave in handlers.leaves:
@@ -231,7 +233,8 @@ class _RuleSet:
     def _leave_while_skipping(
         self, handlers: list[_Handlers], original_node: cst.CSTNode, updated_node: cst.CSTNode
     ) -> object:
-        """on_leave while some rule skips a subtree: its leave_* runs only where it started skipping."""
+        """on_leave while a rule that handles this node type skips a subtree: its leave_* runs only where it started
+        skipping."""
         result: object = updated_node
         for rule, _, leave in handlers:
             skipped_at = self._skipping.get(id(rule))
@@ -253,6 +256,7 @@ class _TypeHandlers(NamedTuple):
     all: list[_Handlers]
     visits: list[tuple[int, Callable[[cst.CSTNode], object]]]  # (id(rule), its visit function)
     leaves: list[Callable[[cst.CSTNode, cst.CSTNode], object]]
+    rules: set[int]  # id(rule) of each
 
 
 class _Handlers(NamedTuple):
