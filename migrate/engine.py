@@ -213,9 +213,9 @@ class _RuleSet:
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         skipping = self._skipping
-        for rule, visit in self._handlers(type(node)).visits:
-            if not (skipping and rule in skipping) and visit(node) is False:
-                skipping[rule] = node
+        for rule_id, visit in self._handlers(type(node)).visits:
+            if not (skipping and rule_id in skipping) and visit(node) is False:
+                skipping[rule_id] = node
         return True
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> object:
