@@ -100,6 +100,8 @@ def test_qualified_names_equal_libcst(source: str):
         assert {q.name for q in ours.get(node, set())} == {q.name for q in expected}, module.code_for_node(node)
         last_parts = frozenset(q.name.rpartition(".")[2] for q in expected)
         assert not last_parts or ours.may_end_with(node, last_parts), module.code_for_node(node)
+        first_parts = frozenset(q.name.partition(".")[0] for q in expected)
+        assert not first_parts or ours.may_start_with(node, first_parts), module.code_for_node(node)
 
 
 @pytest.mark.parametrize("source", corpus() + [pytest.param("x = 1\r\nif x:\r\n\ty = (1,\r\n  2)\r\n", id="crlf-tabs")])

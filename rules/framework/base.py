@@ -20,6 +20,7 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameProvider
 
+from rules.framework.calls import under
 from rules.framework.loops import trains
 from rules.framework.names import QualifiedNames
 from rules.framework.positions import Positions, excerpt
@@ -227,6 +228,13 @@ class PortRule(CheapMatcherScan, VisitorBasedCodemodCommand):
             return False  # most calls, arguments and attributes a rule asks about: no resolution needed
         return not known.texts(node).isdisjoint(names)
 
+    def name_under(self, node: cst.BaseExpression, *prefixes: str) -> str | None:
+        """The first qualified name of `node` that is one of the dotted `prefixes` or lies below one, else None
+        (`rules.under`); resolved only when a name of `node` could start so."""
+        if not self.file.qualified_names.may_start_with(node, _first_parts(prefixes)):
+            return None  # most calls a rule asks about
+        return under(node, self.qualified_names(node), *prefixes)
+
     def qualified_name(self, node: cst.CSTNode) -> str | None:
         names = self.qualified_names(node)
         return min(names) if len(names) == 1 else None
@@ -315,6 +323,11 @@ _SEVERITY_ORDER = [Severity.INFO, Severity.WARNING, Severity.ERROR]
 @lru_cache(maxsize=1024)
 def _last_parts(names: tuple[str, ...]) -> frozenset[str]:
     return frozenset(name.rpartition(".")[2] for name in names)
+
+
+@lru_cache(maxsize=1024)
+def _first_parts(names: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(name.partition(".")[0] for name in names)
 
 
 _EMPTY_MODULE = cst.Module([])  # the layout a rule's new code is shown in
