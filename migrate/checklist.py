@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from migrate import hyperparams
 from migrate.facts import FileFacts
-from migrate.types import FileResult
+from migrate.types import FileResult, FileStatus
 from rules import Action, AmpPolicy, Finding, Settings, Severity, all_rules
 from verify.checklist_items import TITLES, Status
 
@@ -60,6 +60,12 @@ class _Inputs:
     facts: list[tuple[str, FileFacts]] = field(default_factory=list)  # of the files whose facts were read
     unread: list[str] = field(default_factory=list)  # why a file, or its facts, could not be read
     rules_run: set[str] = field(default_factory=set)
+
+    @property
+    def inference(self) -> bool:
+        """Every file that was ported is read as an inference script: no training step to scale or autocast."""
+        ported = [r for r in self.results if r.status in (FileStatus.CHANGED, FileStatus.UNCHANGED)]
+        return bool(ported) and all(r.inference for r in ported)
 
     @property
     def uses_torch(self) -> bool:
@@ -142,6 +148,9 @@ def _settle(item: Item, inputs: _Inputs) -> Item:
     return _item(item.id, Status.NOT_CHECKED, [*reasons, *item.evidence], " ".join(part for part in todo if part))
 
 
+INFERENCE_NOTE = "read as an inference script: no backward() and no optimizer step"
+
+
 def _without_torch(item_id: str) -> Item:
     return _item(item_id, Status.NOT_CHECKED, ["no file that was read imports torch: nothing to run on the NPU"])
 
@@ -177,6 +186,14 @@ def _mixed_precision(inputs: _Inputs) -> Item:
         return _item(
             "C2", Status.PASSED, autocast, f"Confirm at run time: `{inputs.verify_command}` shows fp16/bf16 ops."
         )
+    if inputs.inference and not open_findings:
+        return _item(
+            "C2",
+            Status.NOT_CHECKED,
+            [*autocast, INFERENCE_NOTE, "migrate adds autocast around training steps only"],
+            f'For mixed-precision inference, wrap the model call in torch.autocast("npu"); `{inputs.verify_command}` '
+            "compares the outputs either way.",
+        )
     action = 'Run migrate with --amp fp16 (or bf16), or add torch.autocast("npu") around the forward and the loss.'
     if inputs.settings.amp is AmpPolicy.OFF:
         action = "Mixed precision was turned off (--amp off). " + action
@@ -206,6 +223,8 @@ def _loss_scaling(inputs: _Inputs) -> Item:
     open_findings = inputs.open_findings("C4")
     if open_findings:
         return _item("C4", Status.FAILED, _finding_evidence(open_findings), "Apply the suggestions (--unsafe-fixes).")
+    if inputs.inference and not scalers:
+        return _item("C4", Status.NOT_CHECKED, [INFERENCE_NOTE, "no loss to scale"])
     if scalers and (scaled or not inputs.ported("autocast")):
         return _item(
             "C4", Status.PASSED, [*scalers, *scaled], "Confirm at run time: the verify report shows the scale."

@@ -161,6 +161,8 @@ def _exit_code(results: list[FileResult], writes: bool, quiet: bool, report: Opt
 
 def _print_findings(results: list[FileResult]) -> None:
     for result in results:
+        if result.inference:
+            stderr.print(f"{escape(result.source)}: {checklist.INFERENCE_NOTE}", style="dim")
         for finding in result.findings:
             if finding.action is not Action.CHANGED and finding.severity is not Severity.INFO:
                 colour = "red" if finding.severity is Severity.ERROR else "yellow"

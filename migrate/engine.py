@@ -6,12 +6,11 @@ Pure: no file system, no printing. `migrate.files` does the I/O around it.
 from __future__ import annotations
 
 import ast
-import gc
 import re
 import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from functools import lru_cache
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -20,6 +19,7 @@ from libcst.codemod.visitors import AddImportsVisitor, ImportItem, RemoveImports
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper
 
+from migrate import collector
 from migrate.types import MigrationResult, SourceError
 from rules import CheapMatcherScan, FileState, PortRule, Settings, TRIVIA, Walk, all_rules, forget, line_limit, reflow
 
@@ -60,30 +60,15 @@ def migrate_source(
     rules: Sequence[type[PortRule]] | None = None,
 ) -> MigrationResult:
     """Port `code` with `rules` (all registered rules by default) under `settings`."""
-    module = parse(code, path)
-    wanted = [rule for rule in (all_rules() if rules is None else rules) if rule.wants(code, settings)]
-    if not wanted:
-        return MigrationResult(original=code, code=code)
-    try:
-        with _tree_kept_out_of_gc():
+    with collector.paused():
+        module = parse(code, path)
+        wanted = [rule for rule in (all_rules() if rules is None else rules) if rule.wants(code, settings)]
+        if not wanted:
+            return MigrationResult(original=code, code=code)
+        try:
             return _port(module, code, path, settings, wanted)
-    finally:
-        forget(module)
-
-
-@contextmanager
-def _tree_kept_out_of_gc() -> Iterator[None]:
-    """Keep the parsed tree out of the cyclic garbage collector's reach while the rules run: it lives until the end
-    (a hundred thousand objects on a real script), and each collection of the oldest generation walked all of it to
-    free nothing. gc.freeze() sets aside every object alive now; none of them is collected, nor freed, by it."""
-    if gc.get_freeze_count():  # someone else's frozen objects: not ours to thaw
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
+        finally:
+            forget(module)
 
 
 def _port(
@@ -104,7 +89,13 @@ def _port(
     if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):  # imports a rewrite left unused (apex.parallel, say)
         ported = RemoveImportsVisitor(context).transform_module(ported)
     findings = sorted(file.findings, key=lambda f: (f.line, f.column, f.code))
-    return MigrationResult(original=code, code=file.positions.code(ported), findings=tuple(findings))
+    return MigrationResult(
+        code,
+        file.positions.code(ported),
+        tuple(findings),
+        inference=file.inference,
+        rules_run=tuple(rule.CODE for rule in wanted),
+    )
 
 
 def _add_imports(context: CodemodContext, module: cst.Module) -> cst.Module:
@@ -194,46 +185,78 @@ class _RuleSet:
     def __init__(self, rules: Sequence[PortRule]):
         self._rules = rules
         self._wide = [rule for rule in rules if _handled_types(rule) is None]
-        self._by_type: dict[type, list[_Handlers]] = {}
+        self._by_type: dict[type, _TypeHandlers] = {}
         self._skipping: dict[int, cst.CSTNode] = {}  # id(rule) -> node whose subtree that rule skips
 
     def transform(self, module: cst.Module) -> cst.Module:
         handled = set().union(*(_handled_types(rule) or () for rule in self._rules))
         trivia_wanted = self._wide or any(kind.__name__ in handled for kind in TRIVIA)
-        walk = Walk(self.on_visit, self.on_leave, self._handlers, skip=frozenset() if trivia_wanted else TRIVIA)
+        walk = Walk(self.on_visit, self.on_leave, self._wants, skip=frozenset() if trivia_wanted else TRIVIA)
         return walk.run(module)
 
-    def _handlers(self, node_type: type) -> list[_Handlers]:
+    def _wants(self, node_type: type) -> bool:
+        return bool(self._handlers(node_type).all)
+
+    def _handlers(self, node_type: type) -> _TypeHandlers:
         handlers = self._by_type.get(node_type)
         if handlers is None:
             name = node_type.__name__
-            handlers = [
+            every = [
                 _Handlers.of(rule, name)
                 for rule in self._rules
                 if rule in self._wide or name in (_handled_types(rule) or ())
             ]
-            self._by_type[node_type] = handlers
+            visits = [(id(rule), visit) for rule, visit, _ in every if visit is not None]
+            leaves = [h.leave for h in every if h.leave]
+            handlers = self._by_type[node_type] = _TypeHandlers(every, visits, leaves, {id(h.rule) for h in every})
         return handlers
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        for rule, visit, _ in self._handlers(type(node)):
-            if visit is not None and id(rule) not in self._skipping and visit(node) is False:
-                self._skipping[id(rule)] = node
+        skipping = self._skipping
+        for rule_id, visit in self._handlers(type(node)).visits:
+            if not (skipping and rule_id in skipping) and visit(node) is False:
+                skipping[rule_id] = node
         return True
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> object:
+        """The rules' leave_* functions in turn, each given what the one before returned."""
+        handlers = self._handlers(type(original_node))
+        if self._skipping and not handlers.rules.isdisjoint(self._skipping):
+            return self._leave_while_skipping(handlers.all, original_node, updated_node)
         result: object = updated_node
-        for rule, _, leave in self._handlers(type(original_node)):
+        for leave in handlers.leaves:
+            if not isinstance(result, type(original_node)):
+                break  # an earlier rule replaced or removed the node: later rules' leave_* no longer apply
+            result = leave(original_node, result)
+        return result
+
+    def _leave_while_skipping(
+        self, handlers: list[_Handlers], original_node: cst.CSTNode, updated_node: cst.CSTNode
+    ) -> object:
+        """on_leave while a rule that handles this node type skips a subtree: its leave_* runs only where it started
+        skipping."""
+        result: object = updated_node
+        for rule, _, leave in handlers:
             skipped_at = self._skipping.get(id(rule))
             if skipped_at is not None:
                 if skipped_at is not original_node:
                     continue
                 del self._skipping[id(rule)]
             if not isinstance(result, type(original_node)):
-                break  # an earlier rule replaced or removed the node: later rules' leave_* no longer apply
+                break
             if leave is not None:
                 result = leave(original_node, result)
         return result
+
+
+class _TypeHandlers(NamedTuple):
+    """What the rules do at one node type: every rule's handlers, and the visit and leave functions among them
+    (most rules that handle a type only visit it or only leave it)."""
+
+    all: list[_Handlers]
+    visits: list[tuple[int, Callable[[cst.CSTNode], object]]]  # (id(rule), its visit function)
+    leaves: list[Callable[[cst.CSTNode, cst.CSTNode], object]]
+    rules: set[int]  # id(rule) of each
 
 
 class _Handlers(NamedTuple):

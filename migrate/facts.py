@@ -59,6 +59,7 @@ def source_facts(code: str) -> SourceFacts:
     text = hyperparams.SourceText(code)
     lines: dict[str, set[int]] = {kind: set() for kind in (*_CALL_KINDS, "autocast_bf16", "scaled_backward")}
     npu_imports, torch_imports = set(), set()
+    calls: list[ast.Call] = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             if "torch_npu" in text(node):
@@ -67,6 +68,7 @@ def source_facts(code: str) -> SourceFacts:
                 torch_imports.add(node.lineno)
         if not isinstance(node, ast.Call):
             continue
+        calls.append(node)
         name = hyperparams.dotted(node.func)
         last = name.rsplit(".", 1)[-1]
         for kind, names in _CALL_KINDS.items():
@@ -80,7 +82,7 @@ def source_facts(code: str) -> SourceFacts:
         **{kind: tuple(sorted(found)) for kind, found in lines.items()},
         npu_import=tuple(sorted(npu_imports)),
         torch_import=tuple(sorted(torch_imports)),
-        hyperparameters=tuple(hyperparams.extract(tree, text)),
+        hyperparameters=tuple(hyperparams.extract(tree, text, calls)),
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
+from migrate import collector
 from migrate.diff import unified_diff
 from migrate.facts import file_facts
 from migrate.line_length import configured_line_length
@@ -252,17 +253,18 @@ def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     source, target = shown_path(job.source), shown_path(job.target)
     data = job.source.read_bytes()
     decoded = decode(data, source)
-    result = migrate_source(decoded.text, source, job.settings, rules)
+    with collector.paused():  # the checklist's facts, two more parses, only for a run that writes its reports
+        result = migrate_source(decoded.text, source, job.settings, rules)
+        facts = file_facts(result.original, result.code, result.rules_run) if job.write else None
     diff = unified_diff(result.original, result.code, str(job.source), str(job.target))  # names quoted as git does
     # An earlier run's NAME_npu.py that needs nothing more is not copied to NAME_npu_npu.py.
     writes = job.write and (result.changed or not job.is_own_output) and (result.changed or job.target != job.source)
     if writes:
         write_atomic(job.target, encode(result.code, decoded), like=job.source)
     status = FileStatus.CHANGED if result.changed else FileStatus.UNCHANGED
-    # The checklist's facts cost two more parses: only a run that writes its reports needs them.
-    ran = (rule.CODE for rule in rules if rule.wants(result.original, job.settings))  # as the engine chose them
-    facts = file_facts(result.original, result.code, ran) if job.write else None
-    return FileResult(source, target if writes else None, status, findings=result.findings, diff=diff, facts=facts)
+    return FileResult(
+        source, target if writes else None, status, result.findings, diff, facts=facts, inference=result.inference
+    )
 
 
 def write_atomic(target: Path, data: bytes, like: Path | None = None) -> None:

@@ -175,6 +175,9 @@ def render_markdown(results: Sequence[FileResult], title: str) -> str:
             f"| `{result.source}` | {_status_text(result)} | `{result.target or '-'}` | {changes} "
             f"| {len(result.findings) - changes} |"
         )
+    inference = [result.source for result in results if result.inference]
+    if inference:
+        lines += ["", "## Inference scripts", ""] + [f"- `{source}`: {_INFERENCE_TEXT}" for source in inference]
     errors = [result.error for result in results if result.error]
     if errors:
         lines += ["", "## Errors", ""] + [f"- {error}" for error in errors]
@@ -183,6 +186,13 @@ def render_markdown(results: Sequence[FileResult], title: str) -> str:
         if chosen:
             lines += ["", f"## {heading}", ""] + [_finding_line(f) for f in chosen]
     return "\n".join(lines) + "\n"
+
+
+# Why a file was read as an inference script, and what that changed in its port.
+_INFERENCE_TEXT = (
+    f"{checklist.INFERENCE_NOTE}. The training-only checks were left out (a model left in eval mode; loss scaling and "
+    "autocast, which migrate adds to training steps), and only the random generators it imports are seeded."
+)
 
 
 def _status_text(result: FileResult) -> str:

@@ -35,6 +35,8 @@ class MigrationResult:
     original: str
     code: str
     findings: tuple[Finding, ...] = ()
+    inference: bool = False  # read as an inference script: an entry script that never trains (rules.FileState)
+    rules_run: tuple[str, ...] = ()  # the codes of the rules that had something to look at in it (PortRule.wants)
 
     @property
     def changed(self) -> bool:
@@ -52,3 +54,4 @@ class FileResult:
     diff: str = ""
     error: str = ""  # "path:line:col: message" for files that could not be ported
     facts: FileFacts | None = None  # what the checklist reads from the original and ported text
+    inference: bool = False  # read as an inference script (MigrationResult.inference)

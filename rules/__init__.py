@@ -24,7 +24,7 @@ _PUBLIC = {
     "rules.framework.base": ("Case", "CheapMatcherScan", "Example", "FileState", "Flag", "PortRule", "Unchanged"),
     "rules.framework.calls": (
         "argument", "attribute_chain", "dotted_name", "has_star_args", "keyword", "keyword_names",
-        "replace_argument_value", "same_quotes", "string_value", "under",
+        "replace_argument_value", "same_quotes", "string_value",
     ),
     "rules.framework.edits": ("Body", "Edit", "StatementEdits", "statement"),
     "rules.framework.layout": ("line_limit", "reflow", "with_args"),

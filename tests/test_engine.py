@@ -1,5 +1,7 @@
 """The engine's cheap walk and name resolution agree with libcst's own, on every rule example and sample."""
 
+import io
+import tokenize
 from pathlib import Path
 
 import libcst as cst
@@ -12,6 +14,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProv
 
 from migrate.engine import _add_imports
 from rules import all_rules
+from rules.amp._loss_scaling import _without_comments_and_strings as without_comments_and_strings
 from rules import Walk, findall, matches
 from rules.framework.names import QualifiedNames
 from rules.framework.positions import Positions, excerpt
@@ -97,6 +100,8 @@ def test_qualified_names_equal_libcst(source: str):
         assert {q.name for q in ours.get(node, set())} == {q.name for q in expected}, module.code_for_node(node)
         last_parts = frozenset(q.name.rpartition(".")[2] for q in expected)
         assert not last_parts or ours.may_end_with(node, last_parts), module.code_for_node(node)
+        first_parts = frozenset(q.name.partition(".")[0] for q in expected)
+        assert not first_parts or ours.may_start_with(node, first_parts), module.code_for_node(node)
 
 
 @pytest.mark.parametrize("source", corpus() + [pytest.param("x = 1\r\nif x:\r\n\ty = (1,\r\n  2)\r\n", id="crlf-tabs")])
@@ -249,6 +254,8 @@ MATCHERS = [
     m.Arg(keyword=None),
     m.Call(args=[m.Arg(), m.ZeroOrMore()]),
     m.Call(args=m.MatchIfTrue(lambda args: len(args) == 2)),
+    m.Call(func=m.Attribute(attr=m.Name("double")), args=[]),
+    m.ClassDef(bases=()),
     m.Name(value=m.MatchIfTrue(lambda value: value.startswith("c"))),
     m.SimpleStatementLine(body=[m.Expr(value=m.Call())]),
     m.Assign(value=m.Call(func=m.Attribute(value=m.Name("nn")))),
@@ -282,3 +289,27 @@ def test_excerpts_are_the_clipped_code(source: str):
         for limit in (20, 200):
             expected = code if len(code) <= limit else code[: limit - 1] + "…"
             assert excerpt(module, node, limit) == expected
+
+
+TRICKY_STRINGS = '''x = f"a{b}" + rb'\\'' + """doc ' # not a comment
+" still"""  # a comment with "quotes" and 'apostrophes'
+y = 'it''s' or"z"  # if"float16"
+z = "a\\
+b" + r"\\" + u''
+'''
+
+
+@pytest.mark.parametrize("source", corpus() + [pytest.param(TRICKY_STRINGS, id="tricky-strings")])
+def test_comments_and_strings_are_blanked_as_tokenize_finds_them(source: str):
+    """The loss-scaling rules look for precision markers in code only: a regular expression finds the comments and
+    strings, as the tokenizer would, at a tenth of its cost."""
+    expected = [list(line) for line in source.splitlines(keepends=True)]
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in (tokenize.COMMENT, tokenize.STRING):
+            (start_row, start_column), (end_row, end_column) = token.start, token.end
+            for row in range(start_row, end_row + 1):
+                line = expected[row - 1]
+                first = start_column if row == start_row else 0
+                last = end_column if row == end_row else len(line)
+                line[first:last] = " " * (last - first)
+    assert without_comments_and_strings(source) == "".join("".join(line) for line in expected)

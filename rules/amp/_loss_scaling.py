@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import re
-import tokenize
 from functools import lru_cache
 from typing import Callable, Sequence
 
@@ -33,26 +31,22 @@ def manages_precision(source: str) -> str | None:
 
 @lru_cache(maxsize=8)
 def _without_comments_and_strings(source: str) -> str:
-    """`source` with its comments and string literals blanked out (a source tokenize rejects is kept as it is)."""
-    lines = source.splitlines(keepends=True)
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (tokenize.TokenError, SyntaxError):
-        return source
-    kept = [list(line) for line in lines]
-    for token in tokens:
-        if token.type not in _TEXT_TOKENS:
-            continue
-        (start_row, start_col), (end_row, end_col) = token.start, token.end
-        for row in range(start_row, end_row + 1):
-            line = kept[row - 1]
-            first = start_col if row == start_row else 0
-            last = end_col if row == end_row else len(line)
-            line[first:last] = " " * (last - first)
-    return "".join("".join(line) for line in kept)
+    """`source` with its comments and string literals blanked out, the newlines inside them too, as blanking the
+    tokens that `tokenize` finds would; a regular expression costs a tenth of tokenize (which cost 5% of a port)."""
+    return _COMMENT_OR_STRING.sub(lambda match: " " * len(match.group()), source)
 
 
-_TEXT_TOKENS = frozenset({tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)})
+# Scanned from the left, so a quote inside a comment and a `#` inside a string belong to the token around them; a
+# string's prefix (r, b, f, u) is part of it. An f-string is blanked whole, replacement fields included, as Python
+# 3.11's tokenize does.
+_COMMENT_OR_STRING = re.compile(
+    r"#[^\r\n]*"
+    r"|(?:(?<!\w)[rRbBuUfF]{1,2})?(?:'''(?:[^\\]|\\.)*?'''"
+    r'|"""(?:[^\\]|\\.)*?"""'
+    r"|'(?:[^'\\\n]|\\.)*'"
+    r'|"(?:[^"\\\n]|\\.)*")',
+    re.DOTALL,
+)
 
 
 def free_name(module: cst.Module, *candidates: str) -> str:

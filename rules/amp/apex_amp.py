@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules import Flag, PortRule, Safety, Severity, Unchanged, argument, string_value, under
+from rules import Flag, PortRule, Safety, Severity, Unchanged, argument, string_value
 
 _INITIALIZE = "apex.amp.initialize"
 
@@ -53,7 +53,7 @@ class ApexAmp(PortRule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        name = under(node.func, self.qualified_names(node.func), "apex.amp")
+        name = self.name_under(node.func, "apex.amp")
         if name is None:
             return
         if name != _INITIALIZE:

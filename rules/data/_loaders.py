@@ -25,6 +25,7 @@ SAMPLER_POSITIONS = {"dataset": 0, "shuffle": 3, "drop_last": 5}
 _EVALUATION_WORD = re.compile(r"^(?:val|valid|validation|eval|evaluation|test|testing)(?:set|sets|loader|dir|data|"
                               r"dataset|ds|sampler|s)?\d*$")
 _TRAINING_WORD = re.compile(r"^(?:train|training)(?:set|sets|loader|dir|data|dataset|ds|sampler)?\d*$")
+_CALL = m.Call()
 
 
 def words(text: str) -> list[str]:
@@ -41,6 +42,8 @@ def names_training_split(text: str) -> bool:
 
 
 def source(node: cst.CSTNode) -> str:
+    if isinstance(node, cst.Name) and not node.lpar:  # most targets: no code to generate
+        return node.value
     return cst.Module([]).code_for_node(node)
 
 
@@ -51,7 +54,7 @@ def assigned_calls(assign: cst.Assign) -> dict[cst.Call, str]:
     the sampler built inline in `val_loader = DataLoader(ds, sampler=DistributedSampler(ds))`.
     """
     targets = " ".join(source(target.target) for target in assign.targets)
-    return {call: targets for call in findall(assign.value, m.Call())}  # type: ignore[misc]
+    return {call: targets for call in findall(assign.value, _CALL)}  # type: ignore[misc]
 
 
 def flag_value(call: cst.Call, positions: dict[str, int], name: str) -> cst.BaseExpression | None:

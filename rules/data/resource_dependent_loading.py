@@ -6,7 +6,7 @@ import libcst.matchers as m
 from rules import Flag, PortRule, Safety, Severity, Unchanged, dotted_name, findall
 
 # Calls whose value depends on the machine the script runs on.
-_RESOURCE_CALLS = {
+_RESOURCE_CALLS = (
     "os.cpu_count",
     "os.sched_getaffinity",
     "multiprocessing.cpu_count",
@@ -14,11 +14,12 @@ _RESOURCE_CALLS = {
     "torch.npu.device_count",
     "torch.accelerator.device_count",
     "psutil.cpu_count",
-}
+)
 _LOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 # batch_size is left out on purpose: dividing a global batch by the device count is how DDP keeps the global batch
 # the same on any machine.
 _WATCHED = ("num_workers", "shuffle", "prefetch_factor")
+_READS = m.Call() | m.Name() | m.Attribute()  # what an expression computes from
 
 
 class ResourceDependentLoading(PortRule):
@@ -97,8 +98,8 @@ class ResourceDependentLoading(PortRule):
                 )
 
     def _depends_on_machine(self, expression: cst.BaseExpression) -> bool:
-        for node in findall(expression, m.Call() | m.Name() | m.Attribute()):
-            if isinstance(node, cst.Call) and self.qualified_names(node.func) & _RESOURCE_CALLS:
+        for node in findall(expression, _READS):
+            if isinstance(node, cst.Call) and self.refers_to(node.func, *_RESOURCE_CALLS):
                 return True
             if not isinstance(node, cst.Call) and dotted_name(node) in self._derived:
                 return True

@@ -11,6 +11,7 @@ _LISTINGS = {"os.listdir", "os.scandir", "glob.glob", "glob.iglob"}
 _PATH_METHODS = {"glob", "rglob", "iterdir"}
 # Consumers for which order does not matter: wrapping their argument in sorted() would be noise.
 _ORDER_FREE = {"sorted", "len", "set", "frozenset", "any", "all", "sum", "max", "min", "bool", "Counter"}
+_METHOD = m.Attribute(attr=m.Name())
 
 
 class UnsortedFileListing(PortRule):
@@ -142,7 +143,7 @@ class UnsortedFileListing(PortRule):
         names = self.qualified_names(node.func) & (_LISTINGS | {"os.walk"})
         if names:
             return min(names)
-        if matches(node.func, m.Attribute(attr=m.Name())) and node.func.attr.value in _PATH_METHODS:  # type: ignore
+        if matches(node.func, _METHOD) and node.func.attr.value in _PATH_METHODS:  # type: ignore
             receiver = node.func.value  # type: ignore[attr-defined]
             if self._looks_like_path(receiver):
                 return f"Path.{node.func.attr.value}"  # type: ignore[attr-defined]

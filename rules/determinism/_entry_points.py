@@ -58,6 +58,16 @@ def numpy_alias(module: cst.Module) -> str | None:
     return None
 
 
+def imports_random(module: cst.Module) -> bool:
+    """Whether the module imports python's `random` at the top (`import random`, `from random import shuffle`)."""
+    random = m.ImportAlias(name=m.Name("random"))
+    return any(
+        findall(line, m.Import(names=[m.ZeroOrMore(), random, m.ZeroOrMore()]))
+        or findall(line, m.ImportFrom(module=m.Name("random")))
+        for line in module.body
+    )
+
+
 def at_start(entry: Entry, statements: Sequence[cst.BaseStatement]) -> Entry:
     """`entry` with `statements` first in its body: after a docstring, or after a script's imports."""
     if isinstance(entry, cst.Module):

@@ -13,15 +13,23 @@ A seed is used only where the names it reads are bound (`bound_where`); elsewher
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Protocol
 
 import libcst as cst
 import libcst.matchers as m
 
 from rules import argument, dotted_name, findall, matches, method, string_value
 
-Resolver = Callable[[cst.CSTNode], "set[str]"]
 LineOf = Callable[[cst.CSTNode], int]
+
+
+class Names(Protocol):
+    """How a rule reads names (a PortRule is one)."""
+
+    def qualified_names(self, node: cst.CSTNode) -> set[str]: ...
+
+    def refers_to(self, node: cst.CSTNode, *names: str) -> bool: ...
+
 
 # What seeds each random number generator a training script uses, by qualified name.
 SEED_CALLS = {
@@ -41,6 +49,7 @@ SEED_EVERYTHING = frozenset(
     {"transformers.set_seed", "lightning.seed_everything", "pytorch_lightning.seed_everything",
      "lightning.pytorch.seed_everything", "accelerate.utils.set_seed"}
 )
+_SEEDERS = (*SEED_CALLS, *sorted(SEED_EVERYTHING))
 
 
 @dataclass(frozen=True)
@@ -71,14 +80,15 @@ class ScriptSeed:
         return expression if self.guard is None else f"{expression} if {_code(self.guard)} else None"
 
 
-def seed_calls(module: cst.Module, resolve: Resolver) -> list[tuple[cst.Call, str]]:
+def seed_calls(module: cst.Module, names: Names) -> list[tuple[cst.Call, str]]:
     """The script's seeding calls and the generator each seeds ("random", "numpy", "torch", "device", "all")."""
     found = []
     for call in findall(module, m.Call()):
-        names = resolve(call.func)  # type: ignore[attr-defined]
-        kinds = [SEED_CALLS[name] for name in names if name in SEED_CALLS]
-        if kinds or not names.isdisjoint(SEED_EVERYTHING):
-            found.append((call, kinds[0] if kinds else "all"))
+        if not names.refers_to(call.func, *_SEEDERS):  # type: ignore[attr-defined]
+            continue  # most calls of a file: resolved only when their name could be a seeder's
+        qualified = names.qualified_names(call.func)  # type: ignore[attr-defined]
+        kinds = [SEED_CALLS[name] for name in qualified if name in SEED_CALLS]
+        found.append((call, kinds[0] if kinds else "all"))  # else one of SEED_EVERYTHING
     return found  # type: ignore[return-value]
 
 
@@ -87,9 +97,9 @@ def seed_anchor(calls: list[tuple[cst.Call, str]]) -> cst.Call:
     return next((call for call, kind in calls if kind in ("torch", "all")), calls[-1][0])
 
 
-def script_seed(module: cst.Module, resolve: Resolver) -> ScriptSeed | None:
+def script_seed(module: cst.Module, names: Names) -> ScriptSeed | None:
     """The seed the script has of its own, or None."""
-    calls = [(call, kind) for call, kind in seed_calls(module, resolve) if call.args]
+    calls = [(call, kind) for call, kind in seed_calls(module, names) if call.args]
     if calls:
         call = seed_anchor(calls)
         value = call.args[0].value

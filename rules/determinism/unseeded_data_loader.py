@@ -201,7 +201,7 @@ class UnseededDataLoader(PortRule):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._has_helper = any(matches(line, m.FunctionDef(name=m.Name(_HELPER))) for line in node.body)
-        self._seed = script_seed(node, self.qualified_names)
+        self._seed = script_seed(node, self)
         self._module = node
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+from typing import Iterable, NamedTuple
+
 import libcst as cst
 import libcst.matchers as m
 
 from rules import Case, Edit, Flag, Mode, PortRule, Severity, StatementEdits, Unchanged, findall, statement
-from rules.determinism._entry_points import Entry, at_start, numpy_alias, process_entry
+from rules.determinism._entry_points import Entry, at_start, imports_random, numpy_alias, process_entry
 from rules.determinism._script_seed import (
     ScriptSeed, bound_at_start, last_binding, script_seed, seed_anchor, seed_calls,
 )
@@ -24,6 +26,10 @@ class UnseededTraining(StatementEdits, PortRule):
       that binds it (`args = parser.parse_args()`), under `if args.seed is not None:` where the option has no
       default; else N. The report names the seed.
     - Without `--seed`, a training script that never seeds is reported.
+    - An inference script (an entry script with no backward() and no optimizer step) gets seeds only for the
+      generators it imports: `random.seed` only where it imports `random`. A training script gets `random.seed`
+      whether or not it imports `random`: its data pipeline (torchvision's transforms, augmentation libraries)
+      draws from python's generator without the script naming it.
 
     ## Why
     Two runs compare only when they draw the same random numbers: weight init, dropout, shuffling (checklist C1).
@@ -62,6 +68,7 @@ class UnseededTraining(StatementEdits, PortRule):
                 torch.cuda.manual_seed_all(seed)
             """,
             lines=[5],
+            is_entry=False,  # a project's helper module: the script that trains is another file
         ),
         Case(
             """
@@ -175,6 +182,63 @@ class UnseededTraining(StatementEdits, PortRule):
                 criterion(model(x), y).backward()
             """
         ),
+        Unchanged(  # an inference script seeds only the generators it uses: it never imports random
+            """
+            import torch
+
+            def main():
+                torch.manual_seed(0)
+                model = Classifier().eval()
+                with torch.no_grad():
+                    print(model(torch.randn(8, 3, 16, 16)).topk(5).indices)
+            """
+        ),
+        Case(  # an inference script that draws from python's generator too
+            """
+            import random
+            import torch
+
+            torch.manual_seed(0)
+            model = Classifier().eval()
+            images = random.sample(gallery, 8)
+            """,
+            """
+            import random
+            import torch
+
+            torch.manual_seed(0)
+            random.seed(0)
+            model = Classifier().eval()
+            images = random.sample(gallery, 8)
+            """,
+            lines=[4],
+        ),
+        Case(  # an inference script with a --seed option it never uses: torch's generators only
+            """
+            import argparse
+            import torch
+
+            if __name__ == "__main__":
+                parser = argparse.ArgumentParser()
+                parser.add_argument("--seed", type=int, default=1)
+                args = parser.parse_args()
+                print(Classifier().eval()(torch.randn(8, 3, 16, 16)).argmax(1))
+            """,
+            """
+            import argparse
+            import torch
+
+            if __name__ == "__main__":
+                parser = argparse.ArgumentParser()
+                parser.add_argument("--seed", type=int, default=1)
+                args = parser.parse_args()
+                torch.manual_seed(args.seed)
+                torch.cuda.manual_seed_all(args.seed)
+                print(Classifier().eval()(torch.randn(8, 3, 16, 16)).argmax(1))
+            """,
+            lines=[7],
+            seed=0,
+        ),
         Unchanged(
             """
             from transformers import set_seed
@@ -188,17 +252,18 @@ class UnseededTraining(StatementEdits, PortRule):
         super().__init__(*args, **kwargs)
         self._entry: Entry | None = None
         self._block: list[cst.BaseStatement] = []
+        self._generators = _Generators(random=True, numpy=None)
         self._message = ""
 
     def visit_Module(self, node: cst.Module) -> None:
-        seeds = seed_calls(node, self.qualified_names)
+        seeds = seed_calls(node, self)
         if any(kind == "all" for _, kind in seeds):
             return
-        numpy = numpy_alias(node)
+        self._generators = _Generators(imports_random(node) or not self.file.inference, numpy_alias(node))
         if seeds:
-            self._complete(node, seeds, numpy)
+            self._complete(node, seeds)
         elif self.settings.seed is not None:
-            self._seed_process(node, numpy)
+            self._seed_process(node)
         elif self.settings.is_entry:
             backward = findall(node, m.Call(func=m.Attribute(attr=m.Name("backward"))))
             if backward:
@@ -212,45 +277,46 @@ class UnseededTraining(StatementEdits, PortRule):
     def _device_module(self) -> str:
         return "torch.npu" if self.settings.mode is Mode.EXPLICIT else "torch.cuda"
 
-    def _seed_process(self, module: cst.Module, numpy: str | None) -> None:
+    def _seed_process(self, module: cst.Module) -> None:
         """Seed every generator where the process starts: with the script's seed once it is bound, else with N."""
         entry = process_entry(module, self.qualified_names)
-        seed = script_seed(module, self.qualified_names)
+        seed = script_seed(module, self)
         line_of = lambda node: self.file.position(node).start.line  # noqa: E731
         body = entry if isinstance(entry, cst.Module) else entry.body
         binding = last_binding(list(body.body), seed.names) if seed is not None else None
         if seed is not None and isinstance(body, (cst.Module, cst.IndentedBlock)) and binding is not None:
-            block = self._seeding_block(seed, numpy)
+            block = self._seeding_block(seed)
             message = f"seeded every generator with {seed.described()} once it is bound"
-            self.edit(body, Edit(binding, message, insert_after=tuple(block), imports=_imports(["random", "torch"])))
+            self.edit(body, Edit(binding, message, insert_after=tuple(block), imports=self._generators.imports()))
         elif seed is not None and bound_at_start(seed, module, entry, line_of):
-            self._entry, self._block = entry, self._seeding_block(seed, numpy)
+            self._entry, self._block = entry, self._seeding_block(seed)
             self._message = f"seeded every generator with {seed.described()} at the start of the process"
         else:
             self._entry = entry
-            self._block = _seeding(str(self.settings.seed), numpy, self._device_module(), with_device=True)
+            self._block = _seeding(str(self.settings.seed), self._generators, self._device_module(), with_device=True)
             why = f"`{seed.text}` is not bound there" if seed is not None else "the script has no seed of its own"
             self._message = (f"seeded every generator with {self.settings.seed} at the start of the process "
                              f"(migrate --seed: {why})")
 
-    def _seeding_block(self, seed: ScriptSeed, numpy: str | None) -> list[cst.BaseStatement]:
+    def _seeding_block(self, seed: ScriptSeed) -> list[cst.BaseStatement]:
         """The seeding statements for the script's seed, under its test where it may be None."""
-        lines = _seeding(seed.text, numpy, self._device_module(), with_device=True)
+        lines = _seeding(seed.text, self._generators, self._device_module(), with_device=True)
         if seed.guard is None:
             return lines
         guarded = cst.Module([]).code_for_node(seed.guard)
         return [statement(f"if {guarded}:\n" + "".join("    " + cst.Module([]).code_for_node(line) for line in lines))]
 
-    def _complete(self, module: cst.Module, seeds: list[tuple[cst.Call, str]], numpy: str | None) -> None:
+    def _complete(self, module: cst.Module, seeds: list[tuple[cst.Call, str]]) -> None:
         kinds = {kind for _, kind in seeds}
         anchor = seed_anchor(seeds)
         if not anchor.args:
             return
         seed = cst.Module([]).code_for_node(anchor.args[0].value)
-        missing = [kind for kind in ("random", "numpy", "torch") if kind not in kinds and (kind != "numpy" or numpy)]
+        missing = [kind for kind in self._generators.kinds() if kind not in kinds]
         if not missing:
             return
-        statements = [line for line in _seeding(seed, numpy, "", with_device=False) if _kind(line) in missing]
+        seeding = _seeding(seed, self._generators, "", with_device=False)
+        statements = [line for line in seeding if _kind(line) in missing]
         place = _statement_holding(module, anchor)
         if place is not None:
             block, index = place
@@ -273,13 +339,28 @@ class UnseededTraining(StatementEdits, PortRule):
             return updated
         new = at_start(updated, self._block)
         anchor = original.body[0] if isinstance(original, cst.Module) and original.body else original
-        return self.replace(original, updated, new, self._message, imports=_imports(["random", "torch"]), at=anchor)
+        imports = self._generators.imports()
+        return self.replace(original, updated, new, self._message, imports=imports, at=anchor)
 
 
-def _seeding(seed: str, numpy: str | None, device: str, with_device: bool) -> list[cst.BaseStatement]:
-    lines = [f"random.seed({seed})"]
-    if numpy:
-        lines.append(f"{numpy}.random.seed({seed})")
+class _Generators(NamedTuple):
+    """The generators a file's seeding covers: python's (`random`), numpy's under the name the file imports it by
+    (None where it does not), and torch's, always."""
+
+    random: bool
+    numpy: str | None
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, used in (("random", self.random), ("numpy", self.numpy), ("torch", True)) if used]
+
+    def imports(self) -> tuple[tuple[str, None], ...]:
+        return _imports(self.kinds())
+
+
+def _seeding(seed: str, generators: _Generators, device: str, with_device: bool) -> list[cst.BaseStatement]:
+    lines = [f"random.seed({seed})"] if generators.random else []
+    if generators.numpy:
+        lines.append(f"{generators.numpy}.random.seed({seed})")
     lines.append(f"torch.manual_seed({seed})")
     if with_device:
         lines.append(f"{device}.manual_seed_all({seed})")
@@ -291,7 +372,7 @@ def _kind(line: cst.BaseStatement) -> str:
     return "random" if text.startswith("random.") else "torch" if text.startswith("torch.") else "numpy"
 
 
-def _imports(kinds: list[str]) -> tuple[tuple[str, None], ...]:
+def _imports(kinds: Iterable[str]) -> tuple[tuple[str, None], ...]:
     return tuple((kind, None) for kind in kinds if kind in ("random", "torch"))
 
 

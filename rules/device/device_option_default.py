@@ -13,6 +13,7 @@ from rules.device._rewrite import retarget
 
 _NPU = re.compile(r"^npu(?::\d+)?$")
 _ADD_ARGUMENT = m.Call(func=m.Attribute(attr=m.Name("add_argument")))
+_NAMES = m.SimpleString() | m.Attribute()  # where a script names a device
 
 
 class DeviceOptionDefault(PortRule):
@@ -109,7 +110,14 @@ class DeviceOptionDefault(PortRule):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
-        self._names_npu = any(_is_npu_reference(found) for found in findall(node, m.SimpleString() | m.Attribute()))
+        self._npu_named: bool | None = None
+
+    def _names_npu(self) -> bool:
+        """Whether the script names an npu device of its own: found when first asked, about a device option (few
+        files have one)."""
+        if self._npu_named is None:
+            self._npu_named = any(_is_npu_reference(found) for found in findall(self._module, _NAMES))
+        return self._npu_named
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         if not matches(original_node, _ADD_ARGUMENT):
@@ -143,7 +151,7 @@ class DeviceOptionDefault(PortRule):
         choices = argument(call, None, "choices")
         if choices is not None and not any(_NPU.match(value) for value in _strings([choices.value])):
             return 'its choices lack "npu"'
-        if not self._names_npu:
+        if not self._names_npu():
             return "the script names no npu device of its own"
         compared = _compared_values(self._module, _dest(call))
         if any(value.startswith("cuda") for value in compared) and not any(_NPU.match(v) for v in compared):

@@ -21,10 +21,13 @@ _BACKEND_PARAMETER = {
     "Backend": 0,
 }
 _BACKEND_CALLS = {f"{prefix}.{name}": index for prefix in _C10D for name, index in _BACKEND_PARAMETER.items()}
+_BACKEND_CALLERS = tuple(_BACKEND_CALLS)
 _NCCL_ATTRIBUTES = {f"{prefix}.Backend.NCCL" for prefix in _C10D}
 _RENAMES = {"nccl": "hccl", "NCCL": "HCCL", "cuda": "npu"}
 # "nccl", or the device-to-backend form "cuda:nccl,cpu:gloo".
 _BACKEND_SPEC = re.compile(r"^\s*\w+\s*$|^\s*\w+:\w+\s*(,\s*\w+:\w+\s*)*$")
+_ADD_ARGUMENT = m.Attribute(attr=m.Name("add_argument"))
+_SET_DEFAULTS = m.Attribute(attr=m.Name("set_defaults"))
 
 
 def _port_backend(text: str) -> str | None:
@@ -194,14 +197,16 @@ class NcclBackend(PortRule):
                 self._backend_uses.update(operand for operand in operands if isinstance(operand, cst.Name))
 
     def _backend_argument(self, call: cst.Call) -> cst.Arg | None:
+        if not self.refers_to(call.func, *_BACKEND_CALLERS):
+            return None  # most calls of a file: not resolved
         index = next((_BACKEND_CALLS[name] for name in self.qualified_names(call.func) if name in _BACKEND_CALLS), None)
         return None if index is None else argument(call, index, "backend")
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         args = [self._backend_argument(original_node)]
-        if matches(original_node.func, m.Attribute(attr=m.Name("add_argument"))) and _is_backend_flag(original_node):
+        if matches(original_node.func, _ADD_ARGUMENT) and _is_backend_flag(original_node):
             args = [argument(original_node, None, "default"), argument(original_node, None, "choices")]
-        elif matches(original_node.func, m.Attribute(attr=m.Name("set_defaults"))):
+        elif matches(original_node.func, _SET_DEFAULTS):
             args = [arg for arg in original_node.args if arg.keyword and "backend" in arg.keyword.value.lower()]
         new = updated_node
         for arg in filter(None, args):

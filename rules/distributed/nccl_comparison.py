@@ -78,11 +78,13 @@ class NcclComparison(PortRule):
             if isinstance(target.operator, _EQUALITY + _MEMBERSHIP):
                 if index == 0:
                     left = _ported(left, membership=False)
-                membership = isinstance(target.operator, _MEMBERSHIP)
-                targets[index] = target.with_changes(comparator=_ported(target.comparator, membership))
-        new = updated_node.with_changes(left=left, comparisons=targets)
-        if new.deep_equals(updated_node):
+                comparator = _ported(target.comparator, isinstance(target.operator, _MEMBERSHIP))
+                if comparator is not target.comparator:
+                    targets[index] = target.with_changes(comparator=comparator)
+        unchanged = left is updated_node.left and all(a is b for a, b in zip(targets, updated_node.comparisons))
+        if unchanged:  # no "nccl" compared with
             return updated_node
+        new = updated_node.with_changes(left=left, comparisons=targets)
         return self.replace(original_node, updated_node, new, 'comparison with "nccl" -> "hccl"')
 
 
@@ -91,7 +93,9 @@ def _ported(node: cst.BaseExpression, membership: bool) -> cst.BaseExpression:
     if isinstance(node, cst.SimpleString) and string_value(node) == "nccl":
         return same_quotes(node, "hccl")
     if membership and isinstance(node, (cst.Tuple, cst.List, cst.Set)):
-        return node.with_changes(
-            elements=[element.with_changes(value=_ported(element.value, False)) for element in node.elements]
-        )
+        values = [_ported(element.value, False) for element in node.elements]
+        if any(value is not element.value for value, element in zip(values, node.elements)):
+            return node.with_changes(
+                elements=[element.with_changes(value=value) for element, value in zip(node.elements, values)]
+            )
     return node

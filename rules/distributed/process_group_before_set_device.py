@@ -15,6 +15,7 @@ _SET_DEVICE = (
     "torch.accelerator.set_device_index",
 )
 _Body = TypeVar("_Body", cst.Module, cst.IndentedBlock)
+_CALL = m.Call()
 
 
 class ProcessGroupBeforeSetDevice(PortRule):
@@ -186,7 +187,7 @@ class ProcessGroupBeforeSetDevice(PortRule):
     def _init_call(self, statement: cst.CSTNode) -> cst.Call | None:
         if not isinstance(statement, cst.SimpleStatementLine):
             return None
-        for call in findall(statement, m.Call()):
+        for call in findall(statement, _CALL):
             if self.refers_to(call.func, *_INIT):  # type: ignore[attr-defined]
                 return call  # type: ignore[return-value]
         return None

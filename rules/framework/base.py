@@ -12,7 +12,7 @@ import re
 import textwrap
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import libcst as cst
@@ -20,6 +20,8 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameProvider
 
+from rules.framework.calls import under
+from rules.framework.loops import trains
 from rules.framework.names import QualifiedNames
 from rules.framework.positions import Positions, excerpt
 from rules.framework.types import Action, Finding, Mode, Safety, Settings, Severity
@@ -85,6 +87,14 @@ class FileState:
         self.qualified_names = QualifiedNames(wrapper.module)
         self.positions = Positions(wrapper.module)
         self._suppressed = _suppressions(source)
+
+    @cached_property
+    def inference(self) -> bool:
+        """Whether the file is read as an inference script: an entry script (named on the command line, or with a
+        __main__ guard) that never trains (`trains` in rules/framework/loops.py). Training-only rules leave such a
+        file alone, and only the random generators it uses are seeded. A project's other modules are never read so,
+        whatever they hold: their training loop may be in another file."""
+        return self.settings.is_entry and not trains(self.wrapper.module, self.source)
 
     def position(self, node: cst.CSTNode) -> CodeRange:
         return self.positions[node]
@@ -213,9 +223,17 @@ class PortRule(CheapMatcherScan, VisitorBasedCodemodCommand):
         return set(self.file.qualified_names.texts(node))
 
     def refers_to(self, node: cst.CSTNode, *names: str) -> bool:
-        if not self.file.qualified_names.may_end_with(node, _last_parts(names)):
+        known = self.file.qualified_names
+        if not known.may_end_with(node, _last_parts(names)):
             return False  # most calls, arguments and attributes a rule asks about: no resolution needed
-        return not self.qualified_names(node).isdisjoint(names)
+        return not known.texts(node).isdisjoint(names)
+
+    def name_under(self, node: cst.BaseExpression, *prefixes: str) -> str | None:
+        """The first qualified name of `node` that is one of the dotted `prefixes` or lies below one, else None
+        (`rules.under`); resolved only when a name of `node` could start so."""
+        if not self.file.qualified_names.may_start_with(node, _first_parts(prefixes)):
+            return None  # most calls a rule asks about
+        return under(node, self.qualified_names(node), *prefixes)
 
     def qualified_name(self, node: cst.CSTNode) -> str | None:
         names = self.qualified_names(node)
@@ -305,6 +323,11 @@ _SEVERITY_ORDER = [Severity.INFO, Severity.WARNING, Severity.ERROR]
 @lru_cache(maxsize=1024)
 def _last_parts(names: tuple[str, ...]) -> frozenset[str]:
     return frozenset(name.rpartition(".")[2] for name in names)
+
+
+@lru_cache(maxsize=1024)
+def _first_parts(names: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(name.partition(".")[0] for name in names)
 
 
 _EMPTY_MODULE = cst.Module([])  # the layout a rule's new code is shown in

@@ -1,5 +1,6 @@
-"""What a training loop looks like in source: the facts the training-process and loss-scaling rules share (no rule
-lives here). rules/amp/_step_analysis.py builds the AMP rules' finer analysis (loss slices, autocast regions) on it.
+"""What training looks like in source: the facts the training-process and loss-scaling rules share (no rule lives
+here), from one loop's training step to whether a file trains at all. rules/amp/_step_analysis.py builds the AMP
+rules' finer analysis (loss slices, autocast regions) on it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from rules.framework.tree import findall, preorder
 # a reinforcement-learning `env.step(action)`.
 _NOT_AN_OPTIMIZER = re.compile(r"sched|lr_|warmup|scaler|env", re.IGNORECASE)
 _LOOP = m.For() | m.While()
+# A file that trains names one of these; most inference scripts are told apart by their text alone.
+_TRAINING_WORDS = ("backward", ".step(", "fit(", "train(")
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,22 @@ def is_innermost_training_loop(loop: cst.For | cst.While) -> bool:
     if training_step(loop) is None:
         return False
     return not any(training_step(inner) for inner in findall(loop.body, _LOOP) if inner is not loop)
+
+
+def trains(module: cst.Module, source: str) -> bool:
+    """Whether the file trains: it calls backward() (`loss.backward()`, `accelerator.backward(loss)`,
+    `torch.autograd.backward(...)`), steps an optimizer (`optimizer.step()`, `scaler.step(optimizer)`), or hands the
+    training to a trainer (`trainer.fit(model)`, `trainer.train()`). `source` is the module's text."""
+    if not any(word in source for word in _TRAINING_WORDS):
+        return False
+    return any(_trains(call) for call in findall(module, m.Call()))  # type: ignore[arg-type]
+
+
+def _trains(call: cst.Call) -> bool:
+    if method(call) in ("fit", "train"):
+        return "trainer" in dotted_name(call.func.value).lower()  # type: ignore[attr-defined]
+    backward = method(call) == "backward" or (isinstance(call.func, cst.Name) and call.func.value == "backward")
+    return backward or bool(_stepped(call))
 
 
 def backward_receivers(step: TrainingStep) -> set[str]:

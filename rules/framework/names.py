@@ -30,6 +30,8 @@ from libcst.metadata.scope_provider import (
 from rules.framework.walk import TRIVIA, child_fields
 
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_NOT_YET = object()
+_STRINGS = (cst.SimpleString, cst.ConcatenatedString)  # what libcst reads a string annotation from
 _ASSIGNMENT_LIKE = frozenset(_ASSIGNMENT_LIKE_NODES)
 
 
@@ -51,6 +53,8 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
         self._scopes: dict[CSTNode, Scope] | None = None
         self._names: dict[CSTNode, set[QualifiedName]] = {}
         self._texts: dict[CSTNode, frozenset[str]] = {}
+        # node -> its dotted name's first and last parts, and the name; None for a node without one
+        self._dotted_parts: dict[CSTNode, tuple[str, str, str] | None] = {}
         # Resolutions shared by nodes that must resolve alike: a dotted name read in one scope, after the same
         # assignments (libcst walks every assignment of the name each time, hundreds for `model` in a long script).
         self._by_read: dict[tuple[int, str, int], set[QualifiedName]] = {}
@@ -75,13 +79,44 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
         libcst names a node by its dotted name (`a.b.c` for `a.b.c` or `a.b.c()`), replacing an imported prefix by
         what it imports, so the last part stays; unless the whole dotted name is an import's `as` name (`y` in
         `from m import x as y`), or the name's first part is a builtin or local name, which libcst gives alone
-        (`builtins.str` for `str.join`). tests/test_engine.py holds every node of the corpus to that.
+        (`builtins.str` for `str.join`). A node without a dotted name (a number, an operation) has no qualified name
+        unless it is a string annotation (`x: "torch.Tensor"`). tests/test_engine.py holds every node of the corpus
+        to that.
         """
-        dotted = cst.helpers.get_full_name_for_node(node)
-        if dotted is None:
-            return True
-        first, _, _ = dotted.partition(".")
-        return dotted.rpartition(".")[2] in last_parts or first in last_parts or dotted in self.aliases
+        parts = self._parts(node)
+        if parts is None:
+            return isinstance(node, _STRINGS)
+        first, last, dotted = parts
+        return last in last_parts or first in last_parts or dotted in self.aliases
+
+    def may_start_with(self, node: CSTNode, first_parts: frozenset[str]) -> bool:
+        """False when no qualified name of `node` can start with one of `first_parts`, found without resolving it.
+
+        libcst's name of a node starts with its dotted name's first part, unless an import binds that part (it
+        stands for what it imports), the name is a builtin (`builtins.`), or the node is local to a function or class
+        (whose name starts its locals' names). tests/test_engine.py holds every node of the corpus to that.
+        """
+        parts = self._parts(node)
+        if parts is None:
+            return isinstance(node, _STRINGS)
+        first = parts[0]
+        self.scopes  # records the imported and defined names
+        recorder = self._recorder
+        return (
+            first in first_parts
+            or first in recorder.imported
+            or "builtins" in first_parts
+            or not recorder.defined.isdisjoint(first_parts)
+        )
+
+    def _parts(self, node: CSTNode) -> tuple[str, str, str] | None:
+        """The first and last parts of `node`'s dotted name, and the name; None for a node without one."""
+        parts = self._dotted_parts.get(node, _NOT_YET)
+        if parts is _NOT_YET:  # rules ask about the same call or attribute, dozens of them
+            dotted = cst.helpers.get_full_name_for_node(node)
+            parts = None if dotted is None else (dotted.partition(".")[0], dotted.rpartition(".")[2], dotted)
+            self._dotted_parts[node] = parts
+        return parts  # type: ignore[return-value]
 
     @property
     def aliases(self) -> set[str]:
@@ -153,6 +188,8 @@ class _ScopeRecorder:
         self.reads: dict[CSTNode, tuple[str, int]] = {}  # read node -> (name read, assignments in scope before it)
         self.import_names: set[int] = set()  # ids of the names in import statements (libcst's assignment nodes)
         self.aliases: set[str] = set()  # `y` of `import x as y` and `from m import x as y`
+        self.imported: set[str] = set()  # the first part of each name an import binds (`torch` of `import torch.nn`)
+        self.defined: set[str] = set()  # names of functions and classes; <locals> and <comprehension>
         self._pending_reads: list[tuple[cst.Name, cst.Attribute | None, int]] = []  # settled once scopes are known
         self._outermost_attribute: list[cst.Attribute | None] = [None]
         self._special: dict[type, Callable[[CSTNode, Scope], None]] = {
@@ -254,11 +291,13 @@ class _ScopeRecorder:
             as_name = alias.asname.name if alias.asname is not None else alias.name
             dotted = cst.helpers.get_full_name_for_node_or_raise(as_name)
             parts = dotted.split(".")
+            self.imported.add(parts[0])
             for end in range(len(parts), 0, -1):
                 scope.record_import_assignment(".".join(parts[:end]), node, as_name)
 
     def _function(self, node: cst.FunctionDef, scope: Scope) -> None:
         scope.record_assignment(node.name.value, node)
+        self.defined.add(node.name.value)
         self.scope_of[node.name] = scope
         outer = self._type_parameters(node, scope)
         inner = FunctionScope(outer, node, node.name.value)
@@ -276,6 +315,7 @@ class _ScopeRecorder:
 
     def _lambda(self, node: cst.Lambda, scope: Scope) -> None:
         inner = FunctionScope(scope, node)
+        self.defined.add("<locals>")  # a lambda's locals are named so
         self._visit(node.params, inner)
         self._visit(node.body, inner)
 
@@ -290,6 +330,7 @@ class _ScopeRecorder:
 
     def _class(self, node: cst.ClassDef, scope: Scope) -> None:
         scope.record_assignment(node.name.value, node)
+        self.defined.add(node.name.value)
         self.scope_of[node.name] = scope
         self._visit_all(node.decorators, scope)
         outer = self._type_parameters(node, scope)
@@ -350,6 +391,7 @@ class _ScopeRecorder:
         self._visit(first.iter, scope)
         self.scope_of[first] = scope
         inner = ComprehensionScope(scope, node)
+        self.defined.add("<comprehension>")
         self._bind(first.target, inner)
         inner._assignment_count += 1
         self._visit_all(first.ifs, inner)

@@ -3,9 +3,11 @@
 libcst's provider generates the code of the whole module while counting lines and columns at every token and
 building a CodeRange for every node: about three parse-and-codegen round trips on a real script, paid as soon as a
 rule records its first finding. Here the module's statements are generated in order only as far as the statement a
-rule asks about, recording where each node's tokens start and end; a token index becomes a character offset, and an
-offset a line and column, only for the nodes asked about (tests/test_engine.py compares the two on every rule example
-and sample). The statements' text is kept, and the ported module's code reuses it for every statement no rule changed.
+rule asks about: the ones before it as plain text, that one recording where each node's tokens start and end (a
+statement passed as plain text is generated again with its spans only if a rule asks about it later). A token index
+becomes a character offset, and an offset a line and column, only for the nodes asked about (tests/test_engine.py
+compares the two on every rule example and sample). The statements' text is kept, and the ported module's code
+reuses it for every statement no rule changed.
 """
 
 from __future__ import annotations
@@ -28,20 +30,23 @@ class Positions(Mapping[CSTNode, CodeRange]):
 
     def __init__(self, module: cst.Module):
         self._module = module
-        self._state = _SpanState(module.default_indent, module.default_newline)
-        self._generated = 0  # how many of module.body's statements the state has generated
+        self._generated = 0  # how many of module.body's statements have been generated
         self._texts: dict[CSTNode, str] = {}  # generated statement -> its code
-        self._char_at: list[int] = [0]  # token index -> character offset, for the tokens generated so far
+        self._starts: dict[CSTNode, int] = {}  # generated statement -> the character offset its code starts at
+        self._length = 0  # characters generated so far
         self._line_starts: list[int] = [0]
+        self._spans: dict[CSTNode, tuple[_SpanState, list[int]]] = {}  # statement -> its spans, their offsets
         self._whole: _SpanState | None = None  # the whole module's spans, for nodes outside its statements
+        self._char_at: list[int] = []  # token index of the whole module's -> character offset
 
     def __getitem__(self, node: CSTNode) -> CodeRange:
         if self._whole is None:
             statement = enclosing_statement(self._module, node)
             if statement is not None:
                 self._generate_through(statement)
-                return self._range(self._state.spans[id(node)])
-        return self._range(self._whole_spans()[id(node)])
+                spans, char_at = self._statement_spans(statement)
+                return self._range(spans.spans[id(node)], char_at)
+        return self._range(self._whole_spans()[id(node)], self._char_at)
 
     def __iter__(self) -> Iterator[CSTNode]:
         return iter(self._whole_nodes())
@@ -74,31 +79,47 @@ class Positions(Mapping[CSTNode, CodeRange]):
         return "".join(state.tokens) or module.default_newline
 
     def _generate_through(self, statement: CSTNode) -> None:
-        """Generate the module's code on from where it stopped, up to and including `statement`."""
+        """Generate the module's code on from where it stopped, up to and including `statement`: the statements
+        before it as plain text, `statement` itself with its nodes' spans."""
         if statement in self._texts:
             return
-        state, body = self._state, self._module.body
         if self._generated == 0:
+            state = _PlainState(self._module.default_indent, self._module.default_newline)
             for line in self._module.header:
                 line._codegen(state)
-            self._account(0)
+            self._account("".join(state.tokens))
+        body = self._module.body
         while self._generated < len(body):
             generated = body[self._generated]
-            first_token = len(state.tokens)
-            generated._codegen(state)
-            self._texts[generated] = self._account(first_token)
+            self._starts[generated] = self._length
+            if generated is statement:
+                text = "".join(self._statement_spans(generated)[0].tokens)
+            else:
+                state = _PlainState(self._module.default_indent, self._module.default_newline)
+                generated._codegen(state)
+                text = "".join(state.tokens)
+            self._texts[generated] = self._account(text)
             self._generated += 1
             if generated is statement:
                 return
 
-    def _account(self, first_token: int) -> str:
-        """Extend the character offsets and line starts over the tokens from `first_token` on; their text."""
-        tokens = self._state.tokens[first_token:]
-        start = self._char_at[-1]
-        self._char_at.extend(list(accumulate(map(len, tokens), initial=start))[1:])
-        text = "".join(tokens)
+    def _account(self, text: str) -> str:
+        """Extend the line starts over `text`, the code generated next."""
+        start = self._length
         self._line_starts.extend(start + match.end() for match in NEWLINE_RE.finditer(text))
+        self._length += len(text)
         return text
+
+    def _statement_spans(self, statement: CSTNode) -> tuple[_SpanState, list[int]]:
+        """The token spans of the nodes of a top-level statement, and each token's character offset: a statement at
+        the top level is generated alone as it is within the module (no indentation to carry over)."""
+        found = self._spans.get(statement)
+        if found is None:
+            spans = _SpanState(self._module.default_indent, self._module.default_newline)
+            statement._codegen(spans)
+            char_at = list(accumulate(map(len, spans.tokens), initial=self._starts[statement]))
+            found = self._spans[statement] = (spans, char_at)
+        return found
 
     def _whole_spans(self) -> dict[int, tuple[int, int]]:
         if self._whole is None:
@@ -115,8 +136,8 @@ class Positions(Mapping[CSTNode, CodeRange]):
         assert self._whole is not None
         return list(self._whole.nodes.values())
 
-    def _range(self, span: tuple[int, int]) -> CodeRange:
-        return CodeRange(self._position(self._char_at[span[0]]), self._position(self._char_at[span[1]]))
+    def _range(self, span: tuple[int, int], char_at: list[int]) -> CodeRange:
+        return CodeRange(self._position(char_at[span[0]]), self._position(char_at[span[1]]))
 
     def _position(self, offset: int) -> CodePosition:
         line = bisect_right(self._line_starts, offset)

@@ -134,7 +134,7 @@ def findall(tree: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
 
 def matches(node: object, matcher: m.BaseMatcherNode) -> bool:
     """`m.matches(node, matcher)`, compiled once per matcher into a plain function for the shapes rules use (node
-    matchers, `|`, literal and nested node fields, MatchIfTrue): libcst's general matching costs tens of
+    matchers, `|`, literal, empty and nested node fields, MatchIfTrue): libcst's general matching costs tens of
     microseconds a node, and rules test thousands of nodes. Any other shape is left to libcst."""
     return _compiled(matcher)[1](node)
 
@@ -144,11 +144,25 @@ class _Undecided(Exception):
 
 
 _Compiled = tuple[frozenset[type[cst.CSTNode]] | None, Callable[[object], bool]]
-_COMPILED: dict[object, _Compiled] = {}  # matcher -> (the node types it can match, its test)
+_COMPILED: dict[object, _Compiled] = {}  # matcher's shape -> (the node types it can match, its test)
+_BY_IDENTITY: dict[int, tuple[m.BaseMatcherNode, _Compiled]] = {}  # id(matcher) -> the matcher, its compiled form
 
 
 def _compiled(matcher: m.BaseMatcherNode) -> _Compiled:
-    """Matchers are looked up by shape: rules build most of theirs anew at each call, and libcst's compare by
+    """A matcher kept in a constant is found by identity (its shape costs more than the test, and rules test every
+    call of a file); one made anew at each call by its shape."""
+    known = _BY_IDENTITY.get(id(matcher))
+    if known is not None and known[0] is matcher:
+        return known[1]
+    compiled = _compiled_by_shape(matcher)
+    if len(_BY_IDENTITY) > 4096:  # the matchers made at each call, kept alive here so that ids stay theirs: bounded
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[id(matcher)] = (matcher, compiled)
+    return compiled
+
+
+def _compiled_by_shape(matcher: m.BaseMatcherNode) -> _Compiled:
+    """Matchers are looked up by shape: rules build some of theirs anew at each call, and libcst's compare by
     identity."""
     key = _shape(matcher)
     try:
@@ -238,6 +252,8 @@ def _compile_field(desired: object) -> Callable[[object], bool] | None:
         return lambda value: value == desired
     if isinstance(desired, m.MatchIfTrue):
         return lambda value: bool(desired.func(value))
+    if isinstance(desired, (list, tuple)) and not desired:  # `args=[]`: no element at all
+        return _empty_sequence
     node_test = _compile(desired) if isinstance(desired, (m.OneOf, m.BaseMatcherNode)) else None
     if node_test is None:
         return None
@@ -248,6 +264,12 @@ def _compile_field(desired: object) -> Callable[[object], bool] | None:
         return node_test(value)
 
     return field_matches
+
+
+def _empty_sequence(value: object) -> bool:
+    if not isinstance(value, (list, tuple)):
+        raise _Undecided
+    return not value
 
 
 def visit(tree: cst.CSTNode, visitor: cst.CSTVisitor) -> None:

@@ -25,7 +25,8 @@ class ValidationWithoutNoGrad(PortRule):
     For a function whose name says it evaluates (`validate`, `evaluate`, `test`, `eval_*`, `estimate_loss`...) and
     that loops without calling backward(): reports a missing `torch.no_grad()`/`torch.inference_mode()` (as a `with`
     or a decorator) and a missing `.eval()`. When some code calls `.eval()` but the file never calls `.train()`,
-    reports that training resumes in eval mode.
+    reports that training resumes in eval mode, unless the file is read as an inference script (an entry script with
+    no backward() and no optimizer step): a model that never trains stays in eval mode on purpose.
 
     ## Why
     With autograd on, validation builds graphs it never frees until the loop ends (memory), and in train mode dropout
@@ -70,6 +71,24 @@ class ValidationWithoutNoGrad(PortRule):
                     opt.step()
             """,
             lines=[3, 4],
+        ),
+        Unchanged(  # an inference script: its model stays in eval mode
+            """
+            import torch
+
+            model = Classifier().eval()
+            with torch.no_grad():
+                for images in batches:
+                    print(model(images).topk(5).indices)
+            """
+        ),
+        Flag(  # a module of a project, not the script that is run: its training loop may be elsewhere
+            """
+            def load_for_validation(model):
+                return model.eval()
+            """,
+            lines=[2],
+            is_entry=False,
         ),
         Unchanged(
             """
@@ -125,7 +144,7 @@ class ValidationWithoutNoGrad(PortRule):
             )
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        if self._eval_calls and not self._calls_train:
+        if self._eval_calls and not self._calls_train and not self.file.inference:
             self.report(
                 self._eval_calls[0],
                 "the model is put in eval mode but never back in train mode",

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules import Flag, PortRule, Safety, Severity, Unchanged, under
+from rules import Flag, PortRule, Safety, Severity, Unchanged
 
 _QUANTIZATION = ("bitsandbytes", "transformers.BitsAndBytesConfig", "transformers.utils.quantization_config")
 _SWITCHES = {"load_in_8bit", "load_in_4bit"}
@@ -50,7 +50,7 @@ class BitsandbytesQuantization(PortRule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        name = under(node.func, self.qualified_names(node.func), *_QUANTIZATION)
+        name = self.name_under(node.func, *_QUANTIZATION)
         switched = any(
             arg.keyword is not None and arg.keyword.value in _SWITCHES and _is_true(arg.value) for arg in node.args
         )

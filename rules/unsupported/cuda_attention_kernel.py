@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules import Flag, PortRule, Safety, Severity, Unchanged, matches, string_value, under
+from rules import Flag, PortRule, Safety, Severity, Unchanged, matches, string_value
 
 _KERNELS = ("flash_attn", "xformers.ops")
 
@@ -54,7 +54,7 @@ class CudaAttentionKernel(PortRule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        name = under(node.func, self.qualified_names(node.func), *_KERNELS)
+        name = self.name_under(node.func, *_KERNELS)
         if name is None and not any(_asks_for_flash_attention(arg) for arg in node.args):
             return
         self.report(

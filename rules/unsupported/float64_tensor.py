@@ -16,6 +16,9 @@ _NUMPY_FLOAT64_BY_DEFAULT = frozenset(f"numpy.{name}" for name in (
 _NUMPY_FLOAT64 = ("numpy.float64", "numpy.double", "builtins.float")
 _ADVICE = ("keep float64 on the CPU (metrics, numpy interop) or compute in float32 on the device; `verify` names an "
            "op that ran in float64 on the reference and in float32 on the port")
+# Matchers kept in constants, as the rule tests every call of a file (rules.matches finds them by identity).
+_DOUBLE_CALL = m.Call(func=m.Attribute(attr=m.Name("double")), args=[])
+_ASTYPE = m.Attribute(attr=m.Name("astype"))
 
 
 class Float64Tensor(PortRule):
@@ -90,7 +93,7 @@ class Float64Tensor(PortRule):
             self._float64_arrays.update(t.target.value for t in node.targets if isinstance(t.target, cst.Name))
 
     def visit_Call(self, node: cst.Call) -> None:
-        wants_float64 = matches(node, m.Call(func=m.Attribute(attr=m.Name("double")), args=[])) or any(
+        wants_float64 = matches(node, _DOUBLE_CALL) or any(
             self.refers_to(arg.value, *_FLOAT64) for arg in node.args
         )
         if wants_float64:
@@ -113,7 +116,7 @@ class Float64Tensor(PortRule):
         """`node` makes a float64 numpy array: a float64-by-default call without another dtype, or a float64 dtype."""
         if not isinstance(node, cst.Call):
             return False
-        if matches(node.func, m.Attribute(attr=m.Name("astype"))) and node.args:
+        if matches(node.func, _ASTYPE) and node.args:
             return self._float64_dtype(node.args[0].value)
         dtype = argument(node, None, "dtype")
         if dtype is not None:

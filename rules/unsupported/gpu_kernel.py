@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules import Flag, PortRule, Safety, Severity, Unchanged, under
+from rules import Flag, PortRule, Safety, Severity, Unchanged
 
 # Decorators that compile the function for an NVIDIA GPU.
 _KERNEL_DECORATORS = ("triton.jit", "triton.autotune", "triton.heuristics", "numba.cuda.jit")
@@ -84,7 +84,7 @@ class GpuKernel(PortRule):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         for decorator in node.decorators:
             target = decorator.decorator.func if isinstance(decorator.decorator, cst.Call) else decorator.decorator
-            name = under(target, self.qualified_names(target), *_KERNEL_DECORATORS)
+            name = self.name_under(target, *_KERNEL_DECORATORS)
             if name is not None:
                 self.report(
                     decorator,
@@ -95,7 +95,7 @@ class GpuKernel(PortRule):
                 return
 
     def visit_Call(self, node: cst.Call) -> None:
-        name = under(node.func, self.qualified_names(node.func), *_KERNEL_BUILDERS)
+        name = self.name_under(node.func, *_KERNEL_BUILDERS)
         if name is not None:
             self.report(
                 node,

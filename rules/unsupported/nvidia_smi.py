@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules import Flag, PortRule, Safety, Severity, Unchanged, findall, string_value, under
+from rules import Flag, PortRule, Safety, Severity, Unchanged, findall, string_value
 
 _SHELL = ("subprocess", "os.system", "os.popen", "os.popen2", "os.execvp", "os.spawnlp")
 
@@ -49,7 +49,7 @@ class NvidiaSmi(PortRule):
     )
 
     def visit_Call(self, node: cst.Call) -> None:
-        if under(node.func, self.qualified_names(node.func), *_SHELL) is None:
+        if self.name_under(node.func, *_SHELL) is None:
             return
         if any("nvidia-smi" in (string_value(text) or "") for text in findall(node, m.SimpleString())):
             self.report(
