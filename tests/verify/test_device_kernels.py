@@ -230,7 +230,8 @@ def test_a_packed_sequence_runs_through_the_lstm_in_float16(policy):
     output.data.float().sum().backward()
     assert (output.data.dtype, hidden.dtype, cell.dtype) == (torch.float16,) * 3
     assert lstm.weight_ih_l0.grad is not None
-    assert {"aten::lstm.data", "aten::lstm.input"} <= set(policy.computed_in_float32())
+    # the packed overload is named (the padded one, aten::lstm.input, only where a test in this process ran it)
+    assert "aten::lstm.data" in policy.computed_in_float32()
 
 
 def test_without_autocast_the_policy_leaves_fp32_modules_alone(policy):
