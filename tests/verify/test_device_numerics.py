@@ -38,6 +38,9 @@ print("RESULT " + json.dumps({
     "half_mm": (a.half() @ b.half()).float().tolist(),
     "sum": values.sum(0).tolist(), "mean": values.mean().item(),
     "randn": drawn.tolist(), "dropout": mask.tolist(),
+    # calls the faces leave to the CPU run as given (an integer sum with dim=None once lost its arguments)
+    "int_sum": torch.arange(12).reshape(3, 4).sum(dim=None, keepdim=True).tolist(),
+    "keepdim_mean": values.mean(dim=None, keepdim=True).tolist(),
 }))
 """
 
@@ -68,7 +71,9 @@ def _computed_here() -> dict[str, torch.Tensor]:
     mask = F.dropout(torch.ones(2000), 0.5)
     return {"mm": given["a"] @ given["b"], "linear": F.linear(given["a"], given["b"].T.contiguous(), given["bias"]),
             "half_mm": (given["a"].half() @ given["b"].half()).float(), "sum": given["values"].sum(0),
-            "mean": given["values"].mean(), "randn": drawn, "dropout": mask}
+            "mean": given["values"].mean(), "randn": drawn, "dropout": mask,
+            "int_sum": torch.arange(12).reshape(3, 4).sum(dim=None, keepdim=True),
+            "keepdim_mean": given["values"].mean(dim=None, keepdim=True)}
 
 
 def computed_on(device: str, exact: bool = False) -> dict[str, torch.Tensor]:
@@ -94,6 +99,14 @@ def test_each_face_sums_in_its_own_order_within_the_noise_of_the_cpu(faces, name
         assert torch.allclose(face, cpu, rtol=tolerance, atol=tolerance * cpu.abs().max().item())
 
 
+def test_calls_a_face_leaves_alone_run_as_given_and_shapes_follow_keepdim(faces):
+    cpu = on_the_cpu()
+    for device in FACES:
+        assert torch.equal(faces[device]["int_sum"], cpu["int_sum"])
+        assert faces[device]["keepdim_mean"].shape == cpu["keepdim_mean"].shape == (1, 1)
+        assert torch.allclose(faces[device]["keepdim_mean"], cpu["keepdim_mean"], atol=1e-6)
+
+
 def test_each_device_draws_from_its_own_generator_reproducibly(faces):
     cpu = on_the_cpu()
     npu, cuda = faces["emulated-npu"], faces["emulated-cuda"]
@@ -106,7 +119,7 @@ def test_each_device_draws_from_its_own_generator_reproducibly(faces):
 @pytest.mark.parametrize("device", list(FACES))
 def test_exact_emulation_computes_and_draws_as_the_cpu(device):
     exact, cpu = computed_on(device, exact=True), on_the_cpu()
-    for name in ("mm", "linear", "half_mm", "sum", "mean", "randn", "dropout"):
+    for name in ("mm", "linear", "half_mm", "sum", "mean", "randn", "dropout", "int_sum"):
         assert torch.equal(exact[name], cpu[name].to(exact[name].dtype)), name
 
 

@@ -65,7 +65,9 @@ def _blockwise(count: int, size: int) -> list[slice]:
 
 
 class DeviceNumerics(TorchDispatchMode):
-    """The dispatch mode that computes a face's modelled ops; every other op passes through unchanged."""
+    """The dispatch mode that computes a face's modelled ops; every other op passes through unchanged. A handler
+    returns None for a call it does not model (a dtype, layout or size it leaves alone): the call then runs as
+    given."""
 
     def __init__(self, blocks: int, generator: torch.Generator | None) -> None:
         super().__init__()
@@ -88,9 +90,8 @@ class DeviceNumerics(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         handler = self._handlers.get(func)
-        if handler is None:
-            return func(*args, **kwargs)
-        return handler(func, *args, **kwargs)
+        result = None if handler is None else handler(func, *args, **kwargs)
+        return func(*args, **kwargs) if result is None else result
 
     # --- matrix products and convolutions: partial products over the inner dimension, summed in float32 -----------
 
@@ -108,15 +109,15 @@ class DeviceNumerics(TorchDispatchMode):
             total = partial if total is None else total + partial
         return total
 
-    def _mm(self, func: Any, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    def _mm(self, func: Any, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor | None:
         total = self._product(left, right)
-        return func(left, right) if total is None else total.to(left.dtype)
+        return None if total is None else total.to(left.dtype)
 
     def _addmm(self, func: Any, bias: torch.Tensor, left: torch.Tensor, right: torch.Tensor, *, beta: Any = 1,
-               alpha: Any = 1) -> torch.Tensor:
+               alpha: Any = 1) -> torch.Tensor | None:
         total = self._product(left, right)
         if total is None or bias.dtype != left.dtype:
-            return func(bias, left, right, beta=beta, alpha=alpha)
+            return None
         if alpha != 1:
             total = total * alpha
         if beta != 0:  # beta 0 ignores the bias, NaN included
@@ -125,11 +126,11 @@ class DeviceNumerics(TorchDispatchMode):
 
     def _convolution(self, func: Any, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                      stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
-                     groups: int) -> torch.Tensor:
+                     groups: int) -> torch.Tensor | None:
         channels = input.shape[1] if input.dim() > 1 else 0
         if (groups != 1 or channels < 2 * self.blocks or not input.is_floating_point() or input.dtype != weight.dtype
                 or not _strided(input, weight)):
-            return func(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+            return None
         accumulate = _accumulated(input.dtype)
         total = None
         for block in _blockwise(self.blocks, channels):  # the weight's input channels: dim 1, or 0 when transposed
@@ -168,16 +169,16 @@ class DeviceNumerics(TorchDispatchMode):
         return max(input.shape[d] for d in dims) >= 2 * self.blocks
 
     def _sum(self, func: Any, input: torch.Tensor, dim: Any = None, keepdim: bool = False, *,
-             dtype: Any = None) -> torch.Tensor:
+             dtype: Any = None) -> torch.Tensor | None:
         if not self._reducible(input, dim):
-            return func(input, dim, keepdim, dtype=dtype) if dim is not None else func(input, dtype=dtype)
+            return None
         total, _ = self._partial_sums(input, dim, keepdim, dtype)
         return total.to(dtype or input.dtype)
 
     def _mean(self, func: Any, input: torch.Tensor, dim: Any = None, keepdim: bool = False, *,
-              dtype: Any = None) -> torch.Tensor:
+              dtype: Any = None) -> torch.Tensor | None:
         if not self._reducible(input, dim):
-            return func(input, dim, keepdim, dtype=dtype) if dim is not None else func(input, dtype=dtype)
+            return None
         total, count = self._partial_sums(input, dim, keepdim, dtype)
         return (total / count).to(dtype or input.dtype)
 
@@ -188,7 +189,7 @@ class DeviceNumerics(TorchDispatchMode):
 
     def _native_dropout(self, func: Any, input: torch.Tensor, p: float, train: bool | None) -> Any:
         if not train or p == 0:
-            return func(input, p, train)
+            return None
         keep = 1.0 - p
         mask = torch.empty_like(input, dtype=torch.bool).bernoulli_(keep, generator=self.generator)
         return input * mask * (1.0 / keep), mask
