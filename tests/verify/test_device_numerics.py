@@ -28,6 +28,7 @@ generator = torch.Generator().manual_seed(0)
 a, b = torch.randn(64, 4096, generator=generator), torch.randn(4096, 32, generator=generator)
 values = torch.randn(1000, 300, generator=generator)
 bias = torch.randn(32, generator=generator)
+images, kernel = torch.randn(2, 12, 9, 9, generator=generator), torch.randn(5, 12, 3, 3, generator=generator)
 torch.manual_seed(7)
 drawn = torch.randn(6, device=device)
 torch.manual_seed(7)
@@ -37,6 +38,8 @@ print("RESULT " + json.dumps({
     "linear": F.linear(a, b.T.contiguous(), bias).tolist(),
     "half_mm": (a.half() @ b.half()).float().tolist(),
     "sum": values.sum(0).tolist(), "mean": values.mean().item(),
+    "conv": F.conv2d(images, kernel).tolist(),
+    "conv_transpose": F.conv_transpose2d(images, kernel.transpose(0, 1)).tolist(),
     "randn": drawn.tolist(), "dropout": mask.tolist(),
     # calls the faces leave to the CPU run as given (an integer sum with dim=None once lost its arguments)
     "int_sum": torch.arange(12).reshape(3, 4).sum(dim=None, keepdim=True).tolist(),
@@ -49,7 +52,8 @@ def inputs() -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     a, b = torch.randn(64, 4096, generator=generator), torch.randn(4096, 32, generator=generator)
     values, bias = torch.randn(1000, 300, generator=generator), torch.randn(32, generator=generator)
-    return {"a": a, "b": b, "values": values, "bias": bias}
+    images, kernel = torch.randn(2, 12, 9, 9, generator=generator), torch.randn(5, 12, 3, 3, generator=generator)
+    return {"a": a, "b": b, "values": values, "bias": bias, "images": images, "kernel": kernel}
 
 
 def on_the_cpu() -> dict[str, torch.Tensor]:
@@ -72,6 +76,8 @@ def _computed_here() -> dict[str, torch.Tensor]:
     return {"mm": given["a"] @ given["b"], "linear": F.linear(given["a"], given["b"].T.contiguous(), given["bias"]),
             "half_mm": (given["a"].half() @ given["b"].half()).float(), "sum": given["values"].sum(0),
             "mean": given["values"].mean(), "randn": drawn, "dropout": mask,
+            "conv": F.conv2d(given["images"], given["kernel"]),
+            "conv_transpose": F.conv_transpose2d(given["images"], given["kernel"].transpose(0, 1)),
             "int_sum": torch.arange(12).reshape(3, 4).sum(dim=None, keepdim=True),
             "keepdim_mean": given["values"].mean(dim=None, keepdim=True)}
 
@@ -90,11 +96,16 @@ def faces() -> dict[str, dict[str, torch.Tensor]]:
     return {device: computed_on(device) for device in FACES}
 
 
-@pytest.mark.parametrize("name", ["mm", "linear", "half_mm", "sum", "mean"])
+# float16 keeps 11 bits: one rounding flips at 5e-4; convolutions also round their fp32 inputs to TF32/HF32 (on by
+# default on both devices), 10 bits
+TOLERANCES = {"half_mm": 2e-3, "conv": 5e-3, "conv_transpose": 5e-3}
+
+
+@pytest.mark.parametrize("name", ["mm", "linear", "half_mm", "sum", "mean", "conv", "conv_transpose"])
 def test_each_face_sums_in_its_own_order_within_the_noise_of_the_cpu(faces, name):
     cpu, npu, cuda = on_the_cpu()[name], faces["emulated-npu"][name], faces["emulated-cuda"][name]
     assert not torch.equal(npu, cpu) and not torch.equal(cuda, cpu) and not torch.equal(npu, cuda)
-    tolerance = 2e-3 if name == "half_mm" else 1e-5  # float16 keeps 11 bits: one rounding flips at 5e-4
+    tolerance = TOLERANCES.get(name, 1e-5)
     for face in (npu, cuda):
         assert torch.allclose(face, cpu, rtol=tolerance, atol=tolerance * cpu.abs().max().item())
 

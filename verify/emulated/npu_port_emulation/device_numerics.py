@@ -29,9 +29,10 @@ the CPU's generator, for bit-exact debugging. TF32/HF32 rounding follows the scr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -58,10 +59,9 @@ def _strided(*tensors: torch.Tensor) -> bool:
     return all(tensor.layout == torch.strided and type(tensor) is torch.Tensor for tensor in tensors)
 
 
-def _blockwise(count: int, size: int) -> list[slice]:
-    """`count` contiguous slices covering range(size), as equal as they can be."""
-    bounds = [size * block // count for block in range(count + 1)]
-    return [slice(start, stop) for start, stop in zip(bounds, bounds[1:]) if stop > start]
+def _in_order(partials: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The partial results added first to last: the face's order."""
+    return functools.reduce(torch.add, partials)
 
 
 class DeviceNumerics(TorchDispatchMode):
@@ -103,11 +103,9 @@ class DeviceNumerics(TorchDispatchMode):
                 or not _strided(left, right)):
             return None
         accumulate = _accumulated(left.dtype)
-        total = None
-        for block in _blockwise(self.blocks, inner):
-            partial = torch.matmul(left[..., block].to(accumulate), right[..., block, :].to(accumulate))
-            total = partial if total is None else total + partial
-        return total
+        return _in_order(torch.matmul(part_of_left.to(accumulate), part_of_right.to(accumulate)) for
+                         part_of_left, part_of_right in zip(left.tensor_split(self.blocks, -1),
+                                                            right.tensor_split(self.blocks, -2)))
 
     def _mm(self, func: Any, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor | None:
         total = self._product(left, right)
@@ -132,12 +130,9 @@ class DeviceNumerics(TorchDispatchMode):
                 or not _strided(input, weight)):
             return None
         accumulate = _accumulated(input.dtype)
-        total = None
-        for block in _blockwise(self.blocks, channels):  # the weight's input channels: dim 1, or 0 when transposed
-            kernel = weight[block] if transposed else weight[:, block]
-            partial = func(input[:, block].to(accumulate), kernel.to(accumulate), None, stride, padding, dilation,
-                           transposed, output_padding, 1)
-            total = partial if total is None else total + partial
+        kernels = weight.tensor_split(self.blocks, 0 if transposed else 1)  # the weight's input channels
+        total = _in_order(func(part.to(accumulate), kernel.to(accumulate), None, stride, padding, dilation, transposed,
+                               output_padding, 1) for part, kernel in zip(input.tensor_split(self.blocks, 1), kernels))
         if bias is not None:
             total = total + bias.to(accumulate).reshape(1, -1, *([1] * (total.dim() - 2)))
         return total.to(input.dtype)
@@ -150,11 +145,8 @@ class DeviceNumerics(TorchDispatchMode):
         dims = sorted({d % input.dim() for d in dim}) if dim else list(range(input.dim()))
         longest = max(dims, key=lambda d: input.shape[d])
         accumulate = _accumulated(dtype or input.dtype)
-        total = None
-        for block in _blockwise(self.blocks, input.shape[longest]):
-            part = input.narrow(longest, block.start, block.stop - block.start)
-            partial = aten.sum.dim_IntList(part, dims, True, dtype=accumulate)
-            total = partial if total is None else total + partial
+        total = _in_order(aten.sum.dim_IntList(part, dims, True, dtype=accumulate)
+                          for part in input.tensor_split(self.blocks, longest))
         count = 1
         for d in dims:
             count *= input.shape[d]
