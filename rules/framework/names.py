@@ -11,6 +11,7 @@ methods do not see, and comprehension scopes therefore resolve exactly as libcst
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Callable, Iterator, Mapping
 
 import libcst as cst
@@ -33,6 +34,17 @@ _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 _NOT_YET = object()
 _STRINGS = (cst.SimpleString, cst.ConcatenatedString)  # what libcst reads a string annotation from
 _ASSIGNMENT_LIKE = frozenset(_ASSIGNMENT_LIKE_NODES)
+_NONE: frozenset[str] = frozenset()
+
+
+def _imported_root(node: cst.Import | cst.ImportFrom, alias: cst.ImportAlias) -> str:
+    """The first part of the qualified names of what `alias` imports: `torch` for `import torch.nn as tnn` and
+    `from torch import nn`, "" for `from . import x` and `from .m import x` (libcst names them `.x`, `.m.x`)."""
+    if isinstance(node, cst.ImportFrom):
+        if node.relative:
+            return ""
+        return cst.helpers.get_full_name_for_node_or_raise(node.module).partition(".")[0]  # type: ignore[arg-type]
+    return cst.helpers.get_full_name_for_node_or_raise(alias.name).partition(".")[0]
 
 
 def _dotted_prefixes(attribute: cst.Attribute) -> Iterator[CSTNode]:
@@ -93,8 +105,9 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
         """False when no qualified name of `node` can start with one of `first_parts`, found without resolving it.
 
         libcst's name of a node starts with its dotted name's first part, unless an import binds that part (it
-        stands for what it imports), the name is a builtin (`builtins.`), or the node is local to a function or class
-        (whose name starts its locals' names). tests/test_engine.py holds every node of the corpus to that.
+        stands for what it imports: `amp` of `from apex import amp` starts `apex.`), the name is a builtin
+        (`builtins.`), or the node is local to a function or class (whose name starts its locals' names).
+        tests/test_engine.py holds every node of the corpus to that.
         """
         parts = self._parts(node)
         if parts is None:
@@ -104,7 +117,7 @@ class QualifiedNames(Mapping[CSTNode, "set[QualifiedName]"]):
         recorder = self._recorder
         return (
             first in first_parts
-            or first in recorder.imported
+            or not recorder.imported.get(first, _NONE).isdisjoint(first_parts)
             or "builtins" in first_parts
             or not recorder.defined.isdisjoint(first_parts)
         )
@@ -188,7 +201,9 @@ class _ScopeRecorder:
         self.reads: dict[CSTNode, tuple[str, int]] = {}  # read node -> (name read, assignments in scope before it)
         self.import_names: set[int] = set()  # ids of the names in import statements (libcst's assignment nodes)
         self.aliases: set[str] = set()  # `y` of `import x as y` and `from m import x as y`
-        self.imported: set[str] = set()  # the first part of each name an import binds (`torch` of `import torch.nn`)
+        # The first part of each name an import binds -> the first parts of what it stands for (`amp` -> {`apex`}
+        # for `from apex import amp`; "" for a relative import, whose names libcst starts with a dot).
+        self.imported: defaultdict[str, set[str]] = defaultdict(set)
         self.defined: set[str] = set()  # names of functions and classes; <locals> and <comprehension>
         self._pending_reads: list[tuple[cst.Name, cst.Attribute | None, int]] = []  # settled once scopes are known
         self._outermost_attribute: list[cst.Attribute | None] = [None]
@@ -291,7 +306,7 @@ class _ScopeRecorder:
             as_name = alias.asname.name if alias.asname is not None else alias.name
             dotted = cst.helpers.get_full_name_for_node_or_raise(as_name)
             parts = dotted.split(".")
-            self.imported.add(parts[0])
+            self.imported[parts[0]].add(_imported_root(node, alias))
             for end in range(len(parts), 0, -1):
                 scope.record_import_assignment(".".join(parts[:end]), node, as_name)
 
