@@ -78,12 +78,22 @@ def _port(
     context = CodemodContext(filename=path, wrapper=wrapper)
     file = FileState(path, code, settings, wrapper)
     instances = [rule(context, file) for rule in wanted]
+    try:
+        return _run_rules(context, file, instances)
+    finally:  # the trees go as soon as the result is made, not at the next collection
+        file.release()
+        for instance in instances:
+            instance.release()
+
+
+def _run_rules(context: CodemodContext, file: FileState, instances: list[PortRule]) -> MigrationResult:
+    wrapper, module, code = file.wrapper, file.wrapper.module, file.source
     with ExitStack() as stack:
         for instance in instances:
             stack.enter_context(instance.resolve(wrapper))
         ported = _RuleSet(instances).transform(wrapper.module)
     if ported is not module:  # the lines the rules made keep to the file's line length
-        ported = reflow(module, code, ported, line_limit(code, settings.line_length))
+        ported = reflow(module, code, ported, line_limit(code, file.settings.line_length))
     if _missing_imports(context, ported):
         ported = _add_imports(context, ported)
     if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):  # imports a rewrite left unused (apex.parallel, say)
@@ -94,7 +104,7 @@ def _port(
         file.positions.code(ported),
         tuple(findings),
         inference=file.inference,
-        rules_run=tuple(rule.CODE for rule in wanted),
+        rules_run=tuple(rule.CODE for rule in instances),
     )
 
 

@@ -1,5 +1,6 @@
 """The engine's cheap walk and name resolution agree with libcst's own, on every rule example and sample."""
 
+import gc
 import io
 import tokenize
 from pathlib import Path
@@ -12,7 +13,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
-from migrate.engine import _add_imports
+from migrate.engine import _add_imports, migrate_source
 from rules import all_rules
 from rules.amp._loss_scaling import _without_comments_and_strings as without_comments_and_strings
 from rules import Walk, findall, matches
@@ -313,3 +314,21 @@ def test_comments_and_strings_are_blanked_as_tokenize_finds_them(source: str):
                 last = end_column if row == end_row else len(line)
                 line[first:last] = " " * (last - first)
     assert without_comments_and_strings(source) == "".join("".join(line) for line in expected)
+
+
+@pytest.mark.parametrize("sample", sorted(ROOT.glob("samples/*/*_gpu.py")), ids=lambda path: path.parent.name)
+def test_a_port_leaves_its_trees_to_reference_counting(sample: Path):
+    """A tree held by a reference cycle (libcst's scopes, a rule's bound method in its own state) stays alive until a
+    collection walks all of it: a tenth of a second of a long script's port, after the port is done."""
+    gc.collect()
+    gc.disable()
+    try:
+        migrate_source(sample.read_text(encoding="utf-8"), str(sample))
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        nodes = [type(o).__name__ for o in gc.garbage if isinstance(o, cst.CSTNode)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not nodes

@@ -99,6 +99,10 @@ class FileState:
     def position(self, node: cst.CSTNode) -> CodeRange:
         return self.positions[node]
 
+    def release(self) -> None:
+        """The engine, when the file is done: lets the file's trees go as soon as their last reference does."""
+        self.qualified_names.release()
+
     def metadata(self, providers: Iterable[type]) -> dict[type, Mapping[cst.CSTNode, object]]:
         """The metadata a rule declared, each computed when first asked for: most rules on most files never ask."""
         shared = {QualifiedNameProvider: self.qualified_names, PositionProvider: self.positions}
@@ -215,6 +219,12 @@ class PortRule(CheapMatcherScan, VisitorBasedCodemodCommand):
             yield
         finally:
             self.metadata = {}
+
+    def release(self) -> None:
+        """The engine, when the file is done: drop all the rule kept of it. A rule's state may hold a bound method
+        of its own (StatementEdits' wrappers), a reference cycle that would keep the file's trees alive until a
+        collection walks them all."""
+        vars(self).clear()
 
     # ----- name resolution ----------------------------------------------------------------------------------
 
