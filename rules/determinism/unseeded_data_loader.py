@@ -8,7 +8,7 @@ import libcst.matchers as m
 from rules import (
     Case, PortRule, Settings, Unchanged, argument, findall, keyword, keyword_names, matches, statement, with_args,
 )
-from rules.determinism._entry_points import numpy_alias
+from rules.determinism._entry_points import imports_random, numpy_alias
 from rules.determinism._script_seed import ScriptSeed, bound_where, script_seed
 
 _DATA_LOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
@@ -28,7 +28,9 @@ class UnseededDataLoader(PortRule):
     no `worker_init_fn=` gets `worker_init_fn=seed_worker`.
     The `seed_worker` function (seeding python's generator, and numpy's where the file imports numpy, from the seed
     torch gives each worker) is added once per file, before its first definition or the first statement that uses
-    it, whichever comes first, unless the file already defines one.
+    it, whichever comes first, unless the file already defines one. An inference script (see UnseededTraining)
+    seeds only the generators it uses: python's where it imports random, numpy's where it imports numpy, and its
+    loaders get no `worker_init_fn` where it uses neither.
 
     ## Why
     The shuffle order comes from the loader's generator and each worker's augmentations from its own generators:
@@ -72,6 +74,7 @@ class UnseededDataLoader(PortRule):
             """,
             lines=[4, 5],
             seed=7,
+            is_entry=False,  # a project's data module: the script that trains is another file
         ),
         Case(
             """
@@ -113,6 +116,7 @@ class UnseededDataLoader(PortRule):
             """,
             lines=[3],
             seed=5,
+            is_entry=False,
         ),
         Case(  # the script's own seed, and its guard: no seed given, no generator, as the script
             """
@@ -173,6 +177,65 @@ class UnseededDataLoader(PortRule):
             lines=[4],
             seed=7,
         ),
+        Case(  # an inference script that uses neither python's nor numpy's generator: its workers need no seeding
+            """
+            import torch
+            from torch.utils.data import DataLoader
+
+            def main():
+                model = Classifier().eval()
+                loader = DataLoader(images, batch_size=64, num_workers=4)
+                with torch.no_grad():
+                    for batch in loader:
+                        print(model(batch).argmax(1))
+            """,
+            """
+            import torch
+            from torch.utils.data import DataLoader
+
+            def main():
+                model = Classifier().eval()
+                loader = DataLoader(images, batch_size=64, num_workers=4, generator=torch.Generator().manual_seed(7))
+                with torch.no_grad():
+                    for batch in loader:
+                        print(model(batch).argmax(1))
+            """,
+            lines=[6],
+            seed=7,
+        ),
+        Case(  # an inference script that uses numpy's generator and not python's: seed_worker seeds numpy's only
+            """
+            import numpy as np
+            import torch
+            from torch.utils.data import DataLoader
+
+            def main():
+                loader = DataLoader(Crops(np.load("images.npy")), num_workers=4)
+                with torch.no_grad():
+                    for batch in loader:
+                        print(Classifier().eval()(batch).argmax(1))
+            """,
+            """
+            import numpy as np
+            import torch
+            from torch.utils.data import DataLoader
+
+
+            def seed_worker(worker_id):
+                \"\"\"Seed numpy's generator in a DataLoader worker from the seed torch gave it.\"\"\"
+                worker_seed = torch.initial_seed() % 2**32
+                np.random.seed(worker_seed)
+
+            def main():
+                loader = DataLoader(Crops(np.load("images.npy")), num_workers=4, worker_init_fn=seed_worker,
+                                    generator=torch.Generator().manual_seed(7))
+                with torch.no_grad():
+                    for batch in loader:
+                        print(Classifier().eval()(batch).argmax(1))
+            """,
+            lines=[5, 6],
+            seed=7,
+        ),
         Unchanged(
             """
             from torch.utils.data import DataLoader
@@ -194,6 +257,8 @@ class UnseededDataLoader(PortRule):
         self._has_helper = False
         self._seed: ScriptSeed | None = None
         self._module: cst.Module | None = None
+        self._python_generator = True  # seed_worker seeds python's generator
+        self._numpy: str | None = None  # the name numpy is imported as, whose generator seed_worker seeds
 
     @classmethod
     def wants(cls, source: str, settings: Settings) -> bool:
@@ -203,13 +268,16 @@ class UnseededDataLoader(PortRule):
         self._has_helper = any(matches(line, m.FunctionDef(name=m.Name(_HELPER))) for line in node.body)
         self._seed = script_seed(node, self)
         self._module = node
+        self._python_generator = imports_random(node) or not self.file.inference
+        self._numpy = numpy_alias(node)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if self.qualified_names(original_node.func).isdisjoint(_DATA_LOADER):
             return updated_node
         present = keyword_names(updated_node)
         added = []
-        if "worker_init_fn" not in present and _has_workers(updated_node):
+        seeds_workers = self._python_generator or self._numpy is not None
+        if "worker_init_fn" not in present and seeds_workers and _has_workers(updated_node):
             added.append(keyword("worker_init_fn", cst.Name(_HELPER)))
         seeded_with = ""
         if "generator" not in present:
@@ -243,10 +311,10 @@ class UnseededDataLoader(PortRule):
         where = _helper_place(body, news)
         if where < len(body) and not any(line.comment is None for line in body[where].leading_lines):
             body[where] = body[where].with_changes(leading_lines=[*_TWO_BLANK_LINES, *body[where].leading_lines])
-        body.insert(where, _seed_worker(numpy_alias(original_node)))
+        body.insert(where, _seed_worker(self._python_generator, self._numpy))
         new = updated_node.with_changes(body=body)
         anchor = original_node.body[min(_helper_place(original_node.body, originals), len(original_node.body) - 1)]
-        imports = [("random", None), ("torch", None)]
+        imports = [("random", None), ("torch", None)] if self._python_generator else [("torch", None)]
         return self.replace(original_node, updated_node, new, f"added the {_HELPER} function", imports=imports, at=anchor)
 
 
@@ -265,14 +333,17 @@ def _has_workers(call: cst.Call) -> bool:
     return workers is not None and not matches(workers.value, m.Integer("0"))
 
 
-def _seed_worker(numpy: str | None) -> cst.BaseStatement:
-    generators = "python's and numpy's generators" if numpy else "python's generator"
+def _seed_worker(python: bool, numpy: str | None) -> cst.BaseStatement:
+    """The helper seeding python's generator (where `python`) and numpy's (where numpy is imported as `numpy`)."""
+    generators = " and ".join(name for name, used in (("python's", python), ("numpy's", numpy)) if used)
     lines = [
         f"def {_HELPER}(worker_id):",
-        f'    """Seed {generators} in a DataLoader worker from the seed torch gave it."""',
+        f'    """Seed {generators} generator{"s" if python and numpy else ""} in a DataLoader worker from the seed torch'
+        ' gave it."""',
         "    worker_seed = torch.initial_seed() % 2**32",
-        "    random.seed(worker_seed)",
     ]
+    if python:
+        lines.append("    random.seed(worker_seed)")
     if numpy:
         lines.append(f"    {numpy}.random.seed(worker_seed)")
     helper = statement("\n".join(lines))
