@@ -49,6 +49,8 @@ _NO_PORT = {
     "apex.normalization.MixedFusedRMSNorm": "torch.nn.RMSNorm (weights kept in fp32 by autocast)",
 }
 
+_KERNELS = (*_PORTS, *_NO_PORT)
+
 
 class ApexFusedKernel(PortRule):
     """Replace apex's fused optimizers and norms, CUDA-only kernels, with their torch counterparts.
@@ -130,6 +132,8 @@ class ApexFusedKernel(PortRule):
     )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if not self.refers_to(original_node.func, *_KERNELS):
+            return updated_node  # most calls: known so without resolving their names
         names = self.qualified_names(original_node.func)
         name = next((name for name in names if name in _PORTS or name in _NO_PORT), None)
         if name is None:

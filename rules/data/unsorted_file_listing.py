@@ -140,9 +140,8 @@ class UnsortedFileListing(PortRule):
         """Which listing function `node` calls, if any."""
         if not isinstance(node, cst.Call):
             return None
-        names = self.qualified_names(node.func) & (_LISTINGS | {"os.walk"})
-        if names:
-            return min(names)
+        if self.refers_to(node.func, *_LISTINGS, "os.walk"):  # resolved only where a name could be one
+            return min(self.qualified_names(node.func) & (_LISTINGS | {"os.walk"}))
         if matches(node.func, _METHOD) and node.func.attr.value in _PATH_METHODS:  # type: ignore
             receiver = node.func.value  # type: ignore[attr-defined]
             if self._looks_like_path(receiver):

@@ -272,7 +272,7 @@ class UnseededDataLoader(PortRule):
         self._numpy = numpy_alias(node)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if self.qualified_names(original_node.func).isdisjoint(_DATA_LOADER):
+        if not self.refers_to(original_node.func, *_DATA_LOADER):  # resolved only where a name could be one
             return updated_node
         present = keyword_names(updated_node)
         added = []

@@ -173,6 +173,8 @@ class Tf32Switch(PortRule):
                             imports=[("torch", None)], at=call)
 
     def _switch(self, node: cst.CSTNode, table: dict[str, str]) -> tuple[str, str | None]:
+        if not self.refers_to(node, *table):  # most assignments and attributes: known without resolving them
+            return "", None
         for qualified in sorted(self.qualified_names(node)):
             if qualified in table:
                 return qualified, table[qualified]

@@ -99,9 +99,9 @@ class ApexDistributed(PortRule):
     )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        name = next((name for name in self.qualified_names(original_node.func) if name in _PORTS), None)
-        if name is None:
+        if not self.refers_to(original_node.func, *_PORTS):  # most calls: known without resolving their names
             return updated_node
+        name = min(self.qualified_names(original_node.func) & set(_PORTS))
         target, apex_only = _PORTS[name]
         args = _kept_arguments(updated_node, apex_only, _TORCH_KEYWORDS[name])
         if args is None:
