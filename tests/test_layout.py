@@ -116,6 +116,12 @@ GENERATOR = "generator=torch.Generator().manual_seed(3)"
             f"                    {GENERATOR})  # width\n",
             id="one-line-wrapped-aligned",
         ),
+        pytest.param(  # aligned under the bracket, the moved argument would pass the width (96): a hanging indent
+            "the_training_data_loader_for_this_run = DataLoader(training_dataset, **training_kwargs)  # width\n",
+            "the_training_data_loader_for_this_run = DataLoader(\n    training_dataset, **training_kwargs,\n"
+            f"    {GENERATOR})  # width\n",
+            id="one-line-wrapped-hanging-where-aligned-passes",
+        ),
     ],
 )
 def test_an_added_argument_follows_the_call_layout(call, expected):
@@ -170,3 +176,17 @@ def test_without_a_configured_line_length_the_file_longest_line_is_the_limit():
     assert line_limit("x = 1\n" + "y" * 90 + "\n") == 90
     assert line_limit("x = 1\n") == 120  # shorter than PEP 8's 79: says nothing of its width
     assert line_limit("x = 1\n" + "y" * 90 + "\n", configured=100) == 100
+
+
+def test_a_comment_a_rule_wrote_goes_above_its_statement_where_the_line_would_pass_the_limit():
+    source = (
+        "import torch\n\n\ndef main(epochs):\n"
+        "    for epoch in range(epochs):  # one pass over the training set, then the validation set\n"  # 90: the width
+        "        train(epoch)\n"
+    )
+
+    port = migrate_source(source, "train.py", Settings(deterministic=True), rules=[rule_by_code("DET003")]).code
+
+    assert "    # cost: slower kernels; ops lacking one raise\n    torch.use_deterministic_algorithms(True)\n" in port
+    assert "    for epoch in range(epochs):  # one pass over the training set, then the validation set\n" in port
+    assert max(map(len, added_lines(source, port))) <= line_limit(source)

@@ -227,11 +227,34 @@ def _fitted(statement: cst.CSTNode, indent: str, reflow: _Reflow) -> cst.CSTNode
         )
         if line is None:
             return statement
+        if _ends_with_new_comment(statement, rendering.lines[line], reflow):
+            statement = _comment_above(statement)  # a comment of its own line rather than a broken statement
+            continue
         place = rendering.best_break(line, reflow.limit)
         if place is None:
             given_up.add(line)
             continue
-        statement = statement.deep_replace(place.node, place.broken(indent, reflow))
+        moved = len(rendering.lines[line]) - place.column - 1  # what goes to the next line, less a space
+        hanging = indent + reflow.default_indent * (2 if isinstance(statement, cst.BaseCompoundStatement) else 1)
+        statement = statement.deep_replace(place.node, place.broken(indent, reflow, moved, hanging))
+
+
+def _ends_with_new_comment(statement: cst.CSTNode, line: str, reflow: _Reflow) -> bool:
+    """Whether `line` ends with the comment at the end of `statement`, and a rule wrote that comment (the source's own
+    comments stay where their author put them)."""
+    if not isinstance(statement, cst.SimpleStatementLine) or statement.trailing_whitespace.comment is None:
+        return False
+    comment = statement.trailing_whitespace.comment.value
+    return line.endswith(comment) and not any(old.endswith(comment) for old in reflow.old_lines)
+
+
+def _comment_above(statement: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+    """`statement` with the comment at the end of its line moved to a line of its own before it."""
+    comment = cst.EmptyLine(indent=True, comment=statement.trailing_whitespace.comment)
+    return statement.with_changes(
+        leading_lines=[*statement.leading_lines, comment],
+        trailing_whitespace=statement.trailing_whitespace.with_changes(whitespace=cst.SimpleWhitespace(""), comment=None),
+    )
 
 
 @dataclass(frozen=True)
@@ -247,20 +270,43 @@ class _Place:
     align: int
     container: cst.CSTNode
 
-    def broken(self, indent: str, reflow: _Reflow) -> cst.CSTNode:
+    def broken(self, indent: str, reflow: _Reflow, moved: int, hanging: str) -> cst.CSTNode:
+        """`node` broken here. The new line takes the bracket's other continuation lines' indentation; else it is
+        aligned with the first element, unless the `moved` characters would pass the limit there and a `hanging`
+        indentation is shorter: then the bracket's first element goes on a new line too, as PEP 8's hanging indent."""
+        node = self.node
         line_break = _line_break(self.container) if isinstance(self.container, (cst.Call, *_SEQUENCES)) else None
         if line_break is None:
             column = self.align if self.align - len(indent) > 0 else len(indent) + 2 * len(reflow.default_indent)
-            line_break = cst.ParenthesizedWhitespace(
-                indent=True, last_line=cst.SimpleWhitespace(" " * (column - len(indent)))
-            )
-        if isinstance(self.node, cst.CompFor):
-            return self.node.with_changes(whitespace_before=line_break)
-        elements = list(_elements(self.node))
+            hangs = column + moved > reflow.limit and len(hanging) < column and node is self.container
+            line_break = _new_line(indent, hanging if hangs else " " * column)
+            if hangs:
+                node = _with_opening_break(node, line_break)
+        if isinstance(node, cst.CompFor):
+            return node.with_changes(whitespace_before=line_break)
+        elements = list(_elements(node))
         element = elements[self.index]
         elements[self.index] = element.with_changes(comma=element.comma.with_changes(whitespace_after=line_break))
-        field = "args" if isinstance(self.node, cst.Call) else "elements"
-        return self.node.with_changes(**{field: elements})
+        field = "args" if isinstance(node, cst.Call) else "elements"
+        return node.with_changes(**{field: elements})
+
+
+def _new_line(indent: str, column: str) -> cst.ParenthesizedWhitespace:
+    """A line break to `column` (as wide as it is), in a statement indented by `indent`."""
+    return cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(" " * (len(column) - len(indent))))
+
+
+def _with_opening_break(container: cst.CSTNode, line_break: cst.ParenthesizedWhitespace) -> cst.CSTNode:
+    """`container` (a call or a bracketed sequence) with `line_break` before its first element."""
+    if isinstance(container, cst.Call):
+        return container.with_changes(whitespace_before_args=line_break)
+    for field in ("lbracket", "lbrace"):
+        bracket = getattr(container, field, None)
+        if bracket is not None:
+            return container.with_changes(**{field: bracket.with_changes(whitespace_after=line_break)})
+    lpar = list(container.lpar)  # type: ignore[attr-defined]  # a tuple, parenthesized (see _candidates)
+    lpar[0] = lpar[0].with_changes(whitespace_after=line_break)
+    return container.with_changes(lpar=lpar)
 
 
 def _elements(container: cst.CSTNode) -> Sequence[cst.CSTNode]:
