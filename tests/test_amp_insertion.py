@@ -94,6 +94,32 @@ def test_autocast_holds_forward_and_loss_but_not_data_backward_or_step():
     assert "netG.zero_grad()" not in inside and "label = torch.full((4, 1), 1.0)" not in inside
 
 
+def test_values_collected_in_a_list_do_not_start_the_autocast_block():
+    """pytorch/examples' actor-critic: the discounted returns, built with `returns.insert(0, R)`, came under autocast
+    with everything after them (a list method counted as a model run)."""
+    code = port(
+        textwrap.dedent(
+            """
+            import torch
+
+            def finish_episode(model, optimizer, rewards, gamma):
+                returns = []
+                R = 0
+                for r in rewards[::-1]:
+                    R = r + gamma * R
+                    returns.insert(0, R)
+                returns = torch.tensor(returns)
+                loss = criterion(model(states), returns)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            """
+        )
+    )
+    block = next(node for node in ast.walk(ast.parse(code)) if isinstance(node, ast.With))
+    assert [ast.unparse(statement) for statement in block.body] == ["loss = criterion(model(states), returns)"]
+
+
 def test_scaler_reaches_a_loop_in_another_function_without_changing_signatures():
     code = port(SPLIT_TRAINER)
     tree = ast.parse(code)

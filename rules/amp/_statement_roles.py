@@ -27,10 +27,11 @@ from rules import Body, dotted_name, findall, method
 
 # Calls that put data on a device.
 DEVICE_MOVES = frozenset({"to", "cuda", "npu", "cpu"})
-# Calls that re-type, fill or describe a tensor, or tidy the gradients: no model or loss runs in them.
+# Calls that re-type, fill or describe a tensor, tidy the gradients, or collect values in a python list: no model or
+# loss runs in them (`returns.insert(0, R)`; `losses.append(criterion(out, y))` runs the criterion).
 _HOUSEKEEPING = frozenset(
     {"float", "long", "int", "half", "double", "bool", "contiguous", "fill_", "zero_", "size", "dim", "numel",
-     "keys", "values", "items", "parameters", "zero_grad"}
+     "keys", "values", "items", "parameters", "zero_grad", "append", "extend", "insert"}
 )
 _FACTORIES = frozenset(
     {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "eye", "arange", "linspace", "rand",
