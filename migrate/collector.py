@@ -1,8 +1,8 @@
 """Python's cyclic garbage collector, paused while migrate ports one file.
 
-A port builds big, long-lived trees (libcst's of the source and of the port, Python's `ast` of both for the checklist):
-a hundred thousand objects for a real script, all alive until the file is done. Each collection of the oldest
-generation walks all of them to free nothing, and building them starts many: parsing costs a third more with the
+A port builds big, long-lived trees (libcst's of the source and of the port, Python's `ast` of the source for the
+checklist): a hundred thousand objects for a real script, all alive until the file is done. Each collection of the
+oldest generation walks all of them to free nothing, and building them starts many: parsing costs a third more with the
 collector on. Paused for one file, it collects what the file left once it runs again.
 """
 

@@ -253,7 +253,7 @@ def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     source, target = shown_path(job.source), shown_path(job.target)
     data = job.source.read_bytes()
     decoded = decode(data, source)
-    with collector.paused():  # the checklist's facts, two more parses, only for a run that writes its reports
+    with collector.paused():  # the checklist's facts, one more parse, only for a run that writes its reports
         result = migrate_source(decoded.text, source, job.settings, rules)
         facts = file_facts(result.original, result.code, result.rules_run) if job.write else None
     diff = unified_diff(result.original, result.code, str(job.source), str(job.target))  # names quoted as git does

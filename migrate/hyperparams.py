@@ -25,8 +25,15 @@ _OPTIMIZERS = {
     "SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "RMSprop", "Rprop", "LBFGS",
     "SparseAdam", "ASGD", "FusedAdam", "FusedLAMB", "FusedSGD", "NpuFusedAdam", "NpuFusedAdamW", "NpuFusedSGD",
 }  # fmt: skip
-_SCHEDULER_MODULE = "lr_scheduler"
+_SCHEDULER_MODULE = "lr_scheduler"  # torch.optim.lr_scheduler.*, and a name like self.lr_scheduler
+_SCHEDULER_SUFFIX = "LR"  # StepLR, OneCycleLR, ...
+_SCHEDULERS = {"ReduceLROnPlateau"}
 _CALL_SOURCES = {"DataLoader": "dataloader", "clip_grad_norm_": "clip", "clip_grad_value_": "clip"}
+_ARGPARSE = "add_argument"
+_CONFIG = "dict"
+# The dotted callee name (`dotted`) of every call _calls reads holds one of these: a reader that walks only the code
+# naming one of them (migrate/facts.py) passes extract every call that matters.
+CALL_NAMES = (_ARGPARSE, _CONFIG, _SCHEDULER_MODULE, _SCHEDULER_SUFFIX, *_OPTIMIZERS, *_SCHEDULERS, *_CALL_SOURCES)
 
 
 @dataclass(frozen=True)
@@ -42,8 +49,9 @@ class Hyperparameter:
 
 
 def extract(tree: ast.Module, source: SourceText, calls: Iterable[ast.Call] | None = None) -> list[Hyperparameter]:
-    """Every hyperparameter stated in the source (parsed as `tree`), in source order. `calls` are the tree's calls,
-    where the caller has walked it already (a walk of a real script costs half as much as parsing it)."""
+    """Every hyperparameter stated in the source (parsed as `tree`), in source order. `calls` are the tree's calls in
+    ast.walk's order, where the caller has walked it already (a walk of a real script costs half as much as parsing it);
+    it may leave out those whose dotted name holds none of CALL_NAMES, which state nothing here."""
     calls = (node for node in ast.walk(tree) if isinstance(node, ast.Call)) if calls is None else calls
     found = [*_module_constants(tree, source), *_calls(calls, source)]
     return sorted(found, key=lambda h: (h.line, h.source, h.name))
@@ -111,16 +119,16 @@ def _calls(calls: Iterable[ast.Call], source: SourceText) -> Iterator[Hyperparam
     for call in calls:
         name = dotted(call.func)
         last = name.rsplit(".", 1)[-1]
-        if last == "add_argument":
+        if last == _ARGPARSE:
             yield from _argparse_default(call, source)
         elif last in _OPTIMIZERS:
             yield from _literal_arguments(call, source, "optimizer", last, positional={1: "lr"})
-        elif _SCHEDULER_MODULE in name or last.endswith("LR") or last == "ReduceLROnPlateau":
+        elif _SCHEDULER_MODULE in name or last.endswith(_SCHEDULER_SUFFIX) or last in _SCHEDULERS:
             yield from _literal_arguments(call, source, "scheduler", last)
         elif last in _CALL_SOURCES:
             second = "batch_size" if last == "DataLoader" else "max_norm"
             yield from _literal_arguments(call, source, _CALL_SOURCES[last], last, positional={1: second})
-        elif name == "dict":
+        elif name == _CONFIG:
             yield from (
                 Hyperparameter("config", keyword.arg, _text(keyword.value, source), call.lineno)
                 for keyword in call.keywords
