@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from migrate import __version__, checklist
+from migrate import __version__, checklist, collector
 from migrate.files import PlanError, default_report_dir, plan, run_jobs, shown_path
 from migrate.report import Summary, finding_text, write_reports
 from migrate.types import FileResult, FileStatus
@@ -132,6 +132,7 @@ def migrate(
 
 
 def _run(planned, rules, workers: int, quiet: bool) -> list[FileResult]:
+    collector.startup_done()
     if quiet or len(planned) < 20:
         return run_jobs(planned, rules, workers)
     with Progress(console=stderr, transient=True) as progress:

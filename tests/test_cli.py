@@ -236,7 +236,7 @@ HEAVY = {"pandas", "numpy", "libcst", "torch"}
 def test_questions_about_migrate_load_nothing_heavy(option, allowed):
     code = (
         f"import sys; sys.argv = ['migrate', {option!r}]\n"
-        "from migrate.cli import main\n"
+        "from migrate.__main__ import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         f"print(*sorted({{name.split('.')[0] for name in sys.modules}} & set({sorted(HEAVY)!r})), file=sys.stderr)"
     )
