@@ -16,18 +16,28 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
-import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
-from verify import compare_cli, determinism, devices, pair, run_folders
-from verify.devices import Device, EmulateOn
-from verify.errors import exit_with
-from verify.runner import RunOptions, run_script
 from verify.schema import EXIT_ERROR, EXIT_FAILED, EXIT_OK, DumpMode, RunManifest, Status, shown
-from verify.store import read_losses, read_manifest
+
+# Every way in (`python -m verify`, `python -m verify.cli`, a `verify` script, old ones too) imports this module: an
+# interpreter without npu-port's dependencies gets one line and exit 2 here, not a traceback and exit 1, FAIL's code.
+try:
+    import typer
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from verify import compare_cli, determinism, devices, pair, run_folders
+    from verify.devices import Device, EmulateOn
+    from verify.errors import exit_with
+    from verify.runner import RunOptions, run_script
+    from verify.store import read_losses, read_manifest
+except ModuleNotFoundError as missing:
+    if (missing.name or "verify").partition(".")[0] == "verify":
+        raise  # a module of verify's own: a bug, not an install step
+    print(f"verify: error: {missing.name} is not installed for {sys.executable}: install npu-port with its "
+          "dependencies (pip install -e . in its folder)", file=sys.stderr)
+    raise SystemExit(EXIT_ERROR) from None
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -165,3 +175,6 @@ def main() -> None:
 
 
 __all__ = ["app", "main"]
+
+if __name__ == "__main__":  # python -m verify.cli
+    main()

@@ -88,10 +88,18 @@ def test_emulating_the_npu_on_cuda_without_a_gpu_is_verify_error(tmp_path):
     assert "--emulate-on cuda needs a CUDA GPU" in read_manifest(tmp_path / "run").verify_error
 
 
-def test_without_its_dependencies_verify_says_so_on_one_line_with_exit_2(tmp_path):
+@pytest.mark.parametrize(
+    "way_in",
+    [
+        "runpy.run_module('verify', run_name='__main__')",  # python -m verify
+        "runpy.run_module('verify.cli', run_name='__main__')",  # python -m verify.cli
+        "from verify.cli import main; main()",  # a `verify` script installed before verify/__main__.py was its entry
+    ],
+)
+def test_without_its_dependencies_verify_says_so_on_one_line_with_exit_2(tmp_path, way_in):
     """Regression: run by an interpreter without npu-port's dependencies, `python -m verify compare` died on
-    ModuleNotFoundError with a traceback and exit 1, the code for FAIL."""
-    hide_typer = "import runpy, sys; sys.modules['typer'] = None; runpy.run_module('verify', run_name='__main__')"
+    ModuleNotFoundError with a traceback and exit 1, the code for FAIL; `python -m verify.cli` still did."""
+    hide_typer = f"import runpy, sys; sys.modules['typer'] = None; {way_in}"
     done = subprocess.run([sys.executable, "-c", hide_typer, "compare", "a", "b"], cwd=tmp_path, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert done.returncode == 2 and "Traceback" not in done.stderr
