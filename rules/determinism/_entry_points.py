@@ -58,6 +58,12 @@ def numpy_alias(module: cst.Module) -> str | None:
     return None
 
 
+def seeds_python_generator(module: cst.Module, inference: bool) -> bool:
+    """Whether a port seeds python's `random`: a training script always (its data pipeline may draw from it in
+    another module), an inference script only where it imports random itself."""
+    return imports_random(module) or not inference
+
+
 def imports_random(module: cst.Module) -> bool:
     """Whether the module imports python's `random` at the top (`import random`, `from random import shuffle`)."""
     random = m.ImportAlias(name=m.Name("random"))

@@ -8,7 +8,7 @@ import libcst.matchers as m
 from rules import (
     Case, PortRule, Settings, Unchanged, argument, findall, keyword, keyword_names, matches, statement, with_args,
 )
-from rules.determinism._entry_points import imports_random, numpy_alias
+from rules.determinism._entry_points import numpy_alias, seeds_python_generator
 from rules.determinism._script_seed import ScriptSeed, bound_where, script_seed
 
 _DATA_LOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
@@ -268,7 +268,7 @@ class UnseededDataLoader(PortRule):
         self._has_helper = any(matches(line, m.FunctionDef(name=m.Name(_HELPER))) for line in node.body)
         self._seed = script_seed(node, self)
         self._module = node
-        self._python_generator = imports_random(node) or not self.file.inference
+        self._python_generator = seeds_python_generator(node, self.file.inference)
         self._numpy = numpy_alias(node)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:

@@ -6,7 +6,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules import Case, Edit, Flag, Mode, PortRule, Severity, StatementEdits, Unchanged, findall, statement
-from rules.determinism._entry_points import Entry, at_start, imports_random, numpy_alias, process_entry
+from rules.determinism._entry_points import Entry, at_start, numpy_alias, process_entry, seeds_python_generator
 from rules.determinism._script_seed import (
     ScriptSeed, bound_at_start, last_binding, script_seed, seed_anchor, seed_calls,
 )
@@ -259,7 +259,7 @@ class UnseededTraining(StatementEdits, PortRule):
         seeds = seed_calls(node, self)
         if any(kind == "all" for _, kind in seeds):
             return
-        self._generators = _Generators(imports_random(node) or not self.file.inference, numpy_alias(node))
+        self._generators = _Generators(seeds_python_generator(node, self.file.inference), numpy_alias(node))
         if seeds:
             self._complete(node, seeds)
         elif self.settings.seed is not None:
