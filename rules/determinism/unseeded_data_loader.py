@@ -335,11 +335,11 @@ def _has_workers(call: cst.Call) -> bool:
 
 def _seed_worker(python: bool, numpy: str | None) -> cst.BaseStatement:
     """The helper seeding python's generator (where `python`) and numpy's (where numpy is imported as `numpy`)."""
-    generators = " and ".join(name for name, used in (("python's", python), ("numpy's", numpy)) if used)
+    names = [name for name, used in (("python's", python), ("numpy's", numpy)) if used]
+    generators = " and ".join(names) + (" generators" if len(names) > 1 else " generator")
     lines = [
         f"def {_HELPER}(worker_id):",
-        f'    """Seed {generators} generator{"s" if python and numpy else ""} in a DataLoader worker from the seed torch'
-        ' gave it."""',
+        f'    """Seed {generators} in a DataLoader worker from the seed torch gave it."""',
         "    worker_seed = torch.initial_seed() % 2**32",
     ]
     if python:

@@ -250,10 +250,11 @@ def _ends_with_new_comment(statement: cst.CSTNode, line: str, reflow: _Reflow) -
 
 def _comment_above(statement: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
     """`statement` with the comment at the end of its line moved to a line of its own before it."""
-    comment = cst.EmptyLine(indent=True, comment=statement.trailing_whitespace.comment)
+    line_end = statement.trailing_whitespace
+    comment = cst.EmptyLine(indent=True, comment=line_end.comment)
     return statement.with_changes(
         leading_lines=[*statement.leading_lines, comment],
-        trailing_whitespace=statement.trailing_whitespace.with_changes(whitespace=cst.SimpleWhitespace(""), comment=None),
+        trailing_whitespace=line_end.with_changes(whitespace=cst.SimpleWhitespace(""), comment=None),
     )
 
 
@@ -279,7 +280,7 @@ class _Place:
         if line_break is None:
             column = self.align if self.align - len(indent) > 0 else len(indent) + 2 * len(reflow.default_indent)
             hangs = column + moved > reflow.limit and len(hanging) < column and node is self.container
-            line_break = _new_line(indent, hanging if hangs else " " * column)
+            line_break = _new_line(indent, len(hanging) if hangs else column)
             if hangs:
                 node = _with_opening_break(node, line_break)
         if isinstance(node, cst.CompFor):
@@ -291,9 +292,9 @@ class _Place:
         return node.with_changes(**{field: elements})
 
 
-def _new_line(indent: str, column: str) -> cst.ParenthesizedWhitespace:
-    """A line break to `column` (as wide as it is), in a statement indented by `indent`."""
-    return cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(" " * (len(column) - len(indent))))
+def _new_line(indent: str, column: int) -> cst.ParenthesizedWhitespace:
+    """A line break to `column`, in a statement indented by `indent`."""
+    return cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(" " * (column - len(indent))))
 
 
 def _with_opening_break(container: cst.CSTNode, line_break: cst.ParenthesizedWhitespace) -> cst.CSTNode:
