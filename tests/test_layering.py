@@ -24,10 +24,20 @@ FORBIDDEN = [
     ("verify", {"migrate", "rules", "libcst"}),
     ("migrate", {"torch", "pandas"}),  # its report tables are a few hundred rows: the csv module writes them
 ]
-TORCH_FREE = ("verify.compare", "verify.report", "verify.report_tables", "verify.report_html", "verify.report_xlsx",
-              "verify.report_terminal", "verify.store", "verify.findings", "verify.curves", "verify.op_verdicts",
-              "verify.adaptation",
-              "verify.precision_policy", "verify.run_folders", "verify.devices")
+# verify's packages along the data's way, each with the packages it may import (ARCHITECTURE.md). The top-level
+# modules (`errors`, `checklist_items`) import only the standard library and may be imported by any package.
+VERIFY_LAYERS = {
+    "devices": set(),
+    "record": {"devices"},
+    "compare": {"record", "devices"},
+    "report": {"compare", "record", "devices"},
+    "capture": {"record", "devices"},
+    "launch": {"record", "devices"},
+    "cli": {"launch", "report", "compare", "record", "devices"},
+}
+# Only what runs inside the training process imports torch: a report is made from two run folders on any laptop.
+IMPORTS_TORCH = ("verify.capture", "verify.devices.setup")
+TOP_LEVEL_MODULES_AT_MOST = 12
 
 
 def _module_name(path: Path) -> str:
@@ -60,7 +70,7 @@ def _imports(module: str) -> frozenset[tuple[str, int]]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
             found.add((base, node.lineno))
-            # `from verify import report` imports the module verify.report
+            # `from verify.report import writers` imports the module verify.report.writers
             found.update((f"{base}.{alias.name}", node.lineno) for alias in node.names if f"{base}.{alias.name}" in _modules())
     return frozenset(found)
 
@@ -96,8 +106,74 @@ def test_package_never_imports_the_layers_above_it(importer: str, forbidden: set
     assert not violations, "\n".join(violations)
 
 
-@pytest.mark.parametrize("module", TORCH_FREE)
-def test_report_side_of_verify_never_imports_torch(module: str):
+def _verify_package(module: str) -> str | None:
+    """The package of verify a module belongs to (`verify.record.store` -> "record"), None for a top-level module."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "verify" and len(parts) > 1 and (ROOT / "verify" / parts[1]).is_dir() else None
+
+
+def _torch_free_modules() -> list[str]:
+    return [name for name in _modules()
+            if name.startswith("verify.") and not name.startswith(IMPORTS_TORCH) and name != "verify.__main__"]
+
+
+def test_verify_packages_import_only_the_layers_below_them():
+    """Every import statement of a verify package, direct (every module is checked), against VERIFY_LAYERS."""
+    assert set(VERIFY_LAYERS) == {path.name for path in (ROOT / "verify").iterdir()
+                                  if (path / "__init__.py").is_file()}
+    violations = []
+    for module in (name for name in _modules() if name.startswith("verify.") and name != "verify.__main__"):
+        package = _verify_package(module)
+        for imported, line in sorted(_imports(module)):
+            if not imported.startswith("verify.") or imported not in _modules() and _verify_package(imported) is None:
+                continue
+            target = _verify_package(imported)
+            if package is None:  # a top-level module (errors, checklist_items) imports no other part of verify
+                violations.append(f"{_modules()[module].relative_to(ROOT)}:{line}: {module} imports {imported}")
+            elif target and target != package and target not in VERIFY_LAYERS[package]:
+                violations.append(f"{_modules()[module].relative_to(ROOT)}:{line}: {package} imports {imported}")
+    assert not violations, "\n".join(violations)
+
+
+def test_no_import_circle_between_modules():
+    """Strongly connected parts of the module graph (every import, those inside functions too): none has two
+    modules."""
+    graph = {module: {name for name, _ in _imports(module) if name in _modules() and name != module}
+             for module in _modules()}
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                circles.append(" <-> ".join(sorted(component)))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    assert not circles, "\n".join(circles)
+
+
+def test_verify_top_level_stays_small():
+    top = [path.name for path in (ROOT / "verify").iterdir()
+           if path.suffix == ".py" or (path / "__init__.py").is_file()]
+    assert len(top) <= TOP_LEVEL_MODULES_AT_MOST, sorted(top)
+
+
+@pytest.mark.parametrize("module", _torch_free_modules())
+def test_only_the_capture_and_the_device_setup_import_torch(module: str):
     violations = _violations(module, {"torch", "torch_npu"})
     assert not violations, "\n".join(violations)
 
@@ -105,7 +181,8 @@ def test_report_side_of_verify_never_imports_torch(module: str):
 @pytest.mark.parametrize(
     "module, forbidden",
     [("rules", {"migrate", "verify"}), ("verify.cli", {"migrate", "rules", "libcst"}),
-     *((name, {"torch"}) for name in TORCH_FREE)],
+     *((name, {"torch"}) for name in ("verify.cli", "verify.compare.runs", "verify.report.writers",
+                                      "verify.record.msprobe", "verify.launch.runner"))],
 )
 def test_importing_loads_no_forbidden_package(module: str, forbidden: set[str]):
     """What a fresh interpreter holds after the import: catches imports made by code that runs at import time."""

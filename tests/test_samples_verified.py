@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from migrate import Mode
 from samples_support import SCRIPT, all_samples, port
 from verify.cli import app
-from verify.pair import route
-from verify.run_folders import REF_UNDER_AUTOCAST
+from verify.cli.pair import route
+from verify.record.run_folders import REF_UNDER_AUTOCAST
 
 pytestmark = pytest.mark.slow
 # The samples whose port rightly does not train as the original does, with the start of the verdict that says why.

@@ -1,61 +1,41 @@
-"""verify's own failures at the command boundary: exit code 2 and one line on stderr, never a traceback, and never
-exit code 1, which is a verdict (FAIL) or, under `verify run`, a script that failed.
-
-Every command runs its body through `exit_with()`. A `verify.schema.VerifyFailure` (CompareError, PairError,
-VerifyError, RunDirError) or an OSError is expected: its message is the line. Anything else is a bug in verify: the
-line says what verify was doing and what went wrong, and the traceback is kept in a file for the bug report (in the
-command's output folder when there is one, else in the temporary folder). Imports neither torch nor pandas.
+"""verify's errors and exit codes, in one place. Every command exits 0 (PASS, or the requested steps ran), 1 (FAIL,
+or the script failed) or 2 (verify's own error). A `VerifyFailure` is an error verify expects and explains in one
+line (verify/cli/exits.py prints it and exits 2); any other exception is a bug in verify, also exit 2, never read as
+a verdict. Imports only the standard library, so every part of verify, the training process's included, raises them.
 """
 
 from __future__ import annotations
 
-import tempfile
-import traceback
-from collections.abc import Callable
-from pathlib import Path
-from typing import NoReturn
 
-import typer
-from rich.console import Console
-from rich.markup import escape
-
-from verify.schema import EXIT_ERROR, VerifyFailure, shown
-
-TRACEBACK_FILE = "verify-traceback.txt"
-
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+# Exit codes of every verify command: PASS / the requested steps ran; FAIL / the script failed; verify's own error.
+EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 
 
-def exit_with(body: Callable[[], int], doing: str, out: Path | None = None) -> NoReturn:
-    """Runs a command's body and exits with the code it returns. `doing` completes "verify could not ..." and names
-    the paths (e.g. "compare runs/gpu with runs/npu"); `out` is where a traceback is kept."""
-    try:
-        code = body()
-    except (VerifyFailure, OSError) as error:
-        _error_line(str(error))
-        raise typer.Exit(EXIT_ERROR) from None
-    except Exception as error:  # a bug in verify: a line, not a traceback, and not a verdict
-        _error_line(f"verify could not {doing}: {type(error).__name__}: {error} (verify's own error, not a verdict; "
-                    f"{_keep_traceback(out)})")
-        raise typer.Exit(EXIT_ERROR) from None
-    raise typer.Exit(code)
+class VerifyFailure(Exception):
+    """verify cannot do what it was asked (an unreadable run directory, a folder in the way, a pair that proves
+    nothing): exit code 2, and the message is the one line the user reads, naming the paths
+    (verify/cli/exits.py)."""
 
 
-def _error_line(message: str) -> None:
-    stderr.print(f"[bold red]error:[/] {escape(shown(' '.join(message.split())))}")
+class ManifestError(VerifyFailure, ValueError):
+    """A manifest that does not follow RunManifest: the message names the field (the reader adds the path)."""
 
 
-def _keep_traceback(out: Path | None) -> str:
-    text = traceback.format_exc()
-    try:
-        if out is not None and out.is_dir():
-            path = out / TRACEBACK_FILE
-            path.write_text(text, encoding="utf-8")
-        else:
-            with tempfile.NamedTemporaryFile("w", prefix="verify-traceback-", suffix=".txt", delete=False,
-                                             encoding="utf-8") as file:
-                file.write(text)
-                path = Path(file.name)
-    except OSError as error:
-        return f"its traceback could not be kept: {error}"
-    return f"please report it with its traceback, kept in {path}"
+class RunDirError(VerifyFailure, ValueError):
+    """A run directory that cannot be read, or a name in it that points outside it."""
+
+
+class CompareError(VerifyFailure):
+    """Inputs that cannot be compared at all (unreadable run directory, unsafe path): exit code 2."""
+
+
+class PairError(VerifyFailure):
+    """The pair cannot be run as asked (a missing port, a folder in the way, a failed side of verify's own): exit 2."""
+
+
+class VerifyError(VerifyFailure):
+    """verify itself cannot do the run (bad options, unusable device, a run directory in the way): exit code 2."""
+
+
+class EmulationError(ValueError):
+    """The emulation cannot be set up as asked."""

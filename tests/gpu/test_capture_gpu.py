@@ -2,7 +2,7 @@
 host, and it makes no host synchronisation while the steps run (issue 10).
 
 The workloads are those of tests/perf/bench_capture_gpu.py, driven by its BootstrapLikeCapture, which ends steps as
-verify/bootstrap.py does.
+verify/capture/bootstrap.py does.
 """
 
 import os
@@ -16,10 +16,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from verify.capture import OpCapture  # noqa: E402
-from verify.schema import STAT_COLUMNS  # noqa: E402
-from verify.tensor_stats import StatBatch, summarize  # noqa: E402
-from verify.schema import DumpMode  # noqa: E402
+from verify.capture.ops import OpCapture  # noqa: E402
+from verify.record.schema import STAT_COLUMNS  # noqa: E402
+from verify.capture.tensor_stats import StatBatch, summarize  # noqa: E402
+from verify.record.schema import DumpMode  # noqa: E402
 
 STEPS = 4
 

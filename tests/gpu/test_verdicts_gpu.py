@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from migrate import Settings, migrate_source
 from verify.cli import app
-from verify.pair import route
+from verify.cli.pair import route
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "verify" / "scripts"
 STEPS = 6

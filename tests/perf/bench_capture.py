@@ -10,7 +10,7 @@ this file there with --worker msprobe, so the model, data and step are the same 
 
 The model and step are those of dump-and-compare.md §5-6 (conv 3->16 + BN + ReLU + pool, conv 16->32 + ReLU + pool,
 fc 2048->64->10, SGD with momentum, batch 32x3x32x32, one torch thread), with a dropout (p=0.1) after fc1 so that
-verify's keyed dropout masks (verify/random_streams.py, on in every verify run) are part of what is measured. Times are CPU seconds of the process;
+verify's keyed dropout masks (verify/capture/random_streams.py, on in every verify run) are part of what is measured. Times are CPU seconds of the process;
 plain and instrumented blocks of steps are interleaved and the medians compared, as the machine is shared.
 Targets: ours <= 1.5x plain, and our overhead <= 1/3 of msprobe's.
 """
@@ -84,13 +84,13 @@ def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
     """verify's capture as the bootstrap uses it: ops recorded during forward and backward, the parameters after
     optimizer.step() (not its ops one by one), one ship and one table write per step, dropout masks from the keyed
     stream. native=False: statistics by
-    torch's reductions, as where verify._stats (the C extension) is not built."""
-    import verify.tensor_stats
-    from verify import random_streams
-    from verify.capture import OpCapture, step_columns
-    from verify.tensor_stats import StatBatch
-    from verify.schema import OPS_DIR, DumpMode
-    from verify.store import RunWriter
+    torch's reductions, as where verify.capture._stats (the C extension) is not built."""
+    import verify.capture.tensor_stats
+    from verify.capture import random_streams
+    from verify.capture.ops import OpCapture, step_columns
+    from verify.capture.tensor_stats import StatBatch
+    from verify.record.schema import OPS_DIR, DumpMode
+    from verify.record.store import RunWriter
 
     model, optimizer, step = make_step()
     parameters = list(model.named_parameters())
@@ -102,10 +102,10 @@ def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
     capture = OpCapture(DumpMode.STATS, batch)
     counter = iter(range(10**9))
     steps_done = [0]  # the step the keyed stream reads, as StepRecorder.steps_done
-    extension = verify.tensor_stats.native_stats
+    extension = verify.capture.tensor_stats.native_stats
 
     def run(steps: int) -> None:
-        verify.tensor_stats.native_stats = extension if native else None
+        verify.capture.tensor_stats.native_stats = extension if native else None
         try:
             with capture, random_streams.keyed(0, lambda: steps_done[0], []):
                 for _ in range(steps):
@@ -116,7 +116,7 @@ def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
                         shipment, rows = batch.ship(), capture.close_step(index)
                         writer.write_step_table(OPS_DIR, index, step_columns(index, rows, shipment.read()))
         finally:
-            verify.tensor_stats.native_stats = extension
+            verify.capture.tensor_stats.native_stats = extension
 
     return run
 
@@ -183,9 +183,9 @@ def main() -> None:
     if args.worker:
         worker_msprobe(args.steps, args.rounds)
         return
-    import verify.tensor_stats
+    import verify.capture.tensor_stats
 
-    built = verify.tensor_stats.native_stats is not None
+    built = verify.capture.tensor_stats.native_stats is not None
     with tempfile.TemporaryDirectory() as out_dir:
         runners = {"plain": plain_runner(), "ours": ours_runner(Path(out_dir) / "ours")}
         if built:
@@ -194,7 +194,8 @@ def main() -> None:
     ratio = ours["ours"] / ours["plain"]
     print(f"CPU time per step, median of {args.rounds} interleaved blocks of {args.steps} steps")
     print(f"plain step            {ours['plain'] * 1e3:8.2f} ms")
-    how = "one-pass C statistics (verify._stats)" if built else "torch reductions: verify._stats is not built here"
+    how = ("one-pass C statistics (verify.capture._stats)" if built
+           else "torch reductions: verify.capture._stats is not built here")
     print(f"verify stats capture  {ours['ours'] * 1e3:8.2f} ms  {ratio:5.2f}x plain  "
           f"(target <= {TARGET_RATIO}x; {how})")
     if built:

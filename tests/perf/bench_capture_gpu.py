@@ -128,15 +128,15 @@ STEPS_PER_BLOCK = {"cnn": 80, "gpt": 20, "resnet18": 20}
 
 
 class BootstrapLikeCapture:
-    """verify's capture as verify/bootstrap.py's StepRecorder drives it: the op capture, the loss and the gradients
-    recorded into one StatBatch, optimizer.step() recorded as its updated parameters, and at each step's end one
-    ship of the statistics; a step is written when its copy has arrived, else at the end of the next step."""
+    """verify's capture as verify/capture/bootstrap.py's StepRecorder drives it: the op capture, the loss and the
+    gradients recorded into one StatBatch, optimizer.step() recorded as its updated parameters, and at each step's end
+    one ship of the statistics; a step is written when its copy has arrived, else at the end of the next step."""
 
     def __init__(self, workload: Workload, out_dir: Path) -> None:
-        from verify.capture import OpCapture
-        from verify.tensor_stats import StatBatch
-        from verify.schema import DumpMode
-        from verify.store import RunWriter
+        from verify.capture.ops import OpCapture
+        from verify.capture.tensor_stats import StatBatch
+        from verify.record.schema import DumpMode
+        from verify.record.store import RunWriter
 
         self.workload = workload
         self.batch = StatBatch()
@@ -150,7 +150,7 @@ class BootstrapLikeCapture:
         workload.optimizer.register_step_post_hook(lambda *_: self.capture.optimizer_step_ends(self.parameters))
 
     def _before_optimizer_step(self, *_: object) -> None:
-        from verify.tensor_stats import summarize
+        from verify.capture.tensor_stats import summarize
 
         with torch.no_grad(), self.capture.paused():
             self.grads = [(name, summarize(p.grad, self.batch)) for name, p in self.parameters if p.grad is not None]
@@ -183,9 +183,9 @@ class BootstrapLikeCapture:
             self._write_step(*unwritten, losses)
 
     def _write_step(self, step, shipment, rows, loss_handle, grads, losses: list[float]) -> None:
-        from verify.capture import step_columns
-        from verify.schema import STAT_COLUMNS
-        from verify.schema import GRADS_DIR, OPS_DIR
+        from verify.capture.ops import step_columns
+        from verify.record.schema import STAT_COLUMNS
+        from verify.record.schema import GRADS_DIR, OPS_DIR
 
         fetched = shipment.read()
         losses.append(fetched(loss_handle)[0])

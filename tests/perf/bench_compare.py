@@ -2,7 +2,7 @@
 
     python tests/perf/bench_compare.py [--records 60000] [--steps 10]
 
-Writes a pair of run directories (verify/schema.py's record columns, through store.RunWriter) shaped like a short
+Writes a pair of run directories (verify/record/schema.py's record columns, through store.RunWriter) shaped like a short
 GPT training: `--steps` steps of `--records / --steps` op records a side, spread over modules and ops. The port's
 statistics carry device noise, 1% of its ops are renamed to a related NPU kernel, 0.1% are missing and 0.1% extra
 (so every alignment pass does work), and from the middle step on, the last two thirds of each step drift by 5%
@@ -29,12 +29,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from verify.compare import ComparisonResult, compare_runs  # noqa: E402
-from verify.compare_cli import read_side  # noqa: E402
-from verify.report import report_writers  # noqa: E402
-from verify.report_xlsx import op_sheets  # noqa: E402
-from verify.schema import OP_COLUMNS, RunManifest  # noqa: E402
-from verify.store import RunWriter, write_manifest  # noqa: E402
+from verify.compare.runs import ComparisonResult, compare_runs  # noqa: E402
+from verify.cli.compare_cmd import read_side  # noqa: E402
+from verify.report.writers import report_writers  # noqa: E402
+from verify.report.xlsx import op_sheets  # noqa: E402
+from verify.record.schema import OP_COLUMNS, RunManifest  # noqa: E402
+from verify.record.store import RunWriter, write_manifest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OPS = ["aten.addmm", "aten.native_layer_norm", "aten.gelu", "aten.mm", "aten.add", "aten.mul", "aten._softmax",

@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from verify.runner import RunOptions, run_script
-from verify.store import read_run
+from verify.launch.runner import RunOptions, run_script
+from verify.record.store import read_run
 
 SCRIPT = Path(__file__).resolve().parents[1] / "verify" / "scripts" / "ddp_torchrun_npu.py"
 TARGET_RATIO = 3.0

@@ -1,5 +1,5 @@
 """Which ops the CPU cannot run in float16 or bfloat16 where a GPU can: the probe behind the emulations'
-COMPUTED_IN_FLOAT32 list (verify/emulated/npu_port_emulation/autocast_policy.py).
+COMPUTED_IN_FLOAT32 list (verify/devices/emulated/npu_port_emulation/autocast_policy.py).
 
     PYTHONPATH=. python tests/verify/probe_cpu_kernels.py      # needs `pip install expecttest` (torch's OpInfos)
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from verify.advice import advise
-from verify.compare import compare_runs
-from verify.findings import FindingCode
-from verify.schema import OP_COLUMNS, RunManifest
-from verify.store import Run
+from verify.report.advice import advise
+from verify.compare.runs import compare_runs
+from verify.compare.findings import FindingCode
+from verify.record.schema import OP_COLUMNS, RunManifest
+from verify.record.store import Run
 
 TRACE = [("forward", "Net.fc", "aten.addmm"), ("backward", "Net.fc", "aten.mm"), ("optimizer", "", "aten.add_")]
 STEPS = 2

@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from verify.align import ONE_SIDED_OPS, align_ops
-from verify.schema import OP_COLUMNS
+from verify.compare.align import ONE_SIDED_OPS, align_ops
+from verify.record.schema import OP_COLUMNS
 
 
 def ops(calls: list[tuple[str, str]], step: int = 0, phase: str = "forward", shape: str = "4x4") -> pd.DataFrame:

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from verify.capture import OpCapture
-from verify.tensor_stats import StatBatch, md5_of, summarize
-from verify.schema import DumpMode
+from verify.capture.ops import OpCapture
+from verify.capture.tensor_stats import StatBatch, md5_of, summarize
+from verify.record.schema import DumpMode
 
 
 def capture_one_step(model, inputs, dump=DumpMode.STATS):
@@ -150,7 +150,7 @@ class _PathsSideBySide(torch.utils._python_dispatch.TorchDispatchMode):
 def test_module_scopes_report_what_module_tracker_reports():
     from torch.utils.module_tracker import ModuleTracker
 
-    from verify.module_scopes import ModuleScopes
+    from verify.capture.module_scopes import ModuleScopes
 
     torch.manual_seed(0)
     model = _Net()
@@ -181,7 +181,7 @@ def _odd_small_tensors() -> list[torch.Tensor]:
 
 
 def test_small_tensors_batched_get_the_statistics_of_one_by_one():
-    from verify.tensor_stats import SmallTensorStats, describe
+    from verify.capture.tensor_stats import SmallTensorStats, describe
 
     tensors = _odd_small_tensors()  # zeroed below: its own copies
     batch = StatBatch()
@@ -215,10 +215,10 @@ def test_a_step_that_never_ends_stops_recording_at_its_bound(monkeypatch, capsys
 
 
 def _statistics(tensors, monkeypatch, native):
-    import verify.tensor_stats
+    import verify.capture.tensor_stats
 
     if not native:
-        monkeypatch.setattr(verify.tensor_stats, "native_stats", None)
+        monkeypatch.setattr(verify.capture.tensor_stats, "native_stats", None)
     batch = StatBatch()
     pending = [summarize(tensor, batch) for tensor in tensors]
     fetched = batch.fetch()
@@ -227,12 +227,13 @@ def _statistics(tensors, monkeypatch, native):
 
 
 def test_the_one_pass_c_statistics_equal_torch_reductions(monkeypatch):
-    """verify._stats (one pass over a CPU tensor) against torch's aminmax / sum / vector_norm, on every dtype it
+    """verify.capture._stats (one pass over a CPU tensor) against torch's aminmax / sum / vector_norm, on every dtype it
     reads, on sizes around its lane and block lengths, with NaN and inf, and on a non-contiguous tensor."""
-    import verify.tensor_stats
+    import verify.capture.tensor_stats
 
-    if verify.tensor_stats.native_stats is None:
-        pytest.skip("verify._stats was not built here (test_the_c_statistics_are_built_where_a_compiler_is says why)")
+    if verify.capture.tensor_stats.native_stats is None:
+        pytest.skip("verify.capture._stats was not built here "
+                    "(test_the_c_statistics_are_built_where_a_compiler_is says why)")
     torch.manual_seed(0)
     specials = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 2.0] * 7)
     tensors = [
@@ -259,11 +260,12 @@ def test_the_one_pass_c_statistics_equal_torch_reductions(monkeypatch):
 def test_the_c_statistics_are_built_where_a_compiler_is():
     import shutil
 
-    import verify.tensor_stats
+    import verify.capture.tensor_stats
 
     if not (shutil.which("cc") or shutil.which("gcc")):
-        pytest.skip("no C compiler here: verify._stats is optional and the capture reduces with torch")
-    assert verify.tensor_stats.native_stats is not None, "a C compiler is here but verify._stats was not built by pip"
+        pytest.skip("no C compiler here: verify.capture._stats is optional and the capture reduces with torch")
+    assert verify.capture.tensor_stats.native_stats is not None, ("a C compiler is here but verify.capture._stats "
+                                                                  "was not built by pip")
 
 
 def test_an_optimizer_step_is_recorded_as_its_updated_parameters():
@@ -370,7 +372,7 @@ def _cnn_steps(device_path, steps):
 
 
 def _read(index, rows, shipment):
-    from verify.capture import step_columns
+    from verify.capture.ops import step_columns
 
     return step_columns(index, rows, shipment.read())
 
@@ -378,19 +380,19 @@ def _read(index, rows, shipment):
 def test_a_training_step_on_the_device_path_records_what_the_host_path_records(monkeypatch):
     """Same op records, key by key, whether the statistics are taken on the host at once or left on the device,
     batched, copied once per step and read a step later (after the optimizer has changed the parameters in place)."""
-    import verify.tensor_stats
+    import verify.capture.tensor_stats
 
     copies = []
-    start = verify.tensor_stats._SideCopy.start
-    monkeypatch.setattr(verify.tensor_stats._SideCopy, "start", lambda self, values: copies.append(1) or start(self, values))
+    start = verify.capture.tensor_stats._SideCopy.start
+    monkeypatch.setattr(verify.capture.tensor_stats._SideCopy, "start", lambda self, values: copies.append(1) or start(self, values))
     on_device = _cnn_steps(device_path=True, steps=3)
     assert len(copies) == 3  # one copy per step, for all of its statistics
     on_host = _cnn_steps(device_path=False, steps=3)
     for device_step, host_step in zip(on_device, on_host, strict=True):
         assert device_step["key"] == host_step["key"] and device_step["shape"] == host_step["shape"]
         for device_row, host_row in zip(rows(device_step), rows(host_step)):
-            _same_statistics({name: device_row[name] for name in verify.tensor_stats.STAT_COLUMNS},
-                             {name: host_row[name] for name in verify.tensor_stats.STAT_COLUMNS}, 1e-4)
+            _same_statistics({name: device_row[name] for name in verify.capture.tensor_stats.STAT_COLUMNS},
+                             {name: host_row[name] for name in verify.capture.tensor_stats.STAT_COLUMNS}, 1e-4)
     assert {"forward", "backward", "optimizer"} <= set(on_device[0]["phase"])
 
 

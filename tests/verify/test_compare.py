@@ -1,4 +1,4 @@
-"""`verify compare` on synthetic but realistic run directories, written per verify/schema.py with pandas.
+"""`verify compare` on synthetic but realistic run directories, written per verify/record/schema.py with pandas.
 
 The reference is a small CNN's trace (conv/bn/relu/pool/linear/loss forward, their backward ops, SGD updates) over
 three steps; the port is the same trace with device-level noise (1e-7 relative) unless a test changes something.
@@ -17,14 +17,14 @@ import pytest
 from typer import Typer
 from typer.testing import CliRunner
 
-from verify import compare_cli
-from verify.advice import advise
-from verify.compare import compare_runs
-from verify.findings import FindingCode
-from verify.precision_policy import CompareOptions
-from verify.compare_cli import read_side
-from verify.schema import GRAD_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS, TABLE_FILE, RunManifest
-from verify.store import RunWriter
+from verify.cli import compare_cmd as compare_cli
+from verify.report.advice import advise
+from verify.compare.runs import compare_runs
+from verify.compare.findings import FindingCode
+from verify.compare.precision_policy import CompareOptions
+from verify.cli.compare_cmd import read_side
+from verify.record.schema import GRAD_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS, TABLE_FILE, RunManifest
+from verify.record.store import RunWriter
 
 # (phase, module, op, dtype, shape) of one training step, in execution order.
 TRACE = [
@@ -353,8 +353,8 @@ def test_cli_exit_codes_and_reports(tmp_path):
 
 
 def test_offline_modules_never_import_torch():
-    modules = ["verify.align", "verify.metrics", "verify.tolerances", "verify.compare", "verify.advice",
-               "verify.report", "verify.msprobe", "verify.compare_cli"]
+    modules = ["verify.compare.align", "verify.compare.metrics", "verify.compare.tolerances", "verify.compare.runs",
+               "verify.report.advice", "verify.report.writers", "verify.record.msprobe", "verify.cli.compare_cmd"]
     code = f"import sys; import {', '.join(modules)}; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

@@ -2,9 +2,9 @@
 the NPU autocast policy on the CPU, forward and backward, in float16 and bfloat16, in the dtype the device gives.
 
 The emulated NPU, EMULATED CUDA and a cpu run under an imposed autocast all install the same policy on the CPU
-(verify/emulated/npu_port_emulation/autocast_policy.py), so the fast tests load it in this process, once per module
-(its registrations last as long as the library object: the fixture drops it). The slow tests run each emulator in a
-child process, and a ported LSTM trainer through `verify`.
+(verify/devices/emulated/npu_port_emulation/autocast_policy.py), so the fast tests load it in this process, once per
+module (its registrations last as long as the library object: the fixture drops it). The slow tests run each emulator in
+a child process, and a ported LSTM trainer through `verify`.
 """
 
 import json
@@ -23,9 +23,10 @@ from torch.utils._pytree import tree_flatten
 from typer.testing import CliRunner
 
 from migrate import Settings, migrate_source
-from verify import device_setup, devices
+from verify.devices import setup as device_setup
+from verify import devices
 from verify.cli import app
-from verify.pair import route
+from verify.cli.pair import route
 
 REDUCED = (torch.float16, torch.bfloat16)
 aten = torch.ops.aten
@@ -266,7 +267,7 @@ print("RESULT", json.dumps({{"dtypes": dtypes, "computed": policy.computed_in_fl
 """
 EMULATORS = {
     "emulated-npu": ("import torch_npu", "npu", devices.emulation_env("cpu")),
-    "emulated-cuda": ("from verify import device_setup; device_setup.prepare('emulated-cuda', emulated=True)", "cuda",
+    "emulated-cuda": ("from verify.devices import setup; setup.prepare('emulated-cuda', emulated=True)", "cuda",
                       {devices.EMULATE_ON_VAR: "cpu", "CUDA_VISIBLE_DEVICES": ""}),
 }
 

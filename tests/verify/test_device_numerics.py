@@ -1,5 +1,5 @@
-"""The emulated devices differ as devices do (verify/emulated/npu_port_emulation/device_numerics.py): each face sums
-its products and reductions in an order of its own and draws from a generator of its own, within float32's noise of
+"""The emulated devices differ as devices do (verify/devices/emulated/npu_port_emulation/device_numerics.py): each face
+sums its products and reductions in an order of its own and draws from a generator of its own, within float32's noise of
 the CPU; `--exact-emulation` turns both off. Each face runs in a child process, as under `verify`."""
 
 import ast
@@ -20,7 +20,7 @@ PROBE = """
 import json, sys
 import torch
 import torch.nn.functional as F
-from verify.device_setup import prepare
+from verify.devices.setup import prepare
 
 prepare(sys.argv[1], True)
 device = "npu" if sys.argv[1] == "emulated-npu" else "cuda"

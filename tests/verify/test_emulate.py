@@ -11,8 +11,9 @@ import textwrap
 
 import pytest
 
-from verify import devices as devices
-from verify.devices import EmulationError, NpuProbe, emulation_env, probe_torch_npu
+from verify import devices
+from verify.devices import NpuProbe, emulation_env, probe_torch_npu
+from verify.errors import EmulationError
 
 STAND_IN_PACKAGE = devices.STAND_IN_DIR / "torch_npu"
 
@@ -213,7 +214,7 @@ def test_this_process_cannot_import_torch_npu():
     emulation_env("cpu")  # computing the environment changes nothing here
     assert importlib.util.find_spec("torch_npu") is None
     with pytest.raises(ImportError, match="only as `torch_npu`"):
-        importlib.import_module("verify.emulated.torch_npu")
+        importlib.import_module("verify.devices.emulated.torch_npu")
 
 
 def test_emulation_env_puts_the_stand_in_first_and_names_the_target(monkeypatch):

@@ -1,4 +1,4 @@
-"""The environment each run records and the differences a comparison lists (verify/environment.py): the pure diff
+"""The environment each run records and the differences a comparison lists (verify/record/environment.py): the pure diff
 on hand-made manifests, and a real pair whose port switches HF32 on, which the emulated NPU computes."""
 
 import json
@@ -9,10 +9,10 @@ import typer
 from typer.testing import CliRunner
 
 from verify.cli import app
-from verify.environment import Difference, differences, explaining
-from verify.environment_record import recorded_variables
-from verify.pair import route
-from verify.schema import RunManifest
+from verify.record.environment import Difference, differences, explaining
+from verify.capture.environment_record import recorded_variables
+from verify.cli.pair import route
+from verify.record.schema import RunManifest
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 

@@ -4,8 +4,8 @@ and never exit code 1, which is a verdict."""
 import pytest
 import typer
 
-from verify.errors import TRACEBACK_FILE, exit_with
-from verify.schema import VerifyFailure
+from verify.cli.exits import TRACEBACK_FILE, exit_with
+from verify.errors import VerifyFailure
 
 
 def exit_code(body, out=None) -> int:

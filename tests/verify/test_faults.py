@@ -13,8 +13,9 @@ from typer import Typer
 from typer.testing import CliRunner
 
 from test_compare import trace_ops, with_noise, write_run
-from verify import compare_cli
-from verify.schema import EXIT_ERROR, MANIFEST, TABLE_FILE
+from verify.cli import compare_cmd as compare_cli
+from verify.record.schema import MANIFEST, TABLE_FILE
+from verify.errors import EXIT_ERROR
 
 app = Typer()
 app.command("compare")(compare_cli.compare)

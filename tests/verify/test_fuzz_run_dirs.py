@@ -3,9 +3,9 @@ side (bytes flipped, blocks overwritten, files truncated, manifest fields retype
 `verify compare` judges it. Every outcome must be a verdict with a note naming the damage, or exit 2 with one line;
 never a crash, a hang, or a PASS without a note on tables that differ from the ones written.
 
-The run directories are written once, synthetically (verify.store's writer, as test_compare does), not by training.
-Only the tables (Arrow streams) carry checksums: a digit changed in losses.csv or in the manifest reads as another
-run's number, so a PASS on those needs no note, but it must still be a verdict or one line.
+The run directories are written once, synthetically (verify.record.store's writer, as test_compare does), not by
+training. Only the tables (Arrow streams) carry checksums: a digit changed in losses.csv or in the manifest reads as
+another run's number, so a PASS on those needs no note, but it must still be a verdict or one line.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from typer import Typer
 from typer.testing import CliRunner
 
 from test_compare import trace_ops, with_noise, write_run
-from verify import compare_cli
-from verify.compare import compare_runs
-from verify.compare_cli import read_side
-from verify.schema import EXIT_ERROR, MANIFEST, VerifyFailure
+from verify.cli import compare_cmd as compare_cli
+from verify.compare.runs import compare_runs
+from verify.cli.compare_cmd import read_side
+from verify.record.schema import MANIFEST
+from verify.errors import EXIT_ERROR, VerifyFailure
 
 SEED = 22
 SHARDS = 4  # xdist runs them side by side: 520 mutations in all, two shards a core within the minute

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from verify.cli import app
-from verify.schema import SCHEMA_VERSION
+from verify.record.schema import SCHEMA_VERSION
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu-runs"
 

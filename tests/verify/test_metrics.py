@@ -4,7 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verify import metrics, tolerances
+from verify.compare import metrics
+from verify.compare import tolerances
 
 
 def test_relative_difference_handles_zeros():

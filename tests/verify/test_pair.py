@@ -8,7 +8,7 @@ import typer
 from typer.testing import CliRunner
 
 from verify.cli import app
-from verify.pair import PAIR_COMMAND, default_port, route
+from verify.cli.pair import PAIR_COMMAND, default_port, route
 
 GROUP = typer.main.get_command(app)
 

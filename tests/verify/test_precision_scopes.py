@@ -1,10 +1,10 @@
-"""verify/precision_scopes.py in-process on the CPU: what a run records of its autocast, and a reference that
+"""verify/capture/precision_scopes.py in-process on the CPU: what a run records of its autocast, and a reference that
 follows that record module call by module call."""
 
 import torch
 import torch.nn as nn
 
-from verify import precision_scopes
+from verify.capture import precision_scopes
 
 CPU = "cpu"
 

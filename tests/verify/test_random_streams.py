@@ -1,10 +1,10 @@
-"""verify/random_streams.py in-process: dropout masks drawn from the keyed stream are the same whatever else a side
-draws from its generator, and differ from step to step and from module to module."""
+"""verify/capture/random_streams.py in-process: dropout masks drawn from the keyed stream are the same whatever else a
+side draws from its generator, and differ from step to step and from module to module."""
 
 import torch
 import torch.nn as nn
 
-from verify import random_streams
+from verify.capture import random_streams
 
 
 class TwoDropouts(nn.Module):

@@ -17,9 +17,9 @@ import typer
 from typer.testing import CliRunner
 
 from verify.cli import app
-from verify.pair import route
-from verify.run_folders import rank_dirs
-from verify.store import read_run
+from verify.cli.pair import route
+from verify.record.run_folders import rank_dirs
+from verify.record.store import read_run
 
 pytestmark = pytest.mark.slow
 

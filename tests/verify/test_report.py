@@ -13,14 +13,16 @@ from rich.console import Console
 
 from test_compare import _cli, hparams, trace_ops, with_noise, write_run
 from typer.testing import CliRunner
-from verify import pair, report, report_xlsx
-from verify.compare import compare_runs
-from verify.findings import Finding, FindingCode, Verdict
-from verify.compare_cli import read_side
-from verify.report_html import svg_plot
-from verify.report_tables import STATUS_COLOURS
-from verify.report_terminal import print_saved_summary, print_summary
-from verify.runner import RunOptions
+from verify.cli import pair
+from verify.report import writers as report
+from verify.report import xlsx as report_xlsx
+from verify.compare.runs import compare_runs
+from verify.compare.findings import Finding, FindingCode, Verdict
+from verify.cli.compare_cmd import read_side
+from verify.report.html import svg_plot
+from verify.report.tables import STATUS_COLOURS
+from verify.report.terminal import print_saved_summary, print_summary
+from verify.launch.runner import RunOptions
 
 
 def failing_result(tmp_path, **actual):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from verify.runner import RunOptions, run_script
-from verify.schema import DumpMode, Status
-from verify.store import Run, read_run
+from verify.launch.runner import RunOptions, run_script
+from verify.record.schema import DumpMode, Status
+from verify.record.store import Run, read_run
 
 SCRIPTS = Path(__file__).parent / "scripts"
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def test_full_run_records_losses_hparams_grads_and_ops_with_modules(tmp_path):
 def assert_readable_without_torch(run_dir, op_rows: int) -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
-        "from verify.store import read_run\n"
+        "from verify.record.store import read_run\n"
         f"print(len(read_run({str(run_dir)!r}).ops))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -244,8 +244,8 @@ def test_the_batch_is_recorded_but_not_a_loss_modules_predictions(tmp_path):
 def test_a_model_wrapped_on_one_side_only_pairs_op_for_op(tmp_path):
     """DataParallel on EMULATED CUDA, the bare model on the CPU: module paths and parameter names are the model's on
     both sides (imagenet's port on an NPU skips its DataParallel; only 19% of its ops paired)."""
-    from verify.compare import compare_runs
-    from verify.compare_cli import read_side
+    from verify.compare.runs import compare_runs
+    from verify.cli.compare_cmd import read_side
 
     runs = [run_script(SCRIPTS / "wrapped_on_gpu.py", [], RunOptions(steps=2, device=device), tmp_path / device)
             for device in ("emulated-cuda", "cpu")]

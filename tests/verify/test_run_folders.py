@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from verify.run_folders import WRITER_LOCK, FolderInUse, claim, default_pair_dir, default_run_dir, release
+from verify.record.run_folders import WRITER_LOCK, FolderInUse, claim, default_pair_dir, default_run_dir, release
 
 # Claims `folder` at the same moment as the other processes (they wait for the start file), holds it a moment, and
 # prints whether it won; exits as `verify` would on FolderInUse.
 CLAIMANT = """
 import sys, time
 from pathlib import Path
-from verify.run_folders import FolderInUse, claim
+from verify.record.run_folders import FolderInUse, claim
 folder, start = Path(sys.argv[1]), Path(sys.argv[2])
 while not start.exists():
     time.sleep(0.001)
@@ -71,6 +71,6 @@ def test_default_names_are_unique_within_one_second():
 
 
 def test_every_claim_ends_with_its_process(tmp_path):
-    code = f"from verify.run_folders import claim; claim(__import__('pathlib').Path({str(tmp_path / 'run')!r}))"
+    code = f"from verify.record.run_folders import claim; claim(__import__('pathlib').Path({str(tmp_path / 'run')!r}))"
     subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True)
     assert list((tmp_path / "run").iterdir()) == []

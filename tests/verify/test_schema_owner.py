@@ -1,4 +1,4 @@
-"""The record schema has one owner (verify/schema.py): a statistic added there, and nowhere else, reaches every
+"""The record schema has one owner (verify/record/schema.py): a statistic added there, and nowhere else, reaches every
 report. Checked on a temporary copy of verify with one statistic more, comparing run directories that carry it."""
 
 import json
@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 from typer.testing import CliRunner
 from verify.cli import app
-from verify.schema import OP_COLUMNS, RunManifest, op_key
-from verify.store import RunWriter
+from verify.record.schema import OP_COLUMNS, RunManifest, op_key
+from verify.record.store import RunWriter
 
 def ops(relu_mean):
     rows = []
@@ -50,7 +50,7 @@ print(result.exit_code)
 def test_a_statistic_added_to_the_schema_reaches_csv_html_and_json(tmp_path):
     copy = tmp_path / "project"
     shutil.copytree(ROOT / "verify", copy / "verify", ignore=shutil.ignore_patterns("__pycache__"))
-    schema = copy / "verify" / "schema.py"
+    schema = copy / "verify" / "record" / "schema.py"
     text = schema.read_text()
     text = text.replace('STAT_COLUMNS = ("min", "max", "mean", "l2_norm", "nan_count", "inf_count")',
                         'STAT_COLUMNS = ("min", "max", "mean", "l2_norm", "nan_count", "inf_count", "abs_mean")')

@@ -9,8 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from verify.schema import GRAD_COLUMNS, LOSSES, OP_COLUMNS, OPS_DIR, TABLE_FILE, RunManifest
-from verify.store import RunDirError, RunWriter, read_run, write_manifest
+from verify.record.schema import GRAD_COLUMNS, LOSSES, OP_COLUMNS, OPS_DIR, TABLE_FILE, RunManifest
+from verify.record.store import RunWriter, read_run, write_manifest
+from verify.errors import RunDirError
 
 
 def op_columns(step: int) -> dict[str, list]:
@@ -98,7 +99,7 @@ def test_a_writer_killed_without_closing_keeps_every_step_written(tmp_path):
     write_manifest(tmp_path, RunManifest(script="train.py", steps_requested=3))
     code = (
         "import os, signal, sys\n"
-        "from verify.store import RunWriter\n"
+        "from verify.record.store import RunWriter\n"
         "writer = RunWriter(sys.argv[1])\n"
         "for step in range(3):\n"
         "    writer.write_step_table('ops', step, {'seq': [0, 1]})\n"
@@ -142,7 +143,7 @@ def test_reader_works_without_torch(tmp_path):
     write_run(tmp_path)
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any import of torch now fails
-        "from verify.store import read_run\n"
+        "from verify.record.store import read_run\n"
         f"run = read_run({str(tmp_path)!r})\n"
         "print(len(run.ops), 'torch' in sys.modules and sys.modules['torch'] is not None)"
     )
@@ -153,7 +154,7 @@ def test_reader_works_without_torch(tmp_path):
 def test_a_run_of_several_ranks_reads_each_rank_and_the_run_manifest(tmp_path):
     """run_folders' layout: RUN/manifest.json for the run, RUN/rankK/ for each rank; rank 0's records stand for the
     run, every rank's Run is in `ranks`, and a rank that left no manifest is named."""
-    from verify.run_folders import rank_dir, rank_dirs
+    from verify.record.run_folders import rank_dir, rank_dirs
 
     write_manifest(tmp_path, RunManifest(script="train.py", steps_requested=2, steps_completed=2, world_size=3,
                                          process_group={"backend": "hccl", "runs_as": "gloo"}))

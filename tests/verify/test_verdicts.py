@@ -15,12 +15,12 @@ import typer
 from typer.testing import CliRunner
 
 from migrate import Settings, migrate_source
-from verify import tolerances
+from verify.compare import tolerances
 from verify.cli import app
-from verify.determinism import DETERMINISM_JSON
-from verify.pair import route
-from verify.run_folders import AMP_EFFECT
-from verify.runner import RunOptions, run_script
+from verify.cli.determinism import DETERMINISM_JSON
+from verify.cli.pair import route
+from verify.record.run_folders import AMP_EFFECT
+from verify.launch.runner import RunOptions, run_script
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from verify.cli import app
-from verify.store import read_manifest
+from verify.record.store import read_manifest
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

@@ -1,0 +1,389 @@
+"""Per-operator capture: a TorchDispatchMode that summarises every aten op's tensors, with the module path and
+phase that torch.utils.module_tracker.ModuleTracker would report, at a cost close to the plain run.
+
+Why it is cheap:
+- statistics are taken by verify/capture/tensor_stats.py: one pass by a C extension on the CPU, kept on the device until
+  the step ends on an accelerator, small tensors reduced many at a time;
+- ops are seen by a dispatch mode, not by module and autograd-node hooks, which see modules and not the aten ops
+  inside them (a functional call, the loss's arithmetic): hooks would give other records;
+- view and bookkeeping ops, and ops that return uninitialised memory, are not recorded (as FlopCounterMode does);
+- module paths come from two global module hooks and plain tensor hooks (verify/capture/module_scopes.py), not
+  ModuleTracker's pytree walks and multi-grad hooks; per-op Python work is a few dict lookups, cached per OpOverload;
+- the data flow (which recorded calls produced an op's inputs) is one dict lookup per tensor, by storage address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import re
+import sys
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
+
+from verify.capture.module_scopes import ModuleScopes, leaves
+from verify.capture.tensor_stats import (Handle, PendingStats, SmallTensorStats, StatBatch, dtype_name,
+                                         has_readable_data, has_statistics, host_array, md5_of, sample_fingerprints,
+                                         summarize)
+from verify.record.schema import INPUT_OP, STAT_COLUMNS, UPDATE_OP, DumpMode, Phase, TENSORS_DIR, op_key, step_file
+
+aten = torch.ops.aten
+
+_NOT_RECORDED = {
+    # uninitialised memory: its contents differ from run to run and mean nothing
+    aten.empty,
+    aten.empty_like,
+    aten.empty_strided,
+    aten.new_empty,
+    aten.new_empty_strided,
+    # storage bookkeeping
+    aten.resize_,
+    aten.set_,
+}
+
+_DEAD = lambda: None  # noqa: E731  (a weak reference whose tensor is gone)
+
+
+_ROW_COLUMNS = ("seq", "phase", "module", "op", "call_index", "io", "md5", "tensor_file", "inputs")
+_PENDING_COLUMNS = ("dtype", "shape", "numel")
+_ROW_FIELDS, _PENDING_FIELDS = operator.attrgetter(*_ROW_COLUMNS), operator.attrgetter(*_PENDING_COLUMNS)
+
+
+@dataclass(slots=True)
+class OpRow:
+    seq: int
+    phase: str
+    module: str
+    op: str
+    call_index: int
+    io: str
+    stats: PendingStats
+    md5: str = ""
+    tensor_file: str = ""
+    inputs: str = ""  # the seqs of the recorded calls whose outputs this call read
+
+
+class TensorSaver:
+    """Tensor mode: saves the tensors of ops whose "phase/module/op" matches a regex, until a byte budget is spent."""
+
+    def __init__(self, pattern: str | None, budget_bytes: int, save: Callable[[str, np.ndarray], str]) -> None:
+        self._pattern = re.compile(pattern) if pattern else None
+        self._budget = budget_bytes
+        self._save = save
+        self.budget_exhausted = False
+
+    def wants(self, phase: str, module: str, op: str) -> bool:
+        return self._pattern is None or self._pattern.search(f"{phase}/{module}/{op}") is not None
+
+    def save(self, tensor: torch.Tensor, relative: str) -> str:
+        size = tensor.numel() * tensor.element_size()
+        if not has_readable_data(tensor) or size > self._budget:
+            self.budget_exhausted = self.budget_exhausted or size > self._budget
+            return ""
+        self._budget -= size
+        return self._save(relative, host_array(tensor))
+
+
+def _storage_address(tensor: torch.Tensor) -> int:
+    """Where a tensor's data lives, shared by its views; 0 for tensors without storage (a subclass, a meta tensor)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """Tensors of an op's outputs or arguments: a tensor, or a tuple/list of tensors (and of lists, for foreach)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [tensor for item in value for tensor in tensors_in(item)]
+    return []
+
+
+def _completed(out: Any) -> None:
+    """Waits for a collective's work (gloo's all-reduce returns before its result is in the tensors; NCCL's wait only
+    orders the device's stream): its outputs are recorded as the collective leaves them, not half reduced. The
+    script's own wait then returns at once."""
+    for item in out if isinstance(out, (tuple, list)) else (out,):
+        if not isinstance(item, (torch.Tensor, list, tuple)) and callable(getattr(item, "wait", None)):
+            item.wait()
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records a summary of each op's outputs (and inputs, in tensor mode) into `capture.rows`."""
+
+    def __init__(self, capture: OpCapture) -> None:
+        super().__init__()
+        self.capture = capture
+        self._names: dict[torch._ops.OpOverload, str | None] = {}
+
+    def _name(self, func: torch._ops.OpOverload) -> str | None:
+        name = self._names.get(func, self)  # self: not seen yet (OpOverload's hash is Python code, so hash once)
+        if name is self:
+            recorded = not func.is_view and func.namespace != "profiler" and func._overloadpacket not in _NOT_RECORDED
+            name = self._names[func] = str(func._overloadpacket) if recorded else None
+        return name
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        capture = self.capture
+        name = self._name(func) if capture.recording else None
+        if name is None:
+            return func(*args, **kwargs)
+        call = capture.begin_call(name)
+        arguments = tensors_in(args) + tensors_in(list(kwargs.values()))
+        call.inputs = capture.producers(arguments)
+        if capture.with_inputs:
+            capture.record(call, "in", arguments)
+        out = func(*args, **kwargs)
+        if name.startswith("c10d."):
+            _completed(out)
+        outputs = tensors_in(out)
+        if not outputs:  # in-place ops that return nothing (foreach): their results are the written arguments
+            outputs = tensors_in(self._written(func, args, kwargs))
+        capture.record(call, "out", outputs)
+        capture.produced(call, outputs)
+        return out
+
+    @staticmethod
+    def _written(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
+        """The arguments an op writes to: the results of in-place ops that return nothing (the foreach ones)."""
+        written = []
+        for position, argument in enumerate(func._schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            if argument.name in kwargs:
+                written.append(kwargs[argument.name])
+            elif position < len(args):
+                written.append(args[position])
+        return written
+
+
+_OPTIMIZER, _BACKWARD, _FORWARD, _OTHER = (phase.value for phase in (Phase.OPTIMIZER, Phase.BACKWARD, Phase.FORWARD,
+                                                                     Phase.OTHER))
+
+
+@dataclass(slots=True)
+class _Call:
+    seq: int
+    phase: str
+    module: str
+    op: str
+    call_index: int
+    save_tensors: bool
+    inputs: str = ""
+
+
+class OpCapture:
+    """Context manager that records op summaries for the current step; `take_step` hands them over as columns.
+
+    `paused()` keeps the instrumentation's own tensor work out of the records. Whoever watches optimizer.step() (the
+    bootstrap's step hooks) calls `optimizer_step_begins` and `optimizer_step_ends` around it.
+    """
+
+    # A step's records are held until the step ends. Work after the last optimizer step (an evaluation over a whole
+    # dataset, say) never ends its step, and without a bound its records filled 24 GiB on a real script.
+    MAX_ROWS_PER_STEP = 200_000
+
+    def __init__(self, dump: DumpMode, batch: StatBatch, saver: TensorSaver | None = None) -> None:
+        self.dump = dump
+        self.batch = batch
+        self.saver = saver
+        self.with_inputs = dump == DumpMode.TENSOR
+        self.modules = ModuleScopes()
+        self.small_tensors = SmallTensorStats(batch)
+        self.recording = True
+        self.rows: list[OpRow] = []
+        self.samples: list[tuple[str, int, str, str, str]] = []  # this step's (module, call_index, io, shape, hashes)
+        self._computed: dict[int, weakref.ref] = {}  # note_outputs
+        self._writers: dict[int, int] = {}  # storage address -> seq of this step's last recorded call writing it
+        self.truncated = False  # this step reached MAX_ROWS_PER_STEP
+        self._seq = 0
+        self._call_counts: dict[tuple[str, str, str], int] = {}
+        self._step = 0
+        self._stack = contextlib.ExitStack()
+        self._optimizer_pause = contextlib.ExitStack()
+        self._recorder: _OpRecorder | None = None
+        # Called with (step, op, module) as a collective (a c10d op) is called: a rank's last collective is kept
+        # where a hang leaves it (verify/capture/rank_capture.py).
+        self.on_collective: Callable[[int, str, str], None] | None = None
+
+    def __enter__(self) -> OpCapture:
+        self._stack.enter_context(self.modules)
+        self._recorder = self._stack.enter_context(_OpRecorder(self))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        # An optimizer.step() that raised never reached optimizer_step_ends: put the recorder back first, or leaving
+        # would pop a mode that is not there and hide the script's own error.
+        self._optimizer_pause.close()
+        self._stack.close()
+        self._recorder = None
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Records nothing in the block. Where the recorder is the innermost mode, it is also taken off the stack: an
+        op that passes through it costs 10 to 20 us even when it records nothing."""
+        previous, self.recording = self.recording, False
+        ours = self._recorder is not None and _get_current_dispatch_mode() is self._recorder
+        try:
+            with _pop_mode_temporarily() if ours else contextlib.nullcontext():
+                yield
+        finally:
+            self.recording = previous
+
+    def optimizer_step_begins(self) -> None:
+        """optimizer.step() starts. Its ops are not recorded one by one: they are a few elementwise ops per parameter
+        (30 of the 98 ops of a small CNN's step under SGD with momentum), each paying the dispatch mode's cost, while
+        what they compute is the updated parameters, which `optimizer_step_ends` records."""
+        self._optimizer_pause.enter_context(self.paused())
+
+    def optimizer_step_ends(self, parameters: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Records each (name, parameter) after its update: op UPDATE_OP in the optimizer phase, the parameter's name
+        as the module column (so keys read `step/optimizer/fc1.weight/update#0`)."""
+        self._optimizer_pause.close()
+        if not self.recording:
+            return
+        with self.paused(), torch.no_grad():  # the statistics of a device tensor are torch ops of our own
+            for name, parameter in parameters:
+                call = self._call(_OPTIMIZER, name, UPDATE_OP)
+                # its inputs: the recorded backward (or unscale) call that wrote the gradient it applied
+                call.inputs = self.producers([parameter.grad]) if parameter.grad is not None else ""
+                self.record(call, "out", [parameter.detach()])
+
+    def note_outputs(self, output: Any) -> None:
+        """An outermost module's outputs: what a later outermost module (a loss) receives of them is computed, not
+        data, and record_inputs leaves it out. Kept by id with a weak reference (a tensor's == is elementwise)."""
+        for leaf in leaves(output):
+            if isinstance(leaf, torch.Tensor):
+                self._computed[id(leaf)] = weakref.ref(leaf)
+
+    def _is_data(self, tensor: torch.Tensor) -> bool:
+        """Read from a dataset rather than computed in this step: no autograd history, and no outermost module's
+        output (nor a view of one)."""
+        if tensor.grad_fn is not None:
+            return False
+        return not any(candidate is not None and self._computed.get(id(candidate), _DEAD)() is candidate
+                       for candidate in (tensor, tensor._base))
+
+    def record_inputs(self, module: torch.nn.Module, args: Any) -> None:
+        """The data an outermost module's forward receives (op INPUT_OP, io in0, in1...): the batch each side read,
+        which the comparison checks before any operator; a loss module's labels too, not the predictions it gets
+        (note_outputs). Integer tensors (token ids, labels) are summarised as float64 values, so that their mean and
+        norm, not only their min and max, tell two batches apart."""
+        tensors = [leaf for leaf in leaves(args) if isinstance(leaf, torch.Tensor) and self._is_data(leaf)]
+        if not tensors or not self.recording:
+            return
+        with self.paused(), torch.no_grad():
+            call = self._call(_FORWARD, self.modules.name(module), INPUT_OP)
+            for position, tensor in enumerate(tensors):
+                exact = not tensor.is_floating_point() and has_statistics(tensor)
+                stats = summarize(tensor.double() if exact else tensor, self.batch, self.small_tensors)
+                stats.dtype = dtype_name(tensor.dtype)
+                md5 = md5_of(tensor) if self.dump == DumpMode.MD5 else ""
+                self.rows.append(OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"in{position}",
+                                       stats, md5))
+                self.samples.append((call.module, call.call_index, f"in{position}", stats.shape,
+                                     sample_fingerprints(tensor)))
+
+    def producers(self, tensors: Sequence[torch.Tensor]) -> str:
+        """The recorded calls of this step that wrote the storage of `tensors` (views included), as "seq,seq"."""
+        writers = self._writers  # (address 0, no storage, is never written: see produced)
+        seqs = [writers[address] for address in map(_storage_address, tensors) if address in writers]
+        if len(seqs) < 2:  # most calls: one producer or none, at the cost of a lookup
+            return str(seqs[0]) if seqs else ""
+        return ",".join(map(str, sorted(set(seqs))))
+
+    def produced(self, call: _Call, outputs: Sequence[torch.Tensor]) -> None:
+        for tensor in outputs:
+            address = _storage_address(tensor)
+            if address:
+                self._writers[address] = call.seq
+
+    def begin_call(self, op: str) -> _Call:
+        module = self.modules.innermost
+        if self.on_collective is not None and op.startswith("c10d."):
+            self.on_collective(self._step, op, module)
+        if self.modules.in_backward():
+            phase = _BACKWARD
+        else:
+            phase = _FORWARD if module else _OTHER
+        return self._call(phase, module, op)
+
+    def _call(self, phase: str, module: str, op: str) -> _Call:
+        counter = (phase, module, op)
+        call_index = self._call_counts.get(counter, 0)
+        self._call_counts[counter] = call_index + 1
+        self._seq += 1
+        save = self.saver is not None and self.saver.wants(phase, module, op)
+        return _Call(self._seq - 1, phase, module, op, call_index, save)
+
+    def record(self, call: _Call, io: str, tensors: Sequence[torch.Tensor]) -> None:
+        if len(self.rows) >= self.MAX_ROWS_PER_STEP:
+            self._stop_recording_this_step()
+            return
+        for position, tensor in enumerate(tensors):
+            row = OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"{io}{position}",
+                        summarize(tensor, self.batch, self.small_tensors), inputs=call.inputs)
+            if self.dump == DumpMode.MD5:
+                row.md5 = md5_of(tensor)
+            if call.save_tensors:
+                relative = f"{TENSORS_DIR}/{step_file(self._step, '')}/{call.seq:06d}-{row.io}.npy"
+                row.tensor_file = self.saver.save(tensor, relative)
+            self.rows.append(row)
+
+    def _stop_recording_this_step(self) -> None:
+        if not self.truncated:
+            self.truncated = True
+            print(f"npu-port: op capture stopped at {self.MAX_ROWS_PER_STEP} records in step {self._step}; the rest of "
+                  "this step is not recorded (work after the last optimizer step, such as a long evaluation, stays "
+                  "in one step)", file=sys.stderr, flush=True)
+
+    def take_step(self, step: int, fetched: Callable[[Handle], list[float]]) -> dict[str, list[Any]]:
+        """The rows of `step` as OP_COLUMNS lists (statistics resolved from `fetched`); starts the next step."""
+        return step_columns(step, self.close_step(step), fetched)
+
+    def close_step(self, step: int) -> list[OpRow]:
+        """The rows of `step`, whose statistics may still be on their way (`step_columns` resolves them once read);
+        starts the next step."""
+        rows = self.rows
+        self.discard_step(step + 1)
+        return rows
+
+    def discard_step(self, next_step: int) -> None:
+        self.small_tensors.discard()
+        self._computed = {}
+        self._writers = {}
+        self.modules.release_leaf_hooks()
+        self.rows = []
+        self.samples = []
+        self.truncated = False
+        self._seq = 0
+        self._call_counts = {}
+        self._step = next_step
+
+
+def sample_columns(samples: list[tuple[str, int, str, str, str]]) -> dict[str, list[Any]]:
+    """A step's sample fingerprints (OpCapture.samples) as SAMPLE_COLUMNS lists."""
+    names = ("module", "call_index", "io", "shape", "fingerprints")
+    return {name: list(column) for name, column in zip(names, zip(*samples))} if samples else {}
+
+
+def step_columns(step: int, rows: list[OpRow], fetched: Callable[[Handle], list[float]]) -> dict[str, list[Any]]:
+    """A step's rows as OP_COLUMNS lists, their statistics resolved from `fetched`."""
+    records = [(*_ROW_FIELDS(row), *_PENDING_FIELDS(row.stats), *row.stats.values(fetched)) for row in rows]
+    names = (*_ROW_COLUMNS, *_PENDING_COLUMNS, *STAT_COLUMNS)
+    return {
+        "step": [step] * len(rows),
+        "key": [op_key(step=step, phase=row.phase, module=row.module, op=row.op, call_index=row.call_index)
+                for row in rows],
+        **{name: list(column) for name, column in zip(names, zip(*records))},
+        **({} if records else {name: [] for name in names}),
+    }

@@ -1,0 +1,93 @@
+"""What a rank of a multi-rank run does in its own process, besides what every run does (verify/capture/bootstrap.py):
+its run directory inside the run's (verify/record/run_folders.py), the record of its process group, and the last
+collective it called, kept where a rank that hangs or is killed still leaves it. Runs only in the child, which imports
+torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from verify.record import run_folders
+from verify.record.schema import LAST_COLLECTIVE, RunManifest
+from verify.record.store import write_manifest
+
+# The process group classes torch's backends run as, by the name a person knows them by.
+_BACKEND_CLASSES = {"ProcessGroupGloo": "gloo", "ProcessGroupNCCL": "nccl", "ProcessGroupHCCL": "hccl",
+                    "ProcessGroupMPI": "mpi", "ProcessGroupUCC": "ucc"}
+
+
+def launched_rank() -> int | None:
+    """This process's rank where torch.distributed.run started it (RANK in its environment), else None."""
+    rank = os.environ.get("RANK", "")
+    return int(rank) if rank.isdigit() else None
+
+
+def open_rank_dir(run_dir: Path, manifest: RunManifest, rank: int, world_size: int) -> tuple[Path, RunManifest]:
+    """This rank's run directory inside the run's, created with its own manifest: the run's configuration, its rank
+    and world size, and its process id (the runner stops a rank's process group by it)."""
+    folder = run_folders.rank_dir(run_dir, rank)
+    folder.mkdir(exist_ok=True)
+    own = replace(manifest, rank=rank, world_size=world_size, extra={**manifest.extra, "pid": os.getpid()})
+    write_manifest(folder, own)
+    return folder, own
+
+
+def _backend_ran(group: Any) -> str:
+    """The backend class that runs the default process group ("gloo" where the emulations stand it in for nccl or
+    hccl), read from the group itself."""
+    names = []
+    for device_type in getattr(group, "_device_types", []):
+        backend = type(group._get_backend(device_type)).__name__
+        names.append(_BACKEND_CLASSES.get(backend, backend))
+    return ",".join(dict.fromkeys(names))
+
+
+@contextlib.contextmanager
+def process_group_recorded(manifest: RunManifest) -> Iterator[None]:
+    """Records the backend the script asks init_process_group for and the one that ran it (manifest.process_group),
+    and the rank and world size of a process the script started itself."""
+    original = dist.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        asked = kwargs.get("backend", args[0] if args else None)
+        manifest.process_group = {"backend": str(asked or dist.get_backend()),
+                                  "runs_as": _backend_ran(dist.group.WORLD)}
+        manifest.rank, manifest.world_size = dist.get_rank(), dist.get_world_size()
+
+    dist.init_process_group = init_process_group
+    try:
+        yield
+    finally:
+        dist.init_process_group = original
+
+
+class LastCollective:
+    """The last collective (c10d op) this rank called: its step, name and how many it had called, rewritten in place in
+    LAST_COLLECTIVE with one write of a fixed size (a few microseconds; the OS keeps it when the process is killed).
+    A rank that waits forever in a collective the others never called is told apart by it after a timeout."""
+
+    SIZE = 512
+
+    def __init__(self, run_dir: Path) -> None:
+        self._path = Path(run_dir) / LAST_COLLECTIVE
+        self._fd: int | None = None  # opened at the first collective: a run without any has no such file
+        self.count = 0
+
+    def called(self, step: int, op: str, module: str) -> None:
+        if self._fd is None:
+            self._fd = os.open(self._path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        self.count += 1
+        record = json.dumps({"step": step, "op": op, "module": module, "count": self.count}).encode()
+        os.pwrite(self._fd, record[: self.SIZE].ljust(self.SIZE), 0)

@@ -1,0 +1,453 @@
+"""Counting a run's steps and recording what each did, in verify's child process: losses, hyperparameters, gradient
+statistics, op records and inference outputs, written to the run directory step by step.
+
+Steps. A step ends when the *lead* optimizer (the first one ever to call step()) finishes step(). With several
+optimizers (a GAN) the others' steps fall into whichever step they run in, identically on both sides of a
+comparison. A step that a GradScaler skips (inf/NaN gradients: optimizer.step() is never called) still counts, or
+the run would never end; it is listed in manifest.skipped_steps. Without an optimizer, a step runs from one forward
+of the first outermost module to the next (or to the script's end): inference when no backward() was ever called,
+else training that updates the parameters by hand (pytorch/examples word_language_model's `p.data.add_`). After
+the requested steps `StopRun` (a BaseException, so the script's `except Exception` cannot swallow it) unwinds the
+script.
+
+Loss: the tensor backward() is called on, unscaled when GradScaler.scale() produced it; one losses.csv row per
+backward() (micro-steps of gradient accumulation). Hyperparameters of every optimizer and per-parameter gradient
+statistics are taken just before each optimizer step. Nothing is recorded in forked children (DataLoader workers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils._pytree import tree_flatten
+
+from verify.capture.ops import sample_columns, step_columns, tensors_in
+from verify.capture.module_scopes import unwrapped
+from verify.capture.tensor_stats import Handle, has_readable_data, host_array, summarize
+from verify.record.schema import GRADS_DIR, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR, STAT_COLUMNS, LossScalerPlan, RunManifest, Status, step_file
+from verify.capture.loss_scaler_twin import LossScalerTwin, script_scaler
+from verify.record.store import RunWriter, write_manifest
+
+
+OUTPUT_ARRAY_CAP_BYTES = 4 << 20  # inference outputs are saved for top-k agreement; logits of a batch fit easily
+
+
+class StopRun(BaseException):
+    """Ends the script from inside a hook. A BaseException: `except Exception` in user code must not swallow it."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _json_value(value: Any) -> Any:
+    """Hyperparameters as JSON: numbers, strings, lists; tensors (a tensor lr) as numbers; anything else as text."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, (tuple, list)):
+        return [_json_value(item) for item in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _same_gradient(key: int, grad: torch.Tensor, version: int, parameters: list[Any]) -> bool:
+    """Whether the parameter `key` still holds `grad`, unchanged since `version` (backward added nothing to it)."""
+    parameter = next(p for p in parameters if id(p) == key)
+    return parameter.grad is grad and grad._version == version
+
+
+class StepRecorder:
+    """Counts steps and records losses, hyperparameters, gradient statistics, op records and inference outputs."""
+
+    def __init__(self, manifest: RunManifest, run_dir: Path, writer: RunWriter, capture, batch) -> None:
+        self.manifest = manifest
+        self.run_dir = run_dir
+        self.writer = writer
+        self.capture = capture  # OpCapture, or None with --dump off
+        self.batch = batch
+        self.enabled = True
+        self.steps_done = 0
+        self.training = False
+        self.optimizers_created = 0
+        self.model_forwards = 0  # forwards of an outermost module: what a run without a step did run
+        self._optimizer_index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._optimizer_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._roots: list[weakref.ref] = []
+        self._root_depth = 0
+        self._step_open = False  # without an optimizer: a step began with a forward and ends at the next one
+        self._in_backward = False
+        self._last_scaled: tuple[Any, Any, float] | None = None  # (scaled loss, loss, scale) from GradScaler.scale
+        plan = manifest.loss_scaler_plan  # a reference following the port's GradScaler
+        self.twin = LossScalerTwin(LossScalerPlan.from_record(plan), bool(manifest.autocast)) if plan else None
+        self._carried_grads: Handle | None = None  # whether this step's first backward() found earlier gradients
+        self._step_started = time.perf_counter()
+        self._losses: list[tuple[int, Any, float | None, float]] = []
+        self._hparams: list[tuple[int, Any, str, Any, int]] = []
+        self._grads: list[tuple[str, Any]] = []
+        self._stepping: list[tuple[str, Any]] = []  # (name, parameter) of the optimizer whose step() is running
+        self._withheld: list[tuple[Any, Any]] = []  # (parameter, gradient) kept from a step the twin skips
+        self._unscaled_by_port: set[int] = set()  # ids of parameters whose gradients an optimizer step has seen
+        self._outputs: list[tuple[str, Any, str]] = []
+        self._unwritten: tuple | None = None  # an ended step whose statistics were still on their way
+
+    # -- installation -------------------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        register_optimizer_step_pre_hook(self._before_optimizer_step)
+        register_optimizer_step_post_hook(self._after_optimizer_step)
+        register_module_forward_pre_hook(self._before_forward)
+        register_module_forward_hook(self._after_forward, always_call=True)
+        os.register_at_fork(after_in_child=self._disable)
+        self._wrap(torch.Tensor, "backward", self._backward)
+        self._wrap(torch.autograd, "backward", self._backward)
+        self._wrap(torch.amp.GradScaler, "scale", self._scale)
+        self._wrap(torch.amp.GradScaler, "step", self._scaler_step)
+        self._wrap(torch.amp.GradScaler, "unscale_", self._scaler_bookkeeping)
+        self._wrap(torch.amp.GradScaler, "update", self._scaler_bookkeeping)
+        self._wrap(torch.optim.Optimizer, "__init__", self._optimizer_init)
+
+    @staticmethod
+    def _wrap(owner: Any, name: str, replacement: Callable[..., Any]) -> None:
+        """owner.name = a function calling replacement(original, *args); as a plain function it binds as a method."""
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return replacement(original, *args, **kwargs)
+
+        setattr(owner, name, wrapper)
+
+    def _disable(self) -> None:
+        self.enabled = False
+        if self.capture is not None:
+            self.capture.recording = False
+
+    @contextlib.contextmanager
+    def _own_work(self) -> Iterator[None]:
+        """The recorder's tensor work: not recorded as ops, no autograd graph."""
+        with torch.no_grad(), (self.capture.paused() if self.capture else contextlib.nullcontext()):
+            yield
+
+    # -- hooks ----------------------------------------------------------------------------------------------------
+
+    def _optimizer_init(self, original, optimizer, *args, **kwargs) -> None:
+        self.optimizers_created += 1
+        original(optimizer, *args, **kwargs)
+
+    def _backward(self, original, tensors, *args, **kwargs):
+        if self._in_backward or not self.enabled:  # Tensor.backward calls torch.autograd.backward
+            return original(tensors, *args, **kwargs)
+        self.training = True
+        self.manifest.inference = False
+        with self._own_work():
+            if not self._losses:
+                self._check_gradients_reset()
+            self._record_loss(tensors)
+        self._in_backward = True
+        try:
+            if self._imposes_loss_scale(tensors, args, kwargs):
+                return self._scaled_backward(original, tensors, *args, **kwargs)
+            return original(tensors, *args, **kwargs)
+        finally:
+            self._in_backward = False
+
+    def _imposes_loss_scale(self, tensors, args, kwargs) -> bool:
+        """The twin scales a loss the script does not scale itself (a scalar, no gradient given)."""
+        scaled_by_script = self._last_scaled is not None and tensors is self._last_scaled[0]
+        return (self.twin is not None and self.twin.scaling and isinstance(tensors, torch.Tensor)
+                and tensors.numel() == 1 and not scaled_by_script and not args and kwargs.get("gradient") is None)
+
+    def _root_parameters(self) -> list[Any]:
+        return list({id(p): p for ref in self._roots if ref() is not None for p in ref().parameters()}.values())
+
+    def _scaled_backward(self, original, loss, *args, **kwargs):
+        """Backward of loss * the twin's scale, then the gradients unscaled (LossScalerTwin). Gradients held from
+        earlier micro-steps are scaled first, so that backward accumulates into scaled gradients as under the port's
+        GradScaler (the same in-place adds); the scales are powers of two, so nothing is rounded by it. Gradients an
+        optimizer step has seen since their last backward stay as they are: the port's GradScaler unscaled them in
+        place at that step, skipped or not, and its next backward adds scaled gradients to them."""
+        scale = self.twin.scale_at(self.steps_done, len(self._losses) - 1)  # this backward's loss is recorded
+        parameters = [parameter for parameter in self._root_parameters() if parameter.grad is not None]
+        with self._own_work():
+            seen = {id(p): (p.grad, p.grad._version) for p in parameters if id(p) in self._unscaled_by_port}
+            held = [p.grad for p in parameters if id(p) not in seen]
+            if held:
+                torch._foreach_mul_(held, scale)
+        with self._paused_capture():  # as a GradScaler's scale() is
+            scaled = loss * scale
+        result = original(scaled, *args, **kwargs)
+        with self._own_work():
+            untouched = {key for key, (grad, version) in seen.items() if _same_gradient(key, grad, version, parameters)}
+            self._unscaled_by_port = untouched  # a gradient backward wrote is scaled again, in the port as here
+            self.twin.unscale_([p.grad for p in self._root_parameters()
+                                if p.grad is not None and id(p) not in untouched])
+        return result
+
+    def _check_gradients_reset(self) -> None:
+        """At a step's first backward(), gradients left from an earlier step mean nothing reset them in between (read
+        when the step ends, with the step's other statistics: no sync here)."""
+        gradients = [p.grad for p in self._root_parameters() if p.grad is not None]
+        if gradients:
+            norms = torch._foreach_norm(gradients)
+            device = norms[0].device
+            self._carried_grads = self.batch.add(torch.stack([norm.float().to(device) for norm in norms]).sum())
+
+    def _record_loss(self, tensors) -> None:
+        scaling = self.twin is not None and self.twin.scaling
+        scale = self.twin.scale_at(self.steps_done, len(self._losses)) if scaling else None
+        losses = tensors_in(tensors)
+        if self._last_scaled is not None and losses and losses[0] is self._last_scaled[0]:
+            _, unscaled, scale = self._last_scaled
+            losses = [unscaled]
+        value = torch.stack([loss.detach().float().mean() for loss in losses]).sum()
+        wall_ms = (time.perf_counter() - self._step_started) * 1e3
+        self._losses.append((len(self._losses), self.batch.add(value), scale, wall_ms))
+
+    def _paused_capture(self):
+        return self.capture.paused() if self.capture else contextlib.nullcontext()
+
+    def _scaler_bookkeeping(self, original, scaler, *args, **kwargs):
+        """A GradScaler's own arithmetic (unscaling, inf checks, scale updates) is not the model's: unrecorded, or a
+        port that gained a GradScaler would show ops that its reference cannot have."""
+        with self._paused_capture():
+            return original(scaler, *args, **kwargs)
+
+    def _scale(self, original, scaler, outputs):
+        with self._paused_capture():
+            scaled = original(scaler, outputs)
+        # A disabled GradScaler (GradScaler(enabled=False), as bf16 scripts make one) scales nothing: no scale to
+        # record (its get_scale() says 1.0, which would read as a collapsed scale).
+        if self.enabled and hasattr(outputs, "detach") and scaler.is_enabled():
+            self._last_scaled = (scaled, outputs, scaler.get_scale())
+            self.manifest.loss_scaler = self.manifest.loss_scaler or script_scaler(scaler)
+        return scaled
+
+    def _scaler_step(self, original, scaler, optimizer, *args, **kwargs):
+        steps_before = self._optimizer_steps.get(optimizer, 0)
+        result = original(scaler, optimizer, *args, **kwargs)
+        if self.enabled and self._optimizer_steps.get(optimizer, 0) == steps_before:  # skipped: inf/NaN gradients
+            index = self._optimizer_index.setdefault(optimizer, len(self._optimizer_index))
+            self.manifest.loss_scaler.setdefault("skipped_updates", []).append([self.steps_done, index])
+            if self.steps_done not in self.manifest.skipped_steps:
+                self.manifest.skipped_steps.append(self.steps_done)
+            self._before_optimizer_step(optimizer, (), {})
+            self._after_optimizer_step(optimizer, (), {})
+        return result
+
+    def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if not self.enabled:
+            return
+        self.training = True
+        self._optimizer_steps[optimizer] = self._optimizer_steps.get(optimizer, 0) + 1
+        index = self._optimizer_index.setdefault(optimizer, len(self._optimizer_index))
+        self._stepping = self._named_parameters(optimizer)
+        with self._own_work():
+            self._record_hparams(optimizer, index)
+            self._record_grads()
+            if self.twin is not None and self.twin.skips(self.steps_done, index, self._stepping_gradients()):
+                self._skip_update()
+            if self.twin is not None and self.twin.scaling:
+                self._unscaled_by_port |= {id(parameter) for _, parameter in self._stepping}
+        if self.capture is not None:
+            self.capture.optimizer_step_begins()
+
+    def _stepping_gradients(self) -> list[torch.Tensor]:
+        return [parameter.grad for _, parameter in self._stepping if parameter.grad is not None]
+
+    def _skip_update(self) -> None:
+        """The twin skips this step's update, as the port's GradScaler did: without gradients, optimizer.step() leaves
+        the parameters and their state as they are. The gradients come back after it, as a skipping GradScaler leaves
+        them (a GAN's next backward through this model adds to them)."""
+        self._withheld = [(parameter, parameter.grad) for _, parameter in self._stepping if parameter.grad is not None]
+        for parameter, _ in self._withheld:
+            parameter.grad = None
+        if self.steps_done not in self.manifest.skipped_steps:
+            self.manifest.skipped_steps.append(self.steps_done)
+
+    def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if not self.enabled:
+            return
+        for parameter, gradient in self._withheld:
+            parameter.grad = gradient
+        self._withheld = []
+        if self.capture is not None:
+            self.capture.optimizer_step_ends(self._stepping)
+        if self._optimizer_index.get(optimizer) == 0:
+            self._end_step()
+
+    def _before_forward(self, module, args) -> None:
+        if self._root_depth == 0 and self.enabled:
+            if not any(ref() is module for ref in self._roots):
+                self._roots.append(weakref.ref(module))
+            if self._step_open and self._roots[0]() is module:
+                self.end_open_step()
+            if self.capture is not None:
+                self.capture.record_inputs(module, args)
+        self._root_depth += 1
+
+    def _after_forward(self, module, args, output) -> None:
+        self._root_depth -= 1
+        if self._root_depth == 0 and self.enabled:
+            self.model_forwards += 1
+            if self.capture is not None:
+                self.capture.note_outputs(output)
+        if self._root_depth or not self.enabled or self.optimizers_created:
+            return
+        if not self.training:
+            self.manifest.inference = True  # until a backward() says otherwise
+            with self._own_work():
+                self._record_outputs(output)
+        self._step_open = True
+
+    def end_open_step(self) -> None:
+        """Ends the step that a forward began without an optimizer (at the next forward, or when the script ends)."""
+        if self._step_open:
+            self._step_open = False
+            self._end_step()
+
+    # -- records --------------------------------------------------------------------------------------------------
+
+    def _record_hparams(self, optimizer, index: int) -> None:
+        step = self.steps_done
+        self._hparams.append((step, "", "optimizer", type(optimizer).__name__, index))
+        for group_index, group in enumerate(optimizer.param_groups):
+            for name, value in group.items():
+                if name != "params":
+                    self._hparams.append((step, group_index, name, _json_value(value), index))
+
+    def _parameter_names(self) -> dict[int, str]:
+        names: dict[int, str] = {}
+        for ref in self._roots:
+            root = ref()
+            if root is None:
+                continue
+            for name, parameter in unwrapped(root).named_parameters():  # "conv1.weight", wrapped or not
+                if id(parameter) not in names:  # two models with the same layout: the later one gets its class name
+                    names[id(parameter)] = name if name not in names.values() else f"{type(root).__name__}.{name}"
+        return names
+
+    def _named_parameters(self, optimizer) -> list[tuple[str, Any]]:
+        """The optimizer's parameters with their names in the model (group<i>.<j> for one outside every model)."""
+        names = self._parameter_names()
+        return [
+            (names.get(id(parameter), f"group{group_index}.{position}"), parameter)
+            for group_index, group in enumerate(optimizer.param_groups)
+            for position, parameter in enumerate(group["params"])
+        ]
+
+    def _record_grads(self) -> None:
+        for name, parameter in self._stepping:
+            if parameter.grad is not None:
+                self._grads.append((name, summarize(parameter.grad, self.batch)))
+
+    def _record_outputs(self, output) -> None:
+        tensors = [leaf for leaf in tree_flatten(output)[0] if isinstance(leaf, torch.Tensor)]
+        for position, tensor in enumerate(tensors):
+            name = f"out{position}"
+            saved = ""
+            if has_readable_data(tensor) and tensor.numel() * tensor.element_size() <= OUTPUT_ARRAY_CAP_BYTES:
+                relative = f"{OUTPUTS_DIR}/{step_file(self.steps_done, f'-{name}.npy')}"
+                saved = self.writer.save_array(relative, host_array(tensor))
+            self._outputs.append((name, summarize(tensor, self.batch), saved))
+
+    def _end_step(self) -> None:
+        """Ends the step and writes it once its statistics are on the host. They are shipped (one copy per device,
+        off the compute stream); where the copy is not done yet (a GPU still running the step), the step is written
+        at the end of the next one, by when it is, so the device never waits for the host. The last step asked for
+        is written at once; one a run ends after, by discard_partial_step (a run killed loses it)."""
+        step = self.steps_done
+        with self._own_work():
+            shipment = self.batch.ship()
+            samples = self.capture.samples if self.capture is not None else []
+            ops = self.capture.close_step(step) if self.capture is not None else None
+        outputs = self._outputs if self.manifest.inference else None
+        ended = (step, shipment, ops, samples, self._losses, self._hparams, self._grads, outputs,
+                 self._carried_grads)
+        self._carried_grads = None
+        if self.twin is not None:
+            self.manifest.loss_scaler = self.twin.record()
+        self._losses, self._hparams, self._grads, self._outputs = [], [], [], []
+        self.steps_done += 1
+        self.manifest.steps_completed = self.steps_done
+        self.manifest.step_wall_s.append(round(time.perf_counter() - self._step_started, 6))
+        previous, self._unwritten = self._unwritten, ended
+        if previous is not None:
+            self._write_step(*previous)
+        last = self.steps_done >= self.manifest.steps_requested
+        if last or shipment.arrived():
+            self._write_unwritten()
+        write_manifest(self.run_dir, self.manifest)
+        self._step_started = time.perf_counter()
+        if last:
+            raise StopRun(Status.OK, f"ran the {self.steps_done} requested steps")
+
+    def _write_unwritten(self) -> None:
+        unwritten, self._unwritten = self._unwritten, None
+        if unwritten is not None:
+            self._write_step(*unwritten)
+
+    def _write_step(self, step: int, shipment, ops, samples, losses, hparams, grads, outputs, carried_grads) -> None:
+        """Writes an ended step's records; a NaN or inf loss stops the run there (a step ended after it is not kept)."""
+        with self._own_work():
+            fetched = shipment.read()
+        if carried_grads is not None and fetched(carried_grads)[0] > 0:
+            self.manifest.grads_carried_steps.append(step)
+        losses = [
+            (step, micro, fetched(handle)[0], scale, round(wall_ms, 3)) for micro, handle, scale, wall_ms in losses
+        ]
+        self.writer.append_losses(losses)
+        self.writer.append_hparams(hparams)
+        self._write_stats(GRADS_DIR, step, "param", grads, fetched)
+        if outputs is not None:
+            named = [(name, stats) for name, stats, _ in outputs]
+            saved = [saved for _, _, saved in outputs]
+            self._write_stats(OUTPUTS_DIR, step, "output", named, fetched, tensor_file=saved)
+        if ops is not None:
+            self.writer.write_step_table(OPS_DIR, step, step_columns(step, ops, fetched))
+        if samples:
+            self.writer.write_step_table(SAMPLES_DIR, step, sample_columns(samples))
+        bad = [loss for _, _, loss, _, _ in losses if not math.isfinite(loss)]
+        if bad:
+            self._unwritten = None
+            self.steps_done = self.manifest.steps_completed = step + 1
+            del self.manifest.step_wall_s[step + 1 :]
+            write_manifest(self.run_dir, self.manifest)
+            raise StopRun(Status.NAN, f"loss is {bad[0]} at step {step}")
+
+    def _write_stats(self, folder: str, step: int, label: str, named, fetched, **extra: list[Any]) -> None:
+        """One row per (name, PendingStats) of `named`, the name in column `label` (grads: "param", outputs:
+        "output"). Grads call the L2 norm `norm`; the writer keeps the columns its table has."""
+        resolved = [stats.resolve(fetched) for _, stats in named]
+        columns = {
+            "step": [step] * len(named),
+            label: [name for name, _ in named],
+            **{field: [getattr(stats, field) for _, stats in named] for field in ("dtype", "shape", "numel")},
+            **{column: [values[column] for values in resolved] for column in STAT_COLUMNS},
+            "norm": [values["l2_norm"] for values in resolved],
+            **extra,
+        }
+        self.writer.write_step_table(folder, step, columns)
+
+    def discard_partial_step(self) -> None:
+        """Writes the last completed step, where the run ended without writing it, and drops the work after it (a
+        validation loop, say), which belongs to no step."""
+        try:
+            self._write_unwritten()
+        except StopRun as stop:  # that step's loss is NaN: the run stopped there, whatever came after
+            self.manifest.status, self.manifest.message, self.manifest.exit_code = stop.status.value, stop.message, 1
+        self.batch.fetch()
+        if self.capture is not None:
+            self.capture.discard_step(self.steps_done)

@@ -1,0 +1,454 @@
+"""A tensor's statistics as verify's capture takes them (min, max, mean, L2 norm, NaN and inf counts), cheaply: one pass
+by the optional C extension verify.capture._stats on the CPU, torch's reductions otherwise; small CPU tensors reduced
+many at a time; on an accelerator, kept on the device until the step ends and shipped to the host in one copy per step
+(StatBatch). Handles and PendingStats stand for numbers still on their way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from verify.record.schema import STAT_COLUMNS
+
+
+try:  # built by `pip install` where a C compiler is found (verify/capture/_stats.c)
+    from verify.capture import _stats as native_stats
+except ImportError:
+    native_stats = None
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+_SHAPE_NAMES: dict[tuple[int, ...], str] = {}  # a training step makes the same few shapes over and over
+
+Handle = tuple[Any, int, int]
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+class StatBatch:
+    """Statistics left on their devices until the step ends, then shipped to the host with one copy per device
+    (`ship`), read later (`Shipment.read`): no host sync per op, nor per (device, dtype).
+
+    On an accelerator the copy runs on a side stream into pinned memory, so a caller that reads a step's numbers
+    only once the next step is queued (the bootstrap writes step N's records at the end of step N+1) never makes the
+    device wait for the host. Tensors on an accelerator are reduced there (`DeviceStats`); CPU tensors on the host
+    (the C extension, `SmallTensorStats`), unless `device_path_on_cpu`, which sends them through the accelerator's
+    code (tests drive it on CPU tensors). Numbers already on the host (`add_numbers`) come back through the same
+    handles."""
+
+    _NUMBERS = "numbers"  # the group of host numbers
+    _ROWS = "rows"  # keys (device, dtype, _ROWS): groups of 1-d tensors (DeviceStats' per-tensor rows)
+
+    def __init__(self, device_path_on_cpu: bool = False) -> None:
+        self.device_path_on_cpu = device_path_on_cpu
+        self._groups: dict[Any, list[Any]] = {}
+        self._sizes: dict[Any, int] = {}
+        self._producers: list[Callable[[], None]] = []
+        self._side_copies: dict[torch.device, _SideCopy] = {}
+        self.device_stats = DeviceStats(self)
+
+    def keeps_on_device(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor`'s statistics are reduced by torch on its device and read only after the step's copy."""
+        return not tensor.is_cpu or self.device_path_on_cpu
+
+    def add(self, *scalars: torch.Tensor) -> Handle:
+        """0-d tensors of one device and dtype."""
+        return self._extend((scalars[0].device, scalars[0].dtype), scalars, len(scalars))
+
+    def add_rows(self, rows: torch.Tensor) -> tuple[Any, int]:
+        """A 2-d tensor of statistics, one row per tensor; returns (key, offset of its first element): the handle of
+        row i is (key, offset + i * width, width)."""
+        key = (rows.device, rows.dtype, self._ROWS)
+        return key, self._extend(key, [rows.reshape(-1)], rows.numel())[1]
+
+    def add_numbers(self, *numbers: float) -> Handle:
+        return self._extend(self._NUMBERS, numbers, len(numbers))
+
+    def _extend(self, key: Any, values: Sequence[Any], size: int) -> Handle:
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = []
+            self._sizes[key] = 0
+        group.extend(values)
+        start = self._sizes[key]
+        self._sizes[key] = start + size
+        return key, start, size
+
+    def before_fetch(self, producer: Callable[[], None]) -> None:
+        """`producer` runs at the start of every ship, to add what its owner computes in batches."""
+        self._producers.append(producer)
+
+    def ship(self) -> Shipment:
+        """Starts the copy of everything added so far (one per device, the groups' bytes end to end) and starts
+        the next batch. Queued on the device's current stream: call it where the step's work is queued."""
+        for producer in self._producers:
+            producer()
+        groups, self._groups, self._sizes = self._groups, {}, {}
+        numbers = groups.pop(self._NUMBERS, [])
+        on_devices: dict[torch.device, list[tuple[Any, torch.Tensor]]] = {}
+        for key, group in groups.items():
+            flat = torch.cat(group) if key[2:] == (self._ROWS,) else torch.stack(group)
+            on_devices.setdefault(key[0], []).append((key, flat))
+        places: dict[Any, tuple[torch.device, int, int]] = {}  # key: (device, first byte, bytes)
+        copies: dict[torch.device, tuple[torch.Tensor, Any]] = {}
+        for device, flats in on_devices.items():
+            start = 0
+            for key, flat in flats:
+                places[key] = (device, start, flat.numel() * flat.element_size())
+                start += places[key][2]
+            as_bytes = torch.cat([flat.view(torch.uint8) for _, flat in flats])
+            side = self._side_copies.get(device) or self._side_copies.setdefault(device, _SideCopy(device))
+            copies[device] = side.start(as_bytes)
+        return Shipment(numbers, places, copies)
+
+    def fetch(self) -> Callable[[Handle], list[float]]:
+        """ship() and read at once (a sync: for callers that need the numbers now)."""
+        return self.ship().read()
+
+
+class _SideCopy:
+    """The per-step copy of one device's statistics to the host, on a side stream into pinned memory, so that the
+    device's compute stream goes on at once. Written once for every accelerator through torch.get_device_module:
+    CUDA, and the NPU, whose torch.npu streams and events mirror torch.cuda's. On the CPU (the device path forced
+    in tests) torch.cpu's stand-ins, where the copy is done when it returns."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._module = torch.get_device_module(device.type)
+        self._accelerator = device.type != "cpu"
+        self._stream = self._module.Stream(device=device) if self._accelerator else self._module.Stream()
+
+    def start(self, values: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Queues the copy of `values` after the work queued so far; returns (host tensor, event of its end)."""
+        self._stream.wait_stream(self._module.current_stream(self._device))
+        with self._module.stream(self._stream):
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=self._accelerator)
+            host.copy_(values, non_blocking=self._accelerator)
+            done = self._module.Event()
+            done.record(self._stream)
+        if self._accelerator:  # made on the compute stream, read on the side one: not to be reused before
+            values.record_stream(self._stream)
+        return host, done
+
+
+class Shipment:
+    """One step's statistics on their way to the host; `read` waits for the copies (long done, where it is called
+    a step later) and hands back the numbers by handle."""
+
+    def __init__(self, numbers: list[float], places: dict[Any, tuple[torch.device, int, int]],
+                 copies: dict[torch.device, tuple[torch.Tensor, Any]]) -> None:
+        self._numbers = numbers
+        self._places = places
+        self._copies = copies
+
+    def arrived(self) -> bool:
+        """Whether every copy is done (on the CPU at once), so that `read` would not wait."""
+        return all(done.query() for _, done in self._copies.values())
+
+    def read(self) -> Callable[[Handle], list[float]]:
+        for _, done in self._copies.values():
+            done.synchronize()
+        values: dict[Any, list[float]] = {StatBatch._NUMBERS: self._numbers}
+        for key, (device, start, size) in self._places.items():
+            host = self._copies[device][0]
+            values[key] = host[start : start + size].clone().view(key[1]).tolist()  # clone: aligned for the view
+        return lambda handle: values[handle[0]][handle[1] : handle[1] + handle[2]]
+
+
+@dataclass(slots=True)
+class PendingStats:
+    """A tensor's summary whose numbers still sit on the device (handles into a StatBatch), or are already known."""
+
+    dtype: str
+    shape: str
+    numel: int
+    extremes_and_sums: Handle | None = None  # float: (min, max, sum, l2 norm); integer/bool: (min, max)
+    nonfinite_counts: Handle | None = None  # (nan, inf); None: known to be 0, or not applicable
+    known: tuple[Any, ...] | None = None  # the numbers of `values`, where they were taken on the host at once
+
+    def resolve(self, fetched: Callable[[Handle], list[float]]) -> dict[str, Any]:
+        """The schema's statistic columns (STAT_COLUMNS: min, max, mean, l2_norm, nan_count, inf_count)."""
+        return dict(zip(STAT_COLUMNS, self.values(fetched)))
+
+    def values(self, fetched: Callable[[Handle], list[float]]) -> tuple[Any, ...]:
+        """The statistics as plain numbers, in STAT_COLUMNS order (None where they do not apply)."""
+        if self.known is not None:
+            return self.known
+        low = high = mean = norm = None
+        if self.extremes_and_sums is not None:
+            values = fetched(self.extremes_and_sums)
+            low, high = float(values[0]), float(values[1])
+            if len(values) == 4:
+                mean, norm = values[2] / self.numel, values[3]
+        nan, inf = (int(count) for count in fetched(self.nonfinite_counts)) if self.nonfinite_counts else (0, 0)
+        return low, high, mean, norm, nan, inf
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def has_readable_data(tensor: torch.Tensor) -> bool:
+    return tensor.layout == torch.strided and not tensor.is_meta and tensor.numel() > 0
+
+
+def shape_name(shape: tuple[int, ...]) -> str:
+    name = _SHAPE_NAMES.get(shape)
+    if name is None:
+        if len(_SHAPE_NAMES) > 100_000:  # shapes that never repeat (a growing sequence, say) must not fill memory
+            _SHAPE_NAMES.clear()
+        name = _SHAPE_NAMES[shape] = "x".join(map(str, shape))
+    return name
+
+
+def describe(tensor: torch.Tensor) -> PendingStats:
+    """A tensor's dtype, shape and numel; its statistics are still to be queued."""
+    return PendingStats(dtype_name(tensor.dtype), shape_name(tensor.shape), tensor.numel())
+
+
+def has_statistics(tensor: torch.Tensor) -> bool:
+    """Sparse, meta, empty and complex tensors get dtype, shape and numel only."""
+    return has_readable_data(tensor) and not tensor.dtype.is_complex
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What floating statistics are computed and kept in: float64 for float64, float32 for every other dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def reductions(values: torch.Tensor, dim: int | None) -> list[torch.Tensor]:
+    """min, max, sum and L2 norm over `dim` (None: the whole tensor), all in the accumulation dtype (float32, float64
+    for float64 and for integers), so that they stack together. Integers (indices, token ids, labels) get their sum
+    and norm too, exact in float64: two index tensors with the same extremes are still told apart."""
+    low, high = torch.aminmax(values, dim=dim)
+    if not values.is_floating_point():
+        values = values.to(torch.float64)
+    accumulate = accumulation_dtype(values.dtype)
+    if low.dtype != accumulate:
+        low, high = low.to(accumulate), high.to(accumulate)
+    total = values.sum(dim, dtype=accumulate)
+    return [low, high, total, torch.linalg.vector_norm(values, dim=dim, dtype=accumulate)]
+
+
+def summarize(tensor: torch.Tensor, batch: StatBatch, small: SmallTensorStats | None = None) -> PendingStats:
+    """A tensor's dtype, shape and numel, with its statistics queued: on an accelerator (or where the batch sends CPU
+    tensors the same way) by `batch.device_stats`, on the CPU by verify.capture._stats, else by torch's reductions
+    (small CPU tensors by `small` when given). Callers outside the dispatch mode hold torch.no_grad()."""
+    stats = describe(tensor)
+    if not has_statistics(tensor):
+        return stats
+    if batch.keeps_on_device(tensor):
+        batch.device_stats.add(tensor, stats)
+        return stats
+    kind = native_kind(tensor)
+    if kind is not None:
+        summarize_natively(tensor, kind, stats)
+    elif small is not None and small.takes(tensor, stats.numel):
+        small.add(tensor, stats)
+    else:
+        queue_reductions(tensor, stats, batch)
+    return stats
+
+
+def queue_reductions(tensor: torch.Tensor, stats: PendingStats, batch: StatBatch) -> None:
+    """The reductions of one tensor, left where they are computed. On the host path, a large tensor's NaN and inf
+    counts are taken only where its sum is not finite (any NaN or inf makes it so; reading it there is no sync);
+    on the device path they are always queued, as reading the sum would wait for the device."""
+    values = reductions(tensor, None)
+    stats.extremes_and_sums = batch.add(*values)
+    if tensor.is_floating_point() and (batch.keeps_on_device(tensor) or not math.isfinite(values[2].item())):
+        stats.nonfinite_counts = batch.add(tensor.isnan().sum(), tensor.isinf().sum())
+
+
+class _PendingCopies:
+    """Copies of small tensors waiting to be reduced together, grouped by a key (dtype, or device and dtype): a copy
+    because an in-place op may overwrite the tensor later in the step. The copies are reduced (`reduce`, by each
+    subclass) at the batch's next fetch or ship, or once they hold MAX_ELEMENTS."""
+
+    MAX_ELEMENTS = 1 << 20
+
+    def __init__(self, batch: StatBatch) -> None:
+        self._batch = batch
+        self._copies: dict[Any, tuple[list[torch.Tensor], list[PendingStats]]] = {}
+        self._elements = 0
+        batch.before_fetch(self.reduce)
+
+    def _keep(self, key: Any, copy: torch.Tensor, stats: PendingStats) -> None:
+        copies, owners = self._copies.setdefault(key, ([], []))
+        copies.append(copy)
+        owners.append(stats)
+        self._elements += stats.numel
+        if self._elements >= self.MAX_ELEMENTS:
+            self.reduce()
+
+    def _take(self) -> dict[Any, tuple[list[torch.Tensor], list[PendingStats]]]:
+        """The copies waiting, which are the caller's to reduce from now on."""
+        waiting, self._copies, self._elements = self._copies, {}, 0
+        return waiting
+
+    def discard(self) -> None:
+        self._copies, self._elements = {}, 0
+
+    def reduce(self) -> None:
+        raise NotImplementedError
+
+
+class DeviceStats(_PendingCopies):
+    """Statistics of tensors that stay on their device until the step is shipped (`StatBatch.keeps_on_device`), with
+    no host sync. A large floating tensor is reduced at once, while the op that wrote it may have left it in cache
+    (`queue_reductions`, a handful of kernels); integer and bool ones too (their extremes, sum and norm in float64). A
+    small floating tensor, whose reductions would cost mostly their launches, costs one: a copy in its accumulation
+    dtype. At ship time, or once the copies hold MAX_ELEMENTS, the copies of one (device,
+    dtype) are laid end to end and torch.segment_reduce reduces all of them at once, a few kernels for the lot."""
+
+    LARGEST = 1 << 16  # elements
+    MAX_ELEMENTS = 1 << 22
+    _WIDTH = 6  # a row: min, max, sum, L2 norm, NaN count, inf count
+
+    def add(self, tensor: torch.Tensor, stats: PendingStats) -> None:
+        if stats.numel > self.LARGEST or not tensor.is_floating_point():
+            queue_reductions(tensor, stats, self._batch)
+            return
+        accumulate = accumulation_dtype(tensor.dtype)
+        copy = tensor.to(accumulate, memory_format=torch.contiguous_format, copy=True).view(-1)
+        self._keep((tensor.device, accumulate), copy, stats)
+
+    def reduce(self) -> None:
+        """Adds one row of statistics per copy to the batch, still on the device, and drops the copies."""
+        for (device, _), (copies, owners) in self._take().items():
+            lengths = _on_device([stats.numel for stats in owners], device)
+            key, offset = self._batch.add_rows(self._rows(torch.cat(copies), lengths))
+            for position, stats in enumerate(owners):
+                first = offset + position * self._WIDTH
+                stats.extremes_and_sums = (key, first, 4)
+                stats.nonfinite_counts = (key, first + 4, 2)
+
+    @staticmethod
+    def _rows(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        def per_tensor(data: torch.Tensor, reduction: str) -> torch.Tensor:
+            # unsafe: no check of the lengths, which would read them back to the host (a sync)
+            return torch.segment_reduce(data, reduction, lengths=lengths, unsafe=True)
+
+        columns = [
+            per_tensor(values, "min"),
+            per_tensor(values, "max"),
+            per_tensor(values, "sum"),
+            per_tensor(values * values, "sum").sqrt(),
+            per_tensor(values.isnan().to(values.dtype), "sum"),
+            per_tensor(values.isinf().to(values.dtype), "sum"),
+        ]
+        return torch.stack(columns, dim=1)
+
+
+def _on_device(numbers: list[int], device: torch.device) -> torch.Tensor:
+    """An int64 tensor on `device`, copied from pinned memory without waiting (torch keeps the pinned block until
+    the copy is done)."""
+    if device.type == "cpu":
+        return torch.tensor(numbers, dtype=torch.int64)
+    return torch.tensor(numbers, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
+
+
+# What verify.capture._stats reads each dtype as (bool is one byte, 0 or 1).
+_NATIVE_KINDS = {
+    torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16",
+    torch.int64: "int64", torch.int32: "int32", torch.uint8: "uint8", torch.bool: "uint8",
+}
+
+
+def native_kind(tensor: torch.Tensor) -> str | None:
+    """How verify.capture._stats reads this tensor, or None where it cannot: no extension, not a plain dense CPU tensor
+    (a subclass may hold no real data, a sparse one no plain array), a dtype it does not know (complex ones among
+    them), or a lazily negated view."""
+    if native_stats is None or type(tensor) not in _PLAIN_TENSORS or not tensor.is_cpu:
+        return None
+    kind = _NATIVE_KINDS.get(tensor.dtype)
+    if kind is None or tensor.layout is not torch.strided or tensor.is_neg():
+        return None
+    return kind
+
+
+def summarize_natively(tensor: torch.Tensor, kind: str, stats: PendingStats) -> None:
+    """The statistics of a CPU tensor in one pass of verify.capture._stats; NaN makes min and max NaN, as torch.aminmax
+    does."""
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    low, high, total, squares, nan, inf = native_stats.summarize(tensor.data_ptr(), stats.numel, kind)
+    if nan:
+        low = high = math.nan
+    stats.known = (low, high, total / stats.numel, math.sqrt(squares), nan, inf)
+
+
+class SmallTensorStats(_PendingCopies):
+    """Statistics of small CPU tensors, computed many at a time. Reducing a small tensor costs mostly the fixed
+    overhead of the calls (four reductions and a read of the sum, ~25 us on CPU) whatever its size, and batching them
+    in torch keeps most of it (reductions along a dimension and the foreach ops are slow on CPU). Here a small tensor
+    costs one call, a copy (an in-place op may overwrite it later in the step); at the next fetch, or once the copies
+    hold MAX_ELEMENTS, the copies of one dtype are laid end to end and numpy's `ufunc.reduceat` reduces all of them
+    in one call per statistic."""
+
+    LARGEST = 8192  # elements; larger tensors are cheaper to reduce at once, while they are still in cache
+
+    @classmethod
+    def takes(cls, tensor: torch.Tensor, numel: int) -> bool:
+        """Small plain CPU tensors (numpy reads them without a copy; subclasses may not allow that)."""
+        return numel <= cls.LARGEST and tensor.is_cpu and type(tensor) in _PLAIN_TENSORS
+
+    def add(self, tensor: torch.Tensor, stats: PendingStats) -> None:
+        self._keep(tensor.dtype, tensor.clone(memory_format=torch.contiguous_format), stats)
+
+    def reduce(self) -> None:
+        """Adds the statistics of every copy to the batch, as host numbers, and drops the copies."""
+        for dtype, (copies, owners) in self._take().items():
+            values = torch.cat([copy.view(-1) for copy in copies])
+            if dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
+                values = values.float()
+            self._reduce_segments(values.numpy(), owners)
+
+    def _reduce_segments(self, values: np.ndarray, owners: list[PendingStats]) -> None:
+        starts = np.cumsum([0] + [stats.numel for stats in owners[:-1]])
+        lows, highs = np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)
+        sums = np.add.reduceat(values, starts, dtype=np.float64)
+        norms = np.sqrt(np.add.reduceat(np.square(values, dtype=np.float64), starts))
+        for stats, *numbers in zip(owners, lows.tolist(), highs.tolist(), sums.tolist(), norms.tolist()):
+            stats.extremes_and_sums = self._batch.add_numbers(*numbers)
+        # Any NaN or inf makes the sum NaN or inf, so a finite sum means no NaN and no inf.
+        if not np.isfinite(sums).all():
+            nans, infs = np.add.reduceat(np.isnan(values), starts), np.add.reduceat(np.isinf(values), starts)
+            for stats, nan, inf in zip(owners, nans.tolist(), infs.tolist()):
+                stats.nonfinite_counts = self._batch.add_numbers(nan, inf)
+
+
+def host_array(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy copy of a tensor; bfloat16 (which numpy lacks) becomes float32, which holds it exactly."""
+    tensor = tensor.detach().resolve_conj().resolve_neg()
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.float()
+    return tensor.cpu().numpy()
+
+
+def sample_fingerprints(tensor: torch.Tensor) -> str:
+    """A 16-hex-digit hash of each sample (row along the first dimension) of a batch, comma-separated: hashed as
+    float64 values, so that the same sample hashes alike in float32 and float16 where its values are equal, on any
+    device. The batch is brought to the host (a sync on an accelerator, once per outermost forward)."""
+    if not has_readable_data(tensor):
+        return ""
+    rows = tensor.detach().to("cpu", torch.float64).reshape(tensor.shape[0] if tensor.dim() else 1, -1).numpy()
+    return ",".join(hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in rows)
+
+
+def md5_of(tensor: torch.Tensor) -> str:
+    """Hash of the tensor's bytes in logical order: equal hashes mean bit-identical values (same dtype)."""
+    if not has_readable_data(tensor):
+        return ""
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
+    return hashlib.md5(raw.numpy().tobytes()).hexdigest()

@@ -1,0 +1,182 @@
+"""`verify`: prove that a ported training script trains the same as the original.
+
+`verify ORIGINAL [PORTED] [OPTIONS] [-- SCRIPT ARGS]` (no command name: the hidden `pair` command, see
+`verify pair --help`) runs the original (cuda, else EMULATED CUDA) and the port (npu, else the EMULATED NPU) for a
+few steps with the same seed and args, compares them and prints the verdict: exit 0 PASS, 1 FAIL, 2 error.
+
+Exit codes of `verify run`: 0 the requested steps ran, or the script ended by itself after at least one step
+(status "short"); 1 the script failed: crashed, timed out, produced a NaN/inf loss, or made no step; 2 usage error
+or verify's own error (bad option, unusable device, run directory in the way).
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+from verify.record.schema import DumpMode, RunManifest, Status, shown
+from verify.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+
+# Every way in (`python -m verify`, `python -m verify.cli`, a `verify` script, old ones too) imports this module: an
+# interpreter without npu-port's dependencies gets one line and exit 2 here, not a traceback and exit 1, FAIL's code.
+try:
+    import typer
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from verify.cli import compare_cmd as compare_cli
+    from verify.cli import determinism
+    from verify import devices
+    from verify.cli import pair
+    from verify.record import run_folders
+    from verify.devices import Device, EmulateOn
+    from verify.cli.exits import exit_with
+    from verify.launch.runner import RunOptions, run_script
+    from verify.record.store import read_losses, read_manifest
+except ModuleNotFoundError as missing:
+    if (missing.name or "verify").partition(".")[0] == "verify":
+        raise  # a module of verify's own: a bug, not an install step
+    print(f"verify: error: {missing.name} is not installed for {sys.executable}: install npu-port with its "
+          "dependencies (pip install -e . in its folder)", file=sys.stderr)
+    raise SystemExit(EXIT_ERROR) from None
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+app = typer.Typer(
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_show_locals=False,
+    no_args_is_help=True,
+    help=__doc__,
+)
+
+_SUCCESS = {Status.OK.value, Status.SHORT.value}
+_STYLES = {Status.OK.value: "bold green", Status.SHORT.value: "bold yellow"}
+
+
+class Autocast(str, Enum):
+    OFF = "off"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+@app.callback()
+def verify() -> None:
+    """Run training scripts under instrumentation and compare the runs."""
+
+
+@app.command(no_args_is_help=True)
+def run(
+    script: Annotated[Path, typer.Argument(help="The training script, run unmodified.", show_default=False)],
+    script_args: Annotated[
+        Optional[list[str]], typer.Argument(help="The script's own arguments, after `--`.", show_default=False)
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps to run.")] = 20,
+    seed: Annotated[int, typer.Option(help="Seed for python, numpy, torch (every device) and PYTHONHASHSEED.")] = 1234,
+    device: Annotated[
+        Device, typer.Option(help="auto: npu (real, else emulated) for a script importing torch_npu, else cuda "
+                                  "(real, else EMULATED CUDA on the CPU).")
+    ] = Device.AUTO,
+    emulate_on: Annotated[EmulateOn, typer.Option(help="Where the emulated NPU computes.")] = EmulateOn.CPU,
+    dump: Annotated[DumpMode, typer.Option(help="Per-op capture: statistics, +tensors, +md5 hashes, or none.")] = (
+        DumpMode.STATS
+    ),
+    ops: Annotated[
+        Optional[str], typer.Option(help="Tensor mode: save tensors of ops whose 'phase/module/op' matches this regex.")
+    ] = None,
+    tensor_cap_mb: Annotated[float, typer.Option(min=0, help="Tensor mode: total size of saved tensors.")] = 512.0,
+    no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off.")] = False,
+    no_align_random: Annotated[bool, typer.Option(
+        "--no-align-random", help="Dropout masks from the device's own generator, not the keyed stream every device "
+                                  "draws alike.")] = False,
+    exact_emulation: Annotated[bool, typer.Option(
+        "--exact-emulation", help="An emulated device computes as the CPU does, without its device's modelled "
+                                  "summation order and generator (bit-exact debugging).")] = False,
+    autocast: Annotated[Autocast, typer.Option(help="Run the whole script under torch.autocast with this dtype.")] = (
+        Autocast.OFF
+    ),
+    timeout: Annotated[
+        Optional[float], typer.Option(min=0, help="Kill the run after this many seconds (status timeout).")
+    ] = None,
+    nproc_per_node: Annotated[Optional[int], typer.Option(
+        min=1, help="Run the script as N ranks through torch.distributed.run (each writes RUNDIR/rankK/); "
+                    "without it, as one process.", show_default=False)] = None,
+    out: Annotated[
+        Optional[Path], typer.Option(
+            "--out", "-o", help="Run directory (default: verify-runs/SCRIPT-DEVICE-TIME-RANDOM).")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the script's output.")] = False,
+) -> None:
+    """Run SCRIPT for N steps under instrumentation and write a run directory.
+
+    Exit codes: 0 ok or short (the script ended by itself after at least one step); 1 the script crashed, timed
+    out, produced a NaN loss or made no step; 2 usage or verify's own error.
+    """
+    options = RunOptions(
+        steps=steps, seed=seed, device=device.value, emulate_on=emulate_on.value, dump=dump, ops=ops,
+        no_dropout=no_dropout, align_random=not no_align_random, exact_emulation=exact_emulation,
+        autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb, nproc_per_node=nproc_per_node or 0,
+    )
+    exit_with(lambda: _run(script, list(script_args or []), options, out, quiet), f"run {script}", out)
+
+
+def _run(script: Path, args: list[str], options: RunOptions, out: Path | None, quiet: bool) -> int:
+    with Progress(
+        TextColumn("[bold]verify run[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=stderr, transient=True,
+    ) as progress:
+        task = progress.add_task(script.name, total=options.steps)
+        run_dir = run_script(
+            script, args, options, run_dir=out,
+            on_output=None if quiet else lambda line: progress.console.print(line, markup=False, style="dim"),
+            on_progress=lambda done: progress.update(task, completed=done),
+        )
+    manifest = read_manifest(run_dir)
+    _print_summary(manifest, run_dir)
+    if manifest.verify_error:
+        return EXIT_ERROR
+    return EXIT_OK if manifest.status in _SUCCESS else EXIT_FAILED
+
+
+def _final_loss(run_dir: Path) -> str:
+    losses = read_losses(run_folders.lead_dir(run_dir))
+    return f"{losses['loss'].iloc[-1]:.6g}" if len(losses) else "-"
+
+
+def _print_summary(manifest: RunManifest, run_dir: Path) -> None:
+    if manifest.emulated:
+        stderr.print(f"[bold black on yellow] {devices.title(manifest.device, manifest.emulated_on)} [/] a test "
+                     "double, not the device itself")
+    table = Table.grid(padding=(0, 2))
+    style = _STYLES.get(manifest.status, "bold red")
+    table.add_row("status", f"[{style}]{escape(shown(manifest.status))}[/]  {escape(shown(manifest.message))}")
+    table.add_row("steps", f"{manifest.steps_completed} / {manifest.steps_requested}")
+    table.add_row("final loss", _final_loss(run_dir))
+    table.add_row("device", (f"{manifest.device} ({manifest.device_name})" if manifest.device_name else manifest.device)
+                  + manifest.ranks_words)
+    table.add_row("run dir", str(run_dir))
+    stderr.print(table)
+    if manifest.traceback:
+        stderr.print(shown(manifest.traceback.rstrip(), tail=True), markup=False, highlight=False, style="red")
+
+
+# The offline commands: no torch needed (verify/cli/compare_cmd.py).
+app.command("compare")(compare_cli.compare)
+app.command("report")(compare_cli.report)
+app.command("export")(compare_cli.export)
+# The paired commands (verify/cli/pair.py, verify/cli/determinism.py); `pair` is what `verify ORIGINAL [PORTED]` runs
+# (see main).
+app.command(pair.PAIR_COMMAND, hidden=True, no_args_is_help=True)(pair.pair)
+app.command("determinism", no_args_is_help=True)(determinism.determinism)
+
+
+def main() -> None:
+    app(args=pair.route(sys.argv[1:], typer.main.get_command(app)))
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,143 @@
+"""The offline commands of `verify`: compare, report, export. Plain functions, registered by verify/cli/:
+
+    app.command("compare")(compare_cli.compare)
+    app.command("report")(compare_cli.report)
+    app.command("export")(compare_cli.export)
+
+Exit codes: 0 PASS, 1 FAIL, 2 the inputs could not be read or compared, or verify's own error (verify/errors.py).
+None of this imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from verify.record import msprobe
+from verify.report import writers as reports
+from verify.record import run_folders
+from verify.report.adaptation import write_adaptation
+from verify.compare.runs import compare_runs
+from verify.errors import CompareError
+from verify.compare.precision_policy import CompareOptions
+from verify.report.terminal import print_run, print_saved_summary, print_summary
+from verify.cli.exits import exit_with
+from verify.errors import EXIT_ERROR, EXIT_OK, VerifyFailure
+from verify.record.store import Run, read_run
+from verify.errors import RunDirError
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+
+def read_run_directory(root: Path) -> Run:
+    """A run directory via verify.record.store; what it had to skip is in the run's notes (shown in every report)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the same problems come back as Run.notes
+            return read_run(root)
+    except RunDirError as error:
+        raise CompareError(f"{error} (and it is not an msprobe dump either)") from None
+
+
+def read_side(path: Path) -> Run:
+    """A verify run directory or an msprobe dump (any layout, see verify/record/msprobe.py)."""
+    if not path.exists():
+        raise CompareError(f"{path}: no such file or directory")
+    if msprobe.is_msprobe_dump(path):
+        return msprobe.read_dump(path)
+    if not path.is_dir():
+        raise CompareError(f"{path}: not a directory")
+    return read_run_directory(path)
+
+
+def compare(
+    ref_run: Annotated[Path, typer.Argument(help="The reference run directory (or msprobe dump).")],
+    actual_run: Annotated[Path, typer.Argument(help="The ported run directory (or msprobe dump).")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the reports here.")] = None,
+    loss_rtol: Annotated[Optional[float], typer.Option(
+        help="Relative loss tolerance per step (default 0.01; 0.05 for an fp32-vs-AMP pair).")] = None,
+    max_rows: Annotated[int, typer.Option(help="Divergent op rows shown on the terminal.")] = 10,
+    adaptation_report: Annotated[bool, typer.Option(
+        "--adaptation-report", help="Also write adaptation.md into OUT (needs -o).")] = False,
+) -> None:
+    """Compare two runs offline: verdict, first divergent operator, advice. Exit 0 PASS, 1 FAIL, 2 error."""
+    exit_with(lambda: _compare(ref_run, actual_run, out, loss_rtol, max_rows, adaptation_report),
+              f"compare {ref_run} with {actual_run}", out)
+
+
+def _compare(ref_run: Path, actual_run: Path, out: Path | None, loss_rtol: float | None, max_rows: int,
+             adaptation_report: bool) -> int:
+    if adaptation_report and out is None:
+        raise VerifyFailure("--adaptation-report writes adaptation.md into the -o folder: give one")
+    result = compare_runs(read_side(ref_run), read_side(actual_run), CompareOptions(loss_rtol=loss_rtol))
+    print_summary(result, stdout, max_rows=max_rows)  # the verdict first: the report files take their time after it
+    if adaptation_report:
+        out.mkdir(parents=True, exist_ok=True)
+        stderr.print(f"wrote {write_adaptation(result, out)}")
+    written = reports.write_reports(result, out, checklist=reports.find_checklist(ref_run, actual_run, out)) \
+        if out else []
+    for path in written:
+        stderr.print(f"wrote {path}")
+    return result.verdict.exit_code
+
+
+def report(
+    run_or_result: Annotated[Path, typer.Argument(help="A run directory, or a folder written by `compare -o`.")],
+    adaptation_report: Annotated[bool, typer.Option(
+        "--adaptation-report", help="Write adaptation.md into a pair's folder (its ref/ and actual/ compared).")] = (
+        False),
+) -> None:
+    """Print a run's manifest and loss curve, or re-print a comparison's summary from its summary.json."""
+    exit_with(lambda: _report(run_or_result, adaptation_report), f"report on {run_or_result}")
+
+
+def _report(run_or_result: Path, adaptation_report: bool = False) -> int:
+    if adaptation_report:
+        return _adaptation_of_pair(run_or_result)
+    summary_file = run_or_result / reports.SUMMARY_JSON
+    if not summary_file.is_file():
+        print_run(read_side(run_or_result), stdout)
+        return EXIT_OK
+    try:
+        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise VerifyFailure(f"{summary_file} is not valid JSON: {error}") from None
+    print_saved_summary(summary, stdout)
+    return int(summary.get("exit_code", EXIT_ERROR))
+
+
+def _adaptation_of_pair(folder: Path) -> int:
+    """adaptation.md for a pair's folder (verify ORIGINAL PORTED -o FOLDER), from its two runs compared again."""
+    sides = [folder / run_folders.REF, folder / run_folders.ACTUAL]
+    if not all(side.is_dir() for side in sides):
+        raise VerifyFailure(f"{folder} is not a pair's folder: --adaptation-report needs its {run_folders.REF}/ and "
+                            f"{run_folders.ACTUAL}/ run directories")
+    result = compare_runs(*map(read_side, sides))
+    stderr.print(f"wrote {write_adaptation(result, folder)}")
+    return result.verdict.exit_code
+
+
+def export(
+    run: Annotated[Path, typer.Argument(help="A verify run directory.")],
+    out: Annotated[Path, typer.Argument(help="Folder for the msprobe dump (step*/proc0/dump.json ...).")],
+    msprobe_format: Annotated[bool, typer.Option("--msprobe", help="Write msprobe's dump layout (required).")] = False,
+    layout: Annotated[msprobe.Layout, typer.Option(help="proc: msprobe 26.x; rank: msprobe 8.x.")] = (
+        msprobe.Layout.PROC),
+) -> None:
+    """Export a run's operator records as an msprobe dump that `msprobe compare` accepts."""
+    exit_with(lambda: _export(run, out, msprobe_format, layout), f"export {run} to {out}", out)
+
+
+def _export(run: Path, out: Path, msprobe_format: bool, layout: msprobe.Layout) -> int:
+    if not msprobe_format:
+        raise VerifyFailure("name the format to export: --msprobe (the only one so far)")
+    written = msprobe.write_dump(read_run_directory(run), out, layout)
+    stderr.print(f"wrote {len(written)} msprobe step folder(s) under {out}")
+    return EXIT_OK

@@ -1,0 +1,342 @@
+"""`verify ORIGINAL [PORTED] [options] [-- SCRIPT ARGS]`: both runs and their comparison in one go, the original
+(cuda, else EMULATED CUDA) against the port (npu, else the EMULATED NPU), same seed, steps and args; verdict; reports.
+(`verify determinism` is verify/cli/determinism.py; both run their sides through verify/cli/side_runs.py.)
+
+Typer cannot mix a default command with subcommands, so `route()` (called by verify/cli/'s main) sends a command
+line whose first word is neither a command nor an option to the hidden `pair` command.
+
+Each side is a `verify run` (verify/launch/runner.py) and the comparison is `verify compare`'s (verify/compare/runs.py,
+verify/report/writers.py): this module only decides what to run, runs it with progress, and adds what the pair knows to
+the reports: how the precision of the two sides was matched, and the AMP effect when asked. `verify determinism` runs
+one script twice with the same pieces (verify/cli/determinism.py).
+
+Mixed precision on one side only: `migrate` usually gives the port an fp16 autocast that the original lacks. When
+the port's forward computes in fp16/bf16, the reference computes under the same autocast where the port does, module
+call by module call (verify/capture/precision_scopes.py; on the CPU with the emulated NPU's op casts), so the comparison
+isolates the port; a reference that still cannot run so runs as written, judged fp32 against AMP. `--amp-effect`
+also runs the reference in fp32 and compares it with the reference under autocast: the AMP effect alone, judged with
+the documented fp32-vs-AMP tolerances (verify/compare/tolerances.py). `--no-match-amp` compares fp32 with AMP directly,
+with the same wider tolerances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import pandas as pd
+import typer
+
+from verify.report.adaptation import write_adaptation
+from verify.checklist_items import REPORT_SUFFIX, port_name
+from verify.compare.runs import ComparisonResult, compare_runs
+from verify.compare.precision_policy import CompareOptions, amp_dtype
+from verify.report.terminal import print_summary
+from verify.cli.compare_cmd import read_side
+from verify import devices
+from verify.record import run_folders
+from verify.cli.exits import exit_with
+from verify.launch.runner import RunOptions
+from verify.cli.side_runs import RUN_ENDED_WELL, SideRunner, side_runner, stderr, stdout, write_reports
+from verify.errors import PairError
+from verify.record.store import Run
+from verify.record.schema import AUTOCAST_DTYPES, DumpMode, LossScalerPlan, Status
+
+PAIR_COMMAND = "pair"
+_AUTOCAST_FLAGS = {dtype: flag for flag, dtype in AUTOCAST_DTYPES.items()}  # float16 -> fp16
+
+
+# --- command-line routing ----------------------------------------------------------------------------------------
+
+
+def route(argv: Sequence[str], group: Any) -> list[str]:
+    """`verify ORIGINAL ...` -> `verify pair ORIGINAL ...`; and where `--` follows ORIGINAL alone, the default PORTED is
+    spelled out, since the parser would otherwise take the first script argument for PORTED. `group` is the click
+    group Typer built for the app (its commands and their options)."""
+    argv = list(argv)
+    if not argv or argv[0].startswith("-"):
+        return argv
+    if argv[0] not in group.commands:
+        argv.insert(0, PAIR_COMMAND)
+    if argv[0] == PAIR_COMMAND and "--" in argv:
+        before = argv[1:argv.index("--")]
+        positions = _positional_indexes(before, _options_with_values(group.commands[PAIR_COMMAND]))
+        if len(positions) == 1:
+            argv.insert(argv.index("--"), str(default_port(Path(before[positions[0]]))))
+    return argv
+
+
+def _options_with_values(command: Any) -> set[str]:
+    return {name for param in command.params if param.param_type_name == "option" and not param.is_flag
+            for name in param.opts}
+
+
+def _positional_indexes(tokens: list[str], valued: set[str]) -> list[int]:
+    positions, skip = [], False
+    for index, token in enumerate(tokens):
+        if skip:
+            skip = False
+        elif token.startswith("-"):
+            skip = token in valued  # `--steps 3`; `--steps=3` carries its value
+        else:
+            positions.append(index)
+    return positions
+
+
+# --- shared pieces -----------------------------------------------------------------------------------------------
+
+
+def default_port(original: Path) -> Path:
+    """What `migrate ORIGINAL` writes beside it (checklist_items.port_name: <stem>_npu.py)."""
+    return port_name(original)
+
+
+# --- the pair ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairPlan:
+    original: Path
+    ported: Path
+    args: list[str]
+    options: RunOptions  # what both sides share: steps, seed, dump, dropout, timeout
+    device_ref: str
+    device_actual: str
+    match_amp: bool
+    amp_effect: bool
+    ref_run: Path | None
+    loss_rtol: float | None
+    out: Path
+    adaptation: bool = False  # --adaptation-report
+
+
+@dataclass
+class PairRuns:
+    actual: Run
+    ref: Run
+    imposed: str  # the autocast the reference ran under: "off", "fp16", "bf16"
+    port_amp: str  # the half dtype the port computed its forward in, "" for fp32
+    ref_fp32: Run | None = None  # --amp-effect
+    unmatched_amp: str = ""  # why the reference ran as written although the port computes in half precision
+
+
+def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
+    """The port first: its precision decides the reference's autocast, imposed where the port computed under it."""
+    actual = sides.run("actual", plan.ported, plan.args, replace(plan.options, device=plan.device_actual),
+                       plan.out / run_folders.ACTUAL)
+    port_amp = amp_dtype(actual)
+    if plan.ref_run is not None:
+        return PairRuns(actual, read_side(plan.ref_run), "off", port_amp)
+    imposed = _AUTOCAST_FLAGS.get(port_amp, "off") if plan.match_amp else "off"
+    ref = _run_reference(plan, sides, actual, imposed, plan.out / run_folders.REF)
+    unmatched = _crashed_under_autocast(ref, actual) if imposed != "off" else ""
+    if unmatched:
+        ref.root.rename(plan.out / run_folders.REF_UNDER_AUTOCAST)
+        imposed = "off"
+        ref = _run_reference(plan, sides, actual, imposed, plan.out / run_folders.REF)
+    ref_fp32 = None
+    if plan.amp_effect and imposed != "off":
+        ref_fp32 = sides.run("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
+                             plan.out / run_folders.REF_FP32)
+    return PairRuns(actual, ref, imposed, port_amp, ref_fp32, unmatched)
+
+
+def _run_reference(plan: PairPlan, sides: SideRunner, actual: Run, imposed: str, run_dir: Path) -> Run:
+    options = replace(plan.options, device=plan.device_ref, autocast=imposed,
+                      autocast_follow=actual.manifest.autocast_scopes, loss_scaler_plan=_scaler_twin(actual, imposed))
+    return sides.run("ref", plan.original, plan.args, options, run_dir)
+
+
+def _crashed_under_autocast(ref: Run, actual: Run) -> str:
+    """The reason to run the reference again as written: it crashed under the port's autocast where the port ran.
+    If it crashes as written too, the script crashes by itself and that run is the one to judge."""
+    if ref.manifest.status != Status.CRASHED.value or actual.manifest.status not in RUN_ENDED_WELL:
+        return ""
+    return (ref.manifest.message.strip().splitlines() or [ref.manifest.status])[0]
+
+
+def _scaler_twin(actual: Run, imposed: str) -> LossScalerPlan | None:
+    """The loss-scaler twin the reference follows when the port trained under a GradScaler (bootstrap.LossScalerTwin):
+    under the port's autocast it scales as the port did, step by step, so that backward ops are comparable and fp16
+    gradients overflow alike; in fp32 it only skips the updates the port skipped. Without a GradScaler in the port,
+    nothing."""
+    scaler = actual.manifest.loss_scaler
+    if not scaler:
+        return None
+    losses = actual.losses.assign(loss_scale=pd.to_numeric(actual.losses["loss_scale"], errors="coerce")).dropna(
+        subset=["loss_scale"])
+    # Runs recorded before skipped_updates existed name only the step: every optimizer of it was skipped.
+    skipped = scaler.get("skipped_updates", [[step, index] for step in actual.manifest.skipped_steps
+                                             for index in range(_optimizers(actual))])
+    return LossScalerPlan(
+        skipped=[[int(step), int(index)] for step, index in skipped],
+        scales={(int(step), int(micro)): float(scale) for step, micro, scale in zip(
+            losses["step"], losses["micro_step"], losses["loss_scale"])} if imposed != "off" else None,
+        growth_factor=scaler["growth_factor"], backoff_factor=scaler["backoff_factor"],
+        growth_interval=scaler["growth_interval"])
+
+
+def _optimizers(run: Run) -> int:
+    return int(pd.to_numeric(run.hparams["optimizer"], errors="coerce").max()) + 1 if len(run.hparams) else 1
+
+
+def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
+    """Compares and reports as `verify compare -o` does, plus the comparison made and the AMP effect. The verdict is
+    printed first; the report files take their time after it."""
+    result = compare_runs(runs.ref, runs.actual, CompareOptions(loss_rtol=plan.loss_rtol))
+    how = _comparison_made(plan, runs)
+    result.notes.insert(0, how["description"])
+    if plan.amp_effect and runs.ref_fp32 is None:
+        result.notes.append("--amp-effect: nothing to measure, the port computes in fp32")
+    effect = compare_runs(runs.ref_fp32, runs.ref) if runs.ref_fp32 else None
+    amp_effect = _amp_effect(effect) if effect is not None else None
+    print_summary(result, stdout)
+    if amp_effect is not None:
+        colour = "green" if amp_effect["passed"] else "yellow"
+        stdout.print(f"[bold {colour}]AMP effect (fp32 vs {runs.imposed} reference, not part of the verdict): "
+                     f"{amp_effect['reason']}[/]")
+    # migrate writes its checklist into <port>_report/ beside the port (its default report folder).
+    migrate_reports = plan.ported.with_name(plan.ported.stem + REPORT_SUFFIX)
+    if plan.adaptation:
+        write_adaptation(result, plan.out)
+    write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
+                  summary={"pair": how | {"amp_effect": amp_effect}})
+    if effect is not None:
+        write_reports(effect, plan.out / run_folders.AMP_EFFECT)
+    stderr.print(f"reports in {plan.out}")
+    return result.verdict.exit_code
+
+
+def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
+    """Which comparison the pair made, for summary.json and the notes of every report."""
+    twin = runs.ref.manifest.loss_scaler if "twin" in runs.ref.manifest.loss_scaler else {}
+    if runs.imposed != "off":
+        mode = "same-amp-imposed"
+        scales = runs.ref.losses["loss_scale"].dropna()
+        scaled = (f", its loss scaled by {scales.iloc[0]:g} and on as the port's GradScaler scaled it, step for step, "
+                  f"skipping the updates the port skipped{_skipped_words(twin)}"
+                  if twin.get("twin") == "scale" and len(scales) else "")
+        description = (f"the port computes in {runs.port_amp}, so the reference ran under {runs.imposed} autocast "
+                       f"imposed from outside {_where_imposed(runs.ref)} (on the CPU with the NPU's op casts)"
+                       f"{scaled}: the comparison isolates the port")
+    elif plan.ref_run is not None:
+        mode = "given-reference"
+        description = f"the reference is the given run {plan.ref_run}, compared as it is"
+    elif runs.port_amp:
+        mode = "amp-vs-fp32-unmatched" if runs.unmatched_amp else "amp-vs-fp32"
+        followed = (f"; the updates the port's GradScaler skipped{_skipped_words(twin)} were skipped on the reference "
+                    "too, so both trained on the same updates" if twin.get("followed") else "")
+        why = (f"the reference could not run under the port's {_AUTOCAST_FLAGS[runs.port_amp]} autocast "
+               f"({runs.unmatched_amp}; that run is kept in {run_folders.REF_UNDER_AUTOCAST}/), so it"
+               if runs.unmatched_amp else "--no-match-amp: the reference")
+        description = (f"{why} ran as written against a port computing in {runs.port_amp}; "
+                       f"AMP noise and porting errors are judged together with the wider fp32-vs-AMP tolerances"
+                       f"{followed}")
+    else:
+        mode = "as-written"
+        description = "both scripts ran as written (the port computes in fp32)"
+    return {"mode": mode, "description": description, "ref_autocast": "" if runs.imposed == "off" else runs.imposed}
+
+
+def _where_imposed(ref: Run) -> str:
+    """Where the reference's autocast was: the port's scopes it followed (verify/capture/precision_scopes.py)."""
+    follow = ref.manifest.autocast_follow
+    if not follow:
+        return "around the whole script"
+    outside = sorted(path for path, calls in follow.items() if any(state == "off" for state, _ in calls))
+    shown = ", ".join(outside[:4]) + (f" and {len(outside) - 4} more" if len(outside) > 4 else "")
+    return ("where the port computed under it" + (f" (not in some or all calls of {shown}, as in the port)" if outside else ""))
+
+
+def _skipped_words(twin: dict[str, Any]) -> str:
+    steps = twin.get("followed", [])
+    return f" (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})" if steps else ""
+
+
+def _amp_effect(effect: ComparisonResult) -> dict[str, Any]:
+    """The reference in fp32 against the reference under autocast (compared by judge_pair): what AMP alone does to the
+    loss curve, judged by compare's documented fp32-vs-AMP tolerances (verify/compare/tolerances.py), since one side
+    computes in half precision. Its reports go into the pair's AMP_EFFECT folder."""
+    loss = effect.summary()["loss"]
+    return {"passed": effect.verdict.passed, "reason": effect.verdict.reason, "comparison": effect.policy.description,
+            "loss_rtol": effect.loss.rtol, "max_rel_diff": loss["max_rel_diff"], "mean_rel_diff": loss["mean_rel_diff"],
+            "reports": run_folders.AMP_EFFECT}
+
+
+def pair(
+    original: Annotated[Path, typer.Argument(help="The original GPU script (the reference).", show_default=False)],
+    ported: Annotated[Optional[Path], typer.Argument(
+        help="The ported script (default: <stem>_npu.py beside ORIGINAL).", show_default=False)] = None,
+    script_args: Annotated[Optional[list[str]], typer.Argument(
+        help="Both scripts' own arguments, after `--`.", show_default=False)] = None,
+    steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps each side runs.")] = 20,
+    seed: Annotated[int, typer.Option(help="The seed both sides get.")] = 1234,
+    device_ref: Annotated[devices.Device, typer.Option(
+        help="auto: cuda when available, else EMULATED CUDA (the script's GPU code path on the CPU); cpu: the "
+             "script's CPU path.")] = devices.Device.AUTO,
+    device_actual: Annotated[devices.Device, typer.Option(
+        help="auto: the real npu when torch_npu works here, else emulated-npu.")] = devices.Device.AUTO,
+    dump: Annotated[DumpMode, typer.Option(help="Per-op capture on both sides.")] = DumpMode.STATS,
+    no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off on both sides.")] = False,
+    no_align_random: Annotated[bool, typer.Option(
+        "--no-align-random", help="Each side's dropout masks from its device's own generator (as on real hardware "
+                                  "without verify), not from the keyed stream both draw alike.")] = False,
+    exact_emulation: Annotated[bool, typer.Option(
+        "--exact-emulation", help="Emulated devices compute as the CPU does: no modelled summation order or own "
+                                  "generator, so a faithful CPU pair agrees bit for bit (debugging).")] = False,
+    timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a side after this many seconds.")] = None,
+    nproc_per_node: Annotated[Optional[int], typer.Option(
+        min=1, help="Run each side as N ranks through torch.distributed.run, compared rank by rank; without it, "
+                    "as one process.", show_default=False)] = None,
+    loss_rtol: Annotated[Optional[float], typer.Option(
+        help="Relative loss tolerance per step (default 0.01; 0.05 for fp32 against AMP).")] = None,
+    match_amp: Annotated[bool, typer.Option(
+        help="When the port computes in fp16/bf16, run the reference under the same autocast.")] = True,
+    amp_effect: Annotated[bool, typer.Option(
+        "--amp-effect", help="Also run the reference in fp32 and report the AMP effect (not part of the verdict).")] = (
+        False),
+    ref_run: Annotated[Optional[Path], typer.Option(
+        help="A reference run directory (`verify run`, an earlier pair) to use instead of running ORIGINAL.")] = (
+        None),
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", "-o", help="Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside ORIGINAL).")] = (
+        None),
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the scripts' output.")] = False,
+    adaptation_report: Annotated[bool, typer.Option(
+        "--adaptation-report", help="Also write adaptation.md, the report published with a ported model.")] = False,
+) -> None:
+    """Run ORIGINAL and PORTED for N steps each and compare them: `verify ORIGINAL [PORTED] [OPTIONS] [-- ARGS]`.
+
+    Exit codes: 0 PASS, 1 FAIL (the reason is the verdict line), 2 usage or verify's own error, or a pair that proves
+    nothing (a reference that could not run, both sides stopped before their first step).
+    """
+    out = out or run_folders.default_pair_dir(original)
+    options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
+                         exact_emulation=exact_emulation, timeout=timeout, nproc_per_node=nproc_per_node or 0)
+    exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value, loss_rtol,
+                            match_amp, amp_effect, ref_run, out, quiet, adaptation_report),
+              f"verify {original} against {ported or default_port(original)}", out)
+
+
+def _pair(original: Path, ported: Path | None, script_args: list[str] | None, options: RunOptions, device_ref: str,
+          device_actual: str, loss_rtol: float | None, match_amp: bool, amp_effect: bool, ref_run: Path | None,
+          out: Path, quiet: bool, adaptation: bool) -> int:
+    ported = ported or default_port(original)
+    for role, script in (("ORIGINAL", original), ("PORTED", ported)):
+        if not script.is_file():
+            raise PairError(f"{role} {script}: no such file" + (" (run `migrate` first)" if role == "PORTED" else ""))
+    if amp_effect and (not match_amp or ref_run is not None):
+        raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
+                        + ("--no-match-amp" if not match_amp else "--ref-run"))
+    plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
+                    match_amp, amp_effect, ref_run, loss_rtol, run_folders.claim(out), adaptation)
+    with side_runner(quiet) as sides:
+        runs = run_sides(plan, sides)
+    return judge_pair(plan, runs)
+
+
+# --- determinism (checklist C1) ------------------------------------------------------------------------------------
+
+

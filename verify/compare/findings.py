@@ -1,0 +1,418 @@
+"""What a comparison found, as findings on one timeline, causes before symptoms: each finding's code, its one-line
+message and the detail advice and reports read; how the runs ended (a crash is never a verdict: CompareError where
+the runs prove nothing); and the rank that decides which finding the verdict names first. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import pandas as pd
+
+from verify.record import environment
+from verify.compare.align import CARRIER_OPS, same_computation
+from verify.compare.align import MATCHED_STATUSES
+from verify.compare.curves import LossComparison
+from verify.compare.op_verdicts import op_label
+from verify.compare.precision_policy import PrecisionPolicy
+from verify.record.store import Run
+from verify.record.schema import INPUT_OP, Status
+from verify.errors import CompareError
+
+
+# How few matched ops make two runs look like different scripts rather than a port of one script.
+LOW_MATCH_SHARE = 0.5
+
+
+
+
+class FindingCode(str, Enum):
+    RUN_FAILED = "run_failed"
+    STEPS_DIFFER = "steps_differ"  # both ran as far as they could, one of them fewer steps than the other
+    HPARAM_MISMATCH = "hparam_mismatch"
+    OVERFLOW = "overflow"
+    SCALE_COLLAPSE = "scale_collapse"
+    LOSS_DIVERGES = "loss_diverges"
+    OUTPUT_DIVERGES = "output_diverges"
+    OP_DIVERGES = "op_diverges"
+    OP_CHANGED = "op_changed"  # the port calls another computation where the original calls this one
+    DATA_ORDER = "data_order"
+    NONDETERMINISM = "nondeterminism"
+    GRAD_DIVERGES = "grad_diverges"
+    AMP_ONE_SIDE = "amp_one_side"
+    LOW_MATCH = "low_match"
+    GRADS_NOT_RESET = "grads_not_reset"
+    SCALE_STUCK = "scale_stuck"
+    # not failing by itself: it names a cause (verify/record/environment.py)
+    ENVIRONMENT_DIFFERS = "environment_differs"
+    RANKS_DIFFER = "ranks_differ"  # the sides ran other numbers of ranks
+    SHARDING = "sharding"  # a rank of the port read other samples than the original's (verify/compare/sharding.py)
+    RANKS_DISAGREE = "ranks_disagree"  # the port's ranks hold other gradients or parameters where the original's agree
+
+
+# Findings that fail the verdict, causes before symptoms: the one-line reason names the first that is present. The
+# first divergent operator comes before the loss it moves.
+FAILING = (FindingCode.RUN_FAILED, FindingCode.STEPS_DIFFER, FindingCode.RANKS_DIFFER, FindingCode.SHARDING,
+           FindingCode.RANKS_DISAGREE, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
+           FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES,
+           FindingCode.NONDETERMINISM,
+           FindingCode.OUTPUT_DIVERGES, FindingCode.LOSS_DIVERGES, FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)
+
+
+@dataclass
+class Finding:
+    code: FindingCode
+    message: str  # one line, with the numbers
+    detail: dict[str, Any] = field(default_factory=dict)  # what advice rules and reports need (op, dtype, side...)
+
+
+def how_runs_ended(ref: Run, actual: Run) -> tuple[list[Finding], str]:
+    """The findings from how the two scripts ended, and the ending they share ("" when both ran every step).
+
+    A pair proves something only where the reference ran: a reference that stopped (crashed, timed out, lost its
+    loss to NaN, made no step) is CompareError (exit 2), and so are two sides that both stopped before their first
+    step. Two sides that ended alike (the same status and error after the same number of steps: a short epoch, a bug
+    the port faithfully keeps) are judged on the steps they made. Otherwise a port that stopped is a failed run, and
+    ending by itself after another number of steps than the reference is a finding."""
+    ref_ran, actual_ran = (run.manifest.status in _RAN_THROUGH for run in (ref, actual))
+    if ref_ran and actual_ran:
+        return [], ""
+    where = f"(runs: {ref.root}, {actual.root})"
+    same_ending = _ending(ref) == _ending(actual)
+    if not (ref_ran or actual_ran) and ref.manifest.steps_completed == actual.manifest.steps_completed == 0:
+        errors = _error_words(ref) if same_ending else f"ref {_error_words(ref)}; actual {_error_words(actual)}"
+        raise CompareError(f"both sides stopped before their first step: {errors} {where}")
+    if same_ending:
+        return [], _shared_ending(ref)
+    if ref.manifest.status not in _ENDED_BY_ITSELF:
+        port = "" if actual_ran else f"; the port {_stop_words(actual)}: {_error_words(actual)}"
+        raise CompareError(f"the reference {_stop_words(ref)}: {_error_words(ref)}{port}; a reference that cannot "
+                           f"run proves nothing {where}")
+    if actual.manifest.status not in _ENDED_BY_ITSELF:
+        status = actual.manifest.status
+        return [Finding(FindingCode.RUN_FAILED, f"actual run {status}: {actual.manifest.message or _error(actual)}",
+                        {"side": "actual", "status": status})], ""
+    return [Finding(FindingCode.STEPS_DIFFER, (
+        f"the scripts ran different numbers of steps: ref {_steps_made(ref)}, actual {_steps_made(actual)}"),
+        {"ref_steps": ref.manifest.steps_completed, "actual_steps": actual.manifest.steps_completed,
+         "steps_requested": ref.manifest.steps_requested})], ""
+
+
+# Statuses of a script that ran every step asked for ("": an msprobe dump, which records no status), and of one that
+# ran as far as it could: its loop ended before the steps asked for (Status.SHORT).
+_RAN_THROUGH = (Status.OK.value, "")
+
+
+_ENDED_BY_ITSELF = (*_RAN_THROUGH, Status.SHORT.value)
+
+
+# The variables torchrun sets for each process; a script reading one of them was written for a launcher.
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
+
+
+def _ending(run: Run) -> tuple[str, int, str]:
+    return run.manifest.status, run.manifest.steps_completed, _error(run)
+
+
+def _error(run: Run) -> str:
+    """What stopped a run: the exception (the traceback's last line), else the manifest's message."""
+    manifest = run.manifest
+    return (manifest.traceback.strip().splitlines() or [manifest.message or manifest.status])[-1]
+
+
+def _error_words(run: Run) -> str:
+    error = _error(run)
+    if any(error == f"KeyError: '{name}'" for name in TORCHRUN_VARIABLES):
+        return f"{error}; the script expects a launcher such as torchrun"
+    return error
+
+
+def _stop_words(run: Run) -> str:
+    """'crashed after 3 of 10 steps', 'made no step'."""
+    manifest = run.manifest
+    if manifest.status == Status.NO_STEPS.value:
+        return "made no step"
+    return f"{manifest.status} after {manifest.steps_completed} of {manifest.steps_requested} steps"
+
+
+def _steps_made(run: Run) -> str:
+    manifest = run.manifest
+    if manifest.status in _RAN_THROUGH:
+        return f"all {manifest.steps_completed}"
+    return f"{manifest.steps_completed} of {manifest.steps_requested} (it ended by itself)"
+
+
+def _shared_ending(run: Run) -> str:
+    """The note and verdict words for two sides that ended alike after the same steps."""
+    manifest = run.manifest
+    done, asked = manifest.steps_completed, manifest.steps_requested
+    if manifest.status == Status.SHORT.value:
+        return f"both scripts ended by themselves after {done} of {asked} steps; judged on those {done}"
+    return (f"both scripts stopped ({manifest.status}) after {done} of {asked} steps with the same error, "
+            f"{_error(run)}; judged on those {done}")
+
+
+def _environment_finding(ref: Run, actual: Run, first: dict[str, Any] | None) -> list[Finding]:
+    found = environment.differences(ref.manifest, actual.manifest)
+    if not found:
+        return []
+    explains = environment.explaining(found, first)
+    message = f"environments differ in {len(found)} setting(s): " + "; ".join(d.text for d in found[:6]) + (
+        f"; and {len(found) - 6} more (summary.json)" if len(found) > 6 else "")
+    return [Finding(FindingCode.ENVIRONMENT_DIFFERS, message, {
+        "explains": "; ".join(d.text for d in explains), "op": (first or {}).get("op"),
+        "step": (first or {}).get("step")})]
+
+
+def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
+    findings = []
+    for side in ("ref", "actual"):
+        first = overflow[f"{side}_first"]
+        if first and overflow["one_sided"]:
+            findings.append(Finding(FindingCode.OVERFLOW, (
+                f"{side} only: first inf/nan from {first['op']} ({first['module'] or 'top level'}, {first['phase']}, "
+                f"step {first['step']}, {first['dtype']}: {first['nan_count']} nan, {first['inf_count']} inf)"),
+                {"side": side, **first}))
+    for skip in overflow["one_sided_skips"]:
+        findings.append(Finding(FindingCode.OVERFLOW, (
+            f"{skip['side']} only: gradients overflowed at step {skip['step']} under the same loss scale "
+            f"{skip['scale']:g} (the other side's did not), so that side's update was skipped"),
+            {**skip, "op": "the backward pass", "dtype": "float16"}))
+    for side in ("ref", "actual"):
+        trace = overflow[f"{side}_scale"]
+        if trace["collapsed"] or trace["frequent"]:
+            findings.append(Finding(FindingCode.SCALE_COLLAPSE, (
+                f"{side} loss scale fell {trace['drops']} times after calibration, to {trace['scales'][-1]:g}"
+                + (" (collapsed: it reached 1)" if trace["collapsed"] else "")), {"side": side, **trace}))
+        if trace["stuck"]:
+            findings.append(Finding(FindingCode.SCALE_STUCK, (
+                f"{side} loss scale never grows ({trace['scales'][0]:g}): a static scale, or no growth over more steps "
+                "without overflow than its growth interval"), {"side": side, **trace}))
+    return findings
+
+
+def _grads_reset_findings(ref: Run, actual: Run) -> list[Finding]:
+    """A side whose backward() finds the previous step's gradients still there accumulates across steps."""
+    common = set(ref.losses["step"]) & set(actual.losses["step"])
+    carried = [set(run.manifest.grads_carried_steps) & common for run in (ref, actual)]
+    findings = []
+    for side, mine, theirs in (("ref", carried[0], carried[1]), ("actual", carried[1], carried[0])):
+        only_here = sorted(mine - theirs)
+        if only_here:
+            findings.append(Finding(FindingCode.GRADS_NOT_RESET, (
+                f"the {side} side does not reset gradients between steps: from step {only_here[0]}, its backward() "
+                "adds to the previous step's gradients (optimizer.zero_grad() missing or misplaced)"),
+                {"side": side, "step": only_here[0], "steps": only_here}))
+    return findings
+
+
+def _op_findings(first: dict[str, Any] | None, ref: Run, actual: Run, hparams: pd.DataFrame,
+                 inputs_differ: bool) -> list[Finding]:
+    if first is None:
+        return []
+    follows = ", ".join(_hparams_behind(first, hparams))
+    same_script = bool(ref.manifest.script_sha256) and ref.manifest.script_sha256 == actual.manifest.script_sha256
+    same_device = ref.manifest.device == actual.manifest.device
+    # Same script and device but other hyperparameters (its arguments) is not a repeat of one run.
+    code = FindingCode.NONDETERMINISM if same_script and same_device and not follows else FindingCode.OP_DIVERGES
+    by_hand = _updates_by_hand(first, ref, actual)
+    message = (f"first divergent operator: {op_label(first)}, stats error {first['stats_error']:.3g} > "
+               f"{first['tolerance']:.3g}; {first['inputs_evidence']}"
+               + (f"; it follows from the {follows} difference" if follows else "")
+               + ("; it is the script's own parameter update (no optimizer): its learning rate or rule differs"
+                  if by_hand else ""))
+    findings = [Finding(code, message, {**first, "follows_hparams": follows, "update_by_hand": by_hand})]
+    if first["step"] == 0 and (first["first_of_step"] or _before_first_forward(first, ref.ops)) and not inputs_differ:
+        findings.append(Finding(FindingCode.DATA_ORDER, (
+            f"{op_label(first)} runs before the first forward of step 0 and already differs: the batch or the "
+            "initial weights differ"), first))
+    return findings
+
+
+def _updates_by_hand(op: dict[str, Any], ref: Run, actual: Run) -> bool:
+    """An in-place op at the top level after the step's backward, in runs without an optimizer: the script updates
+    its parameters itself (`p.data.add_(p.grad, alpha=-lr)`), so a learning rate there is no recorded hyperparameter
+    and the update is where a different one shows first."""
+    if op["phase"] != "other" or not op["op"].endswith("_") or not (ref.hparams.empty and actual.hparams.empty):
+        return False
+    backward = ref.ops.loc[(ref.ops["step"] == op["step"]) & (ref.ops["phase"] == "backward"), "seq"]
+    return bool(len(backward)) and op["seq"] > backward.min()
+
+
+def _input_findings(table: pd.DataFrame) -> list[Finding]:
+    """The batch the outermost module received at step 0 differs: the sides read different data, which explains
+    every difference after it, so it is named before any operator."""
+    inputs = table.loc[(table["ref_op"] == INPUT_OP) & (table["step"] == 0) & (table["passed"] == False)]  # noqa: E712
+    if inputs.empty:
+        return []
+    row = inputs.iloc[0]
+    return [Finding(FindingCode.DATA_ORDER, (
+        f"the sides read different data: the {row['io']} input of {row['module']}'s first forward differs at step 0 "
+        f"({row['ref_dtype']} {row['ref_shape']}: mean {row['ref_mean']:.6g} vs {row['actual_mean']:.6g}, min "
+        f"{row['ref_min']:.6g} vs {row['actual_min']:.6g}, max {row['ref_max']:.6g} vs {row['actual_max']:.6g})"),
+        {"step": 0, "module": str(row["module"]), "io": str(row["io"]), "source": "inputs"})]
+
+
+def _changed_op_findings(table: pd.DataFrame) -> list[Finding]:
+    """The first forward record paired with another computation (gelu where the original calls relu): a changed
+    layer or function, which every numeric difference after it may follow from. Forward only: a backward is derived
+    from its forward, and devices decompose backward ops differently (a GPU's native_dropout_backward is a plain mul
+    where the mask was made apart)."""
+    paired = table.loc[table["status"].isin(MATCHED_STATUSES) & (table["phase"] == "forward")
+                       & ~table["ref_op"].isin(list(CARRIER_OPS))
+                       & (table["ref_op"].astype(str) != table["actual_op"].astype(str)), ["ref_op", "actual_op"]]
+    pairs = paired.astype(str).drop_duplicates()
+    changed = pairs.loc[[not same_computation(op, other) for op, other in zip(pairs["ref_op"], pairs["actual_op"])]]
+    rows = paired.astype(str).merge(changed, on=["ref_op", "actual_op"]).set_axis(
+        paired.index[paired.astype(str).apply(tuple, axis=1).isin(set(changed.apply(tuple, axis=1)))])
+    if rows.empty:
+        return []
+    row = table.loc[rows.index[0]]
+    detail = {"op": str(row["ref_op"]), "actual_op": str(row["actual_op"]), "module": str(row["module"]),
+              "phase": str(row["phase"]), "step": int(row["step"]), "seq": int(row["ref_seq"])}
+    where = f"{detail['module']} " if detail["module"] else ""
+    return [Finding(FindingCode.OP_CHANGED, (
+        f"the port computes {detail['actual_op']} where the original computes {detail['op']} ({where}"
+        f"{detail['phase']}, step {detail['step']}): a changed operator"), detail)]
+
+
+def _hparams_behind(op: dict[str, Any], hparams: pd.DataFrame) -> list[str]:
+    """The differing hyperparameters that already changed this op's values. A step's hyperparameters are recorded
+    just before its optimizer step, so one that differs from step s changes the update of step s and, through the
+    weights, every op of later steps; the forward and backward of step s ran before it and owe it nothing."""
+    steps = hparams["step"]
+    behind = (steps < op["step"]) | ((steps == op["step"]) & (op["phase"] == "optimizer"))
+    return list(dict.fromkeys(hparams.loc[behind, "name"].astype(str)))
+
+
+def _before_first_forward(op: dict[str, Any], ops: pd.DataFrame) -> bool:
+    """A top-level op of step 0 that runs before any module's forward: data loading, preprocessing, weight init.
+    Model construction usually comes first, so the batch is rarely the first recorded op itself."""
+    forward = ops.loc[(ops["step"] == 0) & (ops["phase"] == "forward"), "seq"]
+    return op["phase"] == "other" and (forward.empty or op["seq"] < forward.min())
+
+
+def _loss_finding(loss: LossComparison) -> list[Finding]:
+    if loss.first_step_past_tolerance is None:
+        return []
+    row = loss.frame.loc[~loss.frame["passed"]].iloc[0]
+    return [Finding(FindingCode.LOSS_DIVERGES, (
+        f"loss differs by {row['rel_diff']:.2%} at step {int(row['step'])} ({row['ref_loss']:.6g} vs "
+        f"{row['actual_loss']:.6g}; tolerance {loss.rtol:.2%}); max {loss.max_rel_diff:.2%} over "
+        f"{loss.steps_compared} steps"), {"step": int(row["step"]), "rel_diff": float(row["rel_diff"])})]
+
+
+def _grad_finding(grads: pd.DataFrame) -> list[Finding]:
+    failing = grads.loc[~grads["passed"]]
+    if failing.empty:
+        return []
+    row = failing.iloc[0]
+    return [Finding(FindingCode.GRAD_DIVERGES, (
+        f"gradient norm of {row['param']} differs by {row['rel_diff']:.2%} at step {int(row['step'])} "
+        f"({row['ref_norm']:.6g} vs {row['actual_norm']:.6g}; tolerance {row['tolerance']:.2%}); "
+        f"{len(failing)} of {len(grads)} parameter-steps past tolerance"), {"param": row["param"]})]
+
+
+def _output_finding(outputs: pd.DataFrame) -> list[Finding]:
+    failing = outputs.loc[~outputs["passed"].astype(bool)]
+    if failing.empty:
+        return []
+    row = failing.iloc[0]
+    return [Finding(FindingCode.OUTPUT_DIVERGES, (
+        f"inference output {row['output']} differs at step {int(row['step'])}: {output_figures(row)}"), {})]
+
+
+def output_figures(figures: Any) -> str:
+    """'cosine 0.999998, max abs 0.0012, mean abs 4e-05, top-1 100.00%, top-5 100.00%' of an output (or all)."""
+    return (f"cosine {figures['cosine']:.6f}, max abs {figures['max_abs_error']:.3g}, mean abs "
+            f"{figures['mean_abs_error']:.3g}, top-1 {figures['top1_agreement']:.2%}, top-5 "
+            f"{figures['top5_agreement']:.2%}")
+
+
+def _match_finding(table: pd.DataFrame) -> list[Finding]:
+    # Only steps both runs recorded: the steps after one side stopped early (a crash, a NaN) pair nothing by nature.
+    common = set(table.loc[table["ref_op"].notna(), "step"]) & set(table.loc[table["actual_op"].notna(), "step"])
+    table = table.loc[table["step"].isin(common)]
+    if table.empty:
+        return []
+    share = float(table["status"].isin(MATCHED_STATUSES).mean())
+    if share >= LOW_MATCH_SHARE:
+        return []
+    return [Finding(FindingCode.LOW_MATCH, (
+        f"only {share:.0%} of operator records could be paired: the runs may come from different scripts or "
+        "models"), {"share": share})]
+
+
+def _cause_rank(finding: Finding, first: dict[str, Any] | None) -> float:
+    """Causes before symptoms: FAILING's order, except that an overflow after the first divergent operator on the
+    timeline of the run (a later step, or later in the same step) follows from that divergence and ranks after it."""
+    rank = FAILING.index(finding.code)
+    if finding.code is FindingCode.OVERFLOW and _happens_after(finding.detail, first):
+        return FAILING.index(FindingCode.OP_DIVERGES) + 0.5
+    return rank
+
+
+def _happens_after(detail: dict[str, Any], first: dict[str, Any] | None) -> bool:
+    """Whether what `detail` names comes after the op `first` in execution order: its step, then its seq; a finding
+    without a seq (a skipped update) happens at the end of its step, after every op of it."""
+    step = detail.get("step")
+    if first is None or step is None or step != first["step"]:
+        return first is not None and step is not None and step > first["step"]
+    seq = detail.get("seq")
+    return seq is None or seq > first["seq"]
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    reason: str  # one line: PASS/FAIL and why
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+
+def verdict(findings: list[Finding], loss: LossComparison, table: pd.DataFrame, policy: PrecisionPolicy,
+             first: dict[str, Any] | None, ops_not_compared: str, shared_ending: str,
+             outputs: dict[str, Any]) -> Verdict:
+    failing = sorted((f for f in findings if f.code in FAILING), key=lambda f: _cause_rank(f, first))
+    if failing:
+        return Verdict(False, f"FAIL: {failing[0].message}")
+    if loss.steps_compared == 0 and table.empty:
+        return Verdict(False, "FAIL: nothing to compare (no common loss steps and no operator records)")
+    loss_text = (f"loss within {loss.rtol:.2%} at all {loss.steps_compared} steps (max {loss.max_rel_diff:.3%})"
+                 if loss.steps_compared else "no loss recorded")
+    if outputs:  # inference: the outputs are what an adaptation report states
+        loss_text = (f"{outputs['overall']['outputs']} inference output(s) within the criterion at every step: "
+                     f"{output_figures(outputs['overall'])}")
+    ops_text = (f"operators not compared: {ops_not_compared}" if ops_not_compared else
+                f"{int(table['status'].isin(MATCHED_STATUSES).sum())} op records matched, all within tolerance")
+    ending = f"; {shared_ending.split(';')[0]}" if shared_ending else ""
+    return Verdict(True, f"PASS: {loss_text}; {ops_text} ({policy.description.split(':')[0]}){ending}")
+
+
+def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.DataFrame, first: dict[str, Any] | None,
+                     loss: LossComparison, hparams: pd.DataFrame, grads: pd.DataFrame, outputs: pd.DataFrame,
+                     overflow: dict[str, Any], policy: PrecisionPolicy) -> list[Finding]:
+    """Every finding of a comparison, from how the runs ended to the share of ops that paired."""
+    inputs = _input_findings(table)
+    findings = [
+        *ended,
+        *(Finding(FindingCode.HPARAM_MISMATCH, f"hyperparameter differs: {message}", {"name": name})
+          for message, name in zip(hparams["message"], hparams["name"])),
+        *_grads_reset_findings(ref, actual),
+        *_environment_finding(ref, actual, first),
+        *_overflow_findings(overflow),
+        *_loss_finding(loss),
+        *_output_finding(outputs),
+        *inputs,
+        *_changed_op_findings(table),
+        *_op_findings(first, ref, actual, hparams, bool(inputs)),
+        *_grad_finding(grads),
+        *_match_finding(table),
+    ]
+    if policy.mixed:
+        findings.append(Finding(FindingCode.AMP_ONE_SIDE, policy.description,
+                                {"ref_amp": policy.ref_amp, "actual_amp": policy.actual_amp}))
+    return findings

@@ -1,0 +1,331 @@
+"""The operators' verdicts: each aligned pair of op records judged by its statistics (or md5 fingerprints, or full
+tensors in tensor mode) against the tolerance of its dtypes, and the first divergent operator.
+
+The first divergent operator is the earliest op, in reference execution order, whose outputs break their tolerance
+beyond the noise they inherit while its inputs agree. Its inputs are the recorded calls that produced them (ops.inputs,
+the data flow; tensor mode also records the inputs themselves). Runs recorded without a data flow (schema version 1,
+msprobe dumps) take "the previous matched op of the same step agrees" as the evidence: in a sequential model that op
+produced the input. The first recorded op of a step has only the batch and the weights as inputs, which are not
+recorded; it counts as having agreeing inputs. No torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from verify.compare import metrics
+from verify.compare import tolerances
+from verify.compare.align import CARRIER_OPS
+from verify.compare.align import MATCHED_STATUSES
+from verify.compare.curves import skipped_steps
+from verify.compare.precision_policy import PrecisionPolicy
+from verify.record.store import Run
+from verify.errors import RunDirError
+from verify.record.schema import INPUT_OP, STAT_COLUMNS, UPDATE_OP
+
+
+JUDGED_BY = ["stats", "md5", "tensor"]  # which evidence decided a matched row's `passed`
+
+
+def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPolicy,
+               notes: list[str]) -> pd.DataFrame:
+    """Adds statistic differences, the judged error, tolerances, tensor/md5 metrics and `passed` to aligned rows."""
+    table = aligned
+    for stat in metrics.STAT_NAMES:
+        ref_values = table[f"ref_{stat}"].to_numpy("float64")
+        actual_values = table[f"actual_{stat}"].to_numpy("float64")
+        table[f"{stat}_diff"] = metrics.difference(ref_values, actual_values)
+        table[f"{stat}_rel_diff"] = metrics.relative_difference(ref_values, actual_values)
+    table["stats_error"] = metrics.stats_error(
+        {s: table[f"ref_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES},
+        {s: table[f"actual_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES})
+    limits = tolerances.pair_tolerances(table["ref_dtype"], table["actual_dtype"], policy.op_widen)
+    batch = (table["ref_op"] == INPUT_OP).to_numpy(dtype=bool, na_value=False)
+    limits.loc[batch, "stats_rtol"] = np.minimum(limits.loc[batch, "stats_rtol"], tolerances.BATCH_RTOL)
+    table["tolerance"] = limits["stats_rtol"].to_numpy()
+    matched = table["status"].isin(MATCHED_STATUSES).to_numpy()
+    nonfinite_agree = (_has(table, "ref_nan_count") == _has(table, "actual_nan_count")) & (
+        _has(table, "ref_inf_count") == _has(table, "actual_inf_count"))
+    stats_ok = ~(table["stats_error"].to_numpy() > table["tolerance"].to_numpy())  # NaN (no stats) is not a failure
+    judged_by = np.where(matched, JUDGED_BY.index("stats"), -1)
+    passed = stats_ok & nonfinite_agree
+    passed = _judge_md5(table, matched, passed, nonfinite_agree, judged_by)
+    passed = _judge_tensors(table, matched, passed, nonfinite_agree, judged_by, limits, ref, actual, notes)
+    table["judged_by"] = pd.Categorical.from_codes(judged_by, categories=JUDGED_BY)
+    passed = passed | _indices_of_agreeing_values(table, matched, passed)
+    # Casts and copies carry values, they compute none: what they carry is judged at the ops that use it (their n-th
+    # call on one side need not be the n-th on the other), so they are neither passed nor failed themselves.
+    carried = table["ref_op"].isin(list(CARRIER_OPS)).to_numpy(dtype=bool, na_value=False)
+    judged = matched & ~_scaler_overflow(table, ref, actual) & ~carried & ~_process_bookkeeping(table)
+    table["passed"] = pd.arrays.BooleanArray(passed & judged, ~judged)  # unmatched rows: NA, neither pass nor fail
+    return table
+
+
+def _process_bookkeeping(table: pd.DataFrame) -> np.ndarray:
+    """Integer collectives outside every module: what processes tell each other of themselves, not training values
+    (DDP gathers each rank's buffer addresses as it is built), so they differ from run to run and are not judged."""
+    collective = table["ref_op"].astype("string").str.startswith("c10d.").to_numpy(dtype=bool, na_value=False)
+    integer = table["ref_dtype"].astype("string").str.startswith(("int", "uint")).to_numpy(dtype=bool, na_value=False)
+    return collective & integer & (table["phase"] == "other").to_numpy(dtype=bool, na_value=False)
+
+
+def _indices_of_agreeing_values(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray) -> np.ndarray:
+    """Integer outputs of an op whose floating outputs agree: the indices of max_pool2d_with_indices, topk, sort or
+    max.dim. They come from comparing floats, and values within tolerance may tie-break to other positions, so the
+    values they index decide. An op with integer outputs only (argmax, an index computation) stays exact."""
+    exact = table["ref_dtype"].isin(tolerances.EXACT_DTYPES).to_numpy(dtype=bool, na_value=False)
+    seq = table["ref_seq"].to_numpy(dtype="int64", na_value=-1)  # actual-only rows have none
+    call = pd.factorize(table["step"].to_numpy("int64") * (seq.max(initial=0) + 1) + seq)[0]
+    size = int(call.max(initial=-1)) + 1
+    floats = matched & ~exact
+    values_agree = (np.bincount(call, weights=floats & passed, minlength=size)
+                    == np.bincount(call, weights=floats, minlength=size)) & (np.bincount(call, weights=floats,
+                                                                                          minlength=size) > 0)
+    return matched & exact & values_agree[call]
+
+
+def _scaler_overflow(table: pd.DataFrame, ref: Run, actual: Run) -> np.ndarray:
+    """Backward rows of a skipped step holding inf/nan on either side: dynamic loss scaling at work (compared by
+    compare_overflow, skip for skip), not values to judge. An fp32 reference never overflows where its AMP port does."""
+    nonfinite = (_has(table, "ref_nan_count") | _has(table, "ref_inf_count") | _has(table, "actual_nan_count")
+                 | _has(table, "actual_inf_count"))
+    backward = (table["phase"] == "backward").to_numpy()
+    return nonfinite & backward & table["step"].isin(skipped_steps(ref, actual)).to_numpy()
+
+
+def _has(table: pd.DataFrame, column: str) -> np.ndarray:
+    return table[column].fillna(0).to_numpy("float64") > 0
+
+
+def _filled(column: pd.Series) -> np.ndarray:
+    """Rows of a categorical string column (align_ops' output) that hold a non-empty value, without touching strings."""
+    codes = column.cat.codes.to_numpy()
+    # dtype=bool: on pandas 2.0 comparing "string" categories gives a BooleanArray, which would make an object array
+    non_empty = np.append(np.asarray(column.cat.categories != "", dtype=bool), False)
+    return non_empty[codes]  # code -1 (missing) takes the appended False
+
+
+def _judge_md5(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray, nonfinite_agree: np.ndarray,
+               judged_by: np.ndarray) -> np.ndarray:
+    both = matched & _filled(table["ref_md5"]) & _filled(table["actual_md5"])
+    # Both sides' columns share one vocabulary (align_ops), so equal codes are equal fingerprints.
+    equal = metrics.md5_equal(table["ref_md5"].cat.codes.to_numpy(), table["actual_md5"].cat.codes.to_numpy())
+    table["md5_equal"] = pd.arrays.BooleanArray(equal & both, ~both)
+    judged_by[both] = JUDGED_BY.index("md5")
+    return np.where(both, equal & nonfinite_agree, passed)
+
+
+def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray, nonfinite_agree: np.ndarray,
+                   judged_by: np.ndarray, limits: pd.DataFrame, ref: Run, actual: Run, notes: list[str]) -> np.ndarray:
+    """Tensor mode: full-tensor metrics for the (few) rows whose both sides saved their tensor."""
+    rows = np.flatnonzero(matched & _filled(table["ref_tensor_file"]) & _filled(table["actual_tensor_file"]))
+    ref_files, actual_files = table["ref_tensor_file"].to_numpy()[rows], table["actual_tensor_file"].to_numpy()[rows]
+    values = {name: np.full(len(table), np.nan) for name in metrics.TENSOR_METRICS}
+    unreadable = []
+    for row, ref_file, actual_file in zip(rows, ref_files, actual_files):  # one per saved tensor pair: file reads
+        try:
+            ref_tensor, actual_tensor = ref.load_array(ref_file), actual.load_array(actual_file)
+        except (OSError, ValueError, RunDirError) as error:
+            unreadable.append(f"{ref_file} / {actual_file}: {error}")
+            continue
+        if ref_tensor.shape != actual_tensor.shape:
+            unreadable.append(f"{ref_file}: shape {ref_tensor.shape} vs {actual_tensor.shape}")
+            continue
+        for name, metric in metrics.TENSOR_METRICS.items():
+            values[name][row] = metric(ref_tensor, actual_tensor)
+    for name, column in values.items():
+        table[name] = column
+    if unreadable:
+        notes.append(f"{len(unreadable)} tensor pair(s) judged by statistics only (unreadable or different "
+                     f"shapes), first: {unreadable[0]}")
+    judged = np.zeros(len(table), bool)
+    judged[rows] = True
+    judged &= ~np.isnan(values["cosine"])
+    # msprobe's rule, with our dtype thresholds: a low cosine fails; a large error fails unless nearly all elements
+    # are close (a few outliers in a big tensor).
+    tensor_ok = (values["cosine"] >= limits["cosine_min"].to_numpy()) & ~(
+        (values["max_abs_error"] > limits["max_abs_error"].to_numpy())
+        & (values["within_5e3"] < limits["within_5e3_min"].to_numpy()))
+    judged_by[judged] = JUDGED_BY.index("tensor")
+    return np.where(judged, tensor_ok & nonfinite_agree, passed)
+
+
+def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
+    """The earliest op (ref step, seq) whose outputs break tolerance while its inputs agree (see module doc)."""
+    computing = ~table["ref_op"].isin(list(CARRIER_OPS)).to_numpy()  # casts and copies carry, they do not compute
+    matched = np.flatnonzero(table["status"].isin(MATCHED_STATUSES).to_numpy() & computing)
+    if not len(matched):
+        return None
+    step = table["step"].to_numpy()[matched]
+    seq = table["ref_seq"].to_numpy(dtype="int64", na_value=0)[matched]
+    # The batch records (INPUT_OP) are no op's inputs: they stand first in the chain, so that an op after a batch that
+    # differs is not taken for the cause (findings._input_findings names the batch).
+    batch = (table["ref_op"].iloc[matched] == INPUT_OP).to_numpy(dtype=bool, na_value=False)
+    is_input = table["io"].iloc[matched].str.startswith("in").to_numpy(dtype=bool, na_value=False) & ~batch
+    failed = (table["passed"].iloc[matched] == False).to_numpy(dtype=bool, na_value=False)  # noqa: E712
+    # One id per op call, increasing in execution order (the table is sorted by step, then ref seq).
+    op_id = pd.factorize(step * (int(seq.max()) + 1) + seq, sort=True)[0]
+    n_ops = int(op_id.max()) + 1
+    failed &= ~_explained_by_inherited_noise(table, matched)
+    failed &= ~_state_after_the_first_step(table, matched, step)
+    output_failed = np.bincount(op_id, weights=failed & ~is_input, minlength=n_ops) > 0
+    input_failed = np.bincount(op_id, weights=failed & is_input, minlength=n_ops) > 0
+    inputs_recorded = np.bincount(op_id, weights=is_input, minlength=n_ops) > 0
+    op_step = np.zeros(n_ops, dtype="int64")
+    op_step[op_id] = step
+    first_of_step = np.r_[True, op_step[1:] != op_step[:-1]]
+    previous_ok = np.r_[True, ~output_failed[:-1]] | first_of_step
+    op_seq = np.zeros(n_ops, dtype="int64")
+    op_seq[op_id] = seq
+    flow_known, producers_failed = _producers_failed(table, matched, op_id, op_step, op_seq, output_failed)
+    inputs_ok = np.where(inputs_recorded, ~input_failed, np.where(flow_known, ~producers_failed, previous_ok))
+    is_batch = np.bincount(op_id, weights=batch, minlength=n_ops) > 0
+    candidates = np.flatnonzero(output_failed & inputs_ok & ~is_batch)
+    if not len(candidates):
+        return None
+    chosen = candidates[0]
+    rows = table.iloc[matched[(op_id == chosen) & failed & ~is_input]]
+    worst = rows.sort_values("stats_error", ascending=False, na_position="last").iloc[0]
+    stats = STAT_COLUMNS
+    return {
+        "step": int(worst["step"]), "seq": int(worst["ref_seq"]), "phase": str(worst["phase"]),
+        "module": str(worst["module"]), "op": str(worst["ref_op"]), "actual_op": str(worst["actual_op"]),
+        "io": str(worst["io"]), "status": str(worst["status"]), "judged_by": str(worst["judged_by"]),
+        "dtype": str(worst["ref_dtype"]), "actual_dtype": str(worst["actual_dtype"]),
+        "stats_error": float(worst["stats_error"]), "tolerance": float(worst["tolerance"]),
+        "ref": {stat: float(worst[f"ref_{stat}"]) for stat in stats},
+        "actual": {stat: float(worst[f"actual_{stat}"]) for stat in stats},
+        "cosine": float(worst.get("cosine", np.nan)),
+        "inputs_evidence": ("its recorded inputs agree" if inputs_recorded[chosen]
+                            else "the ops that produced its inputs agree" if flow_known[chosen]
+                            else "first recorded op of the step (inputs: batch and weights, not recorded)"
+                            if first_of_step[chosen] else "the previous matched op of the step agrees"),
+        "first_of_step": bool(first_of_step[chosen] and not inputs_recorded[chosen]),
+        "ops_past_tolerance": int(failed.sum()),
+    }
+
+
+def _state_after_the_first_step(table: pd.DataFrame, rows: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Per row of `rows`: a parameter after an optimizer step other than the first. It is the state training carries,
+    not a computation of its own: an adaptive optimizer (Adam, Adadelta) moves each element by about lr whatever its
+    gradient's size at its first steps, so the noise of a near-zero gradient flips whole steps (dcgan's faithful fp16
+    port on the emulators' modelled noise: a batch-norm bias 6% apart at step 2, its gradient 0.3%). The first
+    step's update is judged, where a port's optimizer shows; later steps are judged by the ops that read the state,
+    with the noise it carries (tolerances.STATE_NOISE_GROWTH), by the gradients and by the losses."""
+    update = (table["ref_op"].iloc[rows] == UPDATE_OP).to_numpy(dtype=bool, na_value=False)
+    return update & (step > step.min())
+
+
+def _producer_pairs(table: pd.DataFrame, rows: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+    """The data flow (ops.inputs) of `rows`: a (row, step, seq) pair per recorded call of the reference whose output
+    the row's op read, and the rows whose run recorded a data flow at all (not schema version 1 runs)."""
+    inputs = table["ref_inputs"].iloc[rows]
+    known = rows[inputs.notna().to_numpy()]
+    listed = pd.DataFrame({"row": known, "step": table["step"].to_numpy()[known],
+                           "seq": inputs.dropna().astype(str).str.split(",").to_numpy()}).explode("seq")
+    return listed.loc[listed["seq"].fillna("") != ""].astype({"seq": "int64"}), known
+
+
+def _producers_failed(table: pd.DataFrame, matched: np.ndarray, op_id: np.ndarray, op_step: np.ndarray,
+                      op_seq: np.ndarray, output_failed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per op call: whether its data flow was recorded, and whether a call that produced its inputs failed."""
+    pairs, known_rows = _producer_pairs(table, matched)
+    call_of_row = np.full(len(table), -1)
+    call_of_row[matched] = op_id
+    known = np.zeros(len(output_failed), dtype=bool)
+    known[call_of_row[known_rows]] = True
+    failed_calls = pd.MultiIndex.from_arrays([op_step[output_failed], op_seq[output_failed]])
+    from_failed = pd.MultiIndex.from_frame(pairs[["step", "seq"]]).isin(failed_calls)
+    failed = np.zeros(len(output_failed), dtype=bool)
+    failed[call_of_row[pairs["row"].to_numpy()[from_failed]]] = True
+    return known, failed
+
+
+def _explained_by_inherited_noise(table: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """Per row of `rows`: its error is no larger than the noise the op inherits explains, that is at most
+    tolerances.NOISE_AMPLIFICATION times the error of the calls that produced its inputs, or within the tolerance of
+    their dtypes (an fp32 residual add of a bf16 matmul's output is as noisy as bf16). The producers are the recorded
+    data flow (ops.inputs); runs recorded without it (schema version 1) get two stand-ins: the calls just before the
+    op in its step, casts included (tolerances.INHERITED_NOISE_WINDOW: an fp32 layer norm whose incoming gradient
+    comes from bf16 matmuls), and the earlier calls of the step with an output of its shape (gradient clipping's
+    multiply on gradients made in backward). Integer outputs stay exact."""
+    matched = np.flatnonzero(table["status"].isin(MATCHED_STATUSES).to_numpy())
+    calls = pd.DataFrame({
+        "step": table["step"].to_numpy()[matched], "seq": table["ref_seq"].to_numpy(dtype="int64", na_value=0)[matched],
+        "shape": table["ref_shape"].cat.codes.to_numpy()[matched],
+        "error": np.nan_to_num(table["stats_error"].to_numpy("float64")[matched], nan=0.0),
+        "tolerance": table["tolerance"].to_numpy("float64")[matched]}, index=matched)
+    limit = np.zeros(len(table))  # a recorded data flow replaces the stand-ins: no producer, nothing inherited
+    pairs, known = _producer_pairs(table, matched)
+    if len(known) < len(matched):  # a run without a recorded data flow (schema version 1, an msprobe dump)
+        limit[matched] = _stand_in_limit(calls)
+        limit[known] = 0.0
+    per_call = calls.groupby(["step", "seq"])[["error", "tolerance"]].max().reset_index()
+    flow = pairs.merge(per_call, on=["step", "seq"]).groupby("row")[["error", "tolerance"]].max()
+    limit[flow.index.to_numpy()] = _limit(flow["error"].to_numpy(), flow["tolerance"].to_numpy())
+    limit[matched] = np.fmax(limit[matched], _state_noise(calls))
+    error = np.nan_to_num(table["stats_error"].to_numpy("float64")[rows], nan=0.0)
+    exact = table["tolerance"].to_numpy("float64")[rows] == 0
+    return (error <= limit[rows]) & ~exact
+
+
+def _state_noise(calls: pd.DataFrame) -> np.ndarray:
+    """Per call: the noise its step inherits from the state the earlier steps left."""
+    return carried_noise(calls["step"], calls["error"]).reindex(calls["step"]).to_numpy()
+
+
+def carried_noise(step: pd.Series, error: pd.Series) -> pd.Series:
+    """Per step: the noise it inherits from the state the earlier steps left, tolerances.STATE_NOISE_GROWTH times the
+    largest error of any earlier step (none at the first step). The gradients of a step carry it too (curves)."""
+    worst = pd.Series(np.nan_to_num(error.to_numpy("float64"), nan=0.0)).groupby(step.to_numpy()).max().sort_index()
+    return worst.cummax().shift(1, fill_value=0.0) * tolerances.STATE_NOISE_GROWTH
+
+
+def carried_noise_of(table: pd.DataFrame) -> pd.Series:
+    """carried_noise over the matched op records of a comparison table (empty without op records)."""
+    matched = table.loc[table["status"].isin(MATCHED_STATUSES)]
+    return carried_noise(matched["step"], matched["stats_error"])
+
+
+def _limit(inherited_error: np.ndarray, inherited_tolerance: np.ndarray) -> np.ndarray:
+    return np.nan_to_num(tolerances.NOISE_AMPLIFICATION * np.fmax(inherited_error, inherited_tolerance), nan=0.0)
+
+
+def _stand_in_limit(calls: pd.DataFrame) -> np.ndarray:
+    """Without a recorded data flow: the window of calls before each one, and the earlier calls of its shape."""
+    calls = calls.assign(call=pd.factorize(calls["step"] * (int(calls["seq"].max()) + 1) + calls["seq"],
+                                           sort=True)[0])
+    per_call = calls.groupby("call").agg(step=("step", "first"), error=("error", "max"), tolerance=("tolerance", "max"))
+    window = per_call.groupby("step")[["error", "tolerance"]].transform(
+        lambda values: values.shift(1).rolling(tolerances.INHERITED_NOISE_WINDOW, min_periods=1).max())
+    by_shape = calls.groupby(["step", "shape", "call"])[["error", "tolerance"]].max()
+    same_shape = by_shape.groupby(level=["step", "shape"]).transform(lambda values: values.shift(1).cummax()).reindex(
+        pd.MultiIndex.from_frame(calls[["step", "shape", "call"]]))
+    before = window.reindex(calls["call"])
+    return _limit(np.fmax(before["error"].to_numpy(), same_shape["error"].to_numpy()),
+                  np.fmax(before["tolerance"].to_numpy(), same_shape["tolerance"].to_numpy()))
+
+
+def op_label(op: dict[str, Any]) -> str:
+    where = f"{op['module']} " if op["module"] else ""
+    return f"{op['op']} ({where}{op['phase']}, step {op['step']}, {op['io']})"
+
+
+def unscaled_backward(run: Run) -> pd.DataFrame:
+    """The run's op records with the statistics of backward ops divided by the loss scale of their step: under a
+    GradScaler every gradient flowing back is multiplied by the scale, so an fp32 reference and its scaled AMP port
+    (or two sides under different scales) are compared on the gradients themselves."""
+    scales = pd.to_numeric(run.losses.groupby("step")["loss_scale"].first(), errors="coerce").dropna()
+    ops = run.ops
+    if scales.empty or ops.empty:
+        return ops
+    factor = ops["step"].map(scales).where(ops["phase"] == "backward").fillna(1.0).to_numpy("float64")
+    if (factor == 1.0).all():
+        return ops
+    ops = ops.copy()
+    for column in metrics.STAT_NAMES:
+        ops[column] = ops[column].to_numpy("float64") / factor
+    return ops

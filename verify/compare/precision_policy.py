@@ -1,0 +1,56 @@
+"""How the precision of two runs decides their tolerances: the half dtype each computed its forward in, and the
+policy a comparison takes from them (same precision, same AMP, or fp32 against AMP with widened tolerances, each from
+verify/compare/tolerances.py). Pure computation over runs; no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verify.compare import tolerances
+from verify.record.store import Run
+from verify.record.schema import AUTOCAST_DTYPES, HALF_DTYPES
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    loss_rtol: float | None = None  # None: the precision policy's default (tolerances.LOSS_RTOL or AMP_VS_FP32_...)
+
+
+@dataclass
+class PrecisionPolicy:
+    ref_amp: str  # "" (fp32), "float16" or "bfloat16"
+    actual_amp: str
+    op_widen: float  # factor on every op tolerance
+    loss_rtol: float
+    description: str  # the sentence the verdict carries
+
+    @property
+    def mixed(self) -> bool:
+        return self.ref_amp != self.actual_amp
+
+
+def amp_dtype(run: Run) -> str:
+    """The half dtype a run computed its forward in: the autocast it was given, else what its ops show."""
+    imposed = AUTOCAST_DTYPES.get(run.manifest.autocast, run.manifest.autocast if run.manifest.autocast in HALF_DTYPES
+                                  else "")
+    if imposed:
+        return imposed
+    forward = run.ops.loc[run.ops["phase"] == "forward", "dtype"]
+    seen = forward[forward.isin(HALF_DTYPES)]
+    return str(seen.mode().iloc[0]) if len(seen) else ""
+
+
+def precision_policy(ref: Run, actual: Run, options: CompareOptions) -> PrecisionPolicy:
+    ref_amp, actual_amp = amp_dtype(ref), amp_dtype(actual)
+    if ref_amp == actual_amp:
+        widen, loss_rtol = 1.0, tolerances.LOSS_RTOL
+        description = (f"same-AMP policy ({ref_amp} autocast on both sides): dtype tolerances" if ref_amp
+                       else "same precision (fp32 on both sides): dtype tolerances")
+    else:
+        widen, loss_rtol = tolerances.AMP_VS_FP32_OP_FACTOR, tolerances.AMP_VS_FP32_LOSS_RTOL
+        description = (f"fp32-vs-AMP: ref {ref_amp or 'fp32'}, actual {actual_amp or 'fp32'}; op tolerances of the "
+                       f"looser dtype widened x{widen:g}, loss rtol {loss_rtol:g}. This mixes AMP noise with porting "
+                       "errors: rerun the reference under the same autocast to isolate the port")
+    if options.loss_rtol is not None:
+        loss_rtol = options.loss_rtol
+    return PrecisionPolicy(ref_amp, actual_amp, widen, loss_rtol, description)

@@ -1,0 +1,251 @@
+"""Compare a reference run with a ported run: the comparison's result and how it is put together.
+
+Pure computation over two `Run` (read by compare_cli from a run directory or an msprobe dump): `compare_runs` takes
+the precision policy (verify/compare/precision_policy.py), judges the operators and finds the first divergent one
+(verify/compare/op_verdicts.py), compares the losses, hyperparameters, gradients, outputs and overflow
+(verify/compare/curves.py), and collects the findings and the verdict (verify/compare/findings.py) into a
+`ComparisonResult` that report.py renders. It never imports torch, so a comparison runs on any laptop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+import pandas as pd
+
+from verify.record import environment
+from verify.compare.align import RANDOM_OPS, AlignStatus, align_ops
+from verify.compare.curves import (LossComparison, compare_grads, compare_hparams, compare_losses, compare_outputs,
+                           compare_overflow, summarize_outputs)
+from verify.compare.findings import FAILING, Finding, FindingCode, Verdict, collect_findings, how_runs_ended, verdict
+from verify.compare.op_verdicts import carried_noise_of, first_divergent_op, op_metrics, unscaled_backward
+from verify.compare.precision_policy import CompareOptions, PrecisionPolicy, precision_policy
+from verify.compare.rank_compare import findings_across_ranks, ranks_of, worst_rank
+from verify.record.store import Run
+from verify.devices import title
+from verify.record.schema import DumpMode
+
+
+@dataclass
+class ComparisonResult:
+    verdict: Verdict
+    policy: PrecisionPolicy
+    ref: Run
+    actual: Run
+    loss: LossComparison
+    ops: pd.DataFrame  # align_ops + metrics + tolerance + passed
+    first_divergent: dict[str, Any] | None
+    hparams: pd.DataFrame  # differences only: step, group, name, ref_value, actual_value, message
+    grads: pd.DataFrame  # step, param, ref_norm, actual_norm, rel_diff, passed
+    outputs: pd.DataFrame  # inference: step, output, metrics, passed
+    overflow: dict[str, Any]
+    findings: list[Finding]
+    notes: list[str]
+    outputs_summary: dict[str, Any] = field(default_factory=dict)  # curves.summarize_outputs: inference only
+    ops_not_compared: str = ""  # why no operator was compared (compare._ops_not_compared), "" when they were
+    # Runs of several ranks: their numbers, the rank whose comparison this is, each rank's verdict and the sharding
+    # evidence (verify/compare/rank_compare.py); empty for two single processes.
+    ranks: dict[str, Any] = field(default_factory=dict)
+
+    def status_counts(self) -> dict[str, int]:
+        counts = self.ops["status"].value_counts() if len(self.ops) else pd.Series(dtype="int64")
+        return {status.value: int(counts.get(status.value, 0)) for status in AlignStatus}
+
+    def summary(self) -> dict[str, Any]:
+        """What CI reads in summary.json: verdict, numbers, findings; no per-op rows. Values may be numpy or pandas
+        scalars: report.write_json makes them plain JSON data."""
+        loss = {item.name: getattr(self.loss, item.name) for item in fields(self.loss) if item.name != "frame"}
+        return {
+            "verdict": "PASS" if self.verdict.passed else "FAIL",
+            "passed": self.verdict.passed,
+            "exit_code": self.verdict.exit_code,
+            "reason": self.verdict.reason,
+            "comparison": self.policy.description,
+            "ref": {"path": str(self.ref.root), "title": self.ref.manifest.title, "source": self.ref.source,
+                    "emulated": self.ref.manifest.emulated},
+            "actual": {"path": str(self.actual.root), "title": self.actual.manifest.title,
+                       "source": self.actual.source, "emulated": self.actual.manifest.emulated},
+            "loss": loss,
+            "ops": {**self.status_counts(), "past_tolerance": int((self.ops["passed"] == False).sum()),  # noqa: E712
+                    "not_compared": self.ops_not_compared},
+            "first_divergent": self.first_divergent,
+            "hparam_differences": self.hparams["message"].tolist(),
+            "environment_differences": [asdict(d) for d in
+                                        environment.differences(self.ref.manifest, self.actual.manifest)],
+            "overflow": self.overflow,
+            "outputs": self.outputs_summary,
+            "findings": [{"code": f.code.value, "message": f.message, "detail": f.detail} for f in self.findings],
+            "notes": self.notes,
+            **({"ranks": self.ranks} if self.ranks else {}),
+        }
+
+
+# --- precision policy ----------------------------------------------------------------------------------------------
+
+
+# --- operators -----------------------------------------------------------------------------------------------------
+
+
+# --- losses, hyperparameters, gradients, outputs ---------------------------------------------------------------------
+
+
+# --- overflow ------------------------------------------------------------------------------------------------------
+
+
+# --- findings and the verdict ----------------------------------------------------------------------------------------
+
+
+def _random_notes(ref: Run, actual: Run) -> list[str]:
+    """Whether both sides drew their dropout masks from the keyed stream, and the random draws left to each device's
+    own generator (on two real devices those differ, whatever the port does)."""
+    aligned = [run.manifest.align_random for run in (ref, actual)]
+    notes = ["dropout masks drawn from one keyed stream on both sides "
+             "(verify/capture/random_streams.py)" if all(aligned)
+             else "dropout masks from each device's own generator" + ("" if not any(aligned) else " on one side")]
+    unaligned = sorted({*ref.manifest.random_not_aligned, *actual.manifest.random_not_aligned})
+    for run in (ref, actual):  # inside modules: at the top level, draws are mostly data and weights made on the CPU
+        ops = run.ops
+        drawn = ops.loc[ops["op"].isin(list(RANDOM_OPS)) & (ops["module"] != ""), ["op", "module"]].drop_duplicates()
+        unaligned += [f"{op} in {module}" for op, module in drawn.itertuples(index=False)
+                      if f"{op} in {module}" not in unaligned]
+    if unaligned:
+        notes.append(f"random draws left to each device's own generator ({len(unaligned)}): "
+                     + ", ".join(unaligned[:8]) + (", ..." if len(unaligned) > 8 else "")
+                     + "; on two different devices their values differ")
+    return notes
+
+
+def _emulation_notes(ref: Run, actual: Run) -> list[str]:
+    """Ops an emulation computed in float32 and rounded, where the CPU lacks the kernel the device runs them with, and
+    what it modelled of its device's numerics (or that it computed exactly as the CPU)."""
+    sides = (("ref", ref), ("actual", actual))
+    notes = [f"{side}: {title(run.manifest.device, run.manifest.emulated_on)} computed {', '.join(ops)} in float32 "
+             "and rounded the results to that dtype, as the CPU has no kernel for it"
+             for side, run in sides if (ops := run.manifest.extra.get("computed_in_fp32"))]
+    notes += [f"{side}: {title(run.manifest.device, run.manifest.emulated_on)} modelled its device's own summation "
+              f"order and generator: {'; '.join(modelled)}" for side, run in sides
+              if (modelled := run.manifest.modelled_numerics)]
+    notes += [f"{side}: {title(run.manifest.device, run.manifest.emulated_on)} computed exactly as the CPU does "
+              "(--exact-emulation)" for side, run in sides if run.manifest.exact_emulation]
+    return notes
+
+
+def _step_notes(ref: Run, actual: Run) -> list[str]:
+    notes = []
+    ref_steps, actual_steps = set(ref.losses["step"].tolist()), set(actual.losses["step"].tolist())
+    if ref_steps != actual_steps and ref_steps and actual_steps:
+        notes.append(f"step counts differ: ref {len(ref_steps)}, actual {len(actual_steps)}; compared the "
+                     f"{len(ref_steps & actual_steps)} common steps")
+    if ref.manifest.seed != actual.manifest.seed:
+        notes.append(f"seeds differ: ref {ref.manifest.seed}, actual {actual.manifest.seed}")
+    return notes
+
+
+def _one_sided_notes(ref: Run, actual: Run) -> list[str]:
+    """Gradient or output records on one side only: the other's are missing (deleted, damaged from its first step,
+    or never written), and comparing only the steps both have would hide it. The operators have their own note."""
+    notes = []
+    for table in ("grads", "outputs"):
+        counts = {side: len(getattr(run, table)) for side, run in (("ref", ref), ("actual", actual))}
+        for side, other in (("ref", "actual"), ("actual", "ref")):
+            if counts[side] == 0 and counts[other]:
+                notes.append(f"the {side} side has no {_TABLE_NAMES[table]} records where the {other} side has "
+                             f"{counts[other]}: they were not compared")
+    return notes
+
+
+_TABLE_NAMES = {"grads": "gradient", "outputs": "output"}
+
+
+def _ops_not_compared(ref: Run, actual: Run) -> str:
+    """Why the operators cannot be compared ("" when both sides recorded some): a side without records is named, so
+    that the other side's records are not counted as unmatched."""
+    missing = {side: _why_no_ops(run) for side, run in (("ref", ref), ("actual", actual)) if run.ops.empty}
+    if len(missing) == 2:
+        reasons = set(missing.values())
+        return (f"neither side recorded any: both {reasons.pop()}" if len(reasons) == 1
+                else f"neither side recorded any: ref {missing['ref']}, actual {missing['actual']}")
+    return "".join(f"the {side} side recorded none: it {why}" for side, why in missing.items())
+
+
+def _why_no_ops(run: Run) -> str:
+    if run.manifest.dump_mode == DumpMode.OFF.value:
+        return "ran with --dump off"
+    if run.manifest.steps_completed == 0:
+        return "stopped before its first step"
+    return "has no operator table"
+
+
+def _evidence(loss: LossComparison, hparams_compared: bool, grads: pd.DataFrame, outputs: pd.DataFrame) -> str:
+    """What a comparison without operators was judged on: 'losses, hyperparameters and gradients'."""
+    kinds = [kind for kind, present in (("losses", loss.steps_compared > 0), ("hyperparameters", hparams_compared),
+                                        ("gradients", len(grads) > 0), ("outputs", len(outputs) > 0)) if present]
+    return " and ".join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds) or "nothing"
+
+
+def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions()) -> ComparisonResult:
+    """The comparison of two runs; CompareError where they prove nothing (see findings.how_runs_ended). Runs of
+    several ranks are compared rank by rank, and across ranks (_compare_ranks)."""
+    if ref.ranks or actual.ranks:
+        return _compare_ranks(ref, actual, options)
+    return _compare_processes(ref, actual, options)
+
+
+def _compare_ranks(ref: Run, actual: Run, options: CompareOptions) -> ComparisonResult:
+    """Each pair of ranks compared as two processes; the findings across ranks first (the data each rank read, the
+    ranks' agreement), then the worst rank's, named. That rank's comparison is what the reports show."""
+    ended = [finding for finding in how_runs_ended(ref, actual)[0] if finding.code is FindingCode.RUN_FAILED]
+    across, evidence = findings_across_ranks(ref, actual)
+    across = ended + across  # the port's run as a whole: the rank that ended it, the collective the others were in
+    results = [_compare_processes(mine, theirs, options) for mine, theirs in zip(ranks_of(ref), ranks_of(actual))]
+    worst = worst_rank([(result.verdict.passed, result.findings) for result in results],
+                       actual.manifest.extra.get("cause_rank", 0))
+    verdicts = [rank_result.verdict.reason for rank_result in results]
+    result = results[worst]
+    result.findings = across + [replace(finding, message=f"rank {worst}: {finding.message}",
+                                        detail={**finding.detail, "rank": worst}) for finding in result.findings]
+    failing = [finding for finding in across if finding.code in FAILING]
+    reason = result.verdict.reason.split(": ", 1)[-1]
+    if failing:
+        result.verdict = Verdict(False, f"FAIL: {failing[0].message}")
+    elif not result.verdict.passed:
+        result.verdict = Verdict(False, f"FAIL: rank {worst}: {reason}")
+    else:
+        result.verdict = Verdict(True, f"PASS: on each of the {len(results)} ranks, {reason}")
+    result.notes += [f"rank {rank}: {reason}" for rank, reason in enumerate(verdicts)]
+    if evidence["sharding"].get("checked"):
+        result.notes.append(f"data read by each rank (run time): {evidence['sharding']['message']}")
+    result.ref, result.actual = ref, actual
+    result.ranks = {**evidence, "shown_rank": worst, "verdicts": verdicts}
+    return result
+
+
+def _compare_processes(ref: Run, actual: Run, options: CompareOptions) -> ComparisonResult:
+    """Two processes: two single-process runs, or a rank of each."""
+    ended, shared_ending = how_runs_ended(ref, actual)
+    notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual),
+             *_one_sided_notes(ref, actual), *_random_notes(ref, actual), *_emulation_notes(ref, actual)]
+    if shared_ending:
+        notes.append(shared_ending)
+    policy = precision_policy(ref, actual, options)
+    ops_not_compared = _ops_not_compared(ref, actual)
+    sides = (ref.ops.iloc[:0], actual.ops.iloc[:0]) if ops_not_compared else (
+        unscaled_backward(ref), unscaled_backward(actual))
+    table = op_metrics(align_ops(*sides), ref, actual, policy, notes)
+    first = first_divergent_op(table)
+    loss = compare_losses(ref, actual, policy.loss_rtol)
+    hparams = compare_hparams(ref, actual)
+    grads = compare_grads(ref, actual, policy.loss_rtol, carried_noise_of(table))
+    outputs = compare_outputs(ref, actual, policy, notes)
+    overflow = compare_overflow(ref, actual)
+    if ops_not_compared:
+        evidence = _evidence(loss, not (ref.hparams.empty or actual.hparams.empty), grads, outputs)
+        notes.append(f"operators not compared: {ops_not_compared}; judged on the {evidence}")
+    findings = collect_findings(ended, ref, actual, table, first, loss, hparams, grads, outputs, overflow, policy)
+    outputs_summary = summarize_outputs(outputs, policy)
+    return ComparisonResult(
+        verdict=verdict(findings, loss, table, policy, first, ops_not_compared, shared_ending, outputs_summary),
+        policy=policy, ref=ref, actual=actual, loss=loss, ops=table, first_divergent=first, hparams=hparams,
+        grads=grads, outputs=outputs, overflow=overflow, findings=findings, notes=notes,
+        outputs_summary=outputs_summary, ops_not_compared=ops_not_compared)

@@ -1,0 +1,123 @@
+"""Whether the port's ranks read the data as the original's do, checked on what they read at run time: the samples
+table holds a fingerprint of each sample the model received (verify/capture/ops.py), per rank and step. Where the
+original's ranks read disjoint shards the port's must too, each rank must read what the original's rank read, and the
+union of a step's samples must be equal on both sides. The first difference becomes one finding, its cause named
+where the runs tell it (a DataLoader without the original's DistributedSampler, a sampler whose epoch is never set,
+ranks seeded alike). No torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verify.compare.findings import Finding, FindingCode
+from verify.record.store import Run
+
+Shards = list[dict[int, frozenset[str]]]  # rank -> step -> the fingerprints of the samples it read
+_DISTRIBUTED_SAMPLER = "DistributedSampler"
+
+
+def step_samples(run: Run) -> dict[int, frozenset[str]]:
+    """step -> the samples this process's model received: its lead input (the first input of the first outermost
+    module that received data), over every forward of the step."""
+    samples = run.samples
+    if samples.empty:
+        return {}
+    lead = samples.iloc[0]
+    rows = samples.loc[(samples["module"] == lead["module"]) & (samples["io"] == lead["io"])]
+    steps: dict[int, set[str]] = {}
+    for step, fingerprints in zip(rows["step"], rows["fingerprints"]):
+        steps.setdefault(int(step), set()).update(filter(None, str(fingerprints).split(",")))
+    return {step: frozenset(found) for step, found in steps.items()}
+
+
+def _common_steps(ref: Shards, actual: Shards) -> list[int]:
+    steps = [set(rank) for rank in (*ref, *actual)]
+    return sorted(set.intersection(*steps)) if steps else []
+
+
+def _sampler(run: Run) -> str:
+    """The sampler class of the run's first DataLoader ("" without one), as the environment record names it."""
+    loaders = run.manifest.extra.get("environment", {}).get("data_loaders", [])
+    return str(loaders[0].get("sampler", "")) if loaders and isinstance(loaders[0], dict) else ""
+
+
+def _shared_cause(ref: Run, actual: Run) -> str:
+    """Why the port's ranks read the same samples where the original's do not."""
+    ref_sampler, actual_sampler = _sampler(ref), _sampler(actual)
+    if ref_sampler == _DISTRIBUTED_SAMPLER and actual_sampler != _DISTRIBUTED_SAMPLER:
+        return (f"the port has no {_DISTRIBUTED_SAMPLER} (its DataLoader samples with "
+                f"{actual_sampler or 'no sampler'})")
+    if not actual_sampler:
+        return "the port's ranks draw the same batches: a seed that differs per rank (seed + rank) is missing"
+    return "the port's ranks read the same shard of the data"
+
+
+def _overlap_finding(ref: Run, actual: Run, ref_shards: Shards, actual_shards: Shards,
+                     steps: list[int]) -> Finding | None:
+    """The first step and pair of ranks whose samples overlap in the port where they are disjoint in the original."""
+    for step in steps:
+        for rank in range(1, len(actual_shards)):
+            for other in range(rank):
+                shared = actual_shards[rank][step] & actual_shards[other][step]
+                if not shared or ref_shards[rank][step] & ref_shards[other][step]:
+                    continue
+                read = actual_shards[rank][step]
+                what = (f"the same samples as rank {other}" if read == actual_shards[other][step]
+                        else f"{len(shared)} of its {len(read)} samples that rank {other} read too")
+                return Finding(FindingCode.SHARDING, (
+                    f"rank {rank} read {what} at step {step}, where the original's ranks read disjoint "
+                    f"shards: {_shared_cause(ref, actual)}"), {"step": step, "rank": rank, "other_rank": other,
+                                                              "cause": "overlap"})
+    return None
+
+
+def _repeated_step(union: list[frozenset[str]], position: int) -> int | None:
+    """The earlier step position whose union of samples the one at `position` repeats, if any."""
+    return next((earlier for earlier in range(position) if union[earlier] == union[position]), None)
+
+
+def _reading_finding(ref_shards: Shards, actual_shards: Shards, steps: list[int]) -> Finding | None:
+    """The first step at which a rank of the port read other samples than the same rank of the original."""
+    ref_union = [frozenset().union(*(rank[step] for rank in ref_shards)) for step in steps]
+    actual_union = [frozenset().union(*(rank[step] for rank in actual_shards)) for step in steps]
+    for position, step in enumerate(steps):
+        differing = [rank for rank, (mine, theirs) in enumerate(zip(actual_shards, ref_shards))
+                     if mine[step] != theirs[step]]
+        if not differing:
+            continue
+        rank, detail = differing[0], {"step": step, "rank": differing[0]}
+        repeated = _repeated_step(actual_union, position)
+        if repeated is not None and _repeated_step(ref_union, position) is None:
+            message = (f"at step {step} the port's ranks read again the samples of step {steps[repeated]}, where the "
+                       "original's read new ones: the port does not set the sampler's epoch (set_epoch) as the "
+                       "original does")
+            return Finding(FindingCode.SHARDING, message, detail | {"cause": "epoch", "repeats": steps[repeated]})
+        if actual_union[position] == ref_union[position]:
+            message = (f"rank {rank} read other samples than the original's rank {rank} at step {step}, though both "
+                       "sides' ranks together read the same: the port shares the data out to its ranks otherwise")
+            return Finding(FindingCode.SHARDING, message, detail | {"cause": "assignment"})
+        agreeing = [other for other in range(len(actual_shards)) if other not in differing]
+        same = (f" (rank{'s' if len(agreeing) > 1 else ''} {', '.join(map(str, agreeing))} read the same): the port's "
+                "ranks are seeded or sharded differently" if agreeing else ": the data, its order or its seed differ")
+        message = f"rank {rank} read other samples than the original's rank {rank} at step {step}{same}"
+        return Finding(FindingCode.SHARDING, message, detail | {"cause": "samples"})
+    return None
+
+
+def sharding(ref: Run, actual: Run) -> tuple[list[Finding], dict[str, Any]]:
+    """The sharding finding (at most one) and the evidence for the reports (checklist items C6 and C7)."""
+    ref_ranks, actual_ranks = ref.ranks or [ref], actual.ranks or [actual]
+    ref_shards, actual_shards = ([step_samples(run) for run in ranks] for ranks in (ref_ranks, actual_ranks))
+    if len(ref_shards) != len(actual_shards) or not all(ref_shards + actual_shards):
+        return [], {"checked": False, "why": "a side recorded no samples, or the sides ran other numbers of ranks"}
+    steps = _common_steps(ref_shards, actual_shards)
+    finding = (_overlap_finding(ref, actual, ref_shards, actual_shards, steps)
+               or _reading_finding(ref_shards, actual_shards, steps))
+    disjoint = all(not (shards[rank][step] & shards[other][step]) for shards in (ref_shards,) for step in steps
+                   for rank in range(len(shards)) for other in range(rank))
+    evidence = {"checked": True, "steps": len(steps), "ranks": len(ref_shards), "original_disjoint": disjoint,
+                "passed": finding is None, "message": finding.message if finding else (
+                    f"each of the port's {len(ref_shards)} ranks read the samples the original's rank read at each of "
+                    f"the {len(steps)} steps" + (" (disjoint shards)" if disjoint and len(ref_shards) > 1 else ""))}
+    return ([finding] if finding else []), evidence

@@ -1,0 +1,91 @@
+"""The devices of verify/devices/ set up inside the child process, before the script runs (this module imports
+torch; the parent and the report side never load it).
+
+The emulations are test doubles in verify/devices/emulated: the child's environment (devices.emulation_env) makes its
+`import torch_npu` load the stand-in NPU, and `prepare()` installs the CUDA stand-in. They are never importable
+anywhere else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from verify.devices import EMULATE_ON_VAR, EMULATION_PACKAGE, STAND_IN_DIR, Device, EmulateOn, family
+
+
+def load_emulation() -> ModuleType:
+    """The shared emulation package, loaded from its folder without putting the folder on sys.path: a reference
+    script must not find the stand-in torch_npu beside it."""
+    if EMULATION_PACKAGE in sys.modules:
+        return sys.modules[EMULATION_PACKAGE]
+    folder = STAND_IN_DIR / EMULATION_PACKAGE
+    spec = importlib.util.spec_from_file_location(EMULATION_PACKAGE, folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[EMULATION_PACKAGE] = package
+    spec.loader.exec_module(package)
+    return package
+
+
+@dataclass(frozen=True)
+class Prepared:
+    device: str  # what `auto` resolved to
+    name: str  # e.g. "NVIDIA H100", "Emulated CUDA (CPU)"
+    torch_npu_version: str  # "" unless the real torch_npu
+
+
+def prepare(device: str, emulated: bool) -> Prepared:
+    """Import torch_npu where the run is on an NPU (the stand-in when emulated: the child's environment makes
+    `import torch_npu` load it), install the CUDA stand-in, and resolve `auto`."""
+    version = ""
+    if emulated and os.environ.get(EMULATE_ON_VAR) == EmulateOn.CUDA and not torch.cuda.is_available():
+        raise RuntimeError("--emulate-on cuda needs a CUDA GPU, and torch.cuda.is_available() is False here")
+    if family(device) == Device.NPU:
+        import torch_npu
+
+        version = "" if emulated else getattr(torch_npu, "__version__", "")
+    if device == Device.AUTO:
+        device = Device.CUDA.value if torch.cuda.is_available() else Device.EMULATED_CUDA.value
+    if device == Device.EMULATED_CUDA:
+        os.environ.setdefault(EMULATE_ON_VAR, EmulateOn.CPU.value)
+        importlib.import_module(f"{load_emulation().__name__}.cuda").install()
+    elif device == Device.CUDA and not torch.cuda.is_available():
+        raise RuntimeError("torch.cuda.is_available() is False in this environment")
+    return Prepared(device, _device_name(device), version)
+
+
+def _device_name(device: str) -> str:
+    if family(device) == Device.CUDA:
+        return torch.cuda.get_device_name(0)
+    if family(device) == Device.NPU:
+        return torch.npu.get_device_name(0)
+    return f"CPU ({platform.machine()})"
+
+
+def install_autocast_casts_on_cpu() -> object:
+    """CPU autocast leaves softmax, sums, norms and most losses in the low dtype, where CUDA autocast, and the NPU that
+    follows its op lists, computes them in float32. A plain CPU run under an imposed autocast (the reference of an AMP
+    port) takes CUDA's casts instead, as both stand-ins do. The casts stay registered while the result lives."""
+    return importlib.import_module(f"{load_emulation().__name__}.autocast_policy").install_npu_autocast_policy()
+
+
+def modelled_numerics() -> list[str]:
+    """What this process's emulation modelled of its device's numerics (device_numerics.MODELLED), for the manifest;
+    none on a real device, the CPU, or in exact mode."""
+    numerics = sys.modules.get(f"{EMULATION_PACKAGE}.device_numerics")
+    return list(numerics.MODELLED) if numerics is not None else []
+
+
+def ops_computed_in_fp32() -> list[str]:
+    """The ops this process's emulation computed in float32 where the CPU lacks the device's dtype (autocast_policy's
+    COMPUTED_IN_FLOAT32), for the manifest; none where no emulation or CPU autocast policy was loaded."""
+    policy = sys.modules.get(f"{EMULATION_PACKAGE}.autocast_policy")
+    return policy.computed_in_float32() if policy is not None else []

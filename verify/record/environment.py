@@ -1,0 +1,138 @@
+"""The environment a run computed in, and what differs between the two sides of a comparison.
+
+Two runs of one model differ for reasons outside the model: library versions, a TF32/HF32 switch, determinism, an
+environment variable, a DataLoader that shuffles on one side only. msprobe's `config_check` compares these between
+two machines as a separate step; here every run records them and every comparison lists the differences.
+
+The child (verify/capture/bootstrap.py) calls verify.capture.environment_record.recorded(manifest) around the script: it
+records the DataLoaders the script builds and, when the script ends, the settings in effect then, into
+manifest.extra["environment"] (verify/record/schema.py). This module holds what a record holds and compares two
+(`differences`, `explaining`): pure, it reads two manifests and never imports torch, so a report can be made on any
+laptop.
+
+Environment variables are recorded by an allow-list of names, never wholesale: a variable that may hold a secret
+(a name containing KEY, TOKEN, SECRET, PASSWORD or CREDENTIAL) is never recorded, whatever its prefix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+ENVIRONMENT_KEY = "environment"  # the manifest.extra key
+MAX_LOADERS = 8  # a script that builds loaders in a loop would otherwise record one per iteration
+
+# Variables that change numerics, determinism, devices or threads, by exact name or prefix.
+RECORDED_NAMES = frozenset({
+    "CLOSE_MATMUL_K_SHIFT", "INF_NAN_MODE_ENABLE", "TASK_QUEUE_ENABLE", "ASCEND_LAUNCH_BLOCKING",
+    "ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "CUBLAS_WORKSPACE_CONFIG", "PYTORCH_NPU_ALLOC_CONF",
+    "PYTORCH_CUDA_ALLOC_CONF", "CUDA_LAUNCH_BLOCKING", "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED", "TORCH_DETERMINISTIC", "LCCL_DETERMINISTIC",
+})
+RECORDED_PREFIXES = ("HCCL_", "NCCL_", "ACL_", "ATB_")
+SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+FULL_FP32 = "fp32"
+# What each reduced-precision switch computes fp32 matmuls/convolutions in (10-bit mantissa inputs).
+TF32, HF32 = "tf32", "hf32"
+# TF32 on a GPU and HF32 on an NPU round fp32 matmul and convolution inputs to the same 10-bit mantissa: one setting
+# under two names, so a GPU reference in TF32 and an NPU port in HF32 do not differ in it.
+_SAME_NUMERICS = {HF32: TF32}
+
+# Ops whose results a matmul or convolution precision switch changes (verify's op names are aten overload packets).
+MATMUL_OPS = frozenset({
+    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.addbmm", "aten.matmul", "aten.linear", "aten.mv",
+    "aten.addmv", "aten.einsum", "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention", "aten.scaled_dot_product_attention",
+})
+CONV_OPS = frozenset({
+    "aten.convolution", "aten.convolution_backward", "aten._convolution", "aten.conv1d", "aten.conv2d",
+    "aten.conv3d", "aten.conv_transpose1d", "aten.conv_transpose2d", "aten.conv_transpose3d",
+    "aten.cudnn_convolution", "aten.mkldnn_convolution", "aten._slow_conv2d_forward",
+})
+# Settings whose difference changes the values of these ops by itself.
+_EXPLAINS: dict[str, frozenset[str]] = {
+    "precision.fp32_matmul": MATMUL_OPS,
+    "precision.fp32_conv": CONV_OPS,
+    "precision.float32_matmul_precision": MATMUL_OPS,
+    "environment.CLOSE_MATMUL_K_SHIFT": MATMUL_OPS,
+}
+
+
+# --- the comparison: pure, no torch ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Difference:
+    setting: str  # "precision.fp32_conv", "environment.HCCL_DETERMINISTIC", "data_loaders.0.shuffle", ...
+    ref: Any  # None: not set (or not recorded) on that side
+    actual: Any
+
+    @property
+    def text(self) -> str:
+        return f"{self.setting}: ref {_shown(self.ref)}, actual {_shown(self.actual)}"
+
+
+def _shown(value: Any) -> str:
+    """How a setting reads in the diff: a variable set to "" (CUDA_VISIBLE_DEVICES="" hides every GPU) is not unset."""
+    if value is None:
+        return "unset"
+    return '""' if value == "" else str(value)
+
+
+def record_of(manifest: Any) -> dict[str, Any] | None:
+    record = manifest.extra.get(ENVIRONMENT_KEY)
+    return record if isinstance(record, dict) else None
+
+
+def differences(ref_manifest: Any, actual_manifest: Any) -> list[Difference]:
+    """Every recorded setting whose value differs between the sides; [] when either side recorded none (a run by
+    an older verify, an msprobe dump)."""
+    ref, actual = record_of(ref_manifest), record_of(actual_manifest)
+    if ref is None or actual is None:
+        return []
+    ref_flat, actual_flat = _flat(ref), _flat(actual)
+    names = sorted(set(ref_flat) | set(actual_flat), key=_setting_order)
+    return [Difference(name, ref_flat.get(name), actual_flat.get(name)) for name in names
+            if _numerics(ref_flat.get(name)) != _numerics(actual_flat.get(name))]
+
+
+def _numerics(value: Any) -> Any:
+    return _SAME_NUMERICS.get(value, value) if isinstance(value, str) else value
+
+
+def _setting_order(name: str) -> tuple[int, str]:
+    """Numerics first (what explains a divergence), versions last."""
+    groups = ("precision", "amp", "determinism", "data_loaders", "environment", "versions")
+    group = name.split(".", 1)[0]
+    return (groups.index(group) if group in groups else len(groups), name)
+
+
+def _flat(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{name}."))
+        elif isinstance(value, list):
+            flat.update(_flat({str(index): item for index, item in enumerate(value)}, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def explaining(found: list[Difference], first_divergent: dict[str, Any] | None) -> list[Difference]:
+    """The differences that by themselves change the first divergent op's values: a matmul/convolution precision
+    switch for a matmul/convolution, a data loader setting for an op of the first step (its batch)."""
+    if first_divergent is None:
+        return []
+    ops = {first_divergent.get("op"), first_divergent.get("actual_op")}
+    explained = []
+    for difference in found:
+        if difference.setting.startswith("data_loaders."):
+            if first_divergent.get("step") == 0 and not difference.setting.endswith(".num_workers"):
+                explained.append(difference)
+        elif difference.setting in _EXPLAINS and not ops.isdisjoint(_EXPLAINS[difference.setting]):
+            explained.append(difference)
+    return explained

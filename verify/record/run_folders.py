@@ -1,0 +1,124 @@
+"""Where verify's folders go and what they are called, in one place: a run directory (`verify run`), a pair's output
+folder (`verify ORIGINAL PORTED`, `verify determinism`) and the folders inside it. The runner and the pair ask here;
+what a run directory holds is verify/record/schema.py's.
+
+    PAIR/ref/                  the reference's run directory
+    PAIR/actual/               the port's
+    PAIR/ref-under-autocast/   a reference that crashed under the port's autocast, kept as evidence
+    PAIR/ref-fp32/             --amp-effect: the reference as written
+    PAIR/amp-effect/           --amp-effect: its comparison's reports
+    PAIR/run-1/, PAIR/run-2/   verify determinism: the two runs
+
+A run of several ranks (`--nproc-per-node N`, or a script that spawns its own) keeps one run directory per rank
+inside its run directory; a single process keeps today's layout, without rank folders:
+
+    RUN/manifest.json          the run's manifest: how the run as a whole ended (the runner composes it)
+    RUN/output.log             every rank's output, as the launcher passed it on
+    RUN/rank0/, RUN/rank1/     each rank's run directory (manifest, losses, ops ...: verify/record/schema.py)
+
+A folder verify writes into has one writer: claim() creates WRITER_LOCK in it with O_EXCL, so that of two verify
+commands started at once into the same folder, exactly one writes and the other exits 2; the lock goes when its
+process ends. Default names carry a random suffix besides the time, so two commands started in the same second
+get two folders.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import time
+from pathlib import Path
+
+from verify.errors import VerifyFailure
+
+REF = "ref"
+ACTUAL = "actual"
+REF_UNDER_AUTOCAST = "ref-under-autocast"
+REF_FP32 = "ref-fp32"
+AMP_EFFECT = "amp-effect"
+WRITER_LOCK = ".verify-writer.lock"
+
+
+class FolderInUse(VerifyFailure):
+    """An output folder that already holds something: verify never writes into it (exit 2)."""
+
+
+def determinism_run(number: int) -> str:
+    return f"run-{number}"
+
+
+_RANK_PREFIX = "rank"
+
+
+def rank_dir(run_dir: Path, rank: int) -> Path:
+    """The run directory of rank `rank` inside the run directory of a multi-rank run."""
+    return Path(run_dir) / f"{_RANK_PREFIX}{rank}"
+
+
+def lead_dir(run_dir: Path) -> Path:
+    """The folder whose records stand for the run where one is read (progress, the final loss): the lowest rank's
+    folder for a run of ranks, the run directory itself otherwise."""
+    return (rank_dirs(run_dir) or [Path(run_dir)])[0]
+
+
+def rank_dirs(run_dir: Path) -> list[Path]:
+    """The rank folders of a run directory, by rank number ([] for a single-process run)."""
+    folders = {}
+    if Path(run_dir).is_dir():
+        for entry in Path(run_dir).iterdir():
+            number = entry.name.removeprefix(_RANK_PREFIX)
+            if entry.name.startswith(_RANK_PREFIX) and number.isdigit() and entry.is_dir():
+                folders[int(number)] = entry
+    return [folders[rank] for rank in sorted(folders)]
+
+
+def _stamp() -> str:
+    """The time to the second, and a random suffix: unique per invocation, even for two in the same second."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def default_run_dir(script: Path, device: str) -> Path:
+    """`verify run` without -o: verify-runs/STEM-DEVICE-TIME-RANDOM in the working folder."""
+    return Path("verify-runs") / f"{script.stem}-{device}-{_stamp()}"
+
+
+def default_pair_dir(script: Path) -> Path:
+    """A pair without -o: verify-out/STEM-TIME-RANDOM beside the original."""
+    return script.parent / "verify-out" / f"{script.stem}-{_stamp()}"
+
+
+def claim(folder: Path) -> Path:
+    """`folder`, created where it does not exist, with this process as its only writer until it exits: a folder
+    that holds anything (another run's files, another writer's lock) is refused (FolderInUse, exit 2)."""
+    if folder.exists() and not folder.is_dir():
+        raise FolderInUse(f"{folder} already exists and is not a folder; choose another -o")
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / WRITER_LOCK
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))  # atomic: one creator wins
+    except FileExistsError:
+        raise FolderInUse(f"{folder} is being written by another verify (its lock {WRITER_LOCK} is there; delete it "
+                          "if no verify is running); choose another -o") from None
+    if any(entry.name != WRITER_LOCK for entry in folder.iterdir()):
+        lock.unlink()
+        raise FolderInUse(f"{folder} already exists and is not an empty folder; choose another -o")
+    _held.add(lock)
+    return folder
+
+
+def release(folder: Path) -> None:
+    """Ends this process's claim on `folder` (a run written to its end); every claim ends when the process does."""
+    lock = folder / WRITER_LOCK
+    if lock in _held:
+        _held.discard(lock)
+        lock.unlink(missing_ok=True)
+
+
+_held: set[Path] = set()
+
+
+@atexit.register
+def _release_all() -> None:
+    for lock in list(_held):
+        release(lock.parent)

@@ -1,0 +1,399 @@
+"""The run directory: the data contract between `verify run` (which writes it) and `verify compare` (which reads it).
+
+A run directory is written incrementally, so a crash or a timeout keeps every completed step:
+
+    manifest.json          RunManifest, rewritten atomically at start, after each step and at the end
+    losses.csv             one row per backward() call (micro-step), appended and flushed as it happens
+    hparams.csv            optimizer hyperparameters, one row per (step, param_group, name), appended
+    ops/steps.arrows       operator records (OP_COLUMNS)
+    grads/steps.arrows     per-parameter gradient statistics just before the optimizer step (GRAD_COLUMNS)
+    outputs/steps.arrows   inference runs: statistics of the outermost module's outputs (OUTPUT_COLUMNS)
+    outputs/step-NNNNNN-outK.npy inference runs: the output tensors themselves (small: top-k agreement needs them)
+    samples/steps.arrows   a fingerprint of each sample the outermost modules received (SAMPLE_COLUMNS): which
+                           samples each rank read, compared across ranks and sides (verify/compare/sharding.py)
+    tensors/step-NNNNNN/...npy   full tensors of the ops selected with --ops in `tensor` mode, under a size cap
+    output.log             the script's stdout and stderr
+    last-collective.json   the last collective (c10d op) the process called: {"step", "op", "module", "count"},
+                           padded with spaces; absent where it called none
+
+manifest.extra["environment"] (verify/record/environment.py) is the environment the run computed in, written at the
+start and again when the script ends: {"versions": {python, torch, torch_npu, cann}, "precision": {fp32_matmul,
+fp32_conv ("fp32", "tf32" or "hf32": what the device computes fp32 matmuls/convolutions in),
+float32_matmul_precision}, "determinism": {deterministic_algorithms, deterministic_warn_only,
+fill_uninitialized_memory, cudnn_deterministic, cudnn_benchmark}, "amp": {imposed_autocast, acl_precision_mode},
+"environment": {allow-listed variable: value}, "data_loaders": [{batch_size, shuffle, num_workers, sampler,
+drop_last, seeded_generator}, ...]}.
+
+A table (ops, grads, outputs) is one Arrow IPC stream, TABLE_FILE in its folder: the schema, then one record batch
+per step, appended and flushed to the OS as the step ends (every step pays for it: no file to create and no parquet
+encoding keeps it cheap). The folder appears with the table's first step, so a training run has no outputs/. Each
+batch carries the CRC-32 of its serialized form (verify/record/store.py): a stream cut short by a crash, or damaged, is
+read up to the batch before the damage, with a note. manifest.json is checked against RunManifest as it is read (types,
+required fields, schema version): RunManifest.from_json. Every file is plain data (JSON, CSV, Arrow IPC,
+.npy without pickle): readers never unpickle anything, and names read from a run directory never become paths
+outside it. This module imports neither torch nor pandas.
+"""
+
+from __future__ import annotations
+
+
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from verify.devices import title
+from verify.errors import ManifestError
+
+SCHEMA_VERSION = 2  # 2: ops.inputs (the data flow between recorded calls)
+
+MANIFEST = "manifest.json"
+LOSSES = "losses.csv"
+HPARAMS = "hparams.csv"
+OPS_DIR = "ops"
+GRADS_DIR = "grads"
+OUTPUTS_DIR = "outputs"
+SAMPLES_DIR = "samples"
+TENSORS_DIR = "tensors"
+TABLE_FILE = "steps.arrows"
+LOG = "output.log"
+# a rank's last collective call, rewritten in place (verify/capture/rank_capture.py)
+LAST_COLLECTIVE = "last-collective.json"
+
+
+def step_file(step: int, suffix: str) -> str:
+    """The name of what a run keeps per step: a folder (suffix "") or a file such as "-out0.npy"."""
+    return f"step-{step:06d}{suffix}"
+
+
+class Status(str, Enum):
+    RUNNING = "running"  # still going, or killed so hard that nothing else could be written
+    OK = "ok"  # all requested steps completed
+    SHORT = "short"  # the script ended by itself before the requested steps
+    CRASHED = "crashed"  # an exception escaped the script (traceback in the manifest)
+    TIMEOUT = "timeout"  # killed after --timeout seconds
+    NAN = "nan"  # the loss became NaN or inf; stopped there
+    NO_STEPS = "no-steps"  # the script ended without a single step (no backward, no forward of a module)
+
+
+class Phase(str, Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"  # each parameter after optimizer.step(): op "update", module the parameter's name
+    OTHER = "other"  # outside any module: data preparation, loss arithmetic at top level
+
+
+
+
+
+# The half-precision dtypes autocast computes in, and the --autocast flag naming each.
+HALF_DTYPES = ("float16", "bfloat16")
+AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+# The statistics of a tensor, as columns of every table that has them (ops, grads, outputs).
+STAT_COLUMNS = ("min", "max", "mean", "l2_norm", "nan_count", "inf_count")
+
+# Records that are no aten op: a parameter after optimizer.step() (phase optimizer, module the parameter's name), and
+# the tensors the outermost module's forward receives (phase forward, io in0, in1...): the batch each side read.
+UPDATE_OP = "update"
+INPUT_OP = "input"
+
+
+class DumpMode(str, Enum):
+    STATS = "stats"
+    TENSOR = "tensor"
+    MD5 = "md5"
+    OFF = "off"
+
+
+# Column name -> pandas dtype. Statistics are float64 whatever the tensor's dtype: they are fetched in one batch
+# per step, and float64 keeps fp32 extremes exact.
+OP_COLUMNS: dict[str, str] = {
+    "step": "int64",  # 0-based optimizer step (inference: forward index)
+    "seq": "int64",  # execution order within the step, over all ops
+    "phase": "string",  # Phase
+    "module": "string",  # ModuleTracker path, e.g. "Net.layer1.0.conv1" ("" outside modules; optimizer: parameter)
+    "op": "string",  # overload packet, e.g. "aten.convolution" (optimizer phase: "update")
+    "call_index": "int64",  # n-th call of `op` in this (step, phase, module)
+    "io": "string",  # which tensor: "out0", "out1", ... and in tensor mode "in0", ...
+    "key": "string",  # op_key(): f"{step}/{phase}/{module}/{op}#{call_index}" - identical on every machine
+    "dtype": "string",  # "float32", "float16", "bfloat16", "int64", ...
+    "shape": "string",  # "32x3x28x28"; "" for a 0-d tensor
+    "numel": "int64",
+    "min": "float64",
+    "max": "float64",
+    "mean": "float64",
+    "l2_norm": "float64",
+    "nan_count": "int64",
+    "inf_count": "int64",
+    "md5": "string",  # md5 mode only, else ""
+    "tensor_file": "string",  # tensor mode: path relative to the run directory, else ""
+    # The seqs of the recorded calls of this step whose outputs this call read ("12,15"; "" none: the batch, the
+    # weights, or work not recorded). Schema version 2; version 1 runs read as missing (NA).
+    "inputs": "string",
+}
+
+# The op key: the parts that identify an op call on every machine, each preceded by its separator.
+OP_KEY_PARTS = (("step", ""), ("phase", "/"), ("module", "/"), ("op", "/"), ("call_index", "#"))
+# What comparing two runs reads of each op record: the columns shared by a pair of records (equal on both sides by
+# construction of every alignment pass), and the ones each side has of its own (ref_*, actual_* in compare's table).
+OP_SHARED_COLUMNS = ("step", "phase", "module", "io")
+OP_SIDE_COLUMNS = tuple(column for column in OP_COLUMNS if column not in (*OP_SHARED_COLUMNS, "key"))
+
+
+def op_key(**parts: object) -> str:
+    """f"{step}/{phase}/{module}/{op}#{call_index}": identical on every machine for the same call."""
+    return "".join(f"{separator}{parts[name]}" for name, separator in OP_KEY_PARTS)
+
+
+GRAD_COLUMNS: dict[str, str] = {
+    "step": "int64",
+    "param": "string",  # the parameter's qualified name in its module ("layer1.0.conv1.weight"), else "group0.3"
+    "dtype": "string",
+    "shape": "string",
+    "numel": "int64",
+    "norm": "float64",
+    "min": "float64",
+    "max": "float64",
+    "mean": "float64",
+    "nan_count": "int64",
+    "inf_count": "int64",
+}
+
+OUTPUT_COLUMNS: dict[str, str] = {
+    "step": "int64",
+    "output": "string",  # "out0", "out1", ... in pytree order
+    "dtype": "string",
+    "shape": "string",
+    "numel": "int64",
+    "min": "float64",
+    "max": "float64",
+    "mean": "float64",
+    "l2_norm": "float64",
+    "nan_count": "int64",
+    "inf_count": "int64",
+    "tensor_file": "string",
+}
+
+SAMPLE_COLUMNS: dict[str, str] = {
+    "step": "int64",
+    "module": "string",  # the outermost module whose forward received the batch (as in the INPUT_OP op records)
+    "call_index": "int64",  # its n-th such forward in the step (gradient accumulation: several)
+    "io": "string",  # "in0", "in1", ... as in the INPUT_OP records
+    "shape": "string",
+    # One 16-hex-digit hash a sample (a row along the first dimension) of its values as float64, comma-separated:
+    # equal on two devices for the same sample whatever the tensor's dtype or device.
+    "fingerprints": "string",
+}
+
+LOSS_COLUMNS = ("step", "micro_step", "loss", "loss_scale", "wall_ms")
+"""losses.csv: `loss` is the unscaled scalar backward() was called on; `loss_scale` the GradScaler scale at that
+moment (empty without a scaler); `micro_step` counts backward() calls within the step (gradient accumulation)."""
+
+HPARAM_COLUMNS = ("step", "group", "name", "value", "optimizer")
+"""hparams.csv: `group` is the param_group index ("" for optimizer-wide facts such as name="optimizer" whose value
+is the class name); `value` is JSON (numbers, lists for betas, strings); `optimizer` numbers the optimizers in the
+order they first stepped (0: the one whose steps count the run's steps; GANs have 0 and 1)."""
+
+
+@dataclass
+class RunManifest:
+    """manifest.json. Every field is JSON-native; unknown keys from newer writers are kept in `extra`."""
+
+    schema_version: int = SCHEMA_VERSION
+    tool_version: str = ""
+    script: str = ""  # absolute path of the script that ran
+    script_sha256: str = ""
+    argv: list[str] = field(default_factory=list)  # the script's own arguments
+    cwd: str = ""
+    python_version: str = ""
+    torch_version: str = ""
+    torch_npu_version: str = ""  # "" when torch_npu is absent or emulated
+    device: str = ""  # verify.devices.Device
+    device_name: str = ""  # e.g. "NVIDIA H100", "Ascend910B", "CPU (emulated NPU)"
+    emulated: bool = False  # True: the device was an emulation (a test double), not an Ascend NPU or a GPU
+    emulated_on: str = ""  # verify.devices.EmulateOn: where the emulation ran
+    seed: int = 0
+    dump_mode: str = DumpMode.STATS.value
+    ops_regex: str = ""  # tensor mode: tensors are saved for ops whose "phase/module/op" matches ("" all)
+    tensor_cap_mb: float = 0.0  # tensor mode: the budget for saved tensors
+    no_dropout: bool = False
+    # Dropout masks drawn from one keyed stream on every device (verify/capture/random_streams.py); False for runs
+    # recorded before it existed. random_not_aligned: the random draws this run left to its device's own generator.
+    align_random: bool = False
+    random_not_aligned: list[str] = field(default_factory=list)
+    # An emulated device's numerics: what it modelled of its real counterpart's (its own generator, its summation
+    # order: verify/devices/emulated/npu_port_emulation/device_numerics.py), or exact_emulation: computed as the CPU
+    # does.
+    modelled_numerics: list[str] = field(default_factory=list)
+    exact_emulation: bool = False
+    autocast: str = ""  # autocast imposed from outside ("" none, "fp16", "bf16")
+    # A reference imposed the autocast where the port computed under it (verify/capture/precision_scopes.py): the port's
+    # autocast_scopes; empty: around the whole script.
+    autocast_follow: dict[str, list[list[Any]]] = field(default_factory=dict)
+    # What this run computed under: module path -> the autocast ("float16", "bfloat16" or "off") of each of its
+    # calls, run-length encoded: [["float16", 20], ["off", 5]].
+    autocast_scopes: dict[str, list[list[Any]]] = field(default_factory=dict)
+    inference: bool = False  # no optimizer: each forward of the outermost module is a step
+    steps_requested: int = 0
+    steps_completed: int = 0
+    status: str = Status.RUNNING.value
+    message: str = ""  # one line a person can act on ("loss is NaN at step 3", "timed out after 60 s")
+    exit_code: int | None = None
+    traceback: str = ""
+    verify_error: str = ""  # verify's own failure, not the script's (`verify run` exits 2)
+    started_at: str = ""  # ISO 8601, UTC
+    finished_at: str = ""
+    wall_s: float = 0.0
+    step_wall_s: list[float] = field(default_factory=list)
+    skipped_steps: list[int] = field(default_factory=list)  # steps whose optimizer.step() a GradScaler skipped (inf)
+    # The GradScaler the script used (init_scale, growth_factor, backoff_factor, growth_interval, dynamic), or, on a
+    # reference that followed a port's scaler, the twin: {"twin": "scale" | "skip-only", "followed": [...],
+    # "overflowed": [steps whose gradients overflowed under the imposed scale]}. Empty: no loss scaling.
+    loss_scaler: dict[str, Any] = field(default_factory=dict)
+    # A reference following the port's GradScaler: the plan its loss-scaler twin plays (LossScalerPlan.to_record(),
+    # set by `verify ORIGINAL PORTED` from the port's run); empty otherwise.
+    loss_scaler_plan: dict[str, Any] = field(default_factory=dict)
+    # Steps whose first backward() found gradients left from an earlier step (no zero_grad() between steps).
+    grads_carried_steps: list[int] = field(default_factory=list)
+    timeout_s: float | None = None  # --timeout, if any
+    # Several ranks (verify/record/run_folders.py: RUN/rank0/ ...): `rank` is this rank's (0 in the run's own manifest),
+    # `world_size` how many the run had (1: a single process); `nproc_per_node` how many verify launched through
+    # torch.distributed.run (0: none; the script may spawn its own). process_group: the backend the script asked for
+    # and the one that ran it ({"backend": "hccl", "runs_as": "gloo"} on an emulation, where gloo stands in).
+    rank: int = 0
+    world_size: int = 1
+    nproc_per_node: int = 0
+    process_group: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "RunManifest":
+        """The manifest `data` (parsed JSON) holds, checked against this class first: ManifestError names the first
+        field that is missing, of another type than the one declared here, or a schema version this tool cannot
+        read. What passes is what every reader may rely on."""
+        hints = _manifest_hints()
+        if not isinstance(data, dict):
+            raise ManifestError(f"a JSON object expected, found {_json_kind(data)}")
+        for name in REQUIRED_MANIFEST_FIELDS:
+            if name not in data:
+                raise ManifestError(f"field {name!r} is missing")
+        for name, hint in hints.items():
+            if name in data and not _conforms(data[name], hint):
+                raise ManifestError(
+                    f"field {name!r} is {_json_kind(data[name])}, not the {_type_name(hint)} the schema declares")
+        if not 1 <= data["schema_version"] <= SCHEMA_VERSION:
+            raise ManifestError(f"schema_version {data['schema_version']!r} is not one this npu-port reads (1 to "
+                                f"{SCHEMA_VERSION}); compare it with the npu-port that wrote it")
+        known = hints.keys()
+        manifest = cls(**{key: value for key, value in data.items() if key in known})
+        manifest.extra.update({key: value for key, value in data.items() if key not in known})
+        return manifest
+
+    @property
+    def title(self) -> str:
+        """How every report names this run; an emulation is never hidden, nor a backend standing in for another."""
+        return f"{self.script} on {title(self.device, self.emulated_on)}{self.ranks_words}"
+
+    @property
+    def ranks_words(self) -> str:
+        """", 2 ranks (hccl run as gloo)" for a run of several ranks; "" for a single process."""
+        if self.world_size <= 1:
+            return ""
+        asked, ran = self.process_group.get("backend", ""), self.process_group.get("runs_as", "")
+        backend = f" ({asked} run as {ran})" if ran and ran != asked else f" ({asked})" if asked else ""
+        return f", {self.world_size} ranks{backend}"
+
+
+SHOWN_CHARS = 2000
+"""The most of one string read from a run directory (a message, a traceback, a note, a path) that a terminal or a
+report shows; the run directory keeps it whole."""
+
+
+def shown(text: str, limit: int = SHOWN_CHARS, tail: bool = False) -> str:
+    """`text` as verify shows it: cut to `limit` characters (its end where `tail`, as for a traceback), the cut said."""
+    if len(text) <= limit:
+        return text
+    cut = f"[{len(text) - limit} more characters, kept whole in the run directory]"
+    return f"{cut} ...{text[-limit:]}" if tail else f"{text[:limit]}... {cut}"
+
+
+def shown_json(value: Any) -> Any:
+    """A JSON value with every string in it `shown()`: a manifest as a report prints it."""
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, list):
+        return [shown_json(item) for item in value]
+    if isinstance(value, dict):
+        return {shown(str(key)): shown_json(item) for key, item in value.items()}
+    return value
+
+
+
+
+# What every writer of every schema version wrote; the other fields take their defaults when absent.
+REQUIRED_MANIFEST_FIELDS = ("schema_version", "script", "device", "status", "steps_requested", "steps_completed")
+
+
+def _manifest_hints() -> dict[str, Any]:
+    return typing.get_type_hints(RunManifest)
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether a parsed JSON value has the type a RunManifest annotation declares (bool is no number here)."""
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, argument) for argument in arguments)
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(item, arguments[0]) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_conforms(item, arguments[1]) for item in value.values())
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def _json_kind(value: Any) -> str:
+    """A JSON value's kind, as a person reading the file names it (never the value: it may be huge)."""
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return kinds.get(type(value), "a number")
+
+
+@dataclass
+class LossScalerPlan:
+    """What a reference's loss-scaler twin follows: the port's GradScaler, as the port's run recorded it.
+
+    `scales` ((step, micro_step) -> the scale the port's backward() used there; None: skip-only, the reference
+    computes in fp32 and needs no scaling) and `skipped` ([step, optimizer] of each update the port's GradScaler
+    skipped; optimizers numbered as in hparams.csv). Past the recorded steps the twin scales dynamically with the
+    port's factors, as a GradScaler would.
+    """
+
+    skipped: list[list[int]] = field(default_factory=list)
+    scales: dict[tuple[int, int], float] | None = None
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+    def to_record(self) -> dict[str, Any]:
+        """As manifest.loss_scaler_plan keeps it (JSON: the scales as [step, micro_step, scale] rows)."""
+        scales = None if self.scales is None else [[*key, scale] for key, scale in self.scales.items()]
+        return asdict(self) | {"scales": scales}
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> "LossScalerPlan":
+        scales = data.get("scales")
+        return cls(**{**data, "scales": None if scales is None else {
+            (int(step), int(micro)): float(scale) for step, micro, scale in scales}})

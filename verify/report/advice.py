@@ -1,0 +1,187 @@
+"""What to do about each finding: a rule table (finding code + condition -> message), evaluated in order.
+
+Messages are templates over the finding's `detail` (op, dtype, side, name...). Checklist ids refer to
+shared/design/checklist.md.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+from verify.compare.align import same_computation
+from verify.compare.findings import Finding, FindingCode
+from verify.record.schema import HALF_DTYPES
+
+# Ops whose GPU kernels accumulate with atomics, so two runs of the same script differ (PyTorch's reproducibility
+# notes; Huawei's precision advice lists embedding backward too).
+NONDETERMINISTIC_OPS = frozenset({
+    "aten.index_add", "aten.index_add_", "aten.scatter_add", "aten.scatter_add_", "aten.index_put_",
+    "aten.embedding_dense_backward", "aten._embedding_bag", "aten._embedding_bag_backward",
+    "aten.upsample_bilinear2d_backward", "aten.upsample_nearest2d_backward", "aten.cumsum",
+    "aten.nll_loss2d_backward", "aten.max_pool3d_with_indices_backward", "aten.avg_pool3d_backward",
+    "aten.bincount", "aten.histc",
+})
+
+
+@dataclass(frozen=True)
+class AdviceRule:
+    code: FindingCode
+    message: str  # a template over the finding's detail
+    checklist: tuple[str, ...] = ()
+    applies: Callable[[Finding], bool] = lambda finding: True
+
+
+def _half(finding: Finding) -> bool:
+    return finding.detail.get("dtype") in HALF_DTYPES
+
+
+def _skipped_update(finding: Finding) -> bool:
+    """An overflow seen as a loss scaler's skipped step on one side only (curves._one_sided_skips)."""
+    return "scale" in finding.detail
+
+
+def _swapped(finding: Finding) -> bool:
+    """The port calls another op where the original called this one, not another kernel of it (RELATED_OPS)."""
+    op, actual_op = finding.detail.get("op"), finding.detail.get("actual_op")
+    return bool(op and actual_op) and not same_computation(op, actual_op)
+
+
+def _float64_lost(finding: Finding) -> bool:
+    """The reference computed the op in float64 and the port in another dtype (the NPU's float32, say)."""
+    return finding.detail.get("dtype") == "float64" and finding.detail.get("actual_dtype") not in ("float64", None)
+
+
+def _update_by_hand(finding: Finding) -> bool:
+    """The divergent op is the script's own parameter update (findings._updates_by_hand)."""
+    return bool(finding.detail.get("update_by_hand"))
+
+
+def _follows_hparams(finding: Finding) -> bool:
+    """The op diverges after a differing hyperparameter took effect (findings._hparams_behind): not evidence of a
+    numerical issue, since the runs no longer compute on the same values."""
+    return bool(finding.detail.get("follows_hparams"))
+
+
+ADVICE_RULES: tuple[AdviceRule, ...] = (
+    AdviceRule(FindingCode.RUN_FAILED, (
+        "The {side} run ended '{status}': read the traceback in its manifest.json and its output.log. The comparison "
+        "covers only the steps it recorded."), ("C3",)),
+    AdviceRule(FindingCode.STEPS_DIFFER, (
+        "The scripts' loops end after different numbers of steps (ref {ref_steps}, actual {actual_steps} of "
+        "{steps_requested} asked for): the port reads another amount of data per epoch or runs other epochs. Make "
+        "the dataset, batch size, drop_last and epoch count equal on both sides."), ("C5", "C9")),
+    AdviceRule(FindingCode.HPARAM_MISMATCH, (
+        "Make {name} equal on both sides (an argparse default, a config file or a literal the port changed), then "
+        "compare again: differences further down follow from it."), ("C9",)),
+    AdviceRule(FindingCode.ENVIRONMENT_DIFFERS, (
+        "{op} (step {step}) diverges with a cause outside the model: the environments differ in {explains}. Make "
+        "that setting equal on both sides (TF32 on the GPU: torch.backends.cuda.matmul.allow_tf32 and "
+        "torch.backends.cudnn.allow_tf32; HF32 on the NPU: torch.npu.matmul.allow_hf32 and torch.npu.conv.allow_hf32) "
+        "and compare again: the operator findings below follow from it."), ("C3",),
+        lambda finding: bool(finding.detail.get("explains"))),
+    AdviceRule(FindingCode.DATA_ORDER, (
+        "The first step's inputs already differ: make the data order identical. Seed the DataLoader (generator=, "
+        "worker_init_fn), do not derive num_workers or shuffling from cpu/device counts, sort listdir/glob results "
+        "before sharding, call sampler.set_epoch; check both runs used the same seed and initial weights."),
+        ("C6", "C7")),
+    AdviceRule(FindingCode.OVERFLOW, (
+        "{op} overflows in {dtype} on the {side} side only: keep it in fp32 (exclude it from autocast, or run it "
+        "under torch.autocast(enabled=False) on .float() inputs) and check loss scaling: a dynamic GradScaler around "
+        "backward and the optimizer step, unscale_ before gradient clipping."), ("C2", "C4"),
+        lambda finding: _half(finding) and not _skipped_update(finding)),
+    AdviceRule(FindingCode.OVERFLOW, (
+        "Under the same loss scale {scale:g}, the {side} side's gradients overflowed at step {step} and the other "
+        "side's did not: the two compute the backward pass differently near fp16's limit. Dump that step in tensor "
+        "mode (verify run --dump tensor --ops 'backward/.*') to find the op whose gradient reaches inf, and keep it in "
+        "fp32."), ("C2", "C4"), _skipped_update),
+    AdviceRule(FindingCode.OVERFLOW, (
+        "{op} produces inf/nan in {dtype} on the {side} side only: check its inputs at that step, then dump it in "
+        "tensor mode to see which elements overflow."), (), lambda finding: not _half(finding)),
+    AdviceRule(FindingCode.GRADS_NOT_RESET, (
+        "Reset the gradients once per optimizer step on the {side} side: call optimizer.zero_grad() (or "
+        "model.zero_grad()) after optimizer.step() or before the step's first backward(), as the other side does. "
+        "Without it every step adds its gradients to all earlier ones."), ("C9",)),
+    AdviceRule(FindingCode.SCALE_STUCK, (
+        "The {side} loss scale never grows: a static scale (GradScaler(dynamic=False), a fixed loss-scale value) or "
+        "a growth interval longer than the run. A static scale that is too low lets fp16 gradients underflow; use "
+        "a dynamic GradScaler."), ("C4",)),
+    AdviceRule(FindingCode.SCALE_COLLAPSE, (
+        "The {side} loss scale fell {drops} times after its first applied step: gradients overflow at most steps and "
+        "those steps are skipped. "
+        "Find the op that first produces inf/nan (above), keep it in fp32; a scale that reaches 1 no longer protects "
+        "fp16 gradients from underflow."), ("C4",)),
+    AdviceRule(FindingCode.OP_DIVERGES, (
+        "{op} in {module} diverges although its inputs agree: an operator accuracy issue. Run it in fp32 (exclude it "
+        "from autocast), disable fusion (call the unfused eager ops instead of a torch_npu fused kernel; "
+        "torch_npu.npu.set_compile_mode(jit_compile=False)), and dump it in tensor mode for cosine/error figures."),
+        (), lambda finding: not (_swapped(finding) or _follows_hparams(finding) or _float64_lost(finding)
+                                 or _update_by_hand(finding))),
+    AdviceRule(FindingCode.OP_DIVERGES, (
+        "{op} ({phase}, step {step}) is the script's own parameter update (it trains without an optimizer, so no "
+        "learning rate is recorded): make the learning rate and the update rule of the two scripts equal (an "
+        "argparse default, a config value or a literal the port changed)."), ("C9",), _update_by_hand),
+    AdviceRule(FindingCode.OP_DIVERGES, (
+        "{op} ran in float64 on the reference and in {actual_dtype} on the port ({module} {phase}, step {step}): the "
+        "lost precision is the cause, not the operator. Ascend NPUs support float64 partly (transfer_to_npu even maps "
+        "torch.cuda.DoubleTensor to float32): compute the reference in float32 too, or keep this computation on the "
+        "CPU in float64 on both sides (migrate reports each float64 use, UNS004)."), ("C3",), _float64_lost),
+    AdviceRule(FindingCode.OP_DIVERGES, (
+        "{op} ({phase}, step {step}) and the ops after it diverge because {follows_hparams} differs: the optimizer's "
+        "update uses it and later steps start from the weights it updated, so they are consequences of that "
+        "difference, not an operator accuracy issue. Make {follows_hparams} equal first."), ("C9",),
+        _follows_hparams),
+    AdviceRule(FindingCode.OP_DIVERGES, (
+        "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
+        "layer or function, not a numerical issue. Port the original's op unless the change is intended."), (),
+        lambda finding: _swapped(finding) and finding.detail.get("phase") != "forward"),  # forward: OP_CHANGED's
+    AdviceRule(FindingCode.OP_CHANGED, (
+        "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
+        "layer or function, not a numerical issue, and every difference after it may follow from it. Port the "
+        "original's op unless the change is intended."), ()),
+    AdviceRule(FindingCode.OP_DIVERGES, (
+        "{op} is nondeterministic on GPUs (atomic accumulation): first check that the reference is constant "
+        "(`verify determinism`), with torch.use_deterministic_algorithms(True) on both sides."), ("C1",),
+        lambda finding: finding.detail.get("op") in NONDETERMINISTIC_OPS and not _follows_hparams(finding)),
+    AdviceRule(FindingCode.NONDETERMINISM, (
+        "The same script on the same device gives different results from {op} on: the benchmark is not constant. "
+        "Call torch.use_deterministic_algorithms(True) (torch_npu honours it; set HCCL_DETERMINISTIC=true for "
+        "collectives), set cudnn.deterministic=True and benchmark=False on GPUs, seed every generator, and disable "
+        "dropout for the comparison."), ("C1",)),
+    AdviceRule(FindingCode.AMP_ONE_SIDE, (
+        "Mixed precision runs on one side only (ref {ref_amp}, actual {actual_amp}): rerun the reference under the "
+        "same autocast (verify run --autocast) so the comparison isolates the port from the expected AMP noise."),
+        ("C2",)),
+    AdviceRule(FindingCode.LOSS_DIVERGES, (
+        "The loss leaves its tolerance at step {step}: start from the first divergent operator and the findings "
+        "above; with none of them, compare in tensor mode around the first step that differs."), ()),
+    AdviceRule(FindingCode.GRAD_DIVERGES, (
+        "The gradient of {param} differs first: look at the backward ops of its module in ops.csv."), ()),
+    AdviceRule(FindingCode.OUTPUT_DIVERGES, (
+        "The inference outputs differ: follow the first divergent operator; check eval() mode and that dropout "
+        "and batch-norm statistics are identical on both sides."), ("C8",)),
+    AdviceRule(FindingCode.LOW_MATCH, (
+        "Few operators pair up: check that both runs are of the same model and configuration (script, model size, "
+        "batch size, dump mode)."), ()),
+)
+
+
+@dataclass(frozen=True)
+class Advice:
+    code: FindingCode
+    message: str
+    checklist: tuple[str, ...]
+
+
+def advise(findings: list[Finding]) -> list[Advice]:
+    """Advice for each finding, in finding order, without repeating a message."""
+    advice: list[Advice] = []
+    for finding in findings:
+        for rule in ADVICE_RULES:
+            if rule.code is finding.code and rule.applies(finding):
+                detail = {**finding.detail, "module": finding.detail.get("module") or "the top level (no module)"}
+                text = rule.message.format_map(defaultdict(lambda: "?", detail))
+                if all(existing.message != text for existing in advice):
+                    advice.append(Advice(finding.code, text, rule.checklist))
+    return advice
