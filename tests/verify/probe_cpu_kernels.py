@@ -19,7 +19,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten
 
 from test_device_kernels import RECURRENT_MODULES
-from verify import devices
+from verify.devices import setup as device_setup
 
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -80,7 +80,7 @@ def main() -> None:
     warnings.simplefilter("ignore")
     probe("reduced inputs")
     probe("cpu autocast")
-    library = devices.install_autocast_casts_on_cpu()
+    library = device_setup.install_autocast_casts_on_cpu()
     probe("cpu autocast + policy")
     del library
 
