@@ -267,7 +267,7 @@ print("RESULT", json.dumps({{"dtypes": dtypes, "computed": policy.computed_in_fl
 """
 EMULATORS = {
     "emulated-npu": ("import torch_npu", "npu", devices.emulation_env("cpu")),
-    "emulated-cuda": ("from verify.devices import setup; setup.prepare('emulated-cuda', emulated=True)", "cuda",
+    "emulated-cuda": ("from verify.devices import setup; setup.prepare('emulated-cuda')", "cuda",
                       {devices.EMULATE_ON_VAR: "cpu", "CUDA_VISIBLE_DEVICES": ""}),
 }
 

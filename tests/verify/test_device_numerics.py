@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from verify.devices.setup import prepare
 
-prepare(sys.argv[1], True)
+prepare(sys.argv[1])
 device = "npu" if sys.argv[1] == "emulated-npu" else "cuda"
 generator = torch.Generator().manual_seed(0)
 a, b = torch.randn(64, 4096, generator=generator), torch.randn(4096, 32, generator=generator)

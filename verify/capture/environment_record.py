@@ -6,6 +6,7 @@ builds. Runs only in the child, which imports torch.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import platform
 import re
@@ -14,8 +15,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from verify import devices
-from verify.record.environment import (ENVIRONMENT_KEY, FULL_FP32, HF32, MAX_LOADERS, RECORDED_NAMES, RECORDED_PREFIXES,
-                                SECRET, TF32)
+from verify.record.environment import (ENVIRONMENT_KEY, FULL_FP32, MAX_LOADERS, RECORDED_NAMES, RECORDED_PREFIXES,
+                                       SECRET)
 
 
 @contextlib.contextmanager
@@ -92,19 +93,26 @@ def _cann_version() -> str:
 
 
 def _precision(device: str) -> dict[str, Any]:
-    """What fp32 matmuls and convolutions compute in on this run's device: the switch that counts there."""
+    """What fp32 matmuls and convolutions compute in on this run's device: the switches its row of the device table
+    names (a CPU computes fp32 as fp32 whatever the CUDA switches say)."""
     import torch
 
-    matmul, conv = FULL_FP32, FULL_FP32
-    if devices.family(device) == devices.Device.CUDA:
-        matmul = TF32 if torch.backends.cuda.matmul.allow_tf32 else FULL_FP32
-        conv = TF32 if torch.backends.cudnn.allow_tf32 else FULL_FP32
-    elif devices.family(device) == devices.Device.NPU and hasattr(torch, "npu"):
-        matmul = HF32 if torch.npu.matmul.allow_hf32 else FULL_FP32
-        conv = HF32 if torch.npu.conv.allow_hf32 else FULL_FP32
-    # A CPU computes fp32 as fp32 whatever the CUDA switches say.
+    reduced = devices.row(device).reduced_fp32
+    matmul = _fp32_mode(reduced, reduced.matmul_switch) if reduced else FULL_FP32
+    conv = _fp32_mode(reduced, reduced.conv_switch) if reduced else FULL_FP32
     return {"fp32_matmul": matmul, "fp32_conv": conv,
             "float32_matmul_precision": torch.get_float32_matmul_precision()}
+
+
+def _fp32_mode(reduced: devices.ReducedFp32, switch: str) -> str:
+    """`reduced`'s name where its switch is on; full fp32 where it is off or this torch lacks it (torch.npu before
+    torch_npu is imported)."""
+    import torch
+
+    try:
+        return reduced.name if operator.attrgetter(switch)(torch) else FULL_FP32
+    except AttributeError:
+        return FULL_FP32
 
 
 def _npu_options() -> dict[str, Any]:

@@ -49,8 +49,8 @@ _DISPATCH_PLUMBING = tuple(
 
 def _prepare_device(manifest: RunManifest) -> None:
     """The device, as verify.devices sets it up in this process; `auto` becomes what it resolved to."""
-    prepared = device_setup.prepare(manifest.device, manifest.emulated)
-    if prepared.device != manifest.device and prepared.device in devices.EMULATED_DEVICES:
+    prepared = device_setup.prepare(manifest.device)
+    if prepared.device != manifest.device and devices.row(prepared.device).emulated:
         manifest.emulated, manifest.emulated_on = True, devices.emulated_on(prepared.device, devices.EmulateOn.CPU)
     manifest.device, manifest.device_name = prepared.device, prepared.name
     manifest.torch_npu_version = prepared.torch_npu_version
@@ -95,13 +95,14 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
         elif manifest.align_random:
             stack.enter_context(random_streams.keyed(manifest.seed, lambda: recorder.steps_done,
                                                      manifest.random_not_aligned))
-        device_type = devices.autocast_device_type(manifest.device)
+        device = devices.row(manifest.device)
         if manifest.autocast:
-            if manifest.device == devices.Device.CPU:
+            if device.cuda_casts_under_autocast:
                 stack.enter_context(_cuda_autocast_casts_on_cpu())
                 manifest.extra["autocast_casts"] = "CUDA/NPU op lists (as the emulated NPU), not CPU autocast's own"
-            stack.enter_context(precision_scopes.imposed(device_type, manifest.autocast, manifest.autocast_follow))
-        stack.enter_context(precision_scopes.recorded(device_type, manifest.autocast_scopes))
+            stack.enter_context(precision_scopes.imposed(device.autocast_device_type, manifest.autocast,
+                                                         manifest.autocast_follow))
+        stack.enter_context(precision_scopes.recorded(device.autocast_device_type, manifest.autocast_scopes))
         if capture is not None:
             stack.enter_context(capture)
         try:

@@ -1,19 +1,21 @@
-"""Every device a side of `verify` runs on, in one place: the names, what each stands in for, how `auto` resolves,
-the probe, the child's environment, and how reports name them. The CLI, runner, pair, bootstrap and reports ask this
-module (it imports no torch, so reports name a device on any laptop); verify/devices/setup.py sets a device up inside
-the child. Adding a device is an entry here and one there.
+"""Every device a side of `verify` runs on, in one table: `DEVICE_TABLE` holds a row per device with all that differs
+between them (its title, the real device it stands for, whether it is emulated, its child's environment, the function
+that sets it up inside the child, the switches its fp32 precision is read from). The CLI, runner, pair, bootstrap and
+reports ask the table (this module imports no torch, so reports name a device on any laptop); no other module spells a
+device's name. Adding a device is its name in `Device`, its row here and the set-up function in verify/devices/setup.py
+that the row names; tests/verify/test_device_table.py walks the table.
 
-| device          | where it runs                                          | how reports name it         |
-|-----------------|--------------------------------------------------------|-----------------------------|
-| `cpu`           | the CPU, CUDA hidden                                   | cpu                         |
-| `cuda`          | a real CUDA GPU                                        | cuda                        |
-| `emulated-cuda` | EMULATED CUDA: the CUDA stand-in, cuda on the CPU      | EMULATED CUDA (on cpu)      |
-| `npu`           | a real Ascend NPU through torch_npu                    | npu                         |
-| `emulated-npu`  | EMULATED NPU: the stand-in torch_npu on the CPU or GPU | EMULATED NPU (... on cpu)   |
+| device          | where it runs                                          |
+|-----------------|--------------------------------------------------------|
+| `cpu`           | the CPU, CUDA hidden                                   |
+| `cuda`          | a real CUDA GPU                                        |
+| `emulated-cuda` | EMULATED CUDA: the CUDA stand-in, cuda on the CPU      |
+| `npu`           | a real Ascend NPU through torch_npu                    |
+| `emulated-npu`  | EMULATED NPU: the stand-in torch_npu on the CPU or GPU |
 
 `auto` is the real device where there is one and its emulation where there is none: the NPU for a script that
 imports torch_npu (decided here, by `probe_torch_npu()`, in a child process), cuda or EMULATED CUDA for any other
-(decided in the child by device_setup.prepare, which imports torch; the parent never does). The emulations are test
+(decided in the child by its set-up function, which imports torch; the parent never does). The emulations are test
 doubles in verify/devices/emulated: `emulation_env()` makes a child's `import torch_npu` load the stand-in.
 """
 
@@ -24,6 +26,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -49,29 +52,21 @@ class EmulateOn(str, Enum):
     CUDA = "cuda"
 
 
-DEVICES = tuple(device.value for device in Device)
-EMULATED_DEVICES = {Device.EMULATED_NPU.value: "NPU", Device.EMULATED_CUDA.value: "CUDA"}  # -> what it stands in for
 EMULATION_TARGETS = tuple(target.value for target in EmulateOn)
-_FAMILIES = {Device.EMULATED_CUDA.value: Device.CUDA.value, Device.EMULATED_NPU.value: Device.NPU.value}
 
 
-def title(device: str, emulated_on: str) -> str:
-    """How every manifest, terminal line and report names a device: an emulation is never hidden."""
-    if device == Device.EMULATED_NPU:
-        return f"EMULATED NPU (a test double on {emulated_on or EmulateOn.CPU.value})"
-    if device == Device.EMULATED_CUDA:
-        return f"EMULATED CUDA (on {emulated_on or EmulateOn.CPU.value})"
-    return device
+@dataclass(frozen=True)
+class ReducedFp32:
+    """A device's mode that rounds fp32 matmul and convolution inputs to a 10-bit mantissa, and the torch switches
+    (attribute paths under `torch`) that turn it on for each."""
+
+    name: str
+    matmul_switch: str
+    conv_switch: str
 
 
-def emulated_on(device: str, emulate_on: str) -> str:
-    """Where `device` computes when it is an emulation ("" for a real one): EMULATED CUDA always on the CPU."""
-    return {Device.EMULATED_NPU.value: emulate_on, Device.EMULATED_CUDA.value: EmulateOn.CPU.value}.get(device, "")
-
-
-def family(device: str) -> str:
-    """The real device a device is or stands in for: "cuda", "npu" or "cpu" (its switches and autocast are those)."""
-    return _FAMILIES.get(device, device)
+TF32 = ReducedFp32("tf32", "backends.cuda.matmul.allow_tf32", "backends.cudnn.allow_tf32")
+HF32 = ReducedFp32("hf32", "npu.matmul.allow_hf32", "npu.conv.allow_hf32")
 
 
 STAND_IN_DIR = Path(__file__).resolve().parent / "emulated"
@@ -103,8 +98,6 @@ print(json.dumps(report))
 """
 
 
-
-
 def imports_torch_npu(script: Path) -> bool:
     return _IMPORTS_TORCH_NPU.search(script.read_text(errors="replace")) is not None
 
@@ -122,32 +115,6 @@ def for_script(script: Path, choice: str) -> str:
     if choice == Device.AUTO and imports_torch_npu(script):
         return port_device(choice)
     return choice
-
-
-def child_env(device: str, emulate_on: str, ranks: int = 1, exact_emulation: bool = False) -> dict[str, str]:
-    """What a child's environment needs for `device`, run as `ranks` processes, its emulation computing exactly as the
-    CPU does or with its device's modelled numerics. Raises EmulationError where it cannot run here. An emulation on
-    the CPU presents one device a rank, so that a script's `set_device(local_rank)` and `device_count()` answer as on
-    a node with that many devices (`auto` may become EMULATED CUDA in the child)."""
-    exact = {EXACT_EMULATION_VAR: "1"} if exact_emulation else {}
-    return {**_device_env(device, emulate_on, ranks), **exact}
-
-
-def _device_env(device: str, emulate_on: str, ranks: int) -> dict[str, str]:
-    if device == Device.CPU:
-        return {"CUDA_VISIBLE_DEVICES": ""}
-    if device == Device.NPU:
-        probe = probe_torch_npu()
-        if not probe.available:
-            raise EmulationError(f"--device npu: torch_npu does not work here ({probe.reason}); "
-                                 "try --device emulated-npu")
-        return {}
-    count = {DEVICE_COUNT_VAR: str(ranks)}
-    if device == Device.EMULATED_NPU:
-        return emulation_env(emulate_on) | count
-    if device == Device.EMULATED_CUDA:
-        return {"CUDA_VISIBLE_DEVICES": "", EMULATE_ON_VAR: EmulateOn.CPU.value} | count
-    return count
 
 
 @dataclass(frozen=True)
@@ -221,7 +188,98 @@ def emulation_env(on: str = EmulateOn.CPU.value) -> dict[str, str]:
     }
 
 
-def autocast_device_type(device: str) -> str:
-    """The device type torch.autocast takes for a run: the emulations take their face's name and apply its
-    numerics on the device they compute on."""
-    return family(device)
+# -- each device's child environment, given --emulate-on and the rank count -----------------------------------------
+
+
+def _cuda_hidden(emulate_on: str, ranks: int) -> dict[str, str]:
+    return {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def _real_npu_checked(emulate_on: str, ranks: int) -> dict[str, str]:
+    probe = probe_torch_npu()
+    if not probe.available:
+        raise EmulationError(f"--device {Device.NPU.value}: torch_npu does not work here ({probe.reason}); "
+                             f"try --device {Device.EMULATED_NPU.value}")
+    return {}
+
+
+def _one_device_a_rank(emulate_on: str, ranks: int) -> dict[str, str]:
+    """An emulation on the CPU presents one device a rank, so that a script's `set_device(local_rank)` and
+    `device_count()` answer as on a node with that many devices (`auto` may become EMULATED CUDA in the child)."""
+    return {DEVICE_COUNT_VAR: str(ranks)}
+
+
+def _stand_in_npu(emulate_on: str, ranks: int) -> dict[str, str]:
+    return emulation_env(emulate_on) | _one_device_a_rank(emulate_on, ranks)
+
+
+def _stand_in_cuda_on_cpu(emulate_on: str, ranks: int) -> dict[str, str]:
+    return {"CUDA_VISIBLE_DEVICES": "", EMULATE_ON_VAR: EmulateOn.CPU.value} | _one_device_a_rank(emulate_on, ranks)
+
+
+# -- the table --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    """What a device decides everywhere it differs from the others."""
+
+    device: Device
+    family: Device  # the real device it is or stands in for: its autocast and precision switches are that one's
+    title: str  # how every manifest, terminal line and report names it; {on}: where its emulation computes
+    child_env: Callable[[str, int], dict[str, str]]  # its child's variables, from --emulate-on and the rank count
+    set_up: str  # the function of verify/devices/setup.py that sets it up inside the child (which imports torch)
+    reduced_fp32: ReducedFp32 | None = None  # the fp32 mode the environment record reads its switches of
+    emulated: bool = False  # a test double: its title says EMULATED, its manifest says where it computed
+    emulates_on: EmulateOn | None = None  # an emulation that computes only there, whatever --emulate-on says
+    cuda_casts_under_autocast: bool = False  # CPU autocast's own op lists differ: an imposed one takes CUDA's
+    # Whether its manifest records --exact-emulation: not on the CPU, which nothing emulates (the child picks what
+    # `auto` becomes, so it and the real devices record what was asked).
+    exact_emulation_recorded: bool = True
+
+    @property
+    def autocast_device_type(self) -> str:
+        """The device type torch.autocast takes: an emulation takes its face's name and applies its numerics on
+        the device it computes on."""
+        return self.family.value
+
+
+DEVICE_TABLE: dict[str, DeviceRow] = {row.device.value: row for row in (
+    DeviceRow(Device.AUTO, Device.AUTO, "auto", _one_device_a_rank, "set_up_auto"),
+    DeviceRow(Device.CPU, Device.CPU, "cpu", _cuda_hidden, "set_up_cpu", cuda_casts_under_autocast=True,
+              exact_emulation_recorded=False),
+    DeviceRow(Device.CUDA, Device.CUDA, "cuda", _one_device_a_rank, "set_up_cuda", TF32),
+    DeviceRow(Device.EMULATED_CUDA, Device.CUDA, "EMULATED CUDA (on {on})", _stand_in_cuda_on_cpu,
+              "set_up_emulated_cuda", TF32, emulated=True, emulates_on=EmulateOn.CPU),
+    DeviceRow(Device.NPU, Device.NPU, "npu", _real_npu_checked, "set_up_npu", HF32),
+    DeviceRow(Device.EMULATED_NPU, Device.NPU, "EMULATED NPU (a test double on {on})", _stand_in_npu,
+              "set_up_emulated_npu", HF32, emulated=True),
+)}
+DEVICES = tuple(DEVICE_TABLE)
+
+
+def row(device: str) -> DeviceRow:
+    return DEVICE_TABLE[device]
+
+
+def title(device: str, emulated_on: str) -> str:
+    """How every manifest, terminal line and report names a device: an emulation is never hidden. A name outside the
+    table (a hand-made manifest's) reads as it is."""
+    known = DEVICE_TABLE.get(device)
+    return known.title.format(on=emulated_on or EmulateOn.CPU.value) if known else device
+
+
+def emulated_on(device: str, emulate_on: str) -> str:
+    """Where `device` computes when it is an emulation ("" for a real one): where --emulate-on says, unless the
+    emulation computes in one place only."""
+    known = row(device)
+    if not known.emulated:
+        return ""
+    return known.emulates_on.value if known.emulates_on else emulate_on
+
+
+def child_env(device: str, emulate_on: str, ranks: int = 1, exact_emulation: bool = False) -> dict[str, str]:
+    """What a child's environment needs for `device`, run as `ranks` processes, its emulation computing exactly as the
+    CPU does or with its device's modelled numerics. Raises EmulationError where it cannot run here."""
+    exact = {EXACT_EMULATION_VAR: "1"} if exact_emulation else {}
+    return {**row(device).child_env(emulate_on, ranks), **exact}

@@ -1,9 +1,10 @@
 """The devices of verify/devices/ set up inside the child process, before the script runs (this module imports
 torch; the parent and the report side never load it).
 
-The emulations are test doubles in verify/devices/emulated: the child's environment (devices.emulation_env) makes its
-`import torch_npu` load the stand-in NPU, and `prepare()` installs the CUDA stand-in. They are never importable
-anywhere else.
+Each row of the device table (verify/devices/__init__.py) names its set-up function here; `prepare()` calls it. The
+emulations are test doubles in verify/devices/emulated: the child's environment (devices.emulation_env) makes its
+`import torch_npu` load the stand-in NPU, and `set_up_emulated_cuda()` installs the CUDA stand-in. They are never
+importable anywhere else.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from verify.devices import EMULATE_ON_VAR, EMULATION_PACKAGE, STAND_IN_DIR, Device, EmulateOn, family
+from verify.devices import EMULATE_ON_VAR, EMULATION_PACKAGE, STAND_IN_DIR, Device, EmulateOn, row
 
 
 def load_emulation() -> ModuleType:
@@ -39,35 +40,54 @@ def load_emulation() -> ModuleType:
 class Prepared:
     device: str  # what `auto` resolved to
     name: str  # e.g. "NVIDIA H100", "Emulated CUDA (CPU)"
-    torch_npu_version: str  # "" unless the real torch_npu
+    torch_npu_version: str = ""  # "" unless the real torch_npu
 
 
-def prepare(device: str, emulated: bool) -> Prepared:
-    """Import torch_npu where the run is on an NPU (the stand-in when emulated: the child's environment makes
-    `import torch_npu` load it), install the CUDA stand-in, and resolve `auto`."""
-    version = ""
-    if emulated and os.environ.get(EMULATE_ON_VAR) == EmulateOn.CUDA and not torch.cuda.is_available():
-        raise RuntimeError("--emulate-on cuda needs a CUDA GPU, and torch.cuda.is_available() is False here")
-    if family(device) == Device.NPU:
-        import torch_npu
+def prepare(device: str) -> Prepared:
+    """Sets `device` up in this process with the set-up function its row of the device table names."""
+    return globals()[row(device).set_up]()
 
-        version = "" if emulated else getattr(torch_npu, "__version__", "")
-    if device == Device.AUTO:
-        device = Device.CUDA.value if torch.cuda.is_available() else Device.EMULATED_CUDA.value
-    if device == Device.EMULATED_CUDA:
-        os.environ.setdefault(EMULATE_ON_VAR, EmulateOn.CPU.value)
-        importlib.import_module(f"{load_emulation().__name__}.cuda").install()
-    elif device == Device.CUDA and not torch.cuda.is_available():
+
+# -- the set-up functions the device table names, one a device ------------------------------------------------------
+
+
+def set_up_auto() -> Prepared:
+    """`auto` in a child that the parent did not resolve (a script without torch_npu): the real CUDA where torch sees
+    one, else EMULATED CUDA."""
+    return set_up_cuda() if torch.cuda.is_available() else set_up_emulated_cuda()
+
+
+def set_up_cpu() -> Prepared:
+    return Prepared(Device.CPU.value, f"CPU ({platform.machine()})")
+
+
+def set_up_cuda() -> Prepared:
+    if not torch.cuda.is_available():
         raise RuntimeError("torch.cuda.is_available() is False in this environment")
-    return Prepared(device, _device_name(device), version)
+    return Prepared(Device.CUDA.value, torch.cuda.get_device_name(0))
 
 
-def _device_name(device: str) -> str:
-    if family(device) == Device.CUDA:
-        return torch.cuda.get_device_name(0)
-    if family(device) == Device.NPU:
-        return torch.npu.get_device_name(0)
-    return f"CPU ({platform.machine()})"
+def set_up_emulated_cuda() -> Prepared:
+    """Installs the CUDA stand-in, which computes on the CPU."""
+    os.environ.setdefault(EMULATE_ON_VAR, EmulateOn.CPU.value)
+    importlib.import_module(f"{load_emulation().__name__}.cuda").install()
+    return Prepared(Device.EMULATED_CUDA.value, torch.cuda.get_device_name(0))
+
+
+def set_up_npu() -> Prepared:
+    import torch_npu
+
+    return Prepared(Device.NPU.value, torch.npu.get_device_name(0), getattr(torch_npu, "__version__", ""))
+
+
+def set_up_emulated_npu() -> Prepared:
+    """Imports the stand-in torch_npu (the child's environment, devices.emulation_env, makes `import torch_npu` load
+    it), on the GPU where --emulate-on says so."""
+    if os.environ.get(EMULATE_ON_VAR) == EmulateOn.CUDA and not torch.cuda.is_available():
+        raise RuntimeError("--emulate-on cuda needs a CUDA GPU, and torch.cuda.is_available() is False here")
+    import torch_npu  # noqa: F401
+
+    return Prepared(Device.EMULATED_NPU.value, torch.npu.get_device_name(0))
 
 
 def install_autocast_casts_on_cpu() -> object:

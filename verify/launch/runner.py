@@ -79,7 +79,7 @@ def _tool_version() -> str:
         return "0+unknown"
 
 
-def _check_inputs(script: Path, options: RunOptions, run_dir: Path) -> None:
+def _check_inputs(script: Path, options: RunOptions) -> None:
     if not script.is_file():
         raise VerifyError(f"{script}: no such script")
     if options.steps < 1:
@@ -105,7 +105,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         argv=list(args),
         cwd=str(script.parent),
         device=device,
-        emulated=device in devices.EMULATED_DEVICES,
+        emulated=devices.row(device).emulated,
         emulated_on=devices.emulated_on(device, options.emulate_on),
         seed=options.seed,
         dump_mode=options.dump.value,
@@ -113,7 +113,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         tensor_cap_mb=options.tensor_cap_mb if options.dump == DumpMode.TENSOR else 0.0,
         no_dropout=options.no_dropout,
         align_random=options.align_random and not options.no_dropout,
-        exact_emulation=options.exact_emulation and device != devices.Device.CPU,
+        exact_emulation=options.exact_emulation and devices.row(device).exact_emulation_recorded,
         autocast="" if options.autocast == "off" else options.autocast,
         autocast_follow=dict(options.autocast_follow) if options.autocast != "off" else {},
         loss_scaler_plan=options.loss_scaler_plan.to_record() if options.loss_scaler_plan else {},
@@ -146,9 +146,9 @@ def run_script(
     the outcome). Raises VerifyError when verify cannot do the run; everything the script does ends up in the
     manifest instead."""
     script = Path(script).resolve()
-    device, device_env = _device_and_env(script, options) if script.is_file() else (options.device, {})
+    _check_inputs(script, options)
+    device, device_env = _device_and_env(script, options)
     run_dir = Path(run_dir) if run_dir is not None else run_folders.default_run_dir(script, device)
-    _check_inputs(script, options, run_dir)
     run_folders.claim(run_dir)
     manifest = _initial_manifest(script, args, options, device)
     write_manifest(run_dir, manifest)

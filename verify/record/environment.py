@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from verify.devices import HF32, TF32
+
 ENVIRONMENT_KEY = "environment"  # the manifest.extra key
 MAX_LOADERS = 8  # a script that builds loaders in a loop would otherwise record one per iteration
 
@@ -33,12 +35,10 @@ RECORDED_NAMES = frozenset({
 RECORDED_PREFIXES = ("HCCL_", "NCCL_", "ACL_", "ATB_")
 SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
-FULL_FP32 = "fp32"
-# What each reduced-precision switch computes fp32 matmuls/convolutions in (10-bit mantissa inputs).
-TF32, HF32 = "tf32", "hf32"
+FULL_FP32 = "fp32"  # what fp32 matmuls/convolutions compute in where no reduced mode (devices.ReducedFp32) is on
 # TF32 on a GPU and HF32 on an NPU round fp32 matmul and convolution inputs to the same 10-bit mantissa: one setting
 # under two names, so a GPU reference in TF32 and an NPU port in HF32 do not differ in it.
-_SAME_NUMERICS = {HF32: TF32}
+_SAME_NUMERICS = {HF32.name: TF32.name}
 
 # Ops whose results a matmul or convolution precision switch changes (verify's op names are aten overload packets).
 MATMUL_OPS = frozenset({
