@@ -257,6 +257,66 @@ def test_the_one_pass_c_statistics_equal_torch_reductions(monkeypatch):
         ), (tensor.dtype, tensor.shape)
 
 
+_PATHS = ("one-pass C", "torch reductions", "small tensors batched", "device path")
+
+
+def _op_columns_on(path: str, tensors: list[torch.Tensor], monkeypatch) -> dict[str, list]:
+    """The op columns (verify.capture.ops.step_columns) of one record per tensor, its statistics taken by `path`."""
+    import verify.capture.tensor_stats as tensor_stats
+    from verify.capture.ops import OpRow, step_columns
+
+    if path == "one-pass C" and tensor_stats.native_stats is None:
+        pytest.skip("verify.capture._stats was not built here")
+    if path != "one-pass C":
+        monkeypatch.setattr(tensor_stats, "native_stats", None)
+    batch = StatBatch(device_path_on_cpu=path == "device path")
+    small = tensor_stats.SmallTensorStats(batch) if path == "small tensors batched" else None
+    records = [OpRow(seq, "forward", "Net", "aten.relu", seq, "out0", summarize(tensor, batch, small))
+               for seq, tensor in enumerate(tensors)]
+    return step_columns(0, records, batch.fetch())
+
+
+@pytest.mark.parametrize("path", _PATHS)
+def test_each_statistic_column_holds_its_statistic_on_every_capture_path(path, monkeypatch):
+    """The capture's values and the schema's columns agree in number and order: on every path, each statistic's column
+    holds what its row in verify/record/statistics.py says torch computes of the tensor, and nothing else."""
+    from verify.capture.tensor_stats import by_torch
+    from verify.record.schema import OP_COLUMNS
+    from verify.record.statistics import STATISTICS
+
+    torch.manual_seed(0)
+    tensors = [torch.randn(17) * 3 + 1, torch.randn(3000) - 2, torch.randn(200_000) + 5,
+               torch.tensor([1.0, float("nan"), -4.0, float("inf")]), torch.randint(-9, 3, (50,)),
+               torch.randn(40, dtype=torch.float64)]
+    columns = _op_columns_on(path, tensors, monkeypatch)
+    assert set(columns) == set(OP_COLUMNS)
+    for statistic in STATISTICS:
+        expected = [by_torch(statistic, tensor).item() for tensor in tensors]
+        assert columns[statistic.column] == pytest.approx(expected, rel=1e-5, nan_ok=True), statistic.column
+
+
+def test_a_statistic_the_capture_does_not_give_is_an_error_not_a_shifted_column(monkeypatch):
+    """Regression: the schema named 7 statistics, the capture gave 6 values, and zip wrote the 6 under the first 6
+    names, dropping the last column's values without a word. A name without its value now raises."""
+    import verify.capture.ops
+
+    monkeypatch.setattr(verify.capture.ops, "STAT_COLUMNS", (*verify.capture.ops.STAT_COLUMNS, "abs_mean"))
+    with pytest.raises(ValueError, match="zip"):
+        _op_columns_on("torch reductions", [torch.randn(5)], monkeypatch)
+
+
+def test_a_one_pass_statistic_that_no_one_pass_path_computes_is_refused(monkeypatch):
+    """A row marked one_pass whose statistic the C extension (or the batched reductions) does not give is refused
+    when the capture is set up, rather than read from another statistic's place."""
+    import verify.capture.tensor_stats as tensor_stats
+    from verify.record.statistics import Comparison, Statistic
+
+    abs_mean = Statistic("abs_mean", "float64", ("abs", "mean"), True, Comparison.MAGNITUDE)
+    monkeypatch.setattr(tensor_stats, "STATISTICS", (*tensor_stats.STATISTICS, abs_mean))
+    with pytest.raises(tensor_stats.StatisticsMismatch, match="abs_mean is marked one_pass"):
+        tensor_stats._Placement(tensor_stats._BATCHED, "the batched reductions")
+
+
 def test_the_c_statistics_are_built_where_a_compiler_is():
     import shutil
 

@@ -1,12 +1,15 @@
-/* verify.capture._stats: the statistics of a CPU tensor (min, max, sum, sum of squares, NaN and inf counts) in one pass.
+/* verify.capture._stats: the statistics of a CPU tensor (min, max, mean, L2 norm, NaN and inf counts) in one pass.
+Its STATISTICS names them, in the order summarize returns them: verify/capture/tensor_stats.py places them into the
+table of verify/record/statistics.py by those names, and computes the table's other statistics with torch.
 
 Why: on the CPU, torch needs three passes for these (aminmax, sum, vector_norm), ~380 us for a 2 MB tensor, and the
 capture summarises every op's output; this reads it once (~110 us). It is an optional speed-up: when this module was
 not built, verify.capture.ops reduces with torch, and a test checks that both give the same numbers.
 
 Accuracy: float lanes sum blocks of BLOCK elements (a few hundred per lane, so their rounding stays near float's
-epsilon), and the blocks are added in double. NaN is never taken as a min or max here; the counts say when there
-was one (a second pass counts NaN and inf, only when the sums are not finite).
+epsilon), and the blocks are added in double. NaN is never taken as a min or max by the kernels; the counts say when
+there was one (a second pass counts NaN and inf, only when the sums are not finite), and then min and max are NaN, as
+torch.aminmax gives.
 
 The caller passes the address of a live contiguous CPU tensor's data and its element count; nothing is kept. */
 
@@ -199,11 +202,14 @@ BOTH_BUILDS(INTEGER_EXTREMES, extremes_uint8, uint8_t)
         Py_END_ALLOW_THREADS                                                                            \
     } while (0)
 
+/* The names of summarize's values, in their order. */
+#define STATISTICS_NAMES "min", "max", "mean", "l2_norm", "nan_count", "inf_count"
+
 PyDoc_STRVAR(summarize_doc,
-             "summarize(address, count, kind) -> (min, max, sum, sum_of_squares, nan_count, inf_count) for the float "
-             "kinds 'float32', 'float64', 'float16', 'bfloat16' and the integer kinds 'int64', 'int32', 'uint8' (bool "
-             "too; counts 0). address: a live contiguous CPU tensor's data_ptr(); count > 0: its numel(). min and max leave "
-             "NaN out (nan_count says whether there was one).");
+             "summarize(address, count, kind) -> (min, max, mean, l2_norm, nan_count, inf_count), named by "
+             "STATISTICS, for the float kinds 'float32', 'float64', 'float16', 'bfloat16' and the integer kinds "
+             "'int64', 'int32', 'uint8' (bool too; counts 0). address: a live contiguous CPU tensor's data_ptr(); "
+             "count > 0: its numel(). min and max are NaN where there was a NaN.");
 
 static PyObject *summarize(PyObject *self, PyObject *args) {
     unsigned long long address;
@@ -228,7 +234,8 @@ static PyObject *summarize(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "summarize: unsupported kind %s", kind);
         return NULL;
     }
-    return Py_BuildValue("(ddddLL)", stats.low, stats.high, stats.sum, stats.squares, nan, inf);
+    if (nan) stats.low = stats.high = NAN;
+    return Py_BuildValue("(ddddLL)", stats.low, stats.high, stats.sum / (double)count, sqrt(stats.squares), nan, inf);
 }
 
 static PyMethodDef methods[] = {
@@ -245,5 +252,13 @@ PyMODINIT_FUNC PyInit__stats(void) {
     __builtin_cpu_init();
     cpu_is_wide = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 #endif
-    return PyModule_Create(&module);
+    PyObject *created = PyModule_Create(&module);
+    if (created == NULL) return NULL;
+    PyObject *names = Py_BuildValue("(ssssss)", STATISTICS_NAMES);
+    if (names == NULL || PyModule_AddObject(created, "STATISTICS", names) < 0) {
+        Py_XDECREF(names);
+        Py_DECREF(created);
+        return NULL;
+    }
+    return created;
 }

@@ -377,13 +377,14 @@ def sample_columns(samples: list[tuple[str, int, str, str, str]]) -> dict[str, l
 
 
 def step_columns(step: int, rows: list[OpRow], fetched: Callable[[Handle], list[float]]) -> dict[str, list[Any]]:
-    """A step's rows as OP_COLUMNS lists, their statistics resolved from `fetched`."""
+    """A step's rows as OP_COLUMNS lists, their statistics resolved from `fetched`. Every record holds one value per
+    name, or this raises: a value never lands in another's column."""
     records = [(*_ROW_FIELDS(row), *_PENDING_FIELDS(row.stats), *row.stats.values(fetched)) for row in rows]
     names = (*_ROW_COLUMNS, *_PENDING_COLUMNS, *STAT_COLUMNS)
+    columns = zip(*records, strict=True) if records else [()] * len(names)
     return {
         "step": [step] * len(rows),
         "key": [op_key(step=step, phase=row.phase, module=row.module, op=row.op, call_index=row.call_index)
                 for row in rows],
-        **{name: list(column) for name, column in zip(names, zip(*records))},
-        **({} if records else {name: [] for name in names}),
+        **{name: list(column) for name, column in zip(names, columns, strict=True)},
     }

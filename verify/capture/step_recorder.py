@@ -35,7 +35,8 @@ from torch.utils._pytree import tree_flatten
 from verify.capture.ops import sample_columns, step_columns, tensors_in
 from verify.capture.module_scopes import unwrapped
 from verify.capture.tensor_stats import Handle, has_readable_data, host_array, summarize
-from verify.record.schema import GRADS_DIR, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR, STAT_COLUMNS, LossScalerPlan, RunManifest, Status, step_file
+from verify.record.schema import (GRAD_STATISTIC_NAMES, GRADS_DIR, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR, STAT_COLUMNS,
+                                   LossScalerPlan, RunManifest, Status, step_file)
 from verify.capture.loss_scaler_twin import LossScalerTwin, script_scaler
 from verify.record.store import RunWriter, write_manifest
 
@@ -429,14 +430,15 @@ class StepRecorder:
 
     def _write_stats(self, folder: str, step: int, label: str, named, fetched, **extra: list[Any]) -> None:
         """One row per (name, PendingStats) of `named`, the name in column `label` (grads: "param", outputs:
-        "output"). Grads call the L2 norm `norm`; the writer keeps the columns its table has."""
+        "output"). Grads name some statistics their own way (GRAD_STATISTIC_NAMES); the writer keeps the columns its
+        table has."""
         resolved = [stats.resolve(fetched) for _, stats in named]
         columns = {
             "step": [step] * len(named),
             label: [name for name, _ in named],
             **{field: [getattr(stats, field) for _, stats in named] for field in ("dtype", "shape", "numel")},
             **{column: [values[column] for values in resolved] for column in STAT_COLUMNS},
-            "norm": [values["l2_norm"] for values in resolved],
+            **{grads_name: [values[name] for values in resolved] for name, grads_name in GRAD_STATISTIC_NAMES.items()},
             **extra,
         }
         self.writer.write_step_table(folder, step, columns)

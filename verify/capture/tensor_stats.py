@@ -1,11 +1,15 @@
-"""A tensor's statistics as verify's capture takes them (min, max, mean, L2 norm, NaN and inf counts), cheaply: one pass
-by the optional C extension verify.capture._stats on the CPU, torch's reductions otherwise; small CPU tensors reduced
-many at a time; on an accelerator, kept on the device until the step ends and shipped to the host in one copy per step
-(StatBatch). Handles and PendingStats stand for numbers still on their way.
+"""A tensor's statistics (verify/record/statistics.py STATISTICS) as verify's capture takes them, cheaply. The rows
+marked one_pass (min, max, mean, L2 norm, NaN and inf counts): one pass by the optional C extension
+verify.capture._stats on the CPU, torch's reductions otherwise; small CPU tensors reduced many at a time; on an
+accelerator, kept on the device until the step ends and shipped to the host in one copy per step (StatBatch). Every
+other row: its torch functions, tensor by tensor, on the same batch. Each path names the statistics it gives, and
+they are placed into the table's order by name (`_Placement`). Handles and PendingStats stand for numbers still on
+their way.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Sequence
@@ -16,6 +20,7 @@ import numpy as np
 import torch
 
 from verify.record.schema import STAT_COLUMNS
+from verify.record.statistics import STATISTICS, Statistic
 
 
 try:  # built by `pip install` where a C compiler is found (verify/capture/_stats.c)
@@ -162,6 +167,52 @@ class Shipment:
         return lambda handle: values[handle[0]][handle[1] : handle[1] + handle[2]]
 
 
+class StatisticsMismatch(RuntimeError):
+    """verify/record/statistics.py marks a statistic one_pass that a one-pass path of the capture does not compute."""
+
+
+_BY_TORCH: tuple[Statistic, ...] = tuple(statistic for statistic in STATISTICS if not statistic.one_pass)
+"""The statistics computed by their torch functions, tensor by tensor (`queue_by_torch`), in the table's order."""
+_BY_TORCH_TYPES = tuple(int if statistic.dtype == "int64" else float for statistic in _BY_TORCH)
+# What the batched torch paths give (queue_reductions, DeviceStats, SmallTensorStats), in the order
+# PendingStats._batched returns it.
+_BATCHED = ("min", "max", "mean", "l2_norm", "nan_count", "inf_count")
+
+
+class _Placement:
+    """Puts the values of one one-pass path (named `given`, in its order) and those computed by torch into the
+    table's order (STAT_COLUMNS), by name. `place` is None where the path's order is the table's and torch computes
+    nothing: its values are taken as they are, at no cost."""
+
+    def __init__(self, given: Sequence[str], path: str) -> None:
+        self._places: list[int | None] = []
+        for statistic in STATISTICS:
+            if statistic.one_pass and statistic.column not in given:
+                raise StatisticsMismatch(f"{statistic.column} is marked one_pass in verify/record/statistics.py, but "
+                                         f"{path} computes only {', '.join(given)}")
+            self._places.append(given.index(statistic.column) if statistic.one_pass else None)
+        in_order = not _BY_TORCH and self._places == list(range(len(given)))
+        self.place: Callable[[Sequence[Any], Sequence[Any]], tuple[Any, ...]] | None = None if in_order else self._place
+
+    def _place(self, one_pass: Sequence[Any], by_torch: Sequence[Any]) -> tuple[Any, ...]:
+        by_torch = iter(by_torch)
+        return tuple(one_pass[place] if place is not None else next(by_torch) for place in self._places)
+
+
+def _native_placement() -> _Placement | None:
+    """Where the C extension's values go; None (the extension unused) where it names no statistics: a build older
+    than its source, whose values could only be read by position."""
+    given = getattr(native_stats, "STATISTICS", None)
+    return None if given is None else _Placement(given, "verify/capture/_stats.c")
+
+
+_FROM_BATCHED = _Placement(_BATCHED, "verify/capture/tensor_stats.py's batched reductions")
+_FROM_NATIVE = _native_placement()
+if _FROM_NATIVE is None:
+    native_stats = None
+_NOT_COMPUTED = (None,) * len(_BY_TORCH)
+
+
 @dataclass(slots=True)
 class PendingStats:
     """A tensor's summary whose numbers still sit on the device (handles into a StatBatch), or are already known."""
@@ -169,24 +220,33 @@ class PendingStats:
     dtype: str
     shape: str
     numel: int
-    extremes_and_sums: Handle | None = None  # float: (min, max, sum, l2 norm); integer/bool: (min, max)
+    extremes_and_sums: Handle | None = None  # (min, max, sum, l2 norm)
     nonfinite_counts: Handle | None = None  # (nan, inf); None: known to be 0, or not applicable
-    known: tuple[Any, ...] | None = None  # the numbers of `values`, where they were taken on the host at once
+    known: tuple[Any, ...] | None = None  # the C extension's values (named by its STATISTICS), taken at once
+    torch_values: Handle | None = None  # the values of _BY_TORCH, in its order
 
     def resolve(self, fetched: Callable[[Handle], list[float]]) -> dict[str, Any]:
-        """The schema's statistic columns (STAT_COLUMNS: min, max, mean, l2_norm, nan_count, inf_count)."""
-        return dict(zip(STAT_COLUMNS, self.values(fetched)))
+        """The schema's statistic columns (STAT_COLUMNS), by name."""
+        return dict(zip(STAT_COLUMNS, self.values(fetched), strict=True))
 
     def values(self, fetched: Callable[[Handle], list[float]]) -> tuple[Any, ...]:
         """The statistics as plain numbers, in STAT_COLUMNS order (None where they do not apply)."""
         if self.known is not None:
-            return self.known
+            one_pass, placement = self.known, _FROM_NATIVE
+        else:
+            one_pass, placement = self._batched(fetched), _FROM_BATCHED
+        if placement.place is None:
+            return one_pass
+        by_torch = _NOT_COMPUTED if self.torch_values is None else [
+            kind(value) for kind, value in zip(_BY_TORCH_TYPES, fetched(self.torch_values), strict=True)]
+        return placement.place(one_pass, by_torch)
+
+    def _batched(self, fetched: Callable[[Handle], list[float]]) -> tuple[Any, ...]:
+        """The batched torch paths' statistics, named by _BATCHED."""
         low = high = mean = norm = None
         if self.extremes_and_sums is not None:
-            values = fetched(self.extremes_and_sums)
-            low, high = float(values[0]), float(values[1])
-            if len(values) == 4:
-                mean, norm = values[2] / self.numel, values[3]
+            low, high, total, norm = fetched(self.extremes_and_sums)
+            low, high, mean = float(low), float(high), total / self.numel
         nan, inf = (int(count) for count in fetched(self.nonfinite_counts)) if self.nonfinite_counts else (0, 0)
         return low, high, mean, norm, nan, inf
 
@@ -247,6 +307,8 @@ def summarize(tensor: torch.Tensor, batch: StatBatch, small: SmallTensorStats | 
     stats = describe(tensor)
     if not has_statistics(tensor):
         return stats
+    if _BY_TORCH:
+        queue_by_torch(tensor, stats, batch)
     if batch.keeps_on_device(tensor):
         batch.device_stats.add(tensor, stats)
         return stats
@@ -268,6 +330,29 @@ def queue_reductions(tensor: torch.Tensor, stats: PendingStats, batch: StatBatch
     stats.extremes_and_sums = batch.add(*values)
     if tensor.is_floating_point() and (batch.keeps_on_device(tensor) or not math.isfinite(values[2].item())):
         stats.nonfinite_counts = batch.add(tensor.isnan().sum(), tensor.isinf().sum())
+
+
+def _torch_function(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """torch's function of a dotted name in its namespace ("linalg.vector_norm")."""
+    return functools.reduce(getattr, name.split("."), torch)
+
+
+def by_torch(statistic: Statistic, tensor: torch.Tensor) -> torch.Tensor:
+    """A statistic of a tensor as its row says torch computes it: its functions in turn, on the tensor in its
+    accumulation dtype; a 0-d tensor."""
+    values = tensor if tensor.is_floating_point() else tensor.to(torch.float64)
+    values = values.to(accumulation_dtype(values.dtype))
+    for name in statistic.torch:
+        values = _torch_function(name)(values)
+    return values
+
+
+def queue_by_torch(tensor: torch.Tensor, stats: PendingStats, batch: StatBatch) -> None:
+    """The statistics that no one-pass path computes (_BY_TORCH), computed now (an in-place op may change the tensor
+    later in the step) and left where they are, in float64, one row of the batch."""
+    row = torch.stack([by_torch(statistic, tensor).to(torch.float64) for statistic in _BY_TORCH])
+    key, offset = batch.add_rows(row.view(1, -1))
+    stats.torch_values = (key, offset, len(_BY_TORCH))
 
 
 class _PendingCopies:
@@ -313,7 +398,6 @@ class DeviceStats(_PendingCopies):
 
     LARGEST = 1 << 16  # elements
     MAX_ELEMENTS = 1 << 22
-    _WIDTH = 6  # a row: min, max, sum, L2 norm, NaN count, inf count
 
     def add(self, tensor: torch.Tensor, stats: PendingStats) -> None:
         if stats.numel > self.LARGEST or not tensor.is_floating_point():
@@ -327,14 +411,18 @@ class DeviceStats(_PendingCopies):
         """Adds one row of statistics per copy to the batch, still on the device, and drops the copies."""
         for (device, _), (copies, owners) in self._take().items():
             lengths = _on_device([stats.numel for stats in owners], device)
-            key, offset = self._batch.add_rows(self._rows(torch.cat(copies), lengths))
+            rows = self._rows(torch.cat(copies), lengths)
+            key, offset = self._batch.add_rows(rows)
+            width = rows.shape[1]
             for position, stats in enumerate(owners):
-                first = offset + position * self._WIDTH
+                first = offset + position * width
                 stats.extremes_and_sums = (key, first, 4)
                 stats.nonfinite_counts = (key, first + 4, 2)
 
     @staticmethod
     def _rows(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """One row per tensor: min, max, sum, L2 norm (PendingStats.extremes_and_sums), NaN and inf counts."""
+
         def per_tensor(data: torch.Tensor, reduction: str) -> torch.Tensor:
             # unsafe: no check of the lengths, which would read them back to the host (a sync)
             return torch.segment_reduce(data, reduction, lengths=lengths, unsafe=True)
@@ -378,14 +466,10 @@ def native_kind(tensor: torch.Tensor) -> str | None:
 
 
 def summarize_natively(tensor: torch.Tensor, kind: str, stats: PendingStats) -> None:
-    """The statistics of a CPU tensor in one pass of verify.capture._stats; NaN makes min and max NaN, as torch.aminmax
-    does."""
+    """The statistics of a CPU tensor in one pass of verify.capture._stats, named by its STATISTICS."""
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
-    low, high, total, squares, nan, inf = native_stats.summarize(tensor.data_ptr(), stats.numel, kind)
-    if nan:
-        low = high = math.nan
-    stats.known = (low, high, total / stats.numel, math.sqrt(squares), nan, inf)
+    stats.known = native_stats.summarize(tensor.data_ptr(), stats.numel, kind)
 
 
 class SmallTensorStats(_PendingCopies):

@@ -11,9 +11,11 @@ from typing import Callable
 import numpy as np
 
 from verify.compare import tolerances
-from verify.record.schema import STAT_COLUMNS
+from verify.record.statistics import COMPARED, Comparison
 
-STAT_NAMES = STAT_COLUMNS[:4]  # the compared statistics (the nan/inf counts are compared as flags)
+STAT_NAMES = tuple(statistic.column for statistic in COMPARED)  # the nan/inf counts are compared as flags
+# The statistics that are elements of the tensor: the largest magnitude of theirs scales the others' differences.
+_EXTREMES = tuple(statistic.column for statistic in COMPARED if statistic.comparison is Comparison.EXTREME)
 TINY = 1e-30  # guards divisions; far below any fp16/bf16 subnormal, so it never hides a real difference
 
 
@@ -31,7 +33,8 @@ def relative_difference(ref: np.ndarray, actual: np.ndarray) -> np.ndarray:
 
 
 def stats_error(ref: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> np.ndarray:
-    """The judged statistics error of each record: the largest of its four statistics' scaled differences.
+    """The judged statistics error of each record: the largest of its compared statistics' scaled differences, each
+    scaled as its row in verify/record/statistics.py says (Comparison).
 
     min, max and mean are divided by the tensor's largest magnitude rather than by themselves: a mean near zero
     (a centred activation, a gradient) has a huge relative difference for a difference that is invisible next to its
@@ -43,12 +46,18 @@ def stats_error(ref: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> np
 
 
 def _stats_error(ref: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> np.ndarray:
-    magnitude = np.maximum.reduce([np.abs(ref["min"]), np.abs(ref["max"]), np.abs(actual["min"]), np.abs(actual["max"])])
+    magnitude = np.maximum.reduce([np.abs(side[name]) for side in (ref, actual) for name in _EXTREMES])
     magnitude = np.maximum(magnitude, TINY)
-    errors = [np.abs(actual[name] - ref[name]) / magnitude * tolerances.EXTREME_WEIGHT for name in ("min", "max")]
-    errors.append(np.abs(actual["mean"] - ref["mean"]) / magnitude)
-    norm_scale = np.maximum(np.maximum(np.abs(ref["l2_norm"]), np.abs(actual["l2_norm"])), TINY)
-    errors.append(np.abs(actual["l2_norm"] - ref["l2_norm"]) / norm_scale)
+    errors = []
+    for statistic in COMPARED:
+        name = statistic.column
+        if statistic.comparison is Comparison.RELATIVE:
+            scale = np.maximum(np.maximum(np.abs(ref[name]), np.abs(actual[name])), TINY)
+            errors.append(np.abs(actual[name] - ref[name]) / scale)
+        elif statistic.comparison is Comparison.EXTREME:
+            errors.append(np.abs(actual[name] - ref[name]) / magnitude * tolerances.EXTREME_WEIGHT)
+        else:
+            errors.append(np.abs(actual[name] - ref[name]) / magnitude)
     return np.fmax.reduce(errors)  # fmax: a statistic a writer left empty (NaN) does not hide the others
 
 

@@ -25,9 +25,12 @@ from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
 from verify.errors import RunDirError
 from verify.record.schema import INPUT_OP, STAT_COLUMNS, UPDATE_OP
+from verify.record.statistics import STATISTICS, Comparison
 
 
 JUDGED_BY = ["stats", "md5", "tensor"]  # which evidence decided a matched row's `passed`
+# The NaN and inf counts (verify/record/statistics.py): compared as present or absent on both sides.
+_NONFINITE_COUNTS = tuple(statistic.column for statistic in STATISTICS if statistic.comparison is Comparison.PRESENCE)
 
 
 def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPolicy,
@@ -47,8 +50,8 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     limits.loc[batch, "stats_rtol"] = np.minimum(limits.loc[batch, "stats_rtol"], tolerances.BATCH_RTOL)
     table["tolerance"] = limits["stats_rtol"].to_numpy()
     matched = table["status"].isin(MATCHED_STATUSES).to_numpy()
-    nonfinite_agree = (_has(table, "ref_nan_count") == _has(table, "actual_nan_count")) & (
-        _has(table, "ref_inf_count") == _has(table, "actual_inf_count"))
+    nonfinite_agree = np.logical_and.reduce(
+        [_has(table, f"ref_{count}") == _has(table, f"actual_{count}") for count in _NONFINITE_COUNTS])
     stats_ok = ~(table["stats_error"].to_numpy() > table["tolerance"].to_numpy())  # NaN (no stats) is not a failure
     judged_by = np.where(matched, JUDGED_BY.index("stats"), -1)
     passed = stats_ok & nonfinite_agree
@@ -90,8 +93,8 @@ def _indices_of_agreeing_values(table: pd.DataFrame, matched: np.ndarray, passed
 def _scaler_overflow(table: pd.DataFrame, ref: Run, actual: Run) -> np.ndarray:
     """Backward rows of a skipped step holding inf/nan on either side: dynamic loss scaling at work (compared by
     compare_overflow, skip for skip), not values to judge. An fp32 reference never overflows where its AMP port does."""
-    nonfinite = (_has(table, "ref_nan_count") | _has(table, "ref_inf_count") | _has(table, "actual_nan_count")
-                 | _has(table, "actual_inf_count"))
+    nonfinite = np.logical_or.reduce(
+        [_has(table, f"{side}_{count}") for side in ("ref", "actual") for count in _NONFINITE_COUNTS])
     backward = (table["phase"] == "backward").to_numpy()
     return nonfinite & backward & table["step"].isin(skipped_steps(ref, actual)).to_numpy()
 

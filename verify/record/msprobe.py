@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from enum import Enum
 from pathlib import Path
@@ -26,6 +27,7 @@ import pandas as pd
 
 from verify.errors import CompareError
 from verify.record.schema import OP_COLUMNS, OP_KEY_PARTS, RunManifest, Status
+from verify.record.statistics import STATISTICS
 from verify.record.store import Run, empty_frame, op_keys
 
 DUMP_JSON = "dump.json"
@@ -37,6 +39,15 @@ PARAM_GRAD_ENTRY = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.parameter
 TENSOR_DATA_DIR = "dump_tensor_data"
 # msprobe prefixes that name the namespace our capture records ops under.
 OUR_NAMESPACES = {"Aten": "aten", "NPU": "npu"}
+# The statistics msprobe records (verify/record/statistics.py names their fields), in the order msprobe writes them:
+# its own fields first, Max before Min, then any other statistic with an msprobe name, in the table's order.
+_MSPROBE_ORDER = ("Max", "Min", "Mean", "Norm")
+_EXPORTED = sorted((s for s in STATISTICS if s.msprobe), key=lambda s: (
+    _MSPROBE_ORDER.index(s.msprobe) if s.msprobe in _MSPROBE_ORDER else len(_MSPROBE_ORDER)))
+# msprobe records no NaN or inf counts: a nan or inf Max or Min stands for them (presence, not a count).
+_PRESENCE_FROM_EXTREMES = {"nan_count": math.isnan, "inf_count": math.isinf}
+_ROW_COLUMNS = [c for c in OP_COLUMNS if c != "key"]
+_IN_ROW_ORDER = operator.itemgetter(*_ROW_COLUMNS)
 
 
 class Layout(str, Enum):
@@ -83,10 +94,19 @@ def _number(value: Any) -> float:
         return math.nan
 
 
-def _nonfinite_presence(tensor: dict) -> tuple[int, int]:
-    """(nan, inf) as 0/1 from Max and Min: msprobe records no counts, and a null statistic is not a nan."""
+def _statistics(tensor: dict) -> dict[str, Any]:
+    """Each statistic of a tensor record, by name: read from its msprobe field; the NaN and inf counts as 0/1 from
+    Max and Min (a null statistic is not a nan); missing where msprobe records none."""
     extremes = [_number(tensor[k]) for k in ("Max", "Min") if tensor.get(k) is not None]
-    return int(any(math.isnan(v) for v in extremes)), int(any(math.isinf(v) for v in extremes))
+    values: dict[str, Any] = {}
+    for statistic in STATISTICS:
+        if statistic.msprobe:
+            values[statistic.column] = _number(tensor.get(statistic.msprobe))
+        elif statistic.column in _PRESENCE_FROM_EXTREMES:
+            values[statistic.column] = int(any(map(_PRESENCE_FROM_EXTREMES[statistic.column], extremes)))
+        else:
+            values[statistic.column] = math.nan if statistic.dtype == "float64" else pd.NA
+    return values
 
 
 def _is_tensor(value: dict) -> bool:
@@ -164,11 +184,12 @@ def _rows(step: int, dump_file: Path, root: Path, skipped: list[str]) -> list[tu
             tensors = _record_tensors(record)
         for io, tensor in tensors:
             shape = [int(d) for d in tensor.get("shape") or []]
-            stats = [_number(tensor.get(k)) for k in ("Min", "Max", "Mean", "Norm")]
-            rows.append((step, seq, phase, module, op, call_index, io, str(tensor.get("dtype", "")).removeprefix(
-                "torch."), "x".join(map(str, shape)), int(np.prod(shape)) if shape else 1, *stats,
-                *_nonfinite_presence(tensor), str(tensor.get("md5") or ""),
-                _tensor_file(tensor, dump_file.parent, root, skipped), pd.NA))  # msprobe records no data flow
+            rows.append(_IN_ROW_ORDER({
+                "step": step, "seq": seq, "phase": phase, "module": module, "op": op, "call_index": call_index,
+                "io": io, "dtype": str(tensor.get("dtype", "")).removeprefix("torch."), "shape": "x".join(map(str, shape)),
+                "numel": int(np.prod(shape)) if shape else 1, **_statistics(tensor), "md5": str(tensor.get("md5") or ""),
+                "tensor_file": _tensor_file(tensor, dump_file.parent, root, skipped),
+                "inputs": pd.NA}))  # msprobe records no data flow
     return rows
 
 
@@ -186,8 +207,7 @@ def read_dump(path: Path) -> Run:
     if skipped:
         notes.append(f"{len(skipped)} tensor file(s) not read (torch .pt needs torch; compared by statistics), "
                      f"e.g. {skipped[0]}")
-    columns = [c for c in OP_COLUMNS if c != "key"]
-    ops = pd.DataFrame(rows, columns=columns) if rows else empty_frame(OP_COLUMNS).drop(columns="key")
+    ops = pd.DataFrame(rows, columns=_ROW_COLUMNS) if rows else empty_frame(OP_COLUMNS).drop(columns="key")
     ops["key"] = op_keys({name: ops[name] for name, _ in OP_KEY_PARTS})
     ops = ops[list(OP_COLUMNS)].astype(OP_COLUMNS)
     layout = {p.name.rstrip("0123456789") for _, _, processes in files for p in processes}
@@ -208,11 +228,11 @@ def _entry_prefix_and_api(op: str) -> tuple[str, str]:
 
 
 def _tensor_json(row: dict) -> dict:
-    """Fields in msprobe's order: type, dtype, shape, Max, Min, Mean, Norm, requires_grad[, md5]."""
+    """Fields in msprobe's order: type, dtype, shape, Max, Min, Mean, Norm (_EXPORTED), requires_grad[, md5]."""
     tensor = {"type": "torch.Tensor", "dtype": f"torch.{row['dtype']}",
               "shape": [int(d) for d in str(row["shape"]).split("x") if d],
-              "Max": _json_float(row["max"]), "Min": _json_float(row["min"]), "Mean": _json_float(row["mean"]),
-              "Norm": _json_float(row["l2_norm"]), "requires_grad": False}
+              **{statistic.msprobe: _json_float(row[statistic.column]) for statistic in _EXPORTED},
+              "requires_grad": False}
     if isinstance(row.get("md5"), str) and row["md5"]:
         tensor["md5"] = row["md5"]
     return tensor

@@ -45,6 +45,7 @@ from typing import Any
 
 from verify.devices import title
 from verify.errors import ManifestError
+from verify.record.statistics import STATISTIC_COLUMNS
 
 SCHEMA_VERSION = 2  # 2: ops.inputs (the data flow between recorded calls)
 
@@ -91,8 +92,8 @@ class Phase(str, Enum):
 HALF_DTYPES = ("float16", "bfloat16")
 AUTOCAST_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
-# The statistics of a tensor, as columns of every table that has them (ops, grads, outputs).
-STAT_COLUMNS = ("min", "max", "mean", "l2_norm", "nan_count", "inf_count")
+# The statistics of a tensor, as columns of every table that has them (ops, grads, outputs): verify/record/statistics.py.
+STAT_COLUMNS = tuple(STATISTIC_COLUMNS)
 
 # Records that are no aten op: a parameter after optimizer.step() (phase optimizer, module the parameter's name), and
 # the tensors the outermost module's forward receives (phase forward, io in0, in1...): the batch each side read.
@@ -121,12 +122,7 @@ OP_COLUMNS: dict[str, str] = {
     "dtype": "string",  # "float32", "float16", "bfloat16", "int64", ...
     "shape": "string",  # "32x3x28x28"; "" for a 0-d tensor
     "numel": "int64",
-    "min": "float64",
-    "max": "float64",
-    "mean": "float64",
-    "l2_norm": "float64",
-    "nan_count": "int64",
-    "inf_count": "int64",
+    **STATISTIC_COLUMNS,
     "md5": "string",  # md5 mode only, else ""
     "tensor_file": "string",  # tensor mode: path relative to the run directory, else ""
     # The seqs of the recorded calls of this step whose outputs this call read ("12,15"; "" none: the batch, the
@@ -147,18 +143,17 @@ def op_key(**parts: object) -> str:
     return "".join(f"{separator}{parts[name]}" for name, separator in OP_KEY_PARTS)
 
 
+# Gradients call the L2 norm `norm` and put it first: their table's layout from before the statistics had one table,
+# kept so that the grads of old and new run folders read alike, byte for byte. Their other statistics follow.
+GRAD_STATISTIC_NAMES = {"l2_norm": "norm"}
 GRAD_COLUMNS: dict[str, str] = {
     "step": "int64",
     "param": "string",  # the parameter's qualified name in its module ("layer1.0.conv1.weight"), else "group0.3"
     "dtype": "string",
     "shape": "string",
     "numel": "int64",
-    "norm": "float64",
-    "min": "float64",
-    "max": "float64",
-    "mean": "float64",
-    "nan_count": "int64",
-    "inf_count": "int64",
+    **{GRAD_STATISTIC_NAMES[name]: STATISTIC_COLUMNS[name] for name in GRAD_STATISTIC_NAMES},
+    **{name: dtype for name, dtype in STATISTIC_COLUMNS.items() if name not in GRAD_STATISTIC_NAMES},
 }
 
 OUTPUT_COLUMNS: dict[str, str] = {
@@ -167,12 +162,7 @@ OUTPUT_COLUMNS: dict[str, str] = {
     "dtype": "string",
     "shape": "string",
     "numel": "int64",
-    "min": "float64",
-    "max": "float64",
-    "mean": "float64",
-    "l2_norm": "float64",
-    "nan_count": "int64",
-    "inf_count": "int64",
+    **STATISTIC_COLUMNS,
     "tensor_file": "string",
 }
 
