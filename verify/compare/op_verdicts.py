@@ -123,7 +123,7 @@ def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray,
     """Tensor mode: full-tensor metrics for the (few) rows whose both sides saved their tensor."""
     rows = np.flatnonzero(matched & _filled(table["ref_tensor_file"]) & _filled(table["actual_tensor_file"]))
     ref_files, actual_files = table["ref_tensor_file"].to_numpy()[rows], table["actual_tensor_file"].to_numpy()[rows]
-    values = {name: np.full(len(table), np.nan) for name in metrics.TENSOR_METRICS}
+    values = {metric.name: np.full(len(table), np.nan) for metric in metrics.TENSOR_METRICS}
     unreadable = []
     for row, ref_file, actual_file in zip(rows, ref_files, actual_files):  # one per saved tensor pair: file reads
         try:
@@ -134,8 +134,8 @@ def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray,
         if ref_tensor.shape != actual_tensor.shape:
             unreadable.append(f"{ref_file}: shape {ref_tensor.shape} vs {actual_tensor.shape}")
             continue
-        for name, metric in metrics.TENSOR_METRICS.items():
-            values[name][row] = metric(ref_tensor, actual_tensor)
+        for metric in metrics.TENSOR_METRICS:
+            values[metric.name][row] = metric.function(ref_tensor, actual_tensor)
     for name, column in values.items():
         table[name] = column
     if unreadable:
@@ -143,12 +143,8 @@ def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray,
                      f"shapes), first: {unreadable[0]}")
     judged = np.zeros(len(table), bool)
     judged[rows] = True
-    judged &= ~np.isnan(values["cosine"])
-    # msprobe's rule, with our dtype thresholds: a low cosine fails; a large error fails unless nearly all elements
-    # are close (a few outliers in a big tensor).
-    tensor_ok = (values["cosine"] >= limits["cosine_min"].to_numpy()) & ~(
-        (values["max_abs_error"] > limits["max_abs_error"].to_numpy())
-        & (values["within_5e3"] < limits["within_5e3_min"].to_numpy()))
+    judged &= ~np.isnan(values[metrics.COSINE.name])
+    tensor_ok = metrics.within_limits(metrics.TENSOR_METRICS, values, limits)  # msprobe's rule, our dtype limits
     judged_by[judged] = JUDGED_BY.index("tensor")
     return np.where(judged, tensor_ok & nonfinite_agree, passed)
 
