@@ -2,7 +2,8 @@
 
 import pandas as pd
 
-from verify.compare.align import ONE_SIDED_OPS, align_ops
+from verify.compare.align import align_ops
+from verify.compare.op_catalogue import ONE_SIDED
 from verify.record.schema import OP_COLUMNS
 
 
@@ -60,7 +61,7 @@ def test_unmatched_ops_stay_as_rows_with_notes_for_expected_ones():
                                                     ("only_actual", None, "aten._to_copy"),
                                                     ("only_actual", None, "aten.sum")], key=str)
     notes = dict(zip(table["actual_op"].astype(str), table["note"].astype(object)))
-    assert notes["aten._to_copy"] == ONE_SIDED_OPS["aten._to_copy"]
+    assert notes["aten._to_copy"] == ONE_SIDED["aten._to_copy"]
     assert pd.isna(notes["aten.sum"])
 
 

@@ -18,8 +18,8 @@ import pandas as pd
 
 from verify.compare import metrics
 from verify.compare import tolerances
-from verify.compare.align import CARRIER_OPS
 from verify.compare.align import MATCHED_STATUSES
+from verify.compare.op_catalogue import CARRIERS
 from verify.compare.curves import skipped_steps
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
@@ -58,7 +58,7 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     passed = passed | _indices_of_agreeing_values(table, matched, passed)
     # Casts and copies carry values, they compute none: what they carry is judged at the ops that use it (their n-th
     # call on one side need not be the n-th on the other), so they are neither passed nor failed themselves.
-    carried = table["ref_op"].isin(list(CARRIER_OPS)).to_numpy(dtype=bool, na_value=False)
+    carried = table["ref_op"].isin(list(CARRIERS)).to_numpy(dtype=bool, na_value=False)
     judged = matched & ~_scaler_overflow(table, ref, actual) & ~carried & ~_process_bookkeeping(table)
     table["passed"] = pd.arrays.BooleanArray(passed & judged, ~judged)  # unmatched rows: NA, neither pass nor fail
     return table
@@ -151,7 +151,7 @@ def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray,
 
 def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
     """The earliest op (ref step, seq) whose outputs break tolerance while its inputs agree (see module doc)."""
-    computing = ~table["ref_op"].isin(list(CARRIER_OPS)).to_numpy()  # casts and copies carry, they do not compute
+    computing = ~table["ref_op"].isin(list(CARRIERS)).to_numpy()  # casts and copies carry, they do not compute
     matched = np.flatnonzero(table["status"].isin(MATCHED_STATUSES).to_numpy() & computing)
     if not len(matched):
         return None
