@@ -4,23 +4,28 @@ which draw random numbers, which are nondeterministic on GPUs, and which a preci
 (align.py), the operators' verdicts (op_verdicts.py), the findings, the notes (runs.py) and the advice read these
 rows; nothing else names an op's kind. No torch.
 
-A user extends the families and the one-sided ops with a mapping file (`verify compare --op-mapping FILE`, also on
-the pair command), as msprobe's api and module mapping files do: a JSON object of up to two keys,
+A user extends the families and the one-sided ops with mapping files (`--op-mapping FILE` on `verify compare` and
+on the pair command, repeatable), as msprobe's api and module mapping files do. A mapping file is a JSON object with
+up to two keys:
 
     {
       "related": {
-        "npu.npu_fusion_attention": ["aten._scaled_dot_product_flash_attention"],
-        "npu.npu_rms_norm": ["aten._fused_rms_norm", "aten.mul"]
+        "npu.npu_add_layer_norm": "aten.native_layer_norm",
+        "npu.npu_my_attention": ["aten._scaled_dot_product_flash_attention",
+                                 "aten._scaled_dot_product_flash_attention_for_cpu"]
       },
-      "one_sided": {"npu.npu_my_layout_cast": "NPU layout cast of my kernel library"}
+      "one_sided": {"npu.npu_my_layout_cast": "layout cast of my kernel library"}
     }
 
-`related` maps a kernel of the port (an NPU fused kernel, say) to the reference op or ops whose output it computes:
-they become one family, so alignment pairs their calls (status `related`) and a pair of them is not a changed op.
-Where one of them is already in a family, the others join it. `one_sided` names ops expected on one side only, with
-the note the reports show for them. Op names are written as verify records them, `namespace.name` (ops.csv's ref_op
-and actual_op: 'aten.mul', 'npu.npu_rms_norm'). A file that is not of this form stops the command with exit 2,
-naming the file and what is wrong.
+`related` maps a kernel of the port (an NPU fused kernel, say) to the reference op whose output it computes, or to a
+list of such ops (the kernels the reference may call in its place on different devices): one call of the kernel
+stands for one call of one of them. They become one family, so that alignment pairs their calls (status `related`,
+within a module call where both sides make as many calls of the family) and a pair of them is not a changed op. Where
+one of them is already in a family (the built-in FAMILIES below), the others join it. What a fused kernel absorbs
+around that op (the add of npu_add_layer_norm) stays unmatched on the reference's side. `one_sided` names ops expected
+on one side only, with the note the reports show for them. Op names are written as verify records them,
+`namespace.name` (ops.csv's ref_op and actual_op: 'aten.mul', 'npu.npu_rms_norm'). A file not of this form stops
+the command with exit 2 and one line naming the file and what is wrong, before anything runs.
 """
 
 from __future__ import annotations
