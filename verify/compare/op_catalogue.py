@@ -31,7 +31,7 @@ the command with exit 2 and one line naming the file and what is wrong, before a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -150,7 +150,7 @@ class OpCatalogue:
 
     families: Mapping[str, str]
     one_sided: Mapping[str, str]
-    sources: tuple[str, ...] = field(default=())  # the user's mapping files it holds
+    sources: tuple[str, ...] = ()  # the user's mapping files it holds
 
     def family(self, op: str) -> str:
         return self.families.get(op, op)
