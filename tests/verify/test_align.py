@@ -1,9 +1,18 @@
-"""align_ops: exact, related and sequence passes, and nothing dropped."""
+"""align_ops: exact, related and sequence passes, and nothing dropped; the user's op mapping file in a comparison."""
+
+import json
+from pathlib import Path
 
 import pandas as pd
+import pytest
+from click.testing import Result
+from typer.testing import CliRunner
 
-from verify.compare.align import ONE_SIDED_OPS, align_ops
-from verify.record.schema import OP_COLUMNS
+from verify.cli import app
+from verify.compare.align import align_ops
+from verify.compare.op_catalogue import ONE_SIDED
+from verify.record.schema import OP_COLUMNS, RunManifest
+from verify.record.store import RunWriter
 
 
 def ops(calls: list[tuple[str, str]], step: int = 0, phase: str = "forward", shape: str = "4x4") -> pd.DataFrame:
@@ -60,7 +69,7 @@ def test_unmatched_ops_stay_as_rows_with_notes_for_expected_ones():
                                                     ("only_actual", None, "aten._to_copy"),
                                                     ("only_actual", None, "aten.sum")], key=str)
     notes = dict(zip(table["actual_op"].astype(str), table["note"].astype(object)))
-    assert notes["aten._to_copy"] == ONE_SIDED_OPS["aten._to_copy"]
+    assert notes["aten._to_copy"] == ONE_SIDED["aten._to_copy"]
     assert pd.isna(notes["aten.sum"])
 
 
@@ -98,3 +107,75 @@ def test_a_swapped_function_pairs_and_the_same_function_after_it_still_pairs():
         frame["call_index"] = frame.groupby(["module", "op"]).cumcount()
     table = align_ops(ref, actual)
     assert pairs(table) == [("sequence", "aten.relu", "aten.gelu"), ("sequence", "aten.relu", "aten.relu")]
+
+
+# --- the user's op mapping file, in a real comparison ----------------------------------------------------------------
+
+FUSED_PORT = [("Block", "npu.npu_add_layer_norm"), ("Block", "aten.mm")]  # the port calls torch_npu's fused kernel
+EAGER_REFERENCE = [("Block", "aten.add"), ("Block", "aten.native_layer_norm"), ("Block", "aten.mm")]
+
+
+def write_run(root: Path, calls: list[tuple[str, str]]) -> Path:
+    """A run directory as `verify run` writes it, of one step whose ops are `calls`."""
+    root.mkdir(parents=True)
+    manifest = RunManifest(script=str(root / "train.py"), script_sha256=root.name, device="cpu", seed=0, status="ok",
+                           steps_requested=1, steps_completed=1)
+    (root / "manifest.json").write_text(json.dumps(manifest.to_json()))
+    writer = RunWriter(root)
+    writer.append_losses([(0, 0, 2.3, None, 10.0)])
+    writer.write_step_table("ops", 0, ops(calls).to_dict("list"))
+    writer.close()
+    return root
+
+
+def compare(tmp_path: Path, *options: str) -> Result:
+    return CliRunner().invoke(app, ["compare", str(write_run(tmp_path / "ref", EAGER_REFERENCE)),
+                                    str(write_run(tmp_path / "actual", FUSED_PORT)), "-o", str(tmp_path / "out"),
+                                    *options])
+
+
+def test_a_mapping_file_pairs_the_ports_fused_kernel_with_the_reference_op(tmp_path):
+    mapping = tmp_path / "my_kernels.json"
+    mapping.write_text(json.dumps({"related": {"npu.npu_add_layer_norm": "aten.native_layer_norm"}}))
+    compared = compare(tmp_path, "--op-mapping", str(mapping))
+    assert compared.exit_code == 0, compared.output
+    table = pd.read_csv(tmp_path / "out" / "ops.csv")
+    assert sorted(zip(table["status"], table["ref_op"].fillna(""), table["actual_op"].fillna(""))) == [
+        ("exact", "aten.mm", "aten.mm"), ("only_ref", "aten.add", ""),  # the add the fused kernel absorbed
+        ("related", "aten.native_layer_norm", "npu.npu_add_layer_norm")]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert f"ops paired by the op mapping file {mapping} too" in summary["notes"]
+
+
+def test_without_the_mapping_file_the_fused_kernel_pairs_with_nothing(tmp_path):
+    assert compare(tmp_path).exit_code in (0, 1)
+    table = pd.read_csv(tmp_path / "out" / "ops.csv")
+    assert table.loc[table["actual_op"] == "npu.npu_add_layer_norm", "status"].tolist() == ["only_actual"]
+    assert table.loc[table["ref_op"] == "aten.native_layer_norm", "status"].tolist() == ["only_ref"]
+
+
+@pytest.mark.parametrize(("content", "what"), [
+    ("{not json", "is not valid JSON"),
+    ('["npu.npu_add_layer_norm"]', "holds a JSON list, not an object"),
+    ('{"releated": {}}', "unknown key 'releated'"),
+    ('{"related": {"npu.npu_add_layer_norm": []}}', "must be an op name or a non-empty list of op names"),
+    ('{"related": {"npu_add_layer_norm": "aten.native_layer_norm"}}', "'npu_add_layer_norm' is not an op name"),
+    ('{"one_sided": {"npu.npu_format_cast": 3}}', "must be the note shown for it"),
+])
+def test_a_bad_mapping_file_is_verifys_error_naming_the_file(tmp_path, content, what):
+    mapping = tmp_path / "bad.json"
+    mapping.write_text(content)
+    compared = compare(tmp_path, "--op-mapping", str(mapping))
+    assert compared.exit_code == 2 and "Traceback" not in compared.output
+    line = " ".join(compared.stderr.split())
+    assert f"op mapping file {mapping}" in line and what in line
+
+
+def test_the_pair_command_reads_its_mapping_file_before_running_anything(tmp_path):
+    for script in ("train.py", "train_npu.py"):
+        (tmp_path / script).write_text("raise SystemExit('must not run')\n")
+    missing = tmp_path / "missing.json"
+    paired = CliRunner().invoke(app, ["pair", str(tmp_path / "train.py"), "--op-mapping", str(missing), "-o",
+                                      str(tmp_path / "out")])
+    assert paired.exit_code == 2 and f"op mapping file {missing}: cannot be read" in " ".join(paired.stderr.split())
+    assert not (tmp_path / "out").exists()

@@ -19,7 +19,9 @@ from typer.testing import CliRunner
 
 from verify.cli import compare_cmd as compare_cli
 from verify.report.advice import advise
+from verify.compare import metrics
 from verify.compare.runs import compare_runs
+from verify.report.writers import write_reports
 from verify.compare.findings import FindingCode
 from verify.compare.precision_policy import CompareOptions
 from verify.cli.compare_cmd import read_side
@@ -301,6 +303,27 @@ def test_tensor_mode_metrics_and_unsafe_names(tmp_path):
     assert row["within_1e3"] == 0.0 and row["max_relative_error"] == pytest.approx(0.1, rel=1e-5)
     assert not row["passed"]  # 10% everywhere: max abs error past fp32's limit with no element within 0.5%
     assert any("points outside" in note for note in result.notes)
+
+
+def test_a_metric_added_to_the_table_reaches_ops_csv_and_judges(tmp_path, monkeypatch):
+    """Adding a metric is one row (and its limit): the verdict loops over the table, ops.csv takes its column."""
+    within_1e4 = metrics.Metric("within_1e4", metrics.share_within(1e-4), "share within 0.01%", higher_is_better=True,
+                                threshold="within_5e3_min")
+    monkeypatch.setattr(metrics, "TENSOR_METRICS", (*metrics.TENSOR_METRICS, within_1e4))
+    tensor = np.random.default_rng(3).normal(size=(8, 10)).astype(np.float32)
+    ref_ops, actual_ops = trace_ops(), with_noise(trace_ops())
+    fc2 = (ref_ops["module"] == "Net.fc2") & (ref_ops["step"] == 0)
+    ref_ops.loc[fc2, "tensor_file"] = actual_ops.loc[fc2, "tensor_file"] = "tensors/fc2.npy"
+    ref = write_run(tmp_path / "ref", ops=ref_ops, arrays={"tensors/fc2.npy": tensor})
+    # every element 0.02% off: within fp32's cosine and max abs error limits, none within 0.01%
+    actual = write_run(tmp_path / "actual", ops=actual_ops, arrays={"tensors/fc2.npy": tensor * np.float32(1.0002)})
+    result = compare_runs(read_side(ref), read_side(actual))
+    write_reports(result, tmp_path / "out")
+    row = pd.read_csv(tmp_path / "out" / "ops.csv").query("module == 'Net.fc2' and step == 0").iloc[0]
+    assert row["within_1e4"] == 0.0 and row["judged_by"] == "tensor" and not row["passed"]
+    monkeypatch.undo()
+    assert compare_runs(read_side(ref), read_side(actual)).ops.query("module == 'Net.fc2' and step == 0")[
+        "passed"].all()
 
 
 def test_inference_outputs_top_k(tmp_path):

@@ -9,7 +9,8 @@ import typer
 from typer.testing import CliRunner
 
 from verify.cli import app
-from verify.record.environment import Difference, differences, explaining
+from verify.compare.findings import explaining
+from verify.record.environment import Difference, differences
 from verify.capture.environment_record import recorded_variables
 from verify.cli.pair import route
 from verify.record.schema import RunManifest

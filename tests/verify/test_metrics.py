@@ -37,9 +37,32 @@ def test_tensor_metrics():
     assert metrics.cosine(np.zeros(3), np.zeros(3)) == 1.0 and np.isnan(metrics.cosine(np.zeros(3), np.ones(3)))
     assert metrics.max_abs_error(ref, actual) == pytest.approx(0.03)
     assert metrics.max_relative_error(ref, actual) == pytest.approx(0.0075)
-    assert metrics.TENSOR_METRICS["within_1e3"](ref, actual) == 0.75
-    assert metrics.TENSOR_METRICS["within_5e3"](ref, actual) == 0.75
+    by_name = {metric.name: metric.function for metric in metrics.TENSOR_METRICS}
+    assert by_name["within_1e3"](ref, actual) == 0.75
+    assert by_name["within_5e3"](ref, actual) == 0.75
     assert metrics.euclidean_distance(ref, actual) == pytest.approx(0.03)
+
+
+def test_every_judged_metric_names_a_limit_the_verdict_holds():
+    op_limits = set(tolerances.FIELDS)
+    for table, limits in ((metrics.TENSOR_METRICS, op_limits), (metrics.OUTPUT_METRICS, op_limits
+                                                                  | set(tolerances.OUTPUT_LIMITS))):
+        names = [metric.name for metric in table]
+        assert len(names) == len(set(names))
+        for metric in table:
+            assert metric.threshold is None or metric.threshold in limits, metric
+            assert metric.unless is None or metric.unless in names, metric
+
+
+def test_tensor_rule_fails_a_low_cosine_and_a_large_error_unless_nearly_all_elements_are_close():
+    values = {"cosine": np.array([0.5, 1.0, 1.0, 1.0, 1.0]),
+              "max_abs_error": np.array([0.0, 5.0, 5.0, 0.0, np.nan]),
+              "within_5e3": np.array([1.0, 0.995, 0.5, 0.0, 0.0])}
+    values |= {metric.name: np.zeros(5) for metric in metrics.TENSOR_METRICS if metric.name not in values}
+    limits = tolerances.pair_tolerances(pd.Series(["float32"] * 5), pd.Series(["float32"] * 5))
+    # a low cosine; outliers in a tensor mostly within 0.5%; a large error elsewhere; a share alone judges nothing;
+    # a metric not computed (NaN) is never past its limit
+    assert metrics.within_limits(metrics.TENSOR_METRICS, values, limits).tolist() == [False, True, False, True, True]
 
 
 def test_topk_agreement():

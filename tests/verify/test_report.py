@@ -124,7 +124,7 @@ def test_the_verdict_is_printed_before_the_report_files_are_written(tmp_path, mo
     assert compared.exit_code == 2 and "No space left on device" in compared.stderr
     assert result.verdict.reason in compared.stdout
     plan = pair.PairPlan(tmp_path / "train.py", tmp_path / "train_npu.py", [], RunOptions(steps=3), "cpu", "npu",
-                         match_amp=True, amp_effect=False, ref_run=None, loss_rtol=None, out=tmp_path / "pair")
+                         match_amp=True, amp_effect=False, ref_run=None, out=tmp_path / "pair")
     console = Console(record=True, width=400)
     monkeypatch.setattr(pair, "stdout", console)
     with pytest.raises(OSError):

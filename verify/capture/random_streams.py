@@ -16,7 +16,7 @@ sides record the same ops on what was drawn.
 Not aligned, and named in the manifest when a run uses them: alpha dropout, the dropout inside recurrent modules
 (nn.LSTM(dropout=...)), and draws made from a tensor (torch.randn_like, Tensor.normal_, torch.bernoulli: on an
 emulated device every tensor lives on the CPU, so they draw from the host's generator alike): compare names those it
-finds in the op records (RANDOM_OPS).
+finds in the op records (verify/compare/op_catalogue.py RANDOM).
 
 `--no-dropout` turns every dropout off instead (as msprobe's seed_all(rm_dropout=True) does).
 """

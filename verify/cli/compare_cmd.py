@@ -24,6 +24,7 @@ from verify.record import run_folders
 from verify.report.adaptation import write_adaptation
 from verify.compare.runs import compare_runs
 from verify.errors import CompareError
+from verify.compare.op_catalogue import read_catalogue
 from verify.compare.precision_policy import CompareOptions
 from verify.report.terminal import print_run, print_saved_summary, print_summary
 from verify.cli.exits import exit_with
@@ -33,6 +34,17 @@ from verify.errors import RunDirError
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# Shared by `verify compare` and the pair command.
+OpMappingOption = Annotated[Optional[list[Path]], typer.Option(
+    "--op-mapping", help="A JSON file mapping the port's kernels (an NPU fused kernel) to the reference's ops they "
+                         "compute, so that they pair; repeatable. Format: verify/compare/op_catalogue.py.",
+    metavar="FILE", show_default=False)]
+
+
+def compare_options(loss_rtol: float | None, op_mapping: list[Path] | None) -> CompareOptions:
+    """The comparison's options from the command line; VerifyFailure (exit 2) naming a bad mapping file."""
+    return CompareOptions(loss_rtol=loss_rtol, op_catalogue=read_catalogue(op_mapping))
 
 
 
@@ -66,17 +78,19 @@ def compare(
     max_rows: Annotated[int, typer.Option(help="Divergent op rows shown on the terminal.")] = 10,
     adaptation_report: Annotated[bool, typer.Option(
         "--adaptation-report", help="Also write adaptation.md into OUT (needs -o).")] = False,
+    op_mapping: OpMappingOption = None,
 ) -> None:
     """Compare two runs offline: verdict, first divergent operator, advice. Exit 0 PASS, 1 FAIL, 2 error."""
-    exit_with(lambda: _compare(ref_run, actual_run, out, loss_rtol, max_rows, adaptation_report),
+    exit_with(lambda: _compare(ref_run, actual_run, out, compare_options(loss_rtol, op_mapping), max_rows,
+                               adaptation_report),
               f"compare {ref_run} with {actual_run}", out)
 
 
-def _compare(ref_run: Path, actual_run: Path, out: Path | None, loss_rtol: float | None, max_rows: int,
+def _compare(ref_run: Path, actual_run: Path, out: Path | None, options: CompareOptions, max_rows: int,
              adaptation_report: bool) -> int:
     if adaptation_report and out is None:
         raise VerifyFailure("--adaptation-report writes adaptation.md into the -o folder: give one")
-    result = compare_runs(read_side(ref_run), read_side(actual_run), CompareOptions(loss_rtol=loss_rtol))
+    result = compare_runs(read_side(ref_run), read_side(actual_run), options)
     print_summary(result, stdout, max_rows=max_rows)  # the verdict first: the report files take their time after it
     if adaptation_report:
         out.mkdir(parents=True, exist_ok=True)

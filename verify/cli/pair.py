@@ -34,7 +34,7 @@ from verify.checklist_items import REPORT_SUFFIX, port_name
 from verify.compare.runs import ComparisonResult, compare_runs
 from verify.compare.precision_policy import CompareOptions, amp_dtype
 from verify.report.terminal import print_summary
-from verify.cli.compare_cmd import read_side
+from verify.cli.compare_cmd import OpMappingOption, compare_options, read_side
 from verify import devices
 from verify.record import run_folders
 from verify.cli.exits import exit_with
@@ -107,8 +107,8 @@ class PairPlan:
     match_amp: bool
     amp_effect: bool
     ref_run: Path | None
-    loss_rtol: float | None
     out: Path
+    compare: CompareOptions = CompareOptions()  # --loss-rtol, --op-mapping
     adaptation: bool = False  # --adaptation-report
 
 
@@ -185,7 +185,7 @@ def _optimizers(run: Run) -> int:
 def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
     """Compares and reports as `verify compare -o` does, plus the comparison made and the AMP effect. The verdict is
     printed first; the report files take their time after it."""
-    result = compare_runs(runs.ref, runs.actual, CompareOptions(loss_rtol=plan.loss_rtol))
+    result = compare_runs(runs.ref, runs.actual, plan.compare)
     how = _comparison_made(plan, runs)
     result.notes.insert(0, how["description"])
     if plan.amp_effect and runs.ref_fp32 is None:
@@ -306,6 +306,7 @@ def pair(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the scripts' output.")] = False,
     adaptation_report: Annotated[bool, typer.Option(
         "--adaptation-report", help="Also write adaptation.md, the report published with a ported model.")] = False,
+    op_mapping: OpMappingOption = None,
 ) -> None:
     """Run ORIGINAL and PORTED for N steps each and compare them: `verify ORIGINAL [PORTED] [OPTIONS] [-- ARGS]`.
 
@@ -315,13 +316,14 @@ def pair(
     out = out or run_folders.default_pair_dir(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
                          exact_emulation=exact_emulation, timeout=timeout, nproc_per_node=nproc_per_node or 0)
-    exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value, loss_rtol,
-                            match_amp, amp_effect, ref_run, out, quiet, adaptation_report),
+    exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value,
+                            compare_options(loss_rtol, op_mapping), match_amp, amp_effect, ref_run, out, quiet,
+                            adaptation_report),
               f"verify {original} against {ported or default_port(original)}", out)
 
 
 def _pair(original: Path, ported: Path | None, script_args: list[str] | None, options: RunOptions, device_ref: str,
-          device_actual: str, loss_rtol: float | None, match_amp: bool, amp_effect: bool, ref_run: Path | None,
+          device_actual: str, compare: CompareOptions, match_amp: bool, amp_effect: bool, ref_run: Path | None,
           out: Path, quiet: bool, adaptation: bool) -> int:
     ported = ported or default_port(original)
     for role, script in (("ORIGINAL", original), ("PORTED", ported)):
@@ -331,7 +333,7 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
         raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
-                    match_amp, amp_effect, ref_run, loss_rtol, run_folders.claim(out), adaptation)
+                    match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation)
     with side_runner(quiet) as sides:
         runs = run_sides(plan, sides)
     return judge_pair(plan, runs)

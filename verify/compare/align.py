@@ -2,8 +2,9 @@
 
 1. exact / related: the same call on both sides: step, phase, module, op#call_index, io and shape (a shape mismatch
    means the n-th call is not the same call: an extra call earlier in the module shifted the counter). Ops that the
-   NPU replaces by another kernel (RELATED_OPS: aten op <-> fused NPU kernel) are identified by their family and
-   rank instead, and such a pair is `related`;
+   NPU replaces by another kernel (a family of the op catalogue, verify/compare/op_catalogue.py: aten op <-> fused
+   NPU kernel, extended by the user's mapping file) are identified by their family and rank instead, and such a pair
+   is `related`;
 2. sequence: within each (step, phase, module), difflib's longest matching blocks over op signatures (family, io,
    shape) of what is left, which survives ops inserted or removed on one side.
 
@@ -21,6 +22,7 @@ from enum import Enum
 import numpy as np
 import pandas as pd
 
+from verify.compare.op_catalogue import BUILT_IN, OpCatalogue
 from verify.record.schema import OP_COLUMNS, OP_SHARED_COLUMNS, OP_SIDE_COLUMNS
 
 
@@ -34,97 +36,6 @@ class AlignStatus(str, Enum):
 
 STATUS_CODES = {status: code for code, status in enumerate(AlignStatus)}
 MATCHED_STATUSES = (AlignStatus.EXACT.value, AlignStatus.RELATED.value, AlignStatus.SEQUENCE.value)
-
-# op -> family. Ops of one family compute the same thing with different kernels, so their outputs are comparable.
-RELATED_OPS: dict[str, str] = {
-    # Scaled dot-product attention: CUDA picks flash or memory-efficient kernels, the CPU its own, and torch_npu
-    # replaces all of them by its fused attention kernel.
-    "aten._scaled_dot_product_flash_attention": "attention",
-    "aten._scaled_dot_product_efficient_attention": "attention",
-    "aten._scaled_dot_product_cudnn_attention": "attention",
-    "aten._scaled_dot_product_flash_attention_for_cpu": "attention",
-    "npu.npu_fusion_attention": "attention",
-    "aten._scaled_dot_product_flash_attention_backward": "attention_backward",
-    "aten._scaled_dot_product_efficient_attention_backward": "attention_backward",
-    "aten._scaled_dot_product_flash_attention_for_cpu_backward": "attention_backward",
-    "aten._scaled_dot_product_cudnn_attention_backward": "attention_backward",
-    "npu.npu_fusion_attention_grad": "attention_backward",
-    # Batch norm: cuDNN's kernel on CUDA, the native one elsewhere, the functional variant under torch.compile.
-    "aten.cudnn_batch_norm": "batch_norm",
-    "aten.native_batch_norm": "batch_norm",
-    "aten._native_batch_norm_legit": "batch_norm",
-    "aten._native_batch_norm_legit_functional": "batch_norm",
-    "aten._native_batch_norm_legit_no_training": "batch_norm",
-    "aten.cudnn_batch_norm_backward": "batch_norm_backward",
-    "aten.native_batch_norm_backward": "batch_norm_backward",
-    # Layer norm and RMS norm: torch_npu ships fused kernels that the ported model may call instead.
-    "aten.native_layer_norm": "layer_norm",
-    "npu.npu_layer_norm_eval": "layer_norm",
-    "aten._fused_rms_norm": "rms_norm",
-    "npu.npu_rms_norm": "rms_norm",
-    # Activations: NPU fast/fused variants of GELU and SiLU.
-    "aten.gelu": "gelu",
-    "npu.npu_gelu": "gelu",
-    "npu.fast_gelu": "gelu",
-    "npu.npu_fast_gelu": "gelu",
-    "aten.silu": "silu",
-    "npu.npu_silu": "silu",
-    # Dropout: the NPU generates its mask in a separate kernel.
-    "aten.native_dropout": "dropout",
-    "npu._npu_dropout": "dropout",
-    "npu.npu_dropout_with_add_softmax": "dropout",
-    # Convolution: cuDNN entry points seen on CUDA against the generic op elsewhere.
-    "aten.convolution": "convolution",
-    "aten.cudnn_convolution": "convolution",
-    "aten._convolution": "convolution",
-    "npu.npu_conv2d": "convolution",
-    # Linear: addmm on 2-D inputs, a fused NPU linear on the port.
-    "aten.addmm": "linear",
-    "npu.npu_linear": "linear",
-    # Rotary embedding: torch_npu's fused rotary multiply against the eager arithmetic is not one-to-one, but a
-    # model ported to call npu_rotary_mul often calls a helper op of the same role on the reference.
-    "npu.npu_rotary_mul": "rotary",
-    # Softmax cross-entropy pieces.
-    "aten._log_softmax": "log_softmax",
-    "npu.npu_softmax_cross_entropy_with_logits": "log_softmax",
-}
-
-# Ops expected on one side only, with the reason shown in the report instead of an alarming "unmatched".
-ONE_SIDED_OPS: dict[str, str] = {
-    # Autocast inserts casts to and from fp16/bf16: a port that gained AMP has them and its fp32 reference does not.
-    "aten._to_copy": "cast (autocast on one side only)",
-    # Copying a batch to the device: a no-op on a CPU reference, a real copy on the (emulated) NPU.
-    "aten.copy_": "device copy",
-    # NPU format casts (ND <-> NZ fractal layouts) have no CUDA counterpart.
-    "npu.npu_format_cast": "NPU memory-format cast",
-}
-
-# Ops that move or cast values without computing anything: judged by what they carry, never as arithmetic. A cast's or
-# a device copy's result follows from its input (a dtype or device change is no divergence), and how many of them run
-# depends on the device (a batch copied to the GPU, autocast's weight casts and their cache), so the n-th one on one
-# side need not be the n-th on the other. The first divergent operator is always a computing op.
-# Ops that draw from a device's random generator: on two devices they differ unless verify aligned them
-# (verify/capture/random_streams.py draws dropout masks from a keyed stream, outside the records).
-RANDOM_OPS = frozenset({
-    "aten.bernoulli", "aten.bernoulli_", "aten.uniform_", "aten.normal", "aten.normal_", "aten.rand", "aten.randn",
-    "aten.randint", "aten.randperm", "aten.multinomial", "aten.native_dropout", "aten.exponential_", "aten.random_",
-    "aten.rand_like", "aten.randn_like", "aten.randint_like", "aten.cauchy_", "aten.geometric_", "aten.log_normal_",
-})
-
-
-def same_computation(op: str, other: str) -> bool:
-    """Whether two recorded ops compute the same thing: one op, a RELATED_OPS family's kernels, or an op and its
-    in-place form (aten.add and aten.add_)."""
-    op, other = op.removesuffix("_"), other.removesuffix("_")
-    return RELATED_OPS.get(op, op) == RELATED_OPS.get(other, other)
-
-
-CARRIER_OPS = frozenset({
-    "aten._to_copy", "aten.copy_", "aten.copy", "aten._copy_from", "aten._copy_from_and_resize",
-    "aten.clone", "aten.contiguous", "aten.lift_fresh_copy", "aten._unsafe_view", "aten.view_copy",
-    "aten.detach_copy", "aten.alias_copy", "aten.expand_copy", "aten.permute_copy", "aten.t_copy",
-    "aten.transpose_copy", "aten._reshape_copy",
-})
 
 # The op records' columns, as the schema types them (the key is rebuilt by the reports from its parts).
 STRING_COLUMNS = tuple(c for c, dtype in OP_COLUMNS.items() if dtype == "string" and c != "key")
@@ -179,24 +90,37 @@ def _group_columns(side: _Side, rows: np.ndarray) -> list[np.ndarray]:
     return [side.numbers["step"][rows], side.codes["phase"][rows], side.codes["module"][rows]]
 
 
-def _family_codes(vocab: dict[str, pd.Index]) -> tuple[np.ndarray, np.ndarray]:
-    """Per op in the vocabulary: its family code, and whether it is in RELATED_OPS."""
-    names = pd.Series(np.asarray(vocab["op"], dtype=object))
-    related = names.isin(RELATED_OPS).to_numpy()
-    family = pd.factorize(names.map(RELATED_OPS).fillna(names))[0]
-    return np.append(family, -1), np.append(related, False)  # index -1 (missing op) maps to the appended entry
+@dataclass(frozen=True)
+class _OpFacts:
+    """The catalogue's facts per op of the vocabulary, as arrays; index -1 (a missing op) takes the appended entry."""
+
+    family: np.ndarray  # family code (an op in no family is a family of its own)
+    related: np.ndarray  # in a family of the catalogue
+    one_sided: np.ndarray  # expected on one side only
+    note: pd.Categorical  # the note of an expected one-sided op, missing for the others
+
+    @classmethod
+    def of(cls, ops: pd.Index, catalogue: OpCatalogue) -> _OpFacts:
+        names = pd.Series(np.asarray(ops, dtype=object))
+        family = pd.factorize(names.map(catalogue.families).fillna(names))[0]
+        notes = list(dict.fromkeys(catalogue.one_sided.values()))
+        note = [notes.index(catalogue.one_sided[op]) if op in catalogue.one_sided else -1 for op in names]
+        return cls(np.append(family, -1), np.append(names.isin(list(catalogue.families)).to_numpy(), False),
+                   np.append(names.isin(list(catalogue.one_sided)).to_numpy(), False),
+                   pd.Categorical.from_codes(np.array(note + [-1], dtype="int64"), categories=notes))
 
 
-def _identities(ref: _Side, actual: _Side, vocab: dict[str, pd.Index]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _identities(ref: _Side, actual: _Side, vocab: dict[str, pd.Index],
+                facts: _OpFacts) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per row: (step, phase, module, what, index, io, shape), equal on both sides for the same call.
 
-    `what` is the op and `index` its call_index, except for ops of a RELATED_OPS family in a (step, phase, module,
+    `what` is the op and `index` its call_index, except for ops of a catalogue family in a (step, phase, module,
     io) where both sides made the same number of that family's calls: there `what` is the family and `index` the
     rank among its calls, so that an NPU kernel replacing some of the calls neither breaks nor shifts the pairing.
     Where the counts differ, ranks would pair the wrong calls, so those rows keep op#call_index and whatever stays
     unpaired goes to the sequence pass.
     """
-    family, related = _family_codes(vocab)
+    family, related = facts.family, facts.related
     sides = (ref, actual)
     members = [np.flatnonzero(related[side.codes["op"]]) for side in sides]
     group = _combined_key([np.concatenate(parts) for parts in zip(*(
@@ -221,25 +145,24 @@ def _identities(ref: _Side, actual: _Side, vocab: dict[str, pd.Index]) -> tuple[
     return identities[0], identities[1]
 
 
-def _uneven_one_sided(ref: _Side, actual: _Side, vocab: dict[str, pd.Index]) -> np.ndarray:
+def _uneven_one_sided(ref: _Side, actual: _Side, facts: _OpFacts) -> np.ndarray:
     """Rows (ref rows, then actual rows) of expected one-sided ops (casts) whose (step, phase, module, op, io) has a
     different count on each side: there the n-th cast is not the same cast (autocast caches casts on one side, not on
     the other), so they pair by shape and order in the sequence pass rather than by call_index."""
-    one_sided = np.append(pd.Index(vocab["op"]).isin(list(ONE_SIDED_OPS)), False)
     columns = ([*_group_columns(side, np.arange(len(side))), side.codes["op"], side.codes["io"]]
                for side in (ref, actual))
     group = _combined_key([np.concatenate(pair) for pair in zip(*columns)])
     group = pd.factorize(group)[0] if len(group) else group
     counts = [np.bincount(part, minlength=int(group.max(initial=-1)) + 1) for part in np.split(group, [len(ref)])]
     op = np.concatenate([ref.codes["op"], actual.codes["op"]])
-    return one_sided[op] & (counts[0] != counts[1])[group]
+    return facts.one_sided[op] & (counts[0] != counts[1])[group]
 
 
-def _identity_pairs(ref: _Side, actual: _Side, vocab: dict[str, pd.Index]) -> pd.DataFrame:
+def _identity_pairs(ref: _Side, actual: _Side, vocab: dict[str, pd.Index], facts: _OpFacts) -> pd.DataFrame:
     """Pass 1: same identity; `exact` when the op names agree too, else `related`."""
-    ref_identity, actual_identity = _identities(ref, actual, vocab)
+    ref_identity, actual_identity = _identities(ref, actual, vocab, facts)
     keys = _combined_key([np.concatenate(pair) for pair in zip(ref_identity, actual_identity)])
-    uneven = _uneven_one_sided(ref, actual, vocab)
+    uneven = _uneven_one_sided(ref, actual, facts)
     keys[uneven] = -1 - np.flatnonzero(uneven)  # a key of its own: pairs with nothing here
     pairs = _pairs_on(keys[:len(ref)], np.arange(len(ref)), keys[len(ref):], np.arange(len(actual)))
     same_op = ref.codes["op"][pairs["ref_id"].to_numpy()] == actual.codes["op"][pairs["actual_id"].to_numpy()]
@@ -247,10 +170,8 @@ def _identity_pairs(ref: _Side, actual: _Side, vocab: dict[str, pd.Index]) -> pd
 
 
 def _sequence_pairs(ref: _Side, actual: _Side, ref_rows: np.ndarray, actual_rows: np.ndarray,
-                    vocab: dict[str, pd.Index]) -> pd.DataFrame:
+                    facts: _OpFacts) -> pd.DataFrame:
     """Longest matching blocks of op signatures (family, io, shape) per (step, phase, module) on both sides."""
-    family, _ = _family_codes(vocab)
-    one_sided = np.append(pd.Index(vocab["op"]).isin(list(ONE_SIDED_OPS)), False)  # index -1: a missing op
     groups = _combined_key([np.concatenate(pair) for pair in zip(_group_columns(ref, ref_rows),
                                                                    _group_columns(actual, actual_rows))])
     # Signatures and slots of both sides in one vocabulary: a mixed-radix key made per side would number the same
@@ -259,8 +180,8 @@ def _sequence_pairs(ref: _Side, actual: _Side, ref_rows: np.ndarray, actual_rows
     ops = np.concatenate([side.codes["op"][rows] for side, rows in sides])
     slot = _combined_key([np.concatenate([side.codes[column][rows] for side, rows in sides])
                           for column in ("io", "shape")])
-    signature = _combined_key([family[ops], slot])
-    slot[one_sided[ops]] = -1  # an expected one-sided op (a cast) never stands in for another
+    signature = _combined_key([facts.family[ops], slot])
+    slot[facts.one_sided[ops]] = -1  # an expected one-sided op (a cast) never stands in for another
 
     def by_group(side: _Side, rows: np.ndarray, part: slice) -> dict[int, tuple[np.ndarray, list, np.ndarray]]:
         group, side_signature, side_slot = groups[part], signature[part], slot[part]
@@ -296,18 +217,20 @@ def _sequence_pairs(ref: _Side, actual: _Side, ref_rows: np.ndarray, actual_rows
                          "status": STATUS_CODES[AlignStatus.SEQUENCE]})
 
 
-def align_ops(ref: pd.DataFrame, actual: pd.DataFrame) -> pd.DataFrame:
+def align_ops(ref: pd.DataFrame, actual: pd.DataFrame, catalogue: OpCatalogue = BUILT_IN) -> pd.DataFrame:
     """One row per pair or unpaired record: `status`, shared step/phase/module/io, then ref_* and actual_* columns.
 
     Rows are in reference execution order, with actual-only rows placed at their own step and seq. String columns
-    come back as categoricals sharing one vocabulary on both sides.
+    come back as categoricals sharing one vocabulary on both sides. `catalogue` says which ops are of one family and
+    which are expected on one side only.
     """
     ref_side, actual_side, vocab = _encode(ref, actual)
-    found = [_identity_pairs(ref_side, actual_side, vocab)]
+    facts = _OpFacts.of(vocab["op"], catalogue)
+    found = [_identity_pairs(ref_side, actual_side, vocab, facts)]
     ref_rows = np.setdiff1d(np.arange(len(ref_side)), found[0]["ref_id"].to_numpy())
     actual_rows = np.setdiff1d(np.arange(len(actual_side)), found[0]["actual_id"].to_numpy())
     if len(ref_rows) and len(actual_rows):
-        found.append(_sequence_pairs(ref_side, actual_side, ref_rows, actual_rows, vocab))
+        found.append(_sequence_pairs(ref_side, actual_side, ref_rows, actual_rows, facts))
         ref_rows = np.setdiff1d(ref_rows, found[-1]["ref_id"].to_numpy())
         actual_rows = np.setdiff1d(actual_rows, found[-1]["actual_id"].to_numpy())
     found.append(pd.DataFrame({"ref_id": ref_rows, "actual_id": -1, "status": STATUS_CODES[AlignStatus.ONLY_REF]}))
@@ -323,7 +246,7 @@ def align_ops(ref: pd.DataFrame, actual: pd.DataFrame) -> pd.DataFrame:
     io = np.where(has_ref, _take(ref_side.codes["io"], ref_ids, -1), _take(actual_side.codes["io"], actual_ids, -1))
     order = np.lexsort((io, seq, step))
     ref_ids, actual_ids, statuses = ref_ids[order], actual_ids[order], statuses[order]
-    return _assemble(ref_side, actual_side, vocab, ref_ids, actual_ids,
+    return _assemble(ref_side, actual_side, vocab, facts, ref_ids, actual_ids,
                      pd.Categorical.from_codes(statuses, categories=[status.value for status in AlignStatus]))
 
 
@@ -335,8 +258,8 @@ def _column(vocab: pd.Index, codes: np.ndarray) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=vocab)
 
 
-def _assemble(ref: _Side, actual: _Side, vocab: dict[str, pd.Index], ref_ids: np.ndarray, actual_ids: np.ndarray,
-              status: pd.Categorical) -> pd.DataFrame:
+def _assemble(ref: _Side, actual: _Side, vocab: dict[str, pd.Index], facts: _OpFacts, ref_ids: np.ndarray,
+              actual_ids: np.ndarray, status: pd.Categorical) -> pd.DataFrame:
     has_ref = ref_ids >= 0
     table: dict[str, object] = {}
     for column in OP_SHARED_COLUMNS:
@@ -356,8 +279,7 @@ def _assemble(ref: _Side, actual: _Side, vocab: dict[str, pd.Index], ref_ids: np
             else:
                 table[f"{prefix}_{column}"] = pd.arrays.IntegerArray(_take(side.numbers[column], ids, 0), ids < 0)
     op_codes = np.where(has_ref, _take(ref.codes["op"], ref_ids, -1), _take(actual.codes["op"], actual_ids, -1))
-    notes = list(dict.fromkeys(ONE_SIDED_OPS.values()))
-    note_of_op = np.array([notes.index(ONE_SIDED_OPS[op]) if op in ONE_SIDED_OPS else -1 for op in vocab["op"]] + [-1])
     one_sided = (ref_ids < 0) | (actual_ids < 0)
-    table["note"] = pd.Categorical.from_codes(np.where(one_sided, note_of_op[op_codes], -1), categories=notes)
+    table["note"] = pd.Categorical.from_codes(np.where(one_sided, facts.note.codes[op_codes], -1),
+                                              categories=facts.note.categories)
     return pd.DataFrame(table)

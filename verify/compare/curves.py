@@ -139,7 +139,7 @@ def compare_outputs(ref: Run, actual: Run, policy: PrecisionPolicy, notes: list[
     merged["stats_error"] = metrics.stats_error(
         {s: merged[f"ref_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES},
         {s: merged[f"actual_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES})
-    values = {name: np.full(len(merged), np.nan) for name in metrics.OUTPUT_METRICS}
+    values = {metric.name: np.full(len(merged), np.nan) for metric in metrics.OUTPUT_METRICS}
     for row in range(len(merged)):  # one iteration per output tensor: a handful per step
         ref_file, actual_file = merged["ref_tensor_file"].iloc[row], merged["actual_tensor_file"].iloc[row]
         if pd.isna(ref_file) or pd.isna(actual_file) or not ref_file or not actual_file:
@@ -150,21 +150,18 @@ def compare_outputs(ref: Run, actual: Run, policy: PrecisionPolicy, notes: list[
             notes.append(f"output {merged['output'].iloc[row]} at step {merged['step'].iloc[row]}: {error}")
             continue
         if ref_tensor.shape == actual_tensor.shape:
-            for name, metric in metrics.OUTPUT_METRICS.items():
-                values[name][row] = metric(ref_tensor, actual_tensor)
+            for metric in metrics.OUTPUT_METRICS:
+                values[metric.name][row] = metric.function(ref_tensor, actual_tensor)
     for name, column in values.items():
         merged[name] = column
-    by_tensor = ~np.isnan(values["cosine"])
-    tensor_ok = (values["cosine"] >= limits["cosine_min"].to_numpy()) & ~(
-        values["top1_agreement"] < tolerances.OUTPUT_TOP1_MIN) & ~(
-        values["top5_agreement"] < tolerances.OUTPUT_TOP5_MIN)
+    by_tensor = ~np.isnan(values[metrics.COSINE.name])  # an undefined cosine (a zero output): judged by statistics
+    tensor_ok = metrics.within_limits(metrics.OUTPUT_METRICS, values, limits.assign(**tolerances.OUTPUT_LIMITS))
     stats_ok = ~(merged["stats_error"].to_numpy() > limits["stats_rtol"].to_numpy())
     merged["passed"] = np.where(by_tensor, tensor_ok, stats_ok)
     return merged
 
 
-_OUTPUT_FIGURES = {"cosine": "min", "max_abs_error": "max", "mean_abs_error": "max", "top1_agreement": "min",
-                   "top5_agreement": "min"}  # each figure at its worst over the steps
+_OUTPUT_FIGURES = {metric.name: metric.worst for metric in metrics.OUTPUT_METRICS}  # each at its worst over the steps
 
 
 def summarize_outputs(outputs: pd.DataFrame, policy: PrecisionPolicy) -> dict[str, Any]:

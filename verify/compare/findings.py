@@ -11,8 +11,8 @@ from typing import Any
 import pandas as pd
 
 from verify.record import environment
-from verify.compare.align import CARRIER_OPS, same_computation
 from verify.compare.align import MATCHED_STATUSES
+from verify.compare.op_catalogue import CARRIERS, CHANGED_BY_SETTING, OpCatalogue
 from verify.compare.curves import LossComparison
 from verify.compare.op_verdicts import op_label
 from verify.compare.precision_policy import PrecisionPolicy
@@ -157,12 +157,30 @@ def _environment_finding(ref: Run, actual: Run, first: dict[str, Any] | None) ->
     found = environment.differences(ref.manifest, actual.manifest)
     if not found:
         return []
-    explains = environment.explaining(found, first)
+    explains = explaining(found, first)
     message = f"environments differ in {len(found)} setting(s): " + "; ".join(d.text for d in found[:6]) + (
         f"; and {len(found) - 6} more (summary.json)" if len(found) > 6 else "")
     return [Finding(FindingCode.ENVIRONMENT_DIFFERS, message, {
         "explains": "; ".join(d.text for d in explains), "op": (first or {}).get("op"),
         "step": (first or {}).get("step")})]
+
+
+def explaining(found: list[environment.Difference],
+               first_divergent: dict[str, Any] | None) -> list[environment.Difference]:
+    """The differences that by themselves change the first divergent op's values: a matmul/convolution precision
+    switch for a matmul/convolution (op_catalogue.CHANGED_BY_SETTING), a data loader setting for an op of the first
+    step (its batch)."""
+    if first_divergent is None:
+        return []
+    ops = {first_divergent.get("op"), first_divergent.get("actual_op")}
+    explained = []
+    for difference in found:
+        if difference.setting.startswith("data_loaders."):
+            if first_divergent.get("step") == 0 and not difference.setting.endswith(".num_workers"):
+                explained.append(difference)
+        elif difference.setting in CHANGED_BY_SETTING and not ops.isdisjoint(CHANGED_BY_SETTING[difference.setting]):
+            explained.append(difference)
+    return explained
 
 
 def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
@@ -254,16 +272,17 @@ def _input_findings(table: pd.DataFrame) -> list[Finding]:
         {"step": 0, "module": str(row["module"]), "io": str(row["io"]), "source": "inputs"})]
 
 
-def _changed_op_findings(table: pd.DataFrame) -> list[Finding]:
+def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue) -> list[Finding]:
     """The first forward record paired with another computation (gelu where the original calls relu): a changed
     layer or function, which every numeric difference after it may follow from. Forward only: a backward is derived
     from its forward, and devices decompose backward ops differently (a GPU's native_dropout_backward is a plain mul
     where the mask was made apart)."""
     paired = table.loc[table["status"].isin(MATCHED_STATUSES) & (table["phase"] == "forward")
-                       & ~table["ref_op"].isin(list(CARRIER_OPS))
+                       & ~table["ref_op"].isin(list(CARRIERS))
                        & (table["ref_op"].astype(str) != table["actual_op"].astype(str)), ["ref_op", "actual_op"]]
     pairs = paired.astype(str).drop_duplicates()
-    changed = pairs.loc[[not same_computation(op, other) for op, other in zip(pairs["ref_op"], pairs["actual_op"])]]
+    changed = pairs.loc[[not catalogue.same_computation(op, other)
+                         for op, other in zip(pairs["ref_op"], pairs["actual_op"])]]
     rows = paired.astype(str).merge(changed, on=["ref_op", "actual_op"]).set_axis(
         paired.index[paired.astype(str).apply(tuple, axis=1).isin(set(changed.apply(tuple, axis=1)))])
     if rows.empty:
@@ -394,8 +413,9 @@ def verdict(findings: list[Finding], loss: LossComparison, table: pd.DataFrame, 
 
 def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.DataFrame, first: dict[str, Any] | None,
                      loss: LossComparison, hparams: pd.DataFrame, grads: pd.DataFrame, outputs: pd.DataFrame,
-                     overflow: dict[str, Any], policy: PrecisionPolicy) -> list[Finding]:
-    """Every finding of a comparison, from how the runs ended to the share of ops that paired."""
+                     overflow: dict[str, Any], policy: PrecisionPolicy, catalogue: OpCatalogue) -> list[Finding]:
+    """Every finding of a comparison, from how the runs ended to the share of ops that paired; `catalogue` says
+    which ops compute the same thing."""
     inputs = _input_findings(table)
     findings = [
         *ended,
@@ -407,7 +427,7 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
         *_loss_finding(loss),
         *_output_finding(outputs),
         *inputs,
-        *_changed_op_findings(table),
+        *_changed_op_findings(table, catalogue),
         *_op_findings(first, ref, actual, hparams, bool(inputs)),
         *_grad_finding(grads),
         *_match_finding(table),

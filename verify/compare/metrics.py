@@ -1,12 +1,15 @@
 """Small, pure, named metric functions over numpy arrays. No pandas logic, no I/O, no torch.
 
 Statistics metrics take arrays of per-record statistics (one element per aligned record) and are vectorised.
-Tensor metrics take the two full tensors of one record and return one float.
+Tensor metrics take the two full tensors of one record and return one float; the `Metric` tables (TENSOR_METRICS for
+op records in tensor mode, OUTPUT_METRICS for inference outputs) say which are computed, how each is judged and how
+the reports name it: adding a metric is one row there (and its limit in tolerances.py if it is judged).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -110,16 +113,6 @@ def euclidean_distance(ref: np.ndarray, actual: np.ndarray) -> float:
     return float(np.linalg.norm(a - r))
 
 
-TENSOR_METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
-    "cosine": cosine,
-    "max_abs_error": max_abs_error,
-    "max_relative_error": max_relative_error,
-    "within_1e3": share_within(1e-3),
-    "within_5e3": share_within(5e-3),
-    "euclidean_distance": euclidean_distance,
-}
-
-
 # --- inference outputs ---------------------------------------------------------------------------------------------
 
 
@@ -143,10 +136,82 @@ def topk_agreement(ref: np.ndarray, actual: np.ndarray, k: int) -> float:
     return float(np.mean(shared / k))
 
 
-OUTPUT_METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
-    "cosine": cosine,
-    "max_abs_error": max_abs_error,
-    "mean_abs_error": mean_abs_error,
-    "top1_agreement": lambda ref, actual: topk_agreement(ref, actual, 1),
-    "top5_agreement": lambda ref, actual: topk_agreement(ref, actual, 5),
-}
+def top1_agreement(ref: np.ndarray, actual: np.ndarray) -> float:
+    return topk_agreement(ref, actual, 1)
+
+
+def top5_agreement(ref: np.ndarray, actual: np.ndarray) -> float:
+    return topk_agreement(ref, actual, 5)
+
+
+# --- the metric tables ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One figure comparing the two full tensors of a record: a row of a metric table."""
+
+    name: str  # the column it fills (ops.csv and ops.parquet, the outputs table, summary.json's outputs)
+    function: Callable[[np.ndarray, np.ndarray], float]
+    label: str  # how the reports name it to a person (adaptation.md's columns)
+    higher_is_better: bool  # cosine and shares within a tolerance; errors and distances are better low
+    # The key of its limit among the tolerances the verdict holds it to (an OpTolerance field, or a key of
+    # tolerances.OUTPUT_LIMITS); None: computed and shown, never judged.
+    threshold: str | None = None
+    # A metric whose holding its own limit excuses this one past its limit; the excusing metric judges nothing alone.
+    unless: str | None = None
+    fmt: str = ".3g"  # how a report prints one value of it
+    in_op_tables: bool = False  # the reports' op tables (report.html, ops.xlsx) show it; ops.csv holds every metric
+
+    @property
+    def worst(self) -> str:
+        """The pandas reduction that gives its worst value over several (steps, outputs)."""
+        return "min" if self.higher_is_better else "max"
+
+    def past(self, values: np.ndarray, limit: Any) -> np.ndarray:
+        """Whether each value is past the limit; NaN (not computed) never is."""
+        values, limit = np.asarray(values, "float64"), np.asarray(limit, "float64")
+        return values < limit if self.higher_is_better else values > limit
+
+
+COSINE = Metric("cosine", cosine, "cosine", higher_is_better=True, threshold="cosine_min", fmt=".6f",
+                in_op_tables=True)
+# Tensor mode judges by msprobe's rule with our dtype limits: a low cosine fails; a large error fails unless nearly all
+# elements are close (a few outliers in a big tensor).
+TENSOR_METRICS: tuple[Metric, ...] = (
+    COSINE,
+    Metric("max_abs_error", max_abs_error, "max abs error", higher_is_better=False, threshold="max_abs_error",
+           unless="within_5e3"),
+    Metric("max_relative_error", max_relative_error, "max relative error", higher_is_better=False),
+    Metric("within_1e3", share_within(1e-3), "share within 0.1%", higher_is_better=True, fmt=".2%"),
+    Metric("within_5e3", share_within(5e-3), "share within 0.5%", higher_is_better=True, threshold="within_5e3_min",
+           fmt=".2%"),
+    Metric("euclidean_distance", euclidean_distance, "euclidean distance", higher_is_better=False),
+)
+# Inference outputs: the figures of Ascend adaptation reports, judged by cosine and top-k agreement.
+OUTPUT_METRICS: tuple[Metric, ...] = (
+    COSINE,
+    Metric("max_abs_error", max_abs_error, "max abs error", higher_is_better=False),
+    Metric("mean_abs_error", mean_abs_error, "mean abs error", higher_is_better=False),
+    Metric("top1_agreement", top1_agreement, "top-1", higher_is_better=True, threshold="top1_agreement_min",
+           fmt=".2%"),
+    Metric("top5_agreement", top5_agreement, "top-5", higher_is_better=True, threshold="top5_agreement_min",
+           fmt=".2%"),
+)
+
+
+def within_limits(table: tuple[Metric, ...], values: Mapping[str, np.ndarray], limits: Any) -> np.ndarray:
+    """Per row, whether the table's judged metrics hold their limits (`limits[metric.threshold]`, one per row or one
+    for all): a metric past its limit fails the row unless the metric it names in `unless` holds its own."""
+    by_name = {metric.name: metric for metric in table}
+    excusing = {metric.unless for metric in table}
+    within = np.ones(len(next(iter(values.values()))), dtype=bool)
+    for metric in table:
+        if metric.threshold is None or metric.name in excusing:
+            continue
+        past = metric.past(values[metric.name], limits[metric.threshold])
+        if metric.unless:
+            excuse = by_name[metric.unless]
+            past &= excuse.past(values[excuse.name], limits[excuse.threshold])
+        within &= ~past
+    return within

@@ -18,8 +18,8 @@ import pandas as pd
 
 from verify.compare import metrics
 from verify.compare import tolerances
-from verify.compare.align import CARRIER_OPS
 from verify.compare.align import MATCHED_STATUSES
+from verify.compare.op_catalogue import CARRIERS
 from verify.compare.curves import skipped_steps
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
@@ -61,7 +61,7 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     passed = passed | _indices_of_agreeing_values(table, matched, passed)
     # Casts and copies carry values, they compute none: what they carry is judged at the ops that use it (their n-th
     # call on one side need not be the n-th on the other), so they are neither passed nor failed themselves.
-    carried = table["ref_op"].isin(list(CARRIER_OPS)).to_numpy(dtype=bool, na_value=False)
+    carried = table["ref_op"].isin(list(CARRIERS)).to_numpy(dtype=bool, na_value=False)
     judged = matched & ~_scaler_overflow(table, ref, actual) & ~carried & ~_process_bookkeeping(table)
     table["passed"] = pd.arrays.BooleanArray(passed & judged, ~judged)  # unmatched rows: NA, neither pass nor fail
     return table
@@ -126,7 +126,7 @@ def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray,
     """Tensor mode: full-tensor metrics for the (few) rows whose both sides saved their tensor."""
     rows = np.flatnonzero(matched & _filled(table["ref_tensor_file"]) & _filled(table["actual_tensor_file"]))
     ref_files, actual_files = table["ref_tensor_file"].to_numpy()[rows], table["actual_tensor_file"].to_numpy()[rows]
-    values = {name: np.full(len(table), np.nan) for name in metrics.TENSOR_METRICS}
+    values = {metric.name: np.full(len(table), np.nan) for metric in metrics.TENSOR_METRICS}
     unreadable = []
     for row, ref_file, actual_file in zip(rows, ref_files, actual_files):  # one per saved tensor pair: file reads
         try:
@@ -137,8 +137,8 @@ def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray,
         if ref_tensor.shape != actual_tensor.shape:
             unreadable.append(f"{ref_file}: shape {ref_tensor.shape} vs {actual_tensor.shape}")
             continue
-        for name, metric in metrics.TENSOR_METRICS.items():
-            values[name][row] = metric(ref_tensor, actual_tensor)
+        for metric in metrics.TENSOR_METRICS:
+            values[metric.name][row] = metric.function(ref_tensor, actual_tensor)
     for name, column in values.items():
         table[name] = column
     if unreadable:
@@ -146,19 +146,15 @@ def _judge_tensors(table: pd.DataFrame, matched: np.ndarray, passed: np.ndarray,
                      f"shapes), first: {unreadable[0]}")
     judged = np.zeros(len(table), bool)
     judged[rows] = True
-    judged &= ~np.isnan(values["cosine"])
-    # msprobe's rule, with our dtype thresholds: a low cosine fails; a large error fails unless nearly all elements
-    # are close (a few outliers in a big tensor).
-    tensor_ok = (values["cosine"] >= limits["cosine_min"].to_numpy()) & ~(
-        (values["max_abs_error"] > limits["max_abs_error"].to_numpy())
-        & (values["within_5e3"] < limits["within_5e3_min"].to_numpy()))
+    judged &= ~np.isnan(values[metrics.COSINE.name])
+    tensor_ok = metrics.within_limits(metrics.TENSOR_METRICS, values, limits)  # msprobe's rule, our dtype limits
     judged_by[judged] = JUDGED_BY.index("tensor")
     return np.where(judged, tensor_ok & nonfinite_agree, passed)
 
 
 def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
     """The earliest op (ref step, seq) whose outputs break tolerance while its inputs agree (see module doc)."""
-    computing = ~table["ref_op"].isin(list(CARRIER_OPS)).to_numpy()  # casts and copies carry, they do not compute
+    computing = ~table["ref_op"].isin(list(CARRIERS)).to_numpy()  # casts and copies carry, they do not compute
     matched = np.flatnonzero(table["status"].isin(MATCHED_STATUSES).to_numpy() & computing)
     if not len(matched):
         return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from verify.compare import tolerances
+from verify.compare.op_catalogue import BUILT_IN, OpCatalogue
 from verify.record.store import Run
 from verify.record.schema import AUTOCAST_DTYPES, HALF_DTYPES
 
@@ -14,6 +15,7 @@ from verify.record.schema import AUTOCAST_DTYPES, HALF_DTYPES
 @dataclass(frozen=True)
 class CompareOptions:
     loss_rtol: float | None = None  # None: the precision policy's default (tolerances.LOSS_RTOL or AMP_VS_FP32_...)
+    op_catalogue: OpCatalogue = BUILT_IN  # with the user's op mapping files (op_catalogue.read_catalogue)
 
 
 @dataclass

@@ -15,10 +15,11 @@ from typing import Any
 import pandas as pd
 
 from verify.record import environment
-from verify.compare.align import RANDOM_OPS, AlignStatus, align_ops
+from verify.compare.align import AlignStatus, align_ops
 from verify.compare.curves import (LossComparison, compare_grads, compare_hparams, compare_losses, compare_outputs,
                            compare_overflow, summarize_outputs)
 from verify.compare.findings import FAILING, Finding, FindingCode, Verdict, collect_findings, how_runs_ended, verdict
+from verify.compare.op_catalogue import BUILT_IN, RANDOM, OpCatalogue
 from verify.compare.op_verdicts import carried_noise_of, first_divergent_op, op_metrics, unscaled_backward
 from verify.compare.precision_policy import CompareOptions, PrecisionPolicy, precision_policy
 from verify.compare.rank_compare import findings_across_ranks, ranks_of, worst_rank
@@ -47,6 +48,7 @@ class ComparisonResult:
     # Runs of several ranks: their numbers, the rank whose comparison this is, each rank's verdict and the sharding
     # evidence (verify/compare/rank_compare.py); empty for two single processes.
     ranks: dict[str, Any] = field(default_factory=dict)
+    op_catalogue: OpCatalogue = BUILT_IN  # what the comparison knew of ops (the advice reads it too)
 
     def status_counts(self) -> dict[str, int]:
         counts = self.ops["status"].value_counts() if len(self.ops) else pd.Series(dtype="int64")
@@ -106,7 +108,7 @@ def _random_notes(ref: Run, actual: Run) -> list[str]:
     unaligned = sorted({*ref.manifest.random_not_aligned, *actual.manifest.random_not_aligned})
     for run in (ref, actual):  # inside modules: at the top level, draws are mostly data and weights made on the CPU
         ops = run.ops
-        drawn = ops.loc[ops["op"].isin(list(RANDOM_OPS)) & (ops["module"] != ""), ["op", "module"]].drop_duplicates()
+        drawn = ops.loc[ops["op"].isin(list(RANDOM)) & (ops["module"] != ""), ["op", "module"]].drop_duplicates()
         unaligned += [f"{op} in {module}" for op, module in drawn.itertuples(index=False)
                       if f"{op} in {module}" not in unaligned]
     if unaligned:
@@ -232,7 +234,9 @@ def _compare_processes(ref: Run, actual: Run, options: CompareOptions) -> Compar
     ops_not_compared = _ops_not_compared(ref, actual)
     sides = (ref.ops.iloc[:0], actual.ops.iloc[:0]) if ops_not_compared else (
         unscaled_backward(ref), unscaled_backward(actual))
-    table = op_metrics(align_ops(*sides), ref, actual, policy, notes)
+    catalogue = options.op_catalogue
+    notes += [f"ops paired by the op mapping file {source} too" for source in catalogue.sources]
+    table = op_metrics(align_ops(*sides, catalogue), ref, actual, policy, notes)
     first = first_divergent_op(table)
     loss = compare_losses(ref, actual, policy.loss_rtol)
     hparams = compare_hparams(ref, actual)
@@ -242,10 +246,11 @@ def _compare_processes(ref: Run, actual: Run, options: CompareOptions) -> Compar
     if ops_not_compared:
         evidence = _evidence(loss, not (ref.hparams.empty or actual.hparams.empty), grads, outputs)
         notes.append(f"operators not compared: {ops_not_compared}; judged on the {evidence}")
-    findings = collect_findings(ended, ref, actual, table, first, loss, hparams, grads, outputs, overflow, policy)
+    findings = collect_findings(ended, ref, actual, table, first, loss, hparams, grads, outputs, overflow, policy,
+                                catalogue)
     outputs_summary = summarize_outputs(outputs, policy)
     return ComparisonResult(
         verdict=verdict(findings, loss, table, policy, first, ops_not_compared, shared_ending, outputs_summary),
         policy=policy, ref=ref, actual=actual, loss=loss, ops=table, first_divergent=first, hparams=hparams,
         grads=grads, outputs=outputs, overflow=overflow, findings=findings, notes=notes,
-        outputs_summary=outputs_summary, ops_not_compared=ops_not_compared)
+        outputs_summary=outputs_summary, ops_not_compared=ops_not_compared, op_catalogue=catalogue)

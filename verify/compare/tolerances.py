@@ -99,6 +99,7 @@ FREQUENT_OVERFLOW_SHARE = 0.5  # the scale fell (an overflow skipped the step) i
 # Inference outputs: the criteria Ascend adaptation reports use.
 OUTPUT_TOP1_MIN = 0.99  # at most 1% of samples change their top-1 class
 OUTPUT_TOP5_MIN = 0.99  # top-5 sets overlap by 99% on average
+OUTPUT_LIMITS = {"top1_agreement_min": OUTPUT_TOP1_MIN, "top5_agreement_min": OUTPUT_TOP5_MIN}  # metrics' thresholds
 
 
 def output_criterion(ref_dtype: str, actual_dtype: str, widen: float = 1.0) -> str:

@@ -7,8 +7,8 @@ two machines as a separate step; here every run records them and every compariso
 The child (verify/capture/bootstrap.py) calls verify.capture.environment_record.recorded(manifest) around the script: it
 records the DataLoaders the script builds and, when the script ends, the settings in effect then, into
 manifest.extra["environment"] (verify/record/schema.py). This module holds what a record holds and compares two
-(`differences`, `explaining`): pure, it reads two manifests and never imports torch, so a report can be made on any
-laptop.
+(`differences`; which of them explain an op's divergence is verify/compare/findings.py's `explaining`): pure, it
+reads two manifests and never imports torch, so a report can be made on any laptop.
 
 Environment variables are recorded by an allow-list of names, never wholesale: a variable that may hold a secret
 (a name containing KEY, TOKEN, SECRET, PASSWORD or CREDENTIAL) is never recorded, whatever its prefix.
@@ -39,26 +39,6 @@ FULL_FP32 = "fp32"  # what fp32 matmuls/convolutions compute in where no reduced
 # TF32 on a GPU and HF32 on an NPU round fp32 matmul and convolution inputs to the same 10-bit mantissa: one setting
 # under two names, so a GPU reference in TF32 and an NPU port in HF32 do not differ in it.
 _SAME_NUMERICS = {HF32.name: TF32.name}
-
-# Ops whose results a matmul or convolution precision switch changes (verify's op names are aten overload packets).
-MATMUL_OPS = frozenset({
-    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.addbmm", "aten.matmul", "aten.linear", "aten.mv",
-    "aten.addmv", "aten.einsum", "aten._scaled_dot_product_flash_attention",
-    "aten._scaled_dot_product_efficient_attention", "aten.scaled_dot_product_attention",
-})
-CONV_OPS = frozenset({
-    "aten.convolution", "aten.convolution_backward", "aten._convolution", "aten.conv1d", "aten.conv2d",
-    "aten.conv3d", "aten.conv_transpose1d", "aten.conv_transpose2d", "aten.conv_transpose3d",
-    "aten.cudnn_convolution", "aten.mkldnn_convolution", "aten._slow_conv2d_forward",
-})
-# Settings whose difference changes the values of these ops by itself.
-_EXPLAINS: dict[str, frozenset[str]] = {
-    "precision.fp32_matmul": MATMUL_OPS,
-    "precision.fp32_conv": CONV_OPS,
-    "precision.float32_matmul_precision": MATMUL_OPS,
-    "environment.CLOSE_MATMUL_K_SHIFT": MATMUL_OPS,
-}
-
 
 # --- the comparison: pure, no torch ---------------------------------------------------------------------------------
 
@@ -120,19 +100,3 @@ def _flat(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
-
-
-def explaining(found: list[Difference], first_divergent: dict[str, Any] | None) -> list[Difference]:
-    """The differences that by themselves change the first divergent op's values: a matmul/convolution precision
-    switch for a matmul/convolution, a data loader setting for an op of the first step (its batch)."""
-    if first_divergent is None:
-        return []
-    ops = {first_divergent.get("op"), first_divergent.get("actual_op")}
-    explained = []
-    for difference in found:
-        if difference.setting.startswith("data_loaders."):
-            if first_divergent.get("step") == 0 and not difference.setting.endswith(".num_workers"):
-                explained.append(difference)
-        elif difference.setting in _EXPLAINS and not ops.isdisjoint(_EXPLAINS[difference.setting]):
-            explained.append(difference)
-    return explained

@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from verify.compare.metrics import OUTPUT_METRICS
 from verify.compare.runs import ComparisonResult
 from verify.devices import title
 from verify.record.environment import ENVIRONMENT_KEY
@@ -78,7 +79,7 @@ def _accuracy(summary: dict[str, Any], result: ComparisonResult) -> str:
         rows = [[row["output"], *_figures(row), "yes" if row["passed"] else "no"] for row in outputs["per_output"]]
         rows.append(["all", *_figures(outputs["overall"]), "yes" if outputs["overall"]["passed"] else "no"])
         return ("Inference outputs, each figure at its worst over the steps:\n\n"
-                + _table(["output", "cosine", "max abs error", "mean abs error", "top-1", "top-5", "within"], rows))
+                + _table(["output", *(metric.label for metric in OUTPUT_METRICS), "within"], rows))
     frame = result.loss.frame.groupby("step").agg(ref_loss=("ref_loss", "mean"), actual_loss=("actual_loss", "mean"),
                                                   rel_diff=("rel_diff", "max")).reset_index()  # over micro-steps
     rows = [[int(step), f"{ref:.6g}", f"{actual:.6g}", f"{rel:.3%}"] for step, ref, actual, rel in frame.itertuples(
@@ -91,8 +92,7 @@ def _accuracy(summary: dict[str, Any], result: ComparisonResult) -> str:
 
 
 def _figures(figures: dict[str, Any]) -> list[str]:
-    return [f"{figures['cosine']:.6f}", f"{figures['max_abs_error']:.3g}", f"{figures['mean_abs_error']:.3g}",
-            f"{figures['top1_agreement']:.2%}", f"{figures['top5_agreement']:.2%}"]
+    return [f"{figures[metric.name]:{metric.fmt}}" for metric in OUTPUT_METRICS]
 
 
 def _criterion(summary: dict[str, Any]) -> str:

@@ -10,20 +10,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
-from verify.compare.align import same_computation
 from verify.compare.findings import Finding, FindingCode
+from verify.compare.op_catalogue import BUILT_IN, NONDETERMINISTIC, OpCatalogue
 from verify.record.schema import HALF_DTYPES
-
-# Ops whose GPU kernels accumulate with atomics, so two runs of the same script differ (PyTorch's reproducibility
-# notes; Huawei's precision advice lists embedding backward too).
-NONDETERMINISTIC_OPS = frozenset({
-    "aten.index_add", "aten.index_add_", "aten.scatter_add", "aten.scatter_add_", "aten.index_put_",
-    "aten.embedding_dense_backward", "aten._embedding_bag", "aten._embedding_bag_backward",
-    "aten.upsample_bilinear2d_backward", "aten.upsample_nearest2d_backward", "aten.cumsum",
-    "aten.nll_loss2d_backward", "aten.max_pool3d_with_indices_backward", "aten.avg_pool3d_backward",
-    "aten.bincount", "aten.histc",
-})
-
 
 @dataclass(frozen=True)
 class AdviceRule:
@@ -31,6 +20,9 @@ class AdviceRule:
     message: str  # a template over the finding's detail
     checklist: tuple[str, ...] = ()
     applies: Callable[[Finding], bool] = lambda finding: True
+    # Whether it is for a port that computes another op where the original computes the finding's op (not another
+    # kernel of it: op_catalogue's families); None: either.
+    changed_op: bool | None = None
 
 
 def _half(finding: Finding) -> bool:
@@ -42,10 +34,10 @@ def _skipped_update(finding: Finding) -> bool:
     return "scale" in finding.detail
 
 
-def _swapped(finding: Finding) -> bool:
-    """The port calls another op where the original called this one, not another kernel of it (RELATED_OPS)."""
+def _changed_op(finding: Finding, catalogue: OpCatalogue) -> bool:
+    """The port calls another op where the original called this one, not another kernel of it."""
     op, actual_op = finding.detail.get("op"), finding.detail.get("actual_op")
-    return bool(op and actual_op) and not same_computation(op, actual_op)
+    return bool(op and actual_op) and not catalogue.same_computation(op, actual_op)
 
 
 def _float64_lost(finding: Finding) -> bool:
@@ -116,8 +108,8 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "{op} in {module} diverges although its inputs agree: an operator accuracy issue. Run it in fp32 (exclude it "
         "from autocast), disable fusion (call the unfused eager ops instead of a torch_npu fused kernel; "
         "torch_npu.npu.set_compile_mode(jit_compile=False)), and dump it in tensor mode for cosine/error figures."),
-        (), lambda finding: not (_swapped(finding) or _follows_hparams(finding) or _float64_lost(finding)
-                                 or _update_by_hand(finding))),
+        (), lambda finding: not (_follows_hparams(finding) or _float64_lost(finding) or _update_by_hand(finding)),
+        changed_op=False),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} ({phase}, step {step}) is the script's own parameter update (it trains without an optimizer, so no "
         "learning rate is recorded): make the learning rate and the update rule of the two scripts equal (an "
@@ -135,7 +127,7 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
     AdviceRule(FindingCode.OP_DIVERGES, (
         "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
         "layer or function, not a numerical issue. Port the original's op unless the change is intended."), (),
-        lambda finding: _swapped(finding) and finding.detail.get("phase") != "forward"),  # forward: OP_CHANGED's
+        lambda finding: finding.detail.get("phase") != "forward", changed_op=True),  # forward: OP_CHANGED's
     AdviceRule(FindingCode.OP_CHANGED, (
         "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
         "layer or function, not a numerical issue, and every difference after it may follow from it. Port the "
@@ -143,7 +135,7 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} is nondeterministic on GPUs (atomic accumulation): first check that the reference is constant "
         "(`verify determinism`), with torch.use_deterministic_algorithms(True) on both sides."), ("C1",),
-        lambda finding: finding.detail.get("op") in NONDETERMINISTIC_OPS and not _follows_hparams(finding)),
+        lambda finding: finding.detail.get("op") in NONDETERMINISTIC and not _follows_hparams(finding)),
     AdviceRule(FindingCode.NONDETERMINISM, (
         "The same script on the same device gives different results from {op} on: the benchmark is not constant. "
         "Call torch.use_deterministic_algorithms(True) (torch_npu honours it; set HCCL_DETERMINISTIC=true for "
@@ -174,12 +166,14 @@ class Advice:
     checklist: tuple[str, ...]
 
 
-def advise(findings: list[Finding]) -> list[Advice]:
-    """Advice for each finding, in finding order, without repeating a message."""
+def advise(findings: list[Finding], catalogue: OpCatalogue = BUILT_IN) -> list[Advice]:
+    """Advice for each finding, in finding order, without repeating a message; `catalogue` (the comparison's) says
+    which ops compute the same thing."""
     advice: list[Advice] = []
     for finding in findings:
+        changed_op = _changed_op(finding, catalogue)
         for rule in ADVICE_RULES:
-            if rule.code is finding.code and rule.applies(finding):
+            if rule.code is finding.code and rule.changed_op in (None, changed_op) and rule.applies(finding):
                 detail = {**finding.detail, "module": finding.detail.get("module") or "the top level (no module)"}
                 text = rule.message.format_map(defaultdict(lambda: "?", detail))
                 if all(existing.message != text for existing in advice):

@@ -14,6 +14,7 @@ import pandas as pd
 
 from verify.record import environment
 from verify.report.advice import Advice
+from verify.compare.metrics import OUTPUT_METRICS
 from verify.compare.runs import ComparisonResult
 from verify.report.tables import cell_text, diverging_rows, emulation, emulation_banners, reading_columns
 from verify.record.schema import shown, shown_json
@@ -153,8 +154,7 @@ def _misc_sections(result: ComparisonResult) -> str:
         parts.append(_section("Gradient norms (largest differences)", _html_table(
             worst[["step", "param", "ref_norm", "actual_norm", "rel_diff", "passed"]])))
     if len(result.outputs):
-        columns = ["step", "output", "cosine", "max_abs_error", "mean_abs_error", "top1_agreement", "top5_agreement",
-                   "stats_error", "passed"]
+        columns = ["step", "output", *(metric.name for metric in OUTPUT_METRICS), "stats_error", "passed"]
         parts.append(_section("Inference outputs", _html_table(result.outputs[columns])))
     return "".join(parts)
 

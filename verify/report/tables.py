@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from verify.compare.align import MATCHED_STATUSES, AlignStatus
+from verify.compare.metrics import TENSOR_METRICS
 from verify.compare.runs import ComparisonResult
 from verify.devices import title
 from verify.record.schema import OP_COLUMNS, OP_KEY_PARTS, OP_SHARED_COLUMNS, OP_SIDE_COLUMNS, STAT_COLUMNS
@@ -65,7 +66,8 @@ def reading_columns() -> list[str]:
     """The columns of an op row a person reads (html, xlsx): where, what, the verdict, each side's statistics."""
     statistics = [c for c in STAT_COLUMNS if OP_COLUMNS[c] == "float64"]
     return ["step", "phase", "module", "ref_op", "actual_op", "io", "status", "passed", "ref_dtype", "actual_dtype",
-            "stats_error", "tolerance", *both_sides(statistics), "cosine", "ref_seq", "actual_seq", "note"]
+            "stats_error", "tolerance", *both_sides(statistics),
+            *(metric.name for metric in TENSOR_METRICS if metric.in_op_tables), "ref_seq", "actual_seq", "note"]
 
 
 def past_tolerance(ops: pd.DataFrame) -> pd.DataFrame:

@@ -44,7 +44,7 @@ def print_summary(result: ComparisonResult, console: Console, max_rows: int = 10
         console.print(table)
     for finding in result.findings:
         console.print(f"- {escape(shown(finding.message))}")
-    for n, item in enumerate(advise(result.findings), 1):
+    for n, item in enumerate(advise(result.findings, result.op_catalogue), 1):
         console.print(f"[bold]{n}.[/] {escape(shown(item.message))}")
     for note in result.notes:
         console.print(f"[dim]note: {escape(shown(note))}[/]")

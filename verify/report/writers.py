@@ -89,7 +89,7 @@ def report_writers(result: ComparisonResult, checklist: list[dict[str, Any]] | N
                    summary: dict[str, Any] | None = None) -> dict[str, Callable[[Path], None]]:
     """Each report file of a comparison -> what writes it; `summary`: sections only the caller knows (the pair's), in
     summary.json. What several share (the advice, the full op table) is made here, once."""
-    advice = advise(result.findings)
+    advice = advise(result.findings, result.op_catalogue)
     checklist = with_run_time_sharding(checklist, result)
     summary = result.summary() | {"advice": [item.message for item in advice]} | (summary or {})
     # pyarrow writes both files of the full table several times faster than pandas' own writers: to_csv formats
