@@ -31,6 +31,7 @@ _PUBLIC = {
     "rules.framework.loops": (
         "backward_receivers", "is_innermost_training_loop", "is_optimizer", "method", "own_calls", "training_step",
     ),
+    "rules.framework.rule_set": ("RuleSet",),
     "rules.framework.tree": ("findall", "forget", "matches", "stored_attributes", "visit"),
     "rules.framework.types": ("Action", "AmpPolicy", "Finding", "Mode", "Safety", "Settings", "Severity"),
     "rules.framework.walk": ("TRIVIA", "Walk"),
