@@ -26,6 +26,7 @@ _PUBLIC = {
         "argument", "attribute_chain", "dotted_name", "has_star_args", "keyword", "keyword_names",
         "replace_argument_value", "same_quotes", "string_value",
     ),
+    "rules.framework.data_flow": ("names_read", "names_written"),
     "rules.framework.edits": ("Body", "Edit", "StatementEdits", "statement"),
     "rules.framework.layout": ("line_limit", "reflow", "with_args"),
     "rules.framework.loops": (
