@@ -1,4 +1,4 @@
-"""The accuracy checklist (shared/design/checklist.md, C1..C9) as a report: Passed / Failed / Not checked, each with
+"""The accuracy checklist (C1..C9, verify/checklist_items.py) as a report: Passed / Failed / Not checked, each with
 file:line evidence and what to do.
 
 Two sources of evidence: the findings the rules recorded (each rule names the items it speaks to), and a few cheap

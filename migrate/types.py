@@ -1,7 +1,7 @@
 """What migrate makes of a source text and of a file: the per-file results that cross process boundaries.
 
 Everything here is frozen and picklable. The vocabulary these carry (Finding, Settings, ...) is the rules' own,
-in rules/types.py.
+in rules/framework/types.py (imported through `rules`).
 """
 
 from __future__ import annotations

@@ -26,11 +26,13 @@ _PUBLIC = {
         "argument", "attribute_chain", "dotted_name", "has_star_args", "keyword", "keyword_names",
         "replace_argument_value", "same_quotes", "string_value",
     ),
+    "rules.framework.data_flow": ("names_read", "names_written"),
     "rules.framework.edits": ("Body", "Edit", "StatementEdits", "statement"),
     "rules.framework.layout": ("line_limit", "reflow", "with_args"),
     "rules.framework.loops": (
         "backward_receivers", "is_innermost_training_loop", "is_optimizer", "method", "own_calls", "training_step",
     ),
+    "rules.framework.rule_set": ("RuleSet",),
     "rules.framework.tree": ("findall", "forget", "matches", "stored_attributes", "visit"),
     "rules.framework.types": ("Action", "AmpPolicy", "Finding", "Mode", "Safety", "Settings", "Severity"),
     "rules.framework.walk": ("TRIVIA", "Walk"),

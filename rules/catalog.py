@@ -19,7 +19,9 @@ def render() -> str:
         HEADER,
         "# npu-port rules\n",
         "Safety: **safe** rewrites are applied by default, **unsafe** ones only with `--unsafe-fixes` (otherwise "
-        "reported), **report-only** rules never rewrite. Silence a rule on a line with `# npu-port: ignore[CODE]`.\n",
+        "reported), **report-only** rules never rewrite. Silence a rule on a line with `# npu-port: ignore[CODE]`. "
+        "The references' `torch/...` and `torch_npu/...` paths are files of torch 2.13.0 and torch_npu 2.13.0 (the "
+        "packages' sources, as installed in site-packages).\n",
         "| code | name | safety | modes | checklist | summary |",
         "|---|---|---|---|---|---|",
     ]

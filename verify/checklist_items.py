@@ -1,7 +1,7 @@
 """What `migrate` and `verify` must agree on: the port's name (migrate writes it, verify finds it), the accuracy
-checklist's items (shared/design/checklist.md, C1..C9) and where migrate writes them (migrate builds the checklist,
-verify fills in C1 and shows it in its reports). Standard library only, so that verify reads them without loading
-migrate, the rules or libcst.
+checklist's items (C1..C9: what Ascend's porting guide asks to rule out before accuracy tuning) and where migrate writes
+them (migrate builds the checklist, verify fills in C1 and shows it in its reports). Standard library only, so that
+verify reads them without loading migrate, the rules or libcst.
 """
 
 from __future__ import annotations

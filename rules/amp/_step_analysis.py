@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from rules import Body, dotted_name, findall, is_optimizer, matches, method, visit
+from rules import Body, dotted_name, findall, is_optimizer, matches, method, names_read, names_written
 from rules.amp._statement_roles import DEVICE_MOVES, Role, forward_pieces, kept_out, role, runs_model
 
 Resolver = Callable[[cst.CSTNode], "set[str]"]
@@ -24,8 +24,6 @@ CLIP_FUNCTIONS = frozenset(
     for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")
 )
 _CUSTOM_BACKWARD = frozenset({"torch.autograd.backward", "torch.autograd.grad"})
-# Method calls that fill a container in place: `losses.append(l)` writes `losses` as far as the slice is concerned.
-_FILLS = frozenset({"append", "extend", "insert", "update", "add", "setdefault"})
 # Ops that CUDA autocast, and torch_npu's after it, refuse outright: their autocast kernel raises "unsafe to
 # autocast" whatever the dtypes it gets (torch 2.13 aten/src/ATen/autocast_mode.cpp; torch_npu 2.13 has the same
 # kernel). Only leaving autocast avoids the error; the loss modules that call them count too.
@@ -81,7 +79,8 @@ class Step:
         return bool(self.backwards and self.steps)
 
     def optimizer_before(self, line: cst.SimpleStatementLine) -> cst.BaseExpression | None:
-        """The optimizer a clip at `line` prepares: the only one in the scope, else the next one stepped in its block."""
+        """The optimizer a clip at `line` prepares: the only one in the scope, else the next one stepped in its
+        block."""
         if len({code(site.subject) for site in self.steps}) == 1:
             return self.steps[0].subject
         place = self.places[line]
@@ -268,7 +267,7 @@ def _spans(block: Body, indexes: list[int], barriers: set) -> Iterator[tuple[int
 
 def _slice(step: Step, site: Site, barriers: set) -> list[cst.BaseStatement]:
     """Statements of the current iteration (up to the loop body or function body) that the loss depends on."""
-    needed = _reads(site.subject)
+    needed = names_read(site.subject)
     found: list[cst.BaseStatement] = []
     statement: cst.BaseStatement = site.line
     while True:
@@ -276,13 +275,13 @@ def _slice(step: Step, site: Site, barriers: set) -> list[cst.BaseStatement]:
         for earlier in reversed(place.block.body[: place.index]):
             if earlier in barriers or isinstance(earlier, (cst.FunctionDef, cst.ClassDef)):
                 continue
-            written = _writes(earlier)
+            written = names_written(earlier)
             if not any(_covers(name, needed) for name in written):
                 continue
             found.append(earlier)
             if _rebinds_only(earlier):
                 needed = {name for name in needed if not any(_rebinds(w, name) for w in written)}
-            needed |= _reads(earlier)
+            needed |= names_read(earlier)
         if place.owner is None or isinstance(place.owner, (cst.For, cst.While)):
             return found
         statement = place.owner
@@ -291,7 +290,8 @@ def _slice(step: Step, site: Site, barriers: set) -> list[cst.BaseStatement]:
 def _rebinds_only(statement: cst.BaseStatement) -> bool:
     """`a = ...` / `a, b = ...`: the names' old values no longer matter (unlike `a += ...` or `a[i] = ...`)."""
     targets = m.Name() | m.Tuple() | m.List()
-    return matches(statement, m.SimpleStatementLine(body=[m.AtLeastN(m.Assign(targets=[m.ZeroOrMore(m.AssignTarget(target=targets))]), n=1)]))
+    assignment = m.Assign(targets=[m.ZeroOrMore(m.AssignTarget(target=targets))])
+    return matches(statement, m.SimpleStatementLine(body=[m.AtLeastN(assignment, n=1)]))
 
 
 def _covers(written: str, needed: set[str]) -> bool:
@@ -322,11 +322,15 @@ def _index(block: Body, owner: cst.BaseCompoundStatement | None, places: dict) -
                 _index(inner, statement, places)
 
 
+# The clauses of a compound statement that hold blocks of their own (`else:`, `except:`, `case ...:` ...).
+_BLOCK_OWNERS = (cst.If, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.MatchCase)
+
+
 def _child_blocks(node: cst.CSTNode) -> Iterator[cst.IndentedBlock]:
     for child in node.children:
         if isinstance(child, cst.IndentedBlock):
             yield child
-        elif isinstance(child, (cst.If, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.MatchCase)):
+        elif isinstance(child, _BLOCK_OWNERS):
             yield from _child_blocks(child)
 
 
@@ -417,99 +421,3 @@ _BRANCHED_STEP = (
 def _has_other_branch(owner: cst.BaseCompoundStatement | None) -> bool:
     """`if use_optimizer: opt.step() else: <manual update>` (a gradient-accumulation `if` has no else)."""
     return isinstance(owner, cst.If) and owner.orelse is not None
-
-
-def _writes(statement: cst.BaseStatement) -> set[str]:
-    collector = _Writes()
-    visit(statement, collector)
-    return collector.names
-
-
-def _reads(node: cst.CSTNode) -> set[str]:
-    collector = _Reads()
-    visit(node, collector)
-    return collector.names
-
-
-class _Writes(cst.CSTVisitor):
-    """Names (dotted for attributes) a statement binds or fills; subscript targets count as their container."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def _target(self, target: cst.BaseExpression) -> None:
-        if isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._target(element.value)
-        elif isinstance(target, cst.Subscript):
-            self._target(target.value)
-        elif isinstance(target, cst.StarredElement):
-            self._target(target.value)
-        elif dotted_name(target):
-            self.names.add(dotted_name(target))
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._target(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._target(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._target(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self._target(node.target)
-
-    def visit_WithItem(self, node: cst.WithItem) -> None:
-        if node.asname is not None:
-            self._target(node.asname.name)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._target(node.target)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if method(node) in _FILLS:
-            self._target(node.func.value)  # type: ignore[attr-defined]
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        return False
-
-
-class _Reads(cst.CSTVisitor):
-    """Names (dotted for attribute chains) an expression or statement reads; plain assignment targets excluded."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        dotted = dotted_name(node)
-        if dotted:
-            self.names.add(dotted)
-            return False
-        return True
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names.add(node.value)
-
-    def visit_Arg(self, node: cst.Arg) -> bool:
-        visit(node.value, self)
-        return False
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
-        return not isinstance(node.target, (cst.Name, cst.Tuple, cst.List))
-
-    def visit_For(self, node: cst.For) -> bool:
-        visit(node.iter, self)
-        visit(node.body, self)
-        return False
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
-        return False

@@ -25,7 +25,9 @@ class ApexAmp(PortRule):
     Report-only: the port changes how the loss is scaled and where weights are kept.
 
     ## References
-    rules-catalogue AMP-10; Ascend apex README; Huawei migration FAQ (DDP after amp.initialize).
+    Ascend's apex README: <https://gitcode.com/Ascend/apex/blob/master/README.en.md>; Huawei's migration tool README,
+    FAQ (DDP after amp.initialize):
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>.
     """
 
     CODE = "AMP005"

@@ -73,7 +73,8 @@ class ApexFusedKernel(PortRule):
     Unsafe: the unfused torch kernels round differently from apex's, and master-weight handling differs.
 
     ## References
-    rules-catalogue AMP-11; Huawei migration README (constraints: FusedAdam unsupported); torch_npu/optim.
+    Huawei's migration tool README, constraints (FusedAdam unsupported):
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>; torch_npu/optim.
     """
 
     CODE = "AMP006"

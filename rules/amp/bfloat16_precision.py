@@ -31,7 +31,7 @@ class Bfloat16Precision(PortRule):
     Report-only.
 
     ## References
-    rules-catalogue AMP-09; torch_npu/npu/utils.py (is_bf16_supported).
+    torch_npu/npu/utils.py (is_bf16_supported).
     """
 
     CODE = "AMP004"

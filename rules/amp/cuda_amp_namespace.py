@@ -38,7 +38,7 @@ class CudaAmpNamespace(PortRule):
     consider `torch_npu.npu.amp.GradScaler`, which all-reduces overflow flags across ranks.
 
     ## References
-    rules-catalogue AMP-01, AMP-03, AMP-05; torch/cuda/amp/autocast_mode.py and grad_scaler.py (deprecations).
+    torch/cuda/amp/autocast_mode.py and grad_scaler.py (deprecations).
     """
 
     CODE = "AMP001"

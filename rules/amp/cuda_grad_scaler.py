@@ -25,7 +25,7 @@ class CudaGradScaler(PortRule):
     Safe. A device held in a variable is left alone.
 
     ## References
-    rules-catalogue AMP-04 and §1 gaps; torch/amp/grad_scaler.py (`device: str = "cuda"`).
+    torch/amp/grad_scaler.py (`device: str = "cuda"`); torch_npu/contrib/transfer_to_npu.py wraps no GradScaler.
     """
 
     CODE = "AMP003"

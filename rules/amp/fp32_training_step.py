@@ -76,9 +76,12 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
     port with `verify`.
 
     ## References
-    rules-catalogue AMP-06, AMP-07, AMP-08; PyTorch "Automatic Mixed Precision examples" (typical use, gradient
-    clipping, accumulation, multiple models/losses/optimizers, saving/resuming); torch/amp/grad_scaler.py; the
-    banned binary_cross_entropy kernel of torch's aten/src/ATen/autocast_mode.cpp (torch_npu registers the same).
+    Ascend's mixed-precision guide:
+    <https://www.hiascend.com/doc_center/source/zh/Pytorch/700/ptmoddevg/trainingmigrguide/PT_LMTMOG_0026.html>; PyTorch
+    "Automatic Mixed Precision examples" (typical use, gradient clipping, accumulation, multiple
+    models/losses/optimizers, saving/resuming): <https://docs.pytorch.org/docs/stable/notes/amp_examples.html>;
+    torch/amp/grad_scaler.py; the banned binary_cross_entropy kernel of torch's aten/src/ATen/autocast_mode.cpp
+    (torch_npu registers the same).
     """
 
     CODE = "AMP101"

@@ -25,7 +25,8 @@ class GradientClippingWithoutUnscale(StatementEdits, PortRule):
     clipping now sees true gradients. Files with several GradScalers are left alone.
 
     ## References
-    rules-catalogue AMP-06; torch/amp/grad_scaler.py `unscale_`; PyTorch AMP examples "Gradient clipping".
+    torch/amp/grad_scaler.py `unscale_`; PyTorch AMP examples, "Gradient clipping":
+    <https://docs.pytorch.org/docs/stable/notes/amp_examples.html>.
     """
 
     CODE = "AMP102"

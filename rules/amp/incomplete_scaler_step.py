@@ -26,7 +26,7 @@ class IncompleteScalerStep(StatementEdits, PortRule):
     GradScalers are left alone.
 
     ## References
-    rules-catalogue AMP-07; torch/amp/grad_scaler.py (class docstring example).
+    torch/amp/grad_scaler.py (class docstring example).
     """
 
     CODE = "AMP103"

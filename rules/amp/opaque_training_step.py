@@ -31,7 +31,8 @@ class OpaqueTrainingStep(PortRule):
     Report-only.
 
     ## References
-    PyTorch "Automatic Mixed Precision examples" (gradient penalty, closures); rules-catalogue AMP-08.
+    PyTorch "Automatic Mixed Precision examples" (gradient penalty, closures):
+    <https://docs.pytorch.org/docs/stable/notes/amp_examples.html>.
     """
 
     CODE = "AMP105"

@@ -35,7 +35,7 @@ class PaddedEvaluationSampler(PortRule):
     separately (the PyTorch ImageNet example's `aux_val_loader`), or evaluate on one rank without a sampler.
 
     ## References
-    rules-catalogue DATA-04; torch/utils/data/distributed.py (drop_last and the padding in `__iter__`).
+    torch/utils/data/distributed.py (drop_last and the padding in `__iter__`).
     """
 
     CODE = "DATA005"

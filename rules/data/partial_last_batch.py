@@ -37,7 +37,8 @@ class PartialLastBatch(PortRule):
     sides or not at all.
 
     ## References
-    rules-catalogue DATA-05; torch/utils/data/dataloader.py (drop_last).
+    torch/utils/data/dataloader.py (drop_last); Huawei's migration tool README on dynamic shapes:
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>.
     """
 
     CODE = "DATA008"

@@ -40,7 +40,7 @@ class ResourceDependentLoading(PortRule):
     Report-only: the right fixed value is the user's choice. Fix it to the same literal on both sides.
 
     ## References
-    checklist C6; rules-catalogue §5.F.
+    checklist C6.
     """
 
     CODE = "DATA003"

@@ -36,7 +36,7 @@ class SamplerEpochNotSet(PortRule):
     Safe: `set_epoch` only sets the epoch the sampler shuffles with. If the original also lacks it, fix both sides.
 
     ## References
-    rules-catalogue DATA-02; torch/utils/data/distributed.py (set_epoch docstring).
+    torch/utils/data/distributed.py (set_epoch docstring).
     """
 
     CODE = "DATA002"

@@ -24,7 +24,7 @@ class ShuffleWithSampler(PortRule):
     Safe: the call cannot run as written. `shuffle=(sampler is None)` and other expressions are left alone.
 
     ## References
-    rules-catalogue DATA-03; torch/utils/data/dataloader.py (the ValueError).
+    torch/utils/data/dataloader.py (the ValueError).
     """
 
     CODE = "DATA004"

@@ -38,7 +38,8 @@ class UnorderedSetIteration(PortRule):
     `sorted` fails on elements that cannot be compared.
 
     ## References
-    rules-catalogue DET-06; Python data model, `object.__hash__` (the PYTHONHASHSEED note).
+    Python data model, `object.__hash__` (the PYTHONHASHSEED note):
+    <https://docs.python.org/3/reference/datamodel.html#object.__hash__>.
     """
 
     CODE = "DATA007"

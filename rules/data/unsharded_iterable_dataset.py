@@ -30,7 +30,8 @@ class UnshardedIterableDataset(PortRule):
     `torch.utils.data.get_worker_info()` and yield only the worker's share; under DDP split by rank as well.
 
     ## References
-    rules-catalogue DATA-07; torch/utils/data/dataset.py (IterableDataset docstring, the worker example).
+    torch/utils/data/dataset.py (IterableDataset docstring, the worker example); PyTorch's data docs
+    (<https://docs.pytorch.org/docs/stable/data.html>).
     """
 
     CODE = "DATA006"

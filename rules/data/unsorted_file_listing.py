@@ -33,7 +33,8 @@ class UnsortedFileListing(PortRule):
     sides read files in one order. `iglob` and `scandir` become lists (read eagerly).
 
     ## References
-    rules-catalogue DATA-01, DATA-06; Python docs of os.listdir and glob.glob.
+    Python docs of os.listdir (<https://docs.python.org/3/library/os.html#os.listdir>) and glob.glob
+    (<https://docs.python.org/3/library/glob.html>).
     """
 
     CODE = "DATA001"

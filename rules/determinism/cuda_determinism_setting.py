@@ -29,7 +29,10 @@ class CudaDeterminismSetting(PortRule):
     Safe: the script asked for deterministic kernels. Deterministic kernels can be slower.
 
     ## References
-    rules-catalogue DET-02, DET-08; torch_npu determinism notes (ASC-DET); torch_npu OpCommand SetDeterministic.
+    Ascend's notes on `torch.use_deterministic_algorithms`
+    (<https://www.hiascend.com/document/detail/zh/Pytorch/720/apiref/PyTorchNativeapi/ptaoplist_000292.html>); PyTorch's
+    reproducibility notes on the CUDA-only switches (<https://docs.pytorch.org/docs/stable/notes/randomness.html>);
+    torch_npu OpCommand SetDeterministic.
     """
 
     CODE = "DET002"

@@ -42,7 +42,12 @@ class NondeterministicAlgorithms(PortRule):
     them; use `warn_only=True` to train anyway.
 
     ## References
-    rules-catalogue DET-02, DET-03; torch_npu `npu/__init__.py` (set_deterministic_level note).
+    Ascend's notes on `torch.use_deterministic_algorithms`
+    (<https://www.hiascend.com/document/detail/zh/Pytorch/720/apiref/PyTorchNativeapi/ptaoplist_000292.html>);
+    HCCL_DETERMINISTIC: MindSpeed-LLM's environment variables
+    (<https://gitcode.com/Ascend/MindSpeed-LLM/blob/2.2.0/docs/pytorch/features/environment_variable.md>) and
+    <https://github.com/vllm-project/vllm-ascend/pull/11824>; torch_npu `npu/__init__.py` (set_deterministic_level
+    note).
     """
 
     CODE = "DET003"

@@ -20,7 +20,7 @@ class SeedArgumentWithoutDefault(PortRule):
     Report-only: the default is the author's choice.
 
     ## References
-    rules-catalogue DET-01.
+    PyTorch's reproducibility notes (<https://docs.pytorch.org/docs/stable/notes/randomness.html>).
     """
 
     CODE = "DET009"

@@ -40,7 +40,7 @@ class UnseededDataLoader(PortRule):
     Safe: asked for with `--seed`. The generator is a CPU generator, as the DataLoader's sampler needs.
 
     ## References
-    rules-catalogue DET-04; PyTorch "Reproducibility" notes (DataLoader).
+    PyTorch's reproducibility notes, "DataLoader" (<https://docs.pytorch.org/docs/stable/notes/randomness.html>).
     """
 
     CODE = "DET004"

@@ -40,7 +40,8 @@ class UnseededTraining(StatementEdits, PortRule):
     `transformers.set_seed`/`seed_everything` are left alone.
 
     ## References
-    rules-catalogue DET-01; PyTorch "Reproducibility" notes; torch/random.py (`manual_seed` seeds every device).
+    PyTorch's reproducibility notes (<https://docs.pytorch.org/docs/stable/notes/randomness.html>); torch/random.py
+    (`manual_seed` seeds every device).
     """
 
     CODE = "DET001"

@@ -1,7 +1,7 @@
 """Which `torch.cuda` names torch_npu provides under `torch.npu`, and which it does not.
 
-The tables are static facts: the diff of torch 2.13 `torch.cuda.__all__` against torch_npu 2.13
-`torch_npu.npu.__all__` (rules-catalogue §1). Rules must not import torch, so the lists are written out.
+The tables are static facts: the diff of torch 2.13 `torch.cuda.__all__` (torch/cuda/__init__.py) against torch_npu
+2.13 `torch_npu.npu.__all__` (torch_npu/npu/__init__.py). Rules must not import torch, so the lists are written out.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ SHARED = frozenset(
     seed_all set_device set_per_process_memory_fraction set_rng_state set_rng_state_all set_stream
     set_sync_debug_mode stream synchronize use_mem_pool utilization
     """.split()
-) | {"default_generators"}  # not in torch_npu's __all__, but torch.npu has it (rules-catalogue DEV-21)
+) | {"default_generators"}  # not in torch_npu's __all__, but torch_npu/npu/__init__.py defines it
 
 # `torch.cuda.memory.X` with a `torch.npu.memory.X` counterpart (the memory-history tools among them).
 MEMORY = frozenset({"_record_memory_history", "_snapshot", "_dump_snapshot"}) | frozenset(

@@ -20,7 +20,9 @@ class ChannelsLast(PortRule):
     Report only: dropping the format is usually right but changes strides a script might rely on.
 
     ## References
-    rules-catalogue DEV-22, PERF-10; msfmktransplt README (注意事项).
+    Huawei's migration tool README, notes on the automatic migration (注意事项):
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>;
+    torch_npu/npu/npu_config.py (allow_internal_format).
     """
 
     CODE = "DEV015"

@@ -37,7 +37,8 @@ class CudaBackendSwitch(PortRule):
     Report only: the switches are harmless no-ops, and removing a `with` block's manager would move code.
 
     ## References
-    rules-catalogue DEV-13, DEV-14; op_list_2_8.json (sdp switches listed unsupported).
+    Huawei's migration tool lists the sdp switches as unsupported in its op_list_2_8.json
+    (<https://github.com/xiaobingling93-pixel/Ascend-mstt/tree/99c2e0f/msfmktransplt>, src/ms_fmk_transplt/resource/).
     """
 
     CODE = "DEV011"

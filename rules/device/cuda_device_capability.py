@@ -29,7 +29,8 @@ class CudaDeviceCapability(PortRule):
     Unsafe: the script may gate more than bf16 on Ampere (TF32, flash attention); check that bf16 is what it means.
 
     ## References
-    rules-catalogue DEV-10; torch_npu/npu/__init__.py (get_device_capability).
+    torch_npu/npu/__init__.py (get_device_capability); Huawei's migration tool README, training configuration:
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>.
     """
 
     CODE = "DEV008"

@@ -41,7 +41,8 @@ class CudaDeviceComparison(PortRule):
     Safe: the literal changes only where the other side is known to be a device; anything else is reported.
 
     ## References
-    rules-catalogue DEV-07 and §1 "Not handled" (string/device comparisons).
+    torch_npu/contrib/transfer_to_npu.py (`_wrapper_cuda` translates device strings in call arguments, never in
+    comparisons).
     """
 
     CODE = "DEV006"

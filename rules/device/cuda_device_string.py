@@ -58,8 +58,8 @@ class CudaDeviceString(PortRule):
     Safe: only values in device positions change. Comparisons with "cuda" are DEV006's, device meshes DIST006's.
 
     ## References
-    rules-catalogue DEV-05, DEV-08, DEV-19, DEV-20; torch_npu/contrib/transfer_to_npu.py (which keywords it
-    translates at run time).
+    torch_npu/contrib/transfer_to_npu.py (which keywords it translates at run time); torch/utils/data/dataloader.py
+    (pin_memory_device).
     """
 
     CODE = "DEV004"

@@ -25,7 +25,7 @@ class CudaGraph(ApiRename):
     captured region that replays on a GPU may fail or replay differently on an NPU. Run `verify` on the result.
 
     ## References
-    rules-catalogue DEV-17; torch_npu/npu/graphs.py; torch_npu/contrib/transfer_to_npu.py (CUDAGraph).
+    torch_npu/npu/graphs.py; torch_npu/contrib/transfer_to_npu.py (CUDAGraph).
     """
 
     CODE = "DEV014"

@@ -24,7 +24,8 @@ class CudaOnlyApi(PortRule):
     Report only: there is nothing equivalent to rewrite to.
 
     ## References
-    rules-catalogue DEV-02 and §1 "Not handled"; diff of torch `torch.cuda.__all__` and `torch_npu.npu.__all__`.
+    The diff of torch's `torch.cuda.__all__` (torch/cuda/__init__.py) and torch_npu's `torch_npu.npu.__all__`
+    (torch_npu/npu/__init__.py), written out in rules/device/_cuda_api.py.
     """
 
     CODE = "DEV002"

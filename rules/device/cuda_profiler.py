@@ -36,7 +36,7 @@ class CudaProfiler(ApiRename):
     Safe: profiling does not change the computation.
 
     ## References
-    rules-catalogue DEV-16; torch_npu/contrib/transfer_to_npu.py (`_patch_profiler`).
+    torch_npu/contrib/transfer_to_npu.py (`_patch_profiler`).
     """
 
     CODE = "DEV013"

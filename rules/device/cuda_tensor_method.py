@@ -25,7 +25,9 @@ class CudaTensorMethod(PortRule):
     assignments to an `is_cuda` attribute and `self.is_cuda`, which are the script's own attributes.
 
     ## References
-    rules-catalogue DEV-03, DEV-04, DEV-20 (`map_location=lambda s, l: s.cuda()`).
+    torch_npu/contrib/transfer_to_npu.py (`Tensor.cuda`, `Module.cuda` and `is_cuda` become their npu forms); Huawei's
+    migration tool README, FAQ (`map_location=lambda s, l: s.cuda()`):
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>.
     """
 
     CODE = "DEV003"

@@ -33,7 +33,9 @@ class CudaTensorTypeString(PortRule):
     `torch.set_default_dtype(...)`. The class form `torch.cuda.FloatTensor` is DEV001's.
 
     ## References
-    rules-catalogue DEV-09.
+    torch_npu/contrib/transfer_to_npu.py (it patches the typed-tensor classes, not type names in strings); MindStudio
+    "Replace Unsupported APIs" (set_default_tensor_type):
+    <https://www.hiascend.com/doc_center/source/zh/mindstudio/500/msug/msug_000049.html>.
     """
 
     CODE = "DEV007"

@@ -39,7 +39,7 @@ class CudaVisibleDevices(PortRule):
     Safe. Mentions in log text and shell command strings are left alone.
 
     ## References
-    rules-catalogue DEV-11; torch_npu/npu/__init__.py (`_parse_visible_devices`).
+    torch_npu/npu/__init__.py (`_parse_visible_devices`).
     """
 
     CODE = "DEV009"

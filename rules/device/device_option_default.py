@@ -36,7 +36,8 @@ class DeviceOptionDefault(PortRule):
     "npu": those branches would silently flip. Explicit mode rewrites the default through DEV004.
 
     ## References
-    rules-catalogue DEV-05 (device strings in device positions) and §1 "Not handled" (comparisons).
+    torch_npu/contrib/transfer_to_npu.py (`_wrapper_cuda` translates device strings in call arguments, never in
+    comparisons).
     """
 
     CODE = "DEV020"

@@ -30,7 +30,8 @@ class IntegerDevice(PortRule):
     would be broken by the f-string.
 
     ## References
-    rules-catalogue DEV-06; torch_npu/contrib/transfer_to_npu.py (`to`/`to_empty` with int devices).
+    torch_npu/contrib/transfer_to_npu.py (`to`/`to_empty` with int devices);
+    <https://github.com/Ascend/pytorch/issues/16>.
     """
 
     CODE = "DEV005"

@@ -30,7 +30,7 @@ class NvtxRange(ApiRename):
     Safe: markers only annotate profiles; the computation does not change.
 
     ## References
-    rules-catalogue DEV-15, UNS-05; torch_npu/npu/mstx.py.
+    torch_npu/npu/mstx.py.
     """
 
     CODE = "DEV012"

@@ -48,7 +48,10 @@ class Tf32Switch(PortRule):
     but are not bit for bit the same hardware, so results still differ at rounding level.
 
     ## References
-    rules-catalogue DEV-12; torch_npu/npu/npu_config.py (allow_hf32); PyTorch notes "TensorFloat-32 (TF32) on Ampere".
+    torch_npu/npu/npu_config.py (allow_hf32); Ascend's allow_hf32:
+    <https://www.hiascend.com/document/detail/zh/Pytorch/700/apiref/apilist/ptaoplist_000238.html>; PyTorch's CUDA
+    notes, "TensorFloat-32 (TF32) on Ampere (and later) devices":
+    <https://docs.pytorch.org/docs/stable/notes/cuda.html>.
     """
 
     CODE = "DEV010"

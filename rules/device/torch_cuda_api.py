@@ -32,7 +32,7 @@ class TorchCudaApi(ApiRename):
     DEV014, `get_device_capability` to DEV008, names without an NPU counterpart to DEV002.
 
     ## References
-    rules-catalogue DEV-01, DEV-18, DEV-21; torch_npu/npu/__init__.py `__all__`.
+    torch_npu/npu/__init__.py `__all__`; torch_npu/contrib/transfer_to_npu.py (the memory-history tools).
     """
 
     CODE = "DEV001"

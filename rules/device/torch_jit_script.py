@@ -23,7 +23,7 @@ class TorchJitScript(PortRule):
     Report only.
 
     ## References
-    rules-catalogue DEV-23, UNS-13; torch_npu/contrib/transfer_to_npu.py (`_patch_jit_script`).
+    torch_npu/contrib/transfer_to_npu.py (`_patch_jit_script`).
     """
 
     CODE = "DEV016"

@@ -46,7 +46,8 @@ class ApexDistributed(PortRule):
     DDP must be created after the model is on its device.
 
     ## References
-    rules-catalogue DIST-08; MindStudio "Replace Unsupported APIs" (apex DDP).
+    MindStudio "Replace Unsupported APIs" (apex DDP):
+    <https://www.hiascend.com/doc_center/source/zh/mindstudio/500/msug/msug_000049.html>.
     """
 
     CODE = "DIST008"

@@ -23,7 +23,9 @@ class BackendNameLookup(PortRule):
     entry (or renaming "nccl") is the author's choice, and the lookup may also serve a GPU.
 
     ## References
-    rules-catalogue DIST-02; issue 12 (backend comparisons and return values).
+    torch_npu/contrib/transfer_to_npu.py (init_process_group's nccl becomes hccl, so `dist.get_backend()` says "hccl");
+    Huawei's migration tool README asks to replace "nccl" with "hccl" by hand:
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>.
     """
 
     CODE = "DIST011"

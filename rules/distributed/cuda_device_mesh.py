@@ -27,7 +27,7 @@ class CudaDeviceMesh(PortRule):
     Safe.
 
     ## References
-    rules-catalogue DIST-06; torch_npu/contrib/transfer_to_npu.py (init_device_mesh, DeviceMesh.__init__).
+    torch_npu/contrib/transfer_to_npu.py (init_device_mesh, DeviceMesh.__init__).
     """
 
     CODE = "DIST006"

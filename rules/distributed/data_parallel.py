@@ -29,7 +29,9 @@ class DataParallel(PortRule):
     Report-only: the conversion restructures the script.
 
     ## References
-    rules-catalogue DIST-07; Huawei op_list_2_8.json and migration guide (training configuration).
+    Huawei's migration tool README, training configuration:
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>; its op_list_2_8.json
+    (<https://github.com/xiaobingling93-pixel/Ascend-mstt/tree/99c2e0f/msfmktransplt>, src/ms_fmk_transplt/resource/).
     """
 
     CODE = "DIST007"

@@ -23,7 +23,8 @@ class IsNcclAvailable(PortRule):
     Safe.
 
     ## References
-    rules-catalogue DIST-03; torch_npu docs "torch.distributed.is_hccl_available".
+    torch_npu/distributed/distributed_c10d.py (is_hccl_available); torch_npu/contrib/transfer_to_npu.py
+    (is_nccl_available -> is_hccl_available).
     """
 
     CODE = "DIST003"

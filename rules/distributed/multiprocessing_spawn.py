@@ -28,7 +28,8 @@ class MultiprocessingSpawn(PortRule):
     Report-only.
 
     ## References
-    rules-catalogue DIST-10; Ascend docs on `use_deterministic_algorithms` (same process, first setting wins).
+    Ascend's notes on `torch.use_deterministic_algorithms` (same process, first setting wins):
+    <https://www.hiascend.com/document/detail/zh/Pytorch/720/apiref/PyTorchNativeapi/ptaoplist_000292.html>.
     """
 
     CODE = "DIST010"

@@ -60,7 +60,7 @@ class NcclBackend(PortRule):
     read from the environment or a config file is not rewritten (DIST002 still fixes the comparisons).
 
     ## References
-    rules-catalogue DIST-01; torch_npu/contrib/transfer_to_npu.py (init_process_group and new_group wrappers).
+    torch_npu/contrib/transfer_to_npu.py (init_process_group and new_group wrappers).
     """
 
     CODE = "DIST001"

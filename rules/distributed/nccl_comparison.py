@@ -25,7 +25,8 @@ class NcclComparison(PortRule):
     "nccl"), the branch flips: update that config too.
 
     ## References
-    rules-catalogue DIST-02; Huawei's migration guide asks to replace "nccl" with "hccl" by hand.
+    Huawei's migration tool README asks to replace "nccl" with "hccl" by hand:
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>.
     """
 
     CODE = "DIST002"

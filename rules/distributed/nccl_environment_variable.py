@@ -39,7 +39,9 @@ class NcclEnvironmentVariable(PortRule):
     Report-only.
 
     ## References
-    rules-catalogue DIST-09; CANN and torch_npu environment-variable references (HCCL_*, TORCH_HCCL_*).
+    torch_npu's environment variables (HCCL_*, TORCH_HCCL_*):
+    <https://www.hiascend.com/document/detail/zh/Pytorch/720/comref/Envvariables>; MindSpeed-LLM's:
+    <https://gitcode.com/Ascend/MindSpeed-LLM/blob/2.2.0/docs/pytorch/features/environment_variable.md>.
     """
 
     CODE = "DIST009"

@@ -38,7 +38,8 @@ class ProcessGroupBeforeSetDevice(PortRule):
     Unsafe: it moves or adds a statement, and whether HCCL strictly needs the order depends on the torch_npu version.
 
     ## References
-    rules-catalogue DIST-04 (and §7, to confirm on hardware).
+    Huawei's migration tool README, distributed mode (it sets the device before init_process_group):
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>.
     """
 
     CODE = "DIST004"

@@ -23,7 +23,7 @@ class ProcessGroupNccl(PortRule):
     Report-only.
 
     ## References
-    rules-catalogue DIST-05; torch_npu/contrib/transfer_to_npu.py (ProcessGroupNCCL -> ProcessGroupHCCL).
+    torch_npu/contrib/transfer_to_npu.py (ProcessGroupNCCL -> ProcessGroupHCCL).
     """
 
     CODE = "DIST005"

@@ -71,7 +71,8 @@ class CudaOnlyImport(PortRule):
     Report-only: removing an import that the script uses would only move the failure.
 
     ## References
-    rules-catalogue IMP-03 (and UNS-02..UNS-05, UNS-08..UNS-10); Huawei migration README constraints (amp_C).
+    Huawei's migration tool README, constraints (amp_C):
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>.
     """
 
     CODE = "IMP002"

@@ -31,7 +31,8 @@ class MissingTorchNpuImport(PortRule):
     on the NPU only once `torch_npu` is imported, so it gets the import like any other script.
 
     ## References
-    rules-catalogue IMP-01, IMP-02; torch_npu/contrib/transfer_to_npu.py.
+    torch_npu/contrib/transfer_to_npu.py; Huawei's migration tool README, automatic migration:
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>.
     """
 
     CODE = "IMP001"

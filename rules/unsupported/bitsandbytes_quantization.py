@@ -23,7 +23,7 @@ class BitsandbytesQuantization(PortRule):
     Report-only.
 
     ## References
-    rules-catalogue UNS-09; Ascend/pytorch issue 10; bitsandbytes PR 1695.
+    <https://github.com/Ascend/pytorch/issues/10>; <https://github.com/bitsandbytes-foundation/bitsandbytes/pull/1695>.
     """
 
     CODE = "UNS006"

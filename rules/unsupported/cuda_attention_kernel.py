@@ -25,7 +25,7 @@ class CudaAttentionKernel(PortRule):
     Report-only: tensor layouts (`BSND` vs `BNSD`), masks and dropout must be mapped by hand.
 
     ## References
-    rules-catalogue UNS-08, UNS-10; Ascend/pytorch issue 25; huggingface/transformers PR 36383.
+    <https://github.com/Ascend/pytorch/issues/25>; <https://github.com/huggingface/transformers/pull/36383>.
     """
 
     CODE = "UNS005"

@@ -25,7 +25,9 @@ class CudaExtension(PortRule):
     Report-only.
 
     ## References
-    rules-catalogue UNS-01; torch_npu/utils/cpp_extension.py (NpuExtension); Huawei cuda_op_list.csv.
+    torch_npu/utils/cpp_extension.py (NpuExtension); torch_npu/contrib/transfer_to_npu.py (only `include_paths` is
+    wrapped); Huawei's migration tool README (cuda_op_list.csv):
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>.
     """
 
     CODE = "UNS001"

@@ -26,7 +26,8 @@ class ExperimentTracker(PortRule):
     Report-only.
 
     ## References
-    rules-catalogue UNS-14; Huawei migration README FAQ.
+    Huawei's migration tool README, FAQ:
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>.
     """
 
     CODE = "UNS008"

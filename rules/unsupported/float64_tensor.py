@@ -41,7 +41,10 @@ class Float64Tensor(PortRule):
     Report-only: whether float64 is needed is a numerical judgement.
 
     ## References
-    rules-catalogue UNS-06; Huawei migration FAQ; transfer_to_npu.py (DoubleTensor -> FloatTensor).
+    Huawei's migration tool README, FAQ ("Unsupport data type: at::ScalarType::Double"):
+    <https://github.com/xiaobingling93-pixel/Ascend-mstt/blob/99c2e0f/msfmktransplt/README.md>;
+    torch_npu/contrib/transfer_to_npu.py (DoubleTensor -> FloatTensor); <https://github.com/Ascend/pytorch/issues/158>;
+    <https://github.com/huggingface/diffusers/pull/10123>.
     """
 
     CODE = "UNS004"

@@ -35,7 +35,8 @@ class GpuKernel(PortRule):
     Report-only.
 
     ## References
-    rules-catalogue UNS-02, UNS-03; torch_npu/contrib/transfer_to_npu.py (has_triton forced False).
+    torch_npu/contrib/transfer_to_npu.py (has_triton forced False);
+    <https://github.com/triton-lang/triton-ascend/issues/424>.
     """
 
     CODE = "UNS002"

@@ -23,7 +23,7 @@ class NvidiaSmi(PortRule):
     Report-only: the output format differs, so the parsing code changes too.
 
     ## References
-    rules-catalogue UNS-04.
+    torch_npu/npu/__init__.py `__all__` (mem_get_info, utilization).
     """
 
     CODE = "UNS003"

@@ -22,7 +22,9 @@ class TorchCompile(PortRule):
     Report-only: npu-port never adds or removes compilation on its own.
 
     ## References
-    rules-catalogue UNS-11; torch_npu entry_points.txt (dynamo backends npu, npugraph_ex, npugraphs).
+    torch_npu's entry_points.txt (dynamo backends npu, npugraph_ex, npugraphs);
+    <https://github.com/triton-lang/triton-ascend/issues/424>,
+    <https://github.com/triton-lang/triton-ascend/issues/808>.
     """
 
     CODE = "UNS007"

@@ -29,7 +29,7 @@ try:
     from rich.table import Table
 
     from verify.cli import compare_cmd as compare_cli
-    from verify.cli import determinism
+    from verify.cli import determinism, options
     from verify import devices
     from verify.cli import pair
     from verify.record import run_folders
@@ -73,44 +73,32 @@ def verify() -> None:
 @app.command(no_args_is_help=True)
 def run(
     script: Annotated[Path, typer.Argument(help="The training script, run unmodified.", show_default=False)],
-    script_args: Annotated[
-        Optional[list[str]], typer.Argument(help="The script's own arguments, after `--`.", show_default=False)
-    ] = None,
-    steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps to run.")] = 20,
-    seed: Annotated[int, typer.Option(help="Seed for python, numpy, torch (every device) and PYTHONHASHSEED.")] = 1234,
-    device: Annotated[
-        Device, typer.Option(help="auto: npu (real, else emulated) for a script importing torch_npu, else cuda "
-                                  "(real, else EMULATED CUDA on the CPU).")
-    ] = Device.AUTO,
+    script_args: options.script_args() = None,
+    steps: options.steps("Optimizer steps to run.") = 20,
+    seed: options.seed("Seed for python, numpy, torch (every device) and PYTHONHASHSEED.") = 1234,
+    device: options.device("auto: npu (real, else emulated) for a script importing torch_npu, else cuda (real, else "
+                           "EMULATED CUDA on the CPU).") = Device.AUTO,
     emulate_on: Annotated[EmulateOn, typer.Option(help="Where the emulated NPU computes.")] = EmulateOn.CPU,
-    dump: Annotated[DumpMode, typer.Option(help="Per-op capture: statistics, +tensors, +md5 hashes, or none.")] = (
-        DumpMode.STATS
-    ),
+    dump: options.dump("Per-op capture: statistics, +tensors, +md5 hashes, or none.") = DumpMode.STATS,
     ops: Annotated[
         Optional[str], typer.Option(help="Tensor mode: save tensors of ops whose 'phase/module/op' matches this regex.")
     ] = None,
     tensor_cap_mb: Annotated[float, typer.Option(min=0, help="Tensor mode: total size of saved tensors.")] = 512.0,
-    no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off.")] = False,
-    no_align_random: Annotated[bool, typer.Option(
-        "--no-align-random", help="Dropout masks from the device's own generator, not the keyed stream every device "
-                                  "draws alike.")] = False,
-    exact_emulation: Annotated[bool, typer.Option(
-        "--exact-emulation", help="An emulated device computes as the CPU does, without its device's modelled "
-                                  "summation order and generator (bit-exact debugging).")] = False,
+    no_dropout: options.no_dropout() = False,
+    no_align_random: options.no_align_random(
+        "Dropout masks from the device's own generator, not the keyed stream every device draws alike.") = False,
+    exact_emulation: options.exact_emulation(
+        "An emulated device computes as the CPU does, without its device's modelled summation order and generator "
+        "(bit-exact debugging).") = False,
     autocast: Annotated[Autocast, typer.Option(help="Run the whole script under torch.autocast with this dtype.")] = (
         Autocast.OFF
     ),
-    timeout: Annotated[
-        Optional[float], typer.Option(min=0, help="Kill the run after this many seconds (status timeout).")
-    ] = None,
-    nproc_per_node: Annotated[Optional[int], typer.Option(
-        min=1, help="Run the script as N ranks through torch.distributed.run (each writes RUNDIR/rankK/); "
-                    "without it, as one process.", show_default=False)] = None,
-    out: Annotated[
-        Optional[Path], typer.Option(
-            "--out", "-o", help="Run directory (default: verify-runs/SCRIPT-DEVICE-TIME-RANDOM).")
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the script's output.")] = False,
+    timeout: options.timeout("Kill the run after this many seconds (status timeout).") = None,
+    nproc_per_node: options.nproc_per_node(
+        "Run the script as N ranks through torch.distributed.run (each writes RUNDIR/rankK/); without it, as one "
+        "process.") = None,
+    out: options.out("Run directory (default: verify-runs/SCRIPT-DEVICE-TIME-RANDOM).") = None,
+    quiet: options.quiet() = False,
 ) -> None:
     """Run SCRIPT for N steps under instrumentation and write a run directory.
 

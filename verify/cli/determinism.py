@@ -6,7 +6,7 @@ beside the usual reports.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import pandas as pd
 import typer
@@ -19,6 +19,7 @@ from verify.compare.runs import ComparisonResult, compare_runs
 from verify.compare.precision_policy import CompareOptions
 from verify import devices
 from verify.record import run_folders
+import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
 from verify.cli.exits import exit_with
 from verify.launch.runner import RunOptions
 from verify.cli.side_runs import RUN_ENDED_WELL, side_runner, stderr, stdout, write_reports
@@ -88,20 +89,16 @@ def print_determinism(result: ComparisonResult, differing: pd.DataFrame, determi
 
 def determinism(
     script: Annotated[Path, typer.Argument(help="The script to run twice, unmodified.", show_default=False)],
-    script_args: Annotated[Optional[list[str]], typer.Argument(
-        help="The script's own arguments, after `--`.", show_default=False)] = None,
-    steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps per run.")] = 5,
-    seed: Annotated[int, typer.Option(help="The seed both runs get.")] = 1234,
-    device: Annotated[devices.Device, typer.Option(help="As `verify run`.")] = devices.Device.AUTO,
-    dump: Annotated[DumpMode, typer.Option(
-        help="md5: bit-exact per op; stats: equal within the dtype tolerances.")] = DumpMode.MD5,
-    no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off.")] = False,
-    timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a run after this many seconds.")] = None,
-    out: Annotated[Optional[Path], typer.Option(
-        "--out", "-o",
-        help="Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside SCRIPT).")] = (
+    script_args: options.script_args() = None,
+    steps: options.steps("Optimizer steps per run.") = 5,
+    seed: options.seed("The seed both runs get.") = 1234,
+    device: options.device("As `verify run`.") = devices.Device.AUTO,
+    dump: options.dump("md5: bit-exact per op; stats: equal within the dtype tolerances.") = DumpMode.MD5,
+    no_dropout: options.no_dropout() = False,
+    timeout: options.timeout("Kill a run after this many seconds.") = None,
+    out: options.out("Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside SCRIPT).") = (
         None),
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the script's output.")] = False,
+    quiet: options.quiet() = False,
 ) -> None:
     """Run SCRIPT twice with the same seed and list the operators whose results differ (checklist C1).
 

@@ -37,6 +37,7 @@ from verify.report.terminal import print_summary
 from verify.cli.compare_cmd import OpMappingOption, compare_options, read_side
 from verify import devices
 from verify.record import run_folders
+import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
 from verify.cli.exits import exit_with
 from verify.launch.runner import RunOptions
 from verify.cli.side_runs import RUN_ENDED_WELL, SideRunner, side_runner, stderr, stdout, write_reports
@@ -247,7 +248,8 @@ def _where_imposed(ref: Run) -> str:
         return "around the whole script"
     outside = sorted(path for path, calls in follow.items() if any(state == "off" for state, _ in calls))
     shown = ", ".join(outside[:4]) + (f" and {len(outside) - 4} more" if len(outside) > 4 else "")
-    return ("where the port computed under it" + (f" (not in some or all calls of {shown}, as in the port)" if outside else ""))
+    exceptions = f" (not in some or all calls of {shown}, as in the port)" if outside else ""
+    return "where the port computed under it" + exceptions
 
 
 def _skipped_words(twin: dict[str, Any]) -> str:
@@ -269,27 +271,26 @@ def pair(
     original: Annotated[Path, typer.Argument(help="The original GPU script (the reference).", show_default=False)],
     ported: Annotated[Optional[Path], typer.Argument(
         help="The ported script (default: <stem>_npu.py beside ORIGINAL).", show_default=False)] = None,
-    script_args: Annotated[Optional[list[str]], typer.Argument(
-        help="Both scripts' own arguments, after `--`.", show_default=False)] = None,
-    steps: Annotated[int, typer.Option("--steps", "-n", min=1, help="Optimizer steps each side runs.")] = 20,
-    seed: Annotated[int, typer.Option(help="The seed both sides get.")] = 1234,
+    script_args: options.script_args("Both scripts' own arguments, after `--`.") = None,
+    steps: options.steps("Optimizer steps each side runs.") = 20,
+    seed: options.seed("The seed both sides get.") = 1234,
     device_ref: Annotated[devices.Device, typer.Option(
         help="auto: cuda when available, else EMULATED CUDA (the script's GPU code path on the CPU); cpu: the "
              "script's CPU path.")] = devices.Device.AUTO,
     device_actual: Annotated[devices.Device, typer.Option(
         help="auto: the real npu when torch_npu works here, else emulated-npu.")] = devices.Device.AUTO,
-    dump: Annotated[DumpMode, typer.Option(help="Per-op capture on both sides.")] = DumpMode.STATS,
-    no_dropout: Annotated[bool, typer.Option("--no-dropout", help="Turn every dropout off on both sides.")] = False,
-    no_align_random: Annotated[bool, typer.Option(
-        "--no-align-random", help="Each side's dropout masks from its device's own generator (as on real hardware "
-                                  "without verify), not from the keyed stream both draw alike.")] = False,
-    exact_emulation: Annotated[bool, typer.Option(
-        "--exact-emulation", help="Emulated devices compute as the CPU does: no modelled summation order or own "
-                                  "generator, so a faithful CPU pair agrees bit for bit (debugging).")] = False,
-    timeout: Annotated[Optional[float], typer.Option(min=0, help="Kill a side after this many seconds.")] = None,
-    nproc_per_node: Annotated[Optional[int], typer.Option(
-        min=1, help="Run each side as N ranks through torch.distributed.run, compared rank by rank; without it, "
-                    "as one process.", show_default=False)] = None,
+    dump: options.dump("Per-op capture on both sides.") = DumpMode.STATS,
+    no_dropout: options.no_dropout("Turn every dropout off on both sides.") = False,
+    no_align_random: options.no_align_random(
+        "Each side's dropout masks from its device's own generator (as on real hardware without verify), not from "
+        "the keyed stream both draw alike.") = False,
+    exact_emulation: options.exact_emulation(
+        "Emulated devices compute as the CPU does: no modelled summation order or own generator, so a faithful CPU "
+        "pair agrees bit for bit (debugging).") = False,
+    timeout: options.timeout("Kill a side after this many seconds.") = None,
+    nproc_per_node: options.nproc_per_node(
+        "Run each side as N ranks through torch.distributed.run, compared rank by rank; without it, as one "
+        "process.") = None,
     loss_rtol: Annotated[Optional[float], typer.Option(
         help="Relative loss tolerance per step (default 0.01; 0.05 for fp32 against AMP).")] = None,
     match_amp: Annotated[bool, typer.Option(
@@ -300,10 +301,9 @@ def pair(
     ref_run: Annotated[Optional[Path], typer.Option(
         help="A reference run directory (`verify run`, an earlier pair) to use instead of running ORIGINAL.")] = (
         None),
-    out: Annotated[Optional[Path], typer.Option(
-        "--out", "-o", help="Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside ORIGINAL).")] = (
+    out: options.out("Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside ORIGINAL).") = (
         None),
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo the scripts' output.")] = False,
+    quiet: options.quiet("Do not echo the scripts' output.") = False,
     adaptation_report: Annotated[bool, typer.Option(
         "--adaptation-report", help="Also write adaptation.md, the report published with a ported model.")] = False,
     op_mapping: OpMappingOption = None,

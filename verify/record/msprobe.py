@@ -1,9 +1,11 @@
 """Read msprobe dumps as a comparison side, and export a verify run as an msprobe dump.
 
-Formats (shared/design/dump-and-compare.md §2, §8): `dump_path/step{N}/{rank | rank{R} | proc{pid}}/dump.json`,
-msprobe 8.x writing `rank` for a single process and 26.x `proc{pid}`. An entry is `{Prefix}.{api}.{k}.{direction}`
-(API) or `Module.{path}.{Class}.{direction}.{k}` (module), plus `Module.{path}.{Class}.parameters_grad[.{n}]`.
-Each tensor carries Max/Min/Mean/Norm (any of which may be null or a bool), optionally md5 and data_name.
+Formats, as msprobe writes them (PyPI's mindstudio-probe 8.3.3, source gitcode.com/Ascend/mstt
+debug/accuracy_tools/msprobe; 26.2.0, source gitcode.com/Ascend/MindStudio-Probe):
+`dump_path/step{N}/{rank | rank{R} | proc{pid}}/dump.json`, msprobe 8.x writing `rank` for a single process and 26.x
+`proc{pid}`. An entry is `{Prefix}.{api}.{k}.{direction}` (API) or `Module.{path}.{Class}.{direction}.{k}` (module),
+plus `Module.{path}.{Class}.parameters_grad[.{n}]`. Each tensor carries Max/Min/Mean/Norm (any of which may be null or
+a bool), optionally md5 and data_name.
 
 Mapping onto verify's op table: op = `{Prefix}.{api}` (`Aten` becomes our `aten` namespace, so exported runs read
 back under their own names), call_index = msprobe's k, io = in{i} / in_{kwarg} / in_param_{name} / out{i} /

@@ -1,0 +1,62 @@
+"""The options that `verify run`, the pair (`verify ORIGINAL [PORTED]`) and `verify determinism` share, each spelt
+once: its flags, its type and its bounds. A command names the help that says what the option does there (to one run,
+to each side, to both runs), so `steps: options.steps("Optimizer steps to run.") = 20`; the default stays with the
+command, as Typer wants it beside the parameter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from verify.devices import Device
+from verify.record.schema import DumpMode
+
+def script_args(help: str = "The script's own arguments, after `--`.") -> Any:
+    return Annotated[Optional[list[str]], typer.Argument(help=help, show_default=False)]
+
+
+def steps(help: str) -> Any:
+    return Annotated[int, typer.Option("--steps", "-n", min=1, help=help)]
+
+
+def seed(help: str) -> Any:
+    return Annotated[int, typer.Option("--seed", help=help)]
+
+
+def device(help: str) -> Any:
+    return Annotated[Device, typer.Option("--device", help=help)]
+
+
+def dump(help: str) -> Any:
+    return Annotated[DumpMode, typer.Option("--dump", help=help)]
+
+
+def no_dropout(help: str = "Turn every dropout off.") -> Any:
+    return Annotated[bool, typer.Option("--no-dropout", help=help)]
+
+
+def no_align_random(help: str) -> Any:
+    return Annotated[bool, typer.Option("--no-align-random", help=help)]
+
+
+def exact_emulation(help: str) -> Any:
+    return Annotated[bool, typer.Option("--exact-emulation", help=help)]
+
+
+def timeout(help: str) -> Any:
+    return Annotated[Optional[float], typer.Option("--timeout", min=0, help=help)]
+
+
+def nproc_per_node(help: str) -> Any:
+    return Annotated[Optional[int], typer.Option("--nproc-per-node", min=1, help=help, show_default=False)]
+
+
+def out(help: str) -> Any:
+    return Annotated[Optional[Path], typer.Option("--out", "-o", help=help)]
+
+
+def quiet(help: str = "Do not echo the script's output.") -> Any:
+    return Annotated[bool, typer.Option("--quiet", "-q", help=help)]
