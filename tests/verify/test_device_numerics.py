@@ -134,9 +134,9 @@ def test_exact_emulation_computes_and_draws_as_the_cpu(device):
         assert torch.equal(exact[name], cpu[name].to(exact[name].dtype)), name
 
 
-def test_parent_and_stand_in_name_the_same_exact_variable():
+def test_parent_and_stand_in_name_the_same_variables():
     tree = ast.parse((devices.STAND_IN_DIR / "npu_port_emulation" / "device_numerics.py").read_text())
     assigned = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id == "EXACT_VAR"}
-    assert assigned == {"EXACT_VAR": devices.EXACT_EMULATION_VAR}
+                and node.targets[0].id in ("EXACT_VAR", "BLOCKS_VAR")}
+    assert assigned == {"EXACT_VAR": devices.EXACT_EMULATION_VAR, "BLOCKS_VAR": devices.BLOCKS_VAR}

@@ -29,7 +29,7 @@ from verify import devices
 from verify.capture.ops import OpCapture, TensorSaver
 from verify.capture.tensor_stats import StatBatch
 from verify.capture import environment_record
-from verify.capture import precision_scopes
+from verify.capture import perturbation, precision_scopes
 from verify.capture import random_streams
 from verify.capture import rank_capture
 from verify.record.schema import DumpMode, RunManifest, Status
@@ -103,6 +103,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
             stack.enter_context(precision_scopes.imposed(device.autocast_device_type, manifest.autocast,
                                                          manifest.autocast_follow))
         stack.enter_context(precision_scopes.recorded(device.autocast_device_type, manifest.autocast_scopes))
+        stack.enter_context(perturbation.perturbed(manifest.perturbation))  # below the capture: it records the result
         if capture is not None:
             stack.enter_context(capture)
         try:

@@ -69,6 +69,11 @@ def read_side(path: Path) -> Run:
     return read_run_directory(path)
 
 
+def read_calibrations(ref_run: Path) -> list[Run]:
+    """The reference's calibration runs, where a pair left them beside it (none beside an msprobe dump)."""
+    return [read_side(folder) for folder in run_folders.calibration_dirs(ref_run)] if ref_run.is_dir() else []
+
+
 def compare(
     ref_run: Annotated[Path, typer.Argument(help="The reference run directory (or msprobe dump).")],
     actual_run: Annotated[Path, typer.Argument(help="The ported run directory (or msprobe dump).")],
@@ -90,7 +95,7 @@ def _compare(ref_run: Path, actual_run: Path, out: Path | None, options: Compare
              adaptation_report: bool) -> int:
     if adaptation_report and out is None:
         raise VerifyFailure("--adaptation-report writes adaptation.md into the -o folder: give one")
-    result = compare_runs(read_side(ref_run), read_side(actual_run), options)
+    result = compare_runs(read_side(ref_run), read_side(actual_run), options, read_calibrations(ref_run))
     print_summary(result, stdout, max_rows=max_rows)  # the verdict first: the report files take their time after it
     if adaptation_report:
         out.mkdir(parents=True, exist_ok=True)
@@ -133,7 +138,7 @@ def _adaptation_of_pair(folder: Path) -> int:
     if not all(side.is_dir() for side in sides):
         raise VerifyFailure(f"{folder} is not a pair's folder: --adaptation-report needs its {run_folders.REF}/ and "
                             f"{run_folders.ACTUAL}/ run directories")
-    result = compare_runs(*map(read_side, sides))
+    result = compare_runs(*map(read_side, sides), calibrations=read_calibrations(sides[0]))
     stderr.print(f"wrote {write_adaptation(result, folder)}")
     return result.verdict.exit_code
 

@@ -22,7 +22,7 @@ with the same wider tolerances.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -111,6 +111,7 @@ class PairPlan:
     out: Path
     compare: CompareOptions = CompareOptions()  # --loss-rtol, --op-mapping
     adaptation: bool = False  # --adaptation-report
+    calibration_runs: int = 1  # --calibration-runs: the reference again under another rounding, measuring its noise
 
 
 @dataclass
@@ -121,6 +122,7 @@ class PairRuns:
     port_amp: str  # the half dtype the port computed its forward in, "" for fp32
     ref_fp32: Run | None = None  # --amp-effect
     unmatched_amp: str = ""  # why the reference ran as written although the port computes in half precision
+    calibrations: list[Run] = field(default_factory=list)  # the reference's calibration runs (its envelope)
 
 
 def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
@@ -129,7 +131,8 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
                        plan.out / run_folders.ACTUAL)
     port_amp = amp_dtype(actual)
     if plan.ref_run is not None:
-        return PairRuns(actual, read_side(plan.ref_run), "off", port_amp)
+        calibrations = [read_side(folder) for folder in run_folders.calibration_dirs(plan.ref_run)]
+        return PairRuns(actual, read_side(plan.ref_run), "off", port_amp, calibrations=calibrations)
     imposed = _AUTOCAST_FLAGS.get(port_amp, "off") if plan.match_amp else "off"
     ref = _run_reference(plan, sides, actual, imposed, plan.out / run_folders.REF)
     unmatched = _crashed_under_autocast(ref, actual) if imposed != "off" else ""
@@ -137,17 +140,35 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
         ref.root.rename(plan.out / run_folders.REF_UNDER_AUTOCAST)
         imposed = "off"
         ref = _run_reference(plan, sides, actual, imposed, plan.out / run_folders.REF)
+    calibrations = _calibrate(plan, sides, actual, imposed, port_amp) if ref.manifest.status in RUN_ENDED_WELL else []
     ref_fp32 = None
     if plan.amp_effect and imposed != "off":
         ref_fp32 = sides.run("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
                              plan.out / run_folders.REF_FP32)
-    return PairRuns(actual, ref, imposed, port_amp, ref_fp32, unmatched)
+    return PairRuns(actual, ref, imposed, port_amp, ref_fp32, unmatched, calibrations)
+
+
+def _reference_options(plan: PairPlan, actual: Run, imposed: str) -> RunOptions:
+    return replace(plan.options, device=plan.device_ref, autocast=imposed,
+                   autocast_follow=actual.manifest.autocast_scopes, loss_scaler_plan=_scaler_twin(actual, imposed))
 
 
 def _run_reference(plan: PairPlan, sides: SideRunner, actual: Run, imposed: str, run_dir: Path) -> Run:
-    options = replace(plan.options, device=plan.device_ref, autocast=imposed,
-                      autocast_follow=actual.manifest.autocast_scopes, loss_scaler_plan=_scaler_twin(actual, imposed))
-    return sides.run("ref", plan.original, plan.args, options, run_dir)
+    return sides.run("ref", plan.original, plan.args, _reference_options(plan, actual, imposed), run_dir)
+
+
+def _calibrate(plan: PairPlan, sides: SideRunner, actual: Run, imposed: str, port_amp: str) -> list[Run]:
+    """The reference again, --calibration-runs times, each under another equally valid rounding and summation order
+    (verify/capture/perturbation.py): how far the script's own numbers move, which the comparison judges the port
+    against. Against an fp32 reference, a port computing in half precision is covered by rounding at its precision."""
+    options = _reference_options(plan, actual, imposed)
+    half = port_amp if imposed == "off" else ""
+    return [sides.run(f"calibration {number}" if plan.calibration_runs > 1 else "calibration", plan.original,
+                      plan.args, replace(options, perturbation={
+                          "seed": plan.options.seed + number, "half": half, "of": run_folders.REF,
+                          "blocks": devices.CALIBRATION_BLOCKS + number - 1}),
+                      plan.out / run_folders.calibration_run(number))
+            for number in range(1, plan.calibration_runs + 1)]
 
 
 def _crashed_under_autocast(ref: Run, actual: Run) -> str:
@@ -186,7 +207,7 @@ def _optimizers(run: Run) -> int:
 def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
     """Compares and reports as `verify compare -o` does, plus the comparison made and the AMP effect. The verdict is
     printed first; the report files take their time after it."""
-    result = compare_runs(runs.ref, runs.actual, plan.compare)
+    result = compare_runs(runs.ref, runs.actual, plan.compare, runs.calibrations)
     how = _comparison_made(plan, runs)
     result.notes.insert(0, how["description"])
     if plan.amp_effect and runs.ref_fp32 is None:
@@ -307,6 +328,9 @@ def pair(
     adaptation_report: Annotated[bool, typer.Option(
         "--adaptation-report", help="Also write adaptation.md, the report published with a ported model.")] = False,
     op_mapping: OpMappingOption = None,
+    calibration_runs: Annotated[int, typer.Option(
+        min=0, help="Runs of the reference under another, equally valid rounding: the noise each record of the port "
+                    "is judged against (0: none, judged by fixed tolerances alone).")] = 1,
 ) -> None:
     """Run ORIGINAL and PORTED for N steps each and compare them: `verify ORIGINAL [PORTED] [OPTIONS] [-- ARGS]`.
 
@@ -318,13 +342,13 @@ def pair(
                          exact_emulation=exact_emulation, timeout=timeout, nproc_per_node=nproc_per_node or 0)
     exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value,
                             compare_options(loss_rtol, op_mapping), match_amp, amp_effect, ref_run, out, quiet,
-                            adaptation_report),
+                            adaptation_report, calibration_runs),
               f"verify {original} against {ported or default_port(original)}", out)
 
 
 def _pair(original: Path, ported: Path | None, script_args: list[str] | None, options: RunOptions, device_ref: str,
           device_actual: str, compare: CompareOptions, match_amp: bool, amp_effect: bool, ref_run: Path | None,
-          out: Path, quiet: bool, adaptation: bool) -> int:
+          out: Path, quiet: bool, adaptation: bool, calibration_runs: int) -> int:
     ported = ported or default_port(original)
     for role, script in (("ORIGINAL", original), ("PORTED", ported)):
         if not script.is_file():
@@ -333,7 +357,7 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
         raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
-                    match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation)
+                    match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation, calibration_runs)
     with side_runner(quiet) as sides:
         runs = run_sides(plan, sides)
     return judge_pair(plan, runs)

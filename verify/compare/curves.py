@@ -13,6 +13,7 @@ import pandas as pd
 
 from verify.compare import metrics
 from verify.compare import tolerances
+from verify.compare.envelope import Envelope, grad_scale, of_grads, of_losses
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
 from verify.errors import RunDirError
@@ -30,7 +31,9 @@ class LossComparison:
     first_step_past_tolerance: int | None = None
 
 
-def compare_losses(ref: Run, actual: Run, rtol: float) -> LossComparison:
+def compare_losses(ref: Run, actual: Run, rtol: float, measured: Envelope | None = None) -> LossComparison:
+    """Each step's loss within `rtol`, or within ENVELOPE_FACTOR times the reference's own difference from its
+    calibration runs at that step (`envelope`), whichever is larger: a GAN's chaotic loss is judged by what it does."""
     keys = ["step", "micro_step"]
     left = ref.losses.loc[:, ["step", "micro_step", "loss", "loss_scale"]].rename(
         columns={"loss": "ref_loss", "loss_scale": "ref_loss_scale"})
@@ -43,7 +46,11 @@ def compare_losses(ref: Run, actual: Run, rtol: float) -> LossComparison:
     frame["rel_diff"] = frame["abs_diff"] / np.maximum(np.abs(ref_loss), metrics.TINY)
     # A loss that is NaN/inf on either side is past any tolerance, also when both are (nothing is learnt then).
     frame["rel_diff"] = frame["rel_diff"].where(np.isfinite(ref_loss) & np.isfinite(actual_loss), np.inf)
-    frame["passed"] = frame["rel_diff"] <= rtol
+    frame["tolerance"] = rtol
+    if measured is not None:
+        frame["envelope"] = of_losses(measured, frame[keys])
+        frame["tolerance"] = np.fmax(rtol, tolerances.ENVELOPE_FACTOR * frame["envelope"].fillna(0.0))
+    frame["passed"] = frame["rel_diff"] <= frame["tolerance"]
     result = LossComparison(frame=frame, rtol=rtol, steps_compared=int(frame["step"].nunique()))
     if len(frame):
         finite = frame.loc[np.isfinite(frame["rel_diff"])]
@@ -104,9 +111,11 @@ def _hparam_message(name: Any, ref_value: str, actual_value: str, group: Any, op
     return f"{name} {ref_value} vs {actual_value}{group_text}{optimizer_text}{since}"
 
 
-def compare_grads(ref: Run, actual: Run, rtol: float, carried: pd.Series | None = None) -> pd.DataFrame:
-    """Each parameter's gradient norm per step, within `rtol`, or within the noise its step `carried` in from the
-    state earlier steps left (op_verdicts.carried_noise: step -> noise), whichever is larger."""
+def compare_grads(ref: Run, actual: Run, rtol: float, carried: pd.Series | None = None,
+                  measured: Envelope | None = None) -> pd.DataFrame:
+    """Each parameter's gradient norm per step, within `rtol`, or within the noise it carries, whichever is larger:
+    ENVELOPE_FACTOR times the reference's own difference from its calibration runs (`envelope`) where measured, else
+    the noise its step `carried` in from the state earlier steps left (op_verdicts.carried_noise: step -> noise)."""
     keys = ["step", "param"]
     columns = [*keys, "dtype", "norm", "nan_count", "inf_count"]
     # The gradients of a step a loss scaler skipped were never applied, and overflowed on purpose on the scaled side.
@@ -116,14 +125,15 @@ def compare_grads(ref: Run, actual: Run, rtol: float, carried: pd.Series | None 
     merged = merged.rename(columns=lambda c: f"{c.rsplit('_', 1)[1]}_{c.rsplit('_', 1)[0]}"
                            if c.endswith(("_ref", "_actual")) else c)
     ref_norm, actual_norm = merged["ref_norm"].to_numpy("float64"), merged["actual_norm"].to_numpy("float64")
-    largest = merged.groupby("step")["ref_norm"].transform("max").to_numpy("float64")
-    scale = np.fmax.reduce([np.abs(ref_norm), np.abs(actual_norm), tolerances.GRAD_NORM_SHARE_OF_LARGEST * largest,
-                            np.full(len(merged), tolerances.GRAD_NORM_ATOL)])
-    merged["rel_diff"] = np.abs(actual_norm - ref_norm) / scale
+    merged["rel_diff"] = np.abs(actual_norm - ref_norm) / grad_scale(merged["step"], ref_norm, actual_norm)
     nonfinite_agree = ((merged["ref_nan_count"] > 0) == (merged["actual_nan_count"] > 0)) & (
         (merged["ref_inf_count"] > 0) == (merged["actual_inf_count"] > 0))
-    tolerance = np.fmax(rtol, (carried if carried is not None else pd.Series(dtype="float64")).reindex(
-        merged["step"]).fillna(0.0).to_numpy())
+    if measured is not None:
+        merged["envelope"] = of_grads(measured, merged[keys])
+        tolerance = np.fmax(rtol, tolerances.ENVELOPE_FACTOR * merged["envelope"].fillna(0.0).to_numpy())
+    else:
+        tolerance = np.fmax(rtol, (carried if carried is not None else pd.Series(dtype="float64")).reindex(
+            merged["step"]).fillna(0.0).to_numpy())
     merged["tolerance"] = tolerance
     merged["passed"] = (merged["rel_diff"] <= tolerance) & nonfinite_agree
     return merged.sort_values(keys).reset_index(drop=True)
@@ -244,7 +254,10 @@ def _one_sided_skips(ref: Run, actual: Run) -> list[dict[str, Any]]:
     return differing
 
 
-def compare_overflow(ref: Run, actual: Run) -> dict[str, Any]:
+def compare_overflow(ref: Run, actual: Run, measured: Envelope | None = None) -> dict[str, Any]:
+    """The first inf/nan of each side, their loss-scale traces and the updates one side alone skipped. Where the
+    reference's own calibration overflowed at other steps than the reference, rounding alone decides whether fp16
+    gradients overflow at these scales: one-sided skips are then within the script's noise, not findings."""
     ref_first = _first_nonfinite(ref.ops, ref.manifest.skipped_steps)
     actual_first = _first_nonfinite(actual.ops, actual.manifest.skipped_steps)
     same_op = bool(ref_first and actual_first and all(
@@ -252,8 +265,14 @@ def compare_overflow(ref: Run, actual: Run) -> dict[str, Any]:
     return {"ref_first": ref_first, "actual_first": actual_first,
             "one_sided": bool((ref_first is None) != (actual_first is None)) or (
                 bool(ref_first and actual_first) and not same_op),
-            "one_sided_skips": _one_sided_skips(ref, actual),
+            **_skips_by_noise(_one_sided_skips(ref, actual), measured),
             "ref_scale": _scale_trace(ref), "actual_scale": _scale_trace(actual)}
+
+
+def _skips_by_noise(skips: list[dict[str, Any]], measured: Envelope | None) -> dict[str, Any]:
+    if measured is None or not measured.overflows_apart:
+        return {"one_sided_skips": skips, "skips_within_noise": []}
+    return {"one_sided_skips": [], "skips_within_noise": skips, "calibration_overflows_apart": measured.overflows_apart}
 
 
 def skipped_steps(ref: Run, actual: Run) -> list[int]:

@@ -235,8 +235,8 @@ def _op_findings(first: dict[str, Any] | None, ref: Run, actual: Run, hparams: p
     # Same script and device but other hyperparameters (its arguments) is not a repeat of one run.
     code = FindingCode.NONDETERMINISM if same_script and same_device and not follows else FindingCode.OP_DIVERGES
     by_hand = _updates_by_hand(first, ref, actual)
-    message = (f"first divergent operator: {op_label(first)}, stats error {first['stats_error']:.3g} > "
-               f"{first['tolerance']:.3g}; {first['inputs_evidence']}"
+    weighed = _against_noise(first["stats_error"], first.get("envelope"), first["tolerance"], ".3g", "stats error")
+    message = (f"first divergent operator: {op_label(first)}, {weighed}; {first['inputs_evidence']}"
                + (f"; it follows from the {follows} difference" if follows else "")
                + ("; it is the script's own parameter update (no optimizer): its learning rate or rule differs"
                   if by_hand else ""))
@@ -318,8 +318,9 @@ def _loss_finding(loss: LossComparison) -> list[Finding]:
     row = loss.frame.loc[~loss.frame["passed"]].iloc[0]
     return [Finding(FindingCode.LOSS_DIVERGES, (
         f"loss differs by {row['rel_diff']:.2%} at step {int(row['step'])} ({row['ref_loss']:.6g} vs "
-        f"{row['actual_loss']:.6g}; tolerance {loss.rtol:.2%}); max {loss.max_rel_diff:.2%} over "
-        f"{loss.steps_compared} steps"), {"step": int(row["step"]), "rel_diff": float(row["rel_diff"])})]
+        f"{row['actual_loss']:.6g}; {_against_noise(row['rel_diff'], row.get('envelope'), row['tolerance'], '.2%')})"
+        f"; max {loss.max_rel_diff:.2%} over {loss.steps_compared} steps"),
+        {"step": int(row["step"]), "rel_diff": float(row["rel_diff"]), "envelope": row.get("envelope")})]
 
 
 def _grad_finding(grads: pd.DataFrame) -> list[Finding]:
@@ -329,8 +330,18 @@ def _grad_finding(grads: pd.DataFrame) -> list[Finding]:
     row = failing.iloc[0]
     return [Finding(FindingCode.GRAD_DIVERGES, (
         f"gradient norm of {row['param']} differs by {row['rel_diff']:.2%} at step {int(row['step'])} "
-        f"({row['ref_norm']:.6g} vs {row['actual_norm']:.6g}; tolerance {row['tolerance']:.2%}); "
+        f"({row['ref_norm']:.6g} vs {row['actual_norm']:.6g}; "
+        f"{_against_noise(row['rel_diff'], row.get('envelope'), row['tolerance'], '.2%')}); "
         f"{len(failing)} of {len(grads)} parameter-steps past tolerance"), {"param": row["param"]})]
+
+
+def _against_noise(difference: float, envelope: float | None, tolerance: float, form: str, fixed: str = "") -> str:
+    """A difference as the verdict weighs it: against the reference's own, where its calibration measured one;
+    else against the fixed tolerance (`fixed`: the difference's name, where the message has not said it)."""
+    if envelope is None or pd.isna(envelope):
+        return f"{fixed} {difference:{form}} > {tolerance:{form}}" if fixed else f"tolerance {tolerance:{form}}"
+    return (f"the port differs by {difference:{form}} where the reference differs from itself by {envelope:{form}} "
+            f"(tolerance {tolerance:{form}})")
 
 
 def _output_finding(outputs: pd.DataFrame) -> list[Finding]:
@@ -400,15 +411,25 @@ def verdict(findings: list[Finding], loss: LossComparison, table: pd.DataFrame, 
         return Verdict(False, f"FAIL: {failing[0].message}")
     if loss.steps_compared == 0 and table.empty:
         return Verdict(False, "FAIL: nothing to compare (no common loss steps and no operator records)")
-    loss_text = (f"loss within {loss.rtol:.2%} at all {loss.steps_compared} steps (max {loss.max_rel_diff:.3%})"
-                 if loss.steps_compared else "no loss recorded")
+    loss_text = _loss_words(loss) if loss.steps_compared else "no loss recorded"
     if outputs:  # inference: the outputs are what an adaptation report states
         loss_text = (f"{outputs['overall']['outputs']} inference output(s) within the criterion at every step: "
                      f"{output_figures(outputs['overall'])}")
+    within = "within the reference's own noise" if "envelope" in table else "within tolerance"
     ops_text = (f"operators not compared: {ops_not_compared}" if ops_not_compared else
-                f"{int(table['status'].isin(MATCHED_STATUSES).sum())} op records matched, all within tolerance")
+                f"{int(table['status'].isin(MATCHED_STATUSES).sum())} op records matched, all {within}")
     ending = f"; {shared_ending.split(';')[0]}" if shared_ending else ""
     return Verdict(True, f"PASS: {loss_text}; {ops_text} ({policy.description.split(':')[0]}){ending}")
+
+
+def _loss_words(loss: LossComparison) -> str:
+    """How close the losses were, against what they were judged by: the fixed tolerance, or the reference's own
+    noise where that was wider at some step."""
+    frame = loss.frame
+    if "envelope" in frame and (frame["tolerance"] > loss.rtol).any():
+        return (f"loss within {loss.rtol:.2%} or the reference's own noise at all {loss.steps_compared} steps (max "
+                f"{loss.max_rel_diff:.3%}; the reference differs from itself by up to {frame['envelope'].max():.3%})")
+    return f"loss within {loss.rtol:.2%} at all {loss.steps_compared} steps (max {loss.max_rel_diff:.3%})"
 
 
 def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.DataFrame, first: dict[str, Any] | None,

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from verify.compare import metrics
+from verify.compare import envelope, metrics
+from verify.compare.envelope import Envelope
 from verify.compare import tolerances
 from verify.compare.align import MATCHED_STATUSES
 from verify.compare.op_catalogue import CARRIERS
@@ -34,8 +35,10 @@ _NONFINITE_COUNTS = tuple(statistic.column for statistic in STATISTICS if statis
 
 
 def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPolicy,
-               notes: list[str]) -> pd.DataFrame:
-    """Adds statistic differences, the judged error, tolerances, tensor/md5 metrics and `passed` to aligned rows."""
+               notes: list[str], measured: Envelope | None = None) -> pd.DataFrame:
+    """Adds statistic differences, the judged error, tolerances, tensor/md5 metrics and `passed` to aligned rows.
+    With the reference's measured envelope, each row's tolerance is ENVELOPE_FACTOR times its envelope where that is
+    larger than its dtype's fixed tolerance (`envelope` column)."""
     table = aligned
     for stat in metrics.STAT_NAMES:
         ref_values = table[f"ref_{stat}"].to_numpy("float64")
@@ -50,6 +53,10 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     limits.loc[batch, "stats_rtol"] = np.minimum(limits.loc[batch, "stats_rtol"], tolerances.BATCH_RTOL)
     table["tolerance"] = limits["stats_rtol"].to_numpy()
     matched = table["status"].isin(MATCHED_STATUSES).to_numpy()
+    if measured is not None:
+        table["envelope"] = envelope.of_ops(measured, table, _producer_pairs(table, np.flatnonzero(matched))[0])
+        table["tolerance"] = np.fmax(table["tolerance"].to_numpy(),
+                                     tolerances.ENVELOPE_FACTOR * table["envelope"].fillna(0.0).to_numpy())
     nonfinite_agree = np.logical_and.reduce(
         [_has(table, f"ref_{count}") == _has(table, f"actual_{count}") for count in _NONFINITE_COUNTS])
     stats_ok = ~(table["stats_error"].to_numpy() > table["tolerance"].to_numpy())  # NaN (no stats) is not a failure
@@ -168,8 +175,9 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
     # One id per op call, increasing in execution order (the table is sorted by step, then ref seq).
     op_id = pd.factorize(step * (int(seq.max()) + 1) + seq, sort=True)[0]
     n_ops = int(op_id.max()) + 1
-    failed &= ~_explained_by_inherited_noise(table, matched)
-    failed &= ~_state_after_the_first_step(table, matched, step)
+    if "envelope" not in table:  # without a measured envelope, fixed rules stand in for the noise an op carries
+        failed &= ~_explained_by_inherited_noise(table, matched)
+        failed &= ~_state_after_the_first_step(table, matched, step)
     output_failed = np.bincount(op_id, weights=failed & ~is_input, minlength=n_ops) > 0
     input_failed = np.bincount(op_id, weights=failed & is_input, minlength=n_ops) > 0
     inputs_recorded = np.bincount(op_id, weights=is_input, minlength=n_ops) > 0
@@ -198,6 +206,7 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
         "ref": {stat: float(worst[f"ref_{stat}"]) for stat in stats},
         "actual": {stat: float(worst[f"actual_{stat}"]) for stat in stats},
         "cosine": float(worst.get("cosine", np.nan)),
+        "envelope": float(worst.get("envelope", np.nan)),
         "inputs_evidence": ("its recorded inputs agree" if inputs_recorded[chosen]
                             else "the ops that produced its inputs agree" if flow_known[chosen]
                             else "first recorded op of the step (inputs: batch and weights, not recorded)"

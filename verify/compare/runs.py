@@ -9,11 +9,13 @@ the precision policy (verify/compare/precision_policy.py), judges the operators 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import pandas as pd
 
+from verify.compare import envelope
 from verify.record import environment
 from verify.compare.align import AlignStatus, align_ops
 from verify.compare.curves import (LossComparison, compare_grads, compare_hparams, compare_losses, compare_outputs,
@@ -179,6 +181,23 @@ def _why_no_ops(run: Run) -> str:
     return "has no operator table"
 
 
+def _overflow_noise_notes(overflow: dict[str, Any]) -> list[str]:
+    if not overflow["skips_within_noise"]:
+        return []
+    skipped = ", ".join(str(skip["step"]) for skip in overflow["skips_within_noise"])
+    apart = ", ".join(map(str, overflow["calibration_overflows_apart"]))
+    return [f"updates skipped on one side only (step {skipped}) are within the script's noise: under the same scales "
+            f"the reference's calibration run overflowed at other steps than the reference ({apart})"]
+
+
+def _unmeasured(calibrations: Sequence[Run]) -> str:
+    """Why the comparison fell back to fixed tolerances: the note every report shows."""
+    why = (f"its {len(calibrations)} calibration run(s) did not end well" if calibrations
+           else "no calibration run of the reference was found beside it (--calibration-runs 0, or runs made apart)")
+    return (f"judged by fixed tolerances ({why}): the reference's own noise was not measured, so fixed rules "
+            "stand in for it (verify/compare/tolerances.py)")
+
+
 def _evidence(loss: LossComparison, hparams_compared: bool, grads: pd.DataFrame, outputs: pd.DataFrame) -> str:
     """What a comparison without operators was judged on: 'losses, hyperparameters and gradients'."""
     kinds = [kind for kind, present in (("losses", loss.steps_compared > 0), ("hyperparameters", hparams_compared),
@@ -186,12 +205,15 @@ def _evidence(loss: LossComparison, hparams_compared: bool, grads: pd.DataFrame,
     return " and ".join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds) or "nothing"
 
 
-def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions()) -> ComparisonResult:
+def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions(),
+                 calibrations: Sequence[Run] | None = None) -> ComparisonResult:
     """The comparison of two runs; CompareError where they prove nothing (see findings.how_runs_ended). Runs of
-    several ranks are compared rank by rank, and across ranks (_compare_ranks)."""
+    several ranks are compared rank by rank, and across ranks (_compare_ranks). `calibrations`: the reference's
+    calibration runs, whose differences from it are the envelope each record is judged against (envelope.py); None
+    where none could be (a run compared with itself, as `verify determinism` does)."""
     if ref.ranks or actual.ranks:
         return _compare_ranks(ref, actual, options)
-    return _compare_processes(ref, actual, options)
+    return _compare_processes(ref, actual, options, calibrations)
 
 
 def _compare_ranks(ref: Run, actual: Run, options: CompareOptions) -> ComparisonResult:
@@ -223,7 +245,8 @@ def _compare_ranks(ref: Run, actual: Run, options: CompareOptions) -> Comparison
     return result
 
 
-def _compare_processes(ref: Run, actual: Run, options: CompareOptions) -> ComparisonResult:
+def _compare_processes(ref: Run, actual: Run, options: CompareOptions,
+                       calibrations: Sequence[Run] | None = None) -> ComparisonResult:
     """Two processes: two single-process runs, or a rank of each."""
     ended, shared_ending = how_runs_ended(ref, actual)
     notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual),
@@ -236,13 +259,18 @@ def _compare_processes(ref: Run, actual: Run, options: CompareOptions) -> Compar
         unscaled_backward(ref), unscaled_backward(actual))
     catalogue = options.op_catalogue
     notes += [f"ops paired by the op mapping file {source} too" for source in catalogue.sources]
-    table = op_metrics(align_ops(*sides, catalogue), ref, actual, policy, notes)
+    measured = envelope.measure(ref, [run for run in calibrations or () if run.manifest.status in ("ok", "short")],
+                                unscaled_backward)
+    if calibrations is not None:
+        notes.append(measured.describe() if measured else _unmeasured(calibrations))
+    table = op_metrics(align_ops(*sides, catalogue), ref, actual, policy, notes, measured)
     first = first_divergent_op(table)
-    loss = compare_losses(ref, actual, policy.loss_rtol)
+    loss = compare_losses(ref, actual, policy.loss_rtol, measured)
     hparams = compare_hparams(ref, actual)
-    grads = compare_grads(ref, actual, policy.loss_rtol, carried_noise_of(table))
+    grads = compare_grads(ref, actual, policy.loss_rtol, carried_noise_of(table), measured)
     outputs = compare_outputs(ref, actual, policy, notes)
-    overflow = compare_overflow(ref, actual)
+    overflow = compare_overflow(ref, actual, measured)
+    notes += _overflow_noise_notes(overflow)
     if ops_not_compared:
         evidence = _evidence(loss, not (ref.hparams.empty or actual.hparams.empty), grads, outputs)
         notes.append(f"operators not compared: {ops_not_compared}; judged on the {evidence}")

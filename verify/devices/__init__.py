@@ -75,6 +75,10 @@ EMULATION_PACKAGE = "npu_port_emulation"  # in STAND_IN_DIR: what both stand-ins
 EMULATE_ON_VAR = "NPU_PORT_EMULATE_ON"  # read by the stand-ins (verify/devices/emulated/npu_port_emulation/target.py)
 # Set: the emulations compute as the CPU does, without the devices' modelled numerics (device_numerics.py there).
 EXACT_EMULATION_VAR = "NPU_PORT_EXACT_EMULATION"
+# How many partial sums an emulated device's modelled matrix products and sums add (device_numerics.BLOCKS_VAR): set
+# for a calibration run only, to another count than either face's own (2 and 3).
+BLOCKS_VAR = "NPU_PORT_BLOCKS"
+CALIBRATION_BLOCKS = 4
 DEVICE_COUNT_VAR = "NPU_PORT_EMULATED_DEVICES"  # how many devices an emulation on the CPU presents (target.py too)
 AUTOLOAD_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 _IMPORTS_TORCH_NPU = re.compile(r"^\s*(import\s+torch_npu\b|from\s+torch_npu\b)", re.MULTILINE)

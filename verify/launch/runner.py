@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from verify import devices
 from verify.launch import rank_outcome
@@ -59,6 +60,7 @@ class RunOptions:
     tensor_cap_mb: float = 512.0
     extra_env: dict[str, str] = field(default_factory=dict)
     loss_scaler_plan: LossScalerPlan | None = None  # a reference following the port's GradScaler
+    perturbation: dict[str, Any] = field(default_factory=dict)  # a calibration run (manifest.perturbation)
     nproc_per_node: int = 0  # ranks launched through torch.distributed.run (0: the script as one process)
 
 
@@ -117,6 +119,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         autocast="" if options.autocast == "off" else options.autocast,
         autocast_follow=dict(options.autocast_follow) if options.autocast != "off" else {},
         loss_scaler_plan=options.loss_scaler_plan.to_record() if options.loss_scaler_plan else {},
+        perturbation=dict(options.perturbation),
         steps_requested=options.steps,
         started_at=now_iso(),
         timeout_s=options.timeout,
@@ -152,7 +155,8 @@ def run_script(
     run_folders.claim(run_dir)
     manifest = _initial_manifest(script, args, options, device)
     write_manifest(run_dir, manifest)
-    env = {**os.environ, **device_env, **options.extra_env, "PYTHONHASHSEED": str(options.seed)}
+    calibration = {devices.BLOCKS_VAR: str(options.perturbation["blocks"])} if options.perturbation else {}
+    env = {**os.environ, **device_env, **calibration, **options.extra_env, "PYTHONHASHSEED": str(options.seed)}
     env["PYTHONUNBUFFERED"] = "1"  # the script's output reaches output.log and the user as it is printed
     started = time.monotonic()
     returncode, ending = _supervise(

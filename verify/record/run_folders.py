@@ -37,11 +37,25 @@ ACTUAL = "actual"
 REF_UNDER_AUTOCAST = "ref-under-autocast"
 REF_FP32 = "ref-fp32"
 AMP_EFFECT = "amp-effect"
+CALIBRATION = "calibration"  # the reference again under another rounding (verify/capture/perturbation.py)
 WRITER_LOCK = ".verify-writer.lock"
 
 
 class FolderInUse(VerifyFailure):
     """An output folder that already holds something: verify never writes into it (exit 2)."""
+
+
+def calibration_run(number: int) -> str:
+    """The folder of the reference's `number`-th calibration run (from 1), beside the reference's."""
+    return CALIBRATION if number == 1 else f"{CALIBRATION}-{number}"
+
+
+def calibration_dirs(ref_dir: Path) -> list[Path]:
+    """The calibration runs beside a reference run directory, in order (none beside a run made alone)."""
+    found = []
+    while (folder := Path(ref_dir).parent / calibration_run(len(found) + 1)).is_dir():
+        found.append(folder)
+    return found
 
 
 def determinism_run(number: int) -> str:

@@ -218,6 +218,9 @@ class RunManifest:
     # does.
     modelled_numerics: list[str] = field(default_factory=list)
     exact_emulation: bool = False
+    # A calibration run of the reference (verify/capture/perturbation.py): {"seed", "half", "blocks", "of": the
+    # reference's run folder name}; empty for every other run.
+    perturbation: dict[str, Any] = field(default_factory=dict)
     autocast: str = ""  # autocast imposed from outside ("" none, "fp16", "bf16")
     # A reference imposed the autocast where the port computed under it (verify/capture/precision_scopes.py): the port's
     # autocast_scopes; empty: around the whole script.

@@ -42,6 +42,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 # The same name as verify.devices.EXACT_EMULATION_VAR (the stand-ins never import npu-port; a test checks they agree).
 EXACT_VAR = "NPU_PORT_EXACT_EMULATION"
 EXACT = os.environ.get(EXACT_VAR, "") == "1"
+# The same name as verify.devices.BLOCKS_VAR: a calibration run of the reference sums in another order than its face's
+# (verify/capture/perturbation.py), equally valid, so the comparison measures what a summation order alone moves.
+BLOCKS_VAR = "NPU_PORT_BLOCKS"
 
 CUDA_BLOCKS = 2  # split-K with two partial products: cuBLAS's split-K for a deep inner dimension
 NPU_BLOCKS = 3  # the cube unit's blocks over K, another split than CUDA's
@@ -224,7 +227,7 @@ def install(face: str, generator: OwnGenerator | None) -> None:
     Nothing in exact mode."""
     if EXACT or _installed:
         return
-    mode = DeviceNumerics(BLOCKS[face], generator.generator if generator is not None else None)
+    mode = DeviceNumerics(_blocks(face), generator.generator if generator is not None else None)
     mode.__enter__()  # never left: the process ends with it
     _installed.append(mode)
     MODELLED.extend(_modelled(face, own_generator=generator is not None))
@@ -233,8 +236,12 @@ def install(face: str, generator: OwnGenerator | None) -> None:
 MODELLED: list[str] = []  # what this process's face models, for the run's manifest (empty: none, or exact)
 
 
+def _blocks(face: str) -> int:
+    return int(os.environ.get(BLOCKS_VAR) or BLOCKS[face])
+
+
 def _modelled(face: str, own_generator: bool) -> list[str]:
-    blocks = BLOCKS[face]
+    blocks = _blocks(face)
     return [f"matrix products and convolutions summed as {blocks} partial products in float32",
             f"sums and means summed as {blocks} partial sums",
             *([f"dropout masks and random factories given the device drawn from {face}'s own generator"]

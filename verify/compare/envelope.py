@@ -1,0 +1,155 @@
+"""The reference's own noise, measured: its envelope.
+
+A calibration run (verify/capture/perturbation.py) is the reference once more under another, equally valid rounding
+and summation order. How far each of its records moves from the reference's is what rounding alone does to this
+script: a cancelling sum, a normalisation's backward, Adam's sign-like first update or a GAN's chaotic loss move far,
+a plain matmul hardly at all. No constant tuned on one script can know that; the script's own calibration does.
+
+Per record the envelope is the largest difference of the reference from any of its calibration runs, measured as the
+port's difference is (metrics.stats_error for ops, relative differences for losses and gradient norms). An op's
+envelope also takes the same op's envelope at the run's other steps, the envelopes of the calls that produced its
+inputs (the recorded data flow) and of its call's other records: one calibration run is one sample of the noise, and
+an op whose own sample happened to come out small still carries what flows through it (measured: on pytorch/examples'
+mnist ported to fp16, a backward matmul of step 8 differed by 0.017 where its own calibration sample showed 0.0008
+and the same op 0.02 at the steps around it). The verdict judges the port's difference against
+tolerances.ENVELOPE_FACTOR times the envelope, never below the dtype's fixed tolerance (its floor). Torch-free: it
+reads run folders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from verify.compare import metrics, tolerances
+from verify.compare.align import MATCHED_STATUSES, align_ops
+from verify.record.store import Run
+
+# A record's place in its run, and the op it belongs to at every step (the same call of the same module).
+RECORD = ["step", "ref_seq", "io"]
+SAME_OP = ["phase", "module", "ref_op", "ref_call_index", "io"]
+
+
+@dataclass
+class Envelope:
+    runs: int  # calibration runs measured
+    ops: pd.DataFrame  # RECORD and SAME_OP columns, error: the reference's largest stats error against its calibrations
+    losses: pd.Series  # (step, micro_step) -> relative loss difference
+    grads: pd.Series  # (step, param) -> relative gradient norm difference
+    overflows_apart: list[int]  # steps a calibration's fp16 gradients overflowed at and the reference's not, or back
+
+    def describe(self) -> str:
+        runs = "one calibration run" if self.runs == 1 else f"{self.runs} calibration runs"
+        return (f"judged against the reference's own noise: {runs} of the reference under another rounding and "
+                f"summation order; a record diverges past {tolerances.ENVELOPE_FACTOR:g} times the reference's "
+                "difference from itself, and never within its dtype's fixed tolerance")
+
+
+def measure(ref: Run, calibrations: Sequence[Run], unscaled: Callable[[Run], pd.DataFrame]) -> Envelope | None:
+    """The envelope of `ref` from its calibration runs (None without any). `unscaled` gives a run's op records as
+    the comparison reads them (backward statistics divided by the loss scale)."""
+    if not calibrations:
+        return None
+    ops = pd.concat([_op_errors(unscaled(ref), unscaled(run)) for run in calibrations])
+    ops = ops.groupby(list(dict.fromkeys(RECORD + SAME_OP)), dropna=False)["error"].max().reset_index()
+    losses = [_loss_differences(ref, run) for run in calibrations]
+    grads = [_grad_differences(ref, run) for run in calibrations]
+    apart = sorted(set().union(*(_overflowed(ref) ^ _overflowed(run) for run in calibrations)))
+    return Envelope(len(calibrations), ops, _largest(losses), _largest(grads), apart)
+
+
+def _overflowed(run: Run) -> set[int]:
+    return set(run.manifest.loss_scaler.get("overflowed", run.manifest.skipped_steps))
+
+
+def _largest(parts: list[pd.Series]) -> pd.Series:
+    joined = pd.concat(parts)
+    return joined.groupby(level=list(range(joined.index.nlevels))).max() if len(joined) else joined
+
+
+def _op_errors(ref_ops: pd.DataFrame, calibration_ops: pd.DataFrame) -> pd.DataFrame:
+    table = align_ops(ref_ops, calibration_ops)
+    table = table.loc[table["status"].isin(MATCHED_STATUSES)]
+    error = metrics.stats_error({s: table[f"ref_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES},
+                                {s: table[f"actual_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES})
+    return _keys(table).assign(error=np.nan_to_num(error, nan=0.0))
+
+
+def _keys(table: pd.DataFrame) -> pd.DataFrame:
+    """RECORD and SAME_OP of each row of an aligned table, as plain columns."""
+    return pd.DataFrame({"step": table["step"].to_numpy("int64"),
+                         "ref_seq": table["ref_seq"].to_numpy(dtype="int64", na_value=-1),
+                         **{column: table[column].astype(str).to_numpy() for column in ("phase", "module", "ref_op",
+                                                                                         "io")},
+                         "ref_call_index": table["ref_call_index"].to_numpy(dtype="int64", na_value=-1)})
+
+
+def _loss_differences(ref: Run, calibration: Run) -> pd.Series:
+    keys = ["step", "micro_step"]
+    merged = ref.losses[[*keys, "loss"]].merge(calibration.losses[[*keys, "loss"]], on=keys, suffixes=("", "_c"))
+    ref_loss = pd.to_numeric(merged["loss"], errors="coerce").to_numpy("float64")
+    other = pd.to_numeric(merged["loss_c"], errors="coerce").to_numpy("float64")
+    with np.errstate(invalid="ignore"):
+        relative = np.abs(other - ref_loss) / np.maximum(np.abs(ref_loss), metrics.TINY)
+    return pd.Series(np.nan_to_num(relative, nan=0.0), index=pd.MultiIndex.from_frame(merged[keys]))
+
+
+def _grad_differences(ref: Run, calibration: Run) -> pd.Series:
+    keys = ["step", "param"]
+    merged = ref.grads[[*keys, "norm"]].merge(calibration.grads[[*keys, "norm"]], on=keys, suffixes=("", "_c"))
+    ref_norm, other = merged["norm"].to_numpy("float64"), merged["norm_c"].to_numpy("float64")
+    with np.errstate(invalid="ignore"):  # a NaN norm (an overflowed gradient) has no difference to measure
+        relative = np.abs(other - ref_norm) / grad_scale(merged["step"], ref_norm, other)
+    return pd.Series(np.nan_to_num(relative, nan=0.0), index=pd.MultiIndex.from_frame(merged[keys]))
+
+
+def of_losses(envelope: Envelope, keys: pd.DataFrame) -> np.ndarray:
+    """Per (step, micro_step) row: the loss's envelope, the largest its calibration showed at any step (one sample per
+    step; the noise a chaotic loss carries shows at some step of the run, not at each)."""
+    return _own_or_largest(envelope.losses, keys, level=None)
+
+
+def of_grads(envelope: Envelope, keys: pd.DataFrame) -> np.ndarray:
+    """Per (step, param) row: the gradient norm's envelope, the largest the same parameter's showed at any step
+    (measured: pytorch/examples' imagenet, resnet18 on --dummy data, fp16 port: layer2.0.conv1.weight's gradient
+    norm moved 1.09% in the port at step 1 where its calibration sample moved 0.02%, and 1.7% at step 2)."""
+    return _own_or_largest(envelope.grads, keys, level="param")
+
+
+def _own_or_largest(measured: pd.Series, keys: pd.DataFrame, level: str | None) -> np.ndarray:
+    own = measured.reindex(pd.MultiIndex.from_frame(keys)).to_numpy("float64")
+    if measured.empty:
+        return own
+    if level is None:
+        return np.fmax(own, measured.max())
+    largest = measured.groupby(level=level).max().reindex(keys[level]).to_numpy("float64")
+    return np.fmax(own, largest)
+
+
+def grad_scale(step: pd.Series, ref_norm: np.ndarray, other_norm: np.ndarray) -> np.ndarray:
+    """What a gradient norm's difference is relative to: the larger norm, or a share of its step's largest (a
+    cancelling bias gradient is mostly noise), never below GRAD_NORM_ATOL."""
+    largest = pd.Series(ref_norm).groupby(step.to_numpy()).transform("max").to_numpy("float64")
+    return np.fmax.reduce([np.abs(ref_norm), np.abs(other_norm), tolerances.GRAD_NORM_SHARE_OF_LARGEST * largest,
+                           np.full(len(ref_norm), tolerances.GRAD_NORM_ATOL)])
+
+
+def of_ops(envelope: Envelope, table: pd.DataFrame, producers: pd.DataFrame) -> np.ndarray:
+    """Per row of an aligned comparison table: its envelope, widened by the same op's at every step of the run, by
+    its call's other records, and by the calls that produced its inputs (`producers`: row, step, seq pairs of the
+    recorded data flow). NaN where the calibration has no such record (an op only the port computes)."""
+    keys = _keys(table)
+    own = envelope.ops.set_index(RECORD)["error"].reindex(pd.MultiIndex.from_frame(keys[RECORD]))
+    same_op = envelope.ops.groupby(SAME_OP)["error"].max().reindex(pd.MultiIndex.from_frame(keys[SAME_OP]))
+    per_call = envelope.ops.groupby(["step", "ref_seq"])["error"].max()
+    call = per_call.reindex(pd.MultiIndex.from_frame(keys[["step", "ref_seq"]]))
+    widened = np.fmax.reduce([own.to_numpy("float64"), same_op.to_numpy("float64"), call.to_numpy("float64")])
+    if len(producers):
+        inherited = per_call.reindex(pd.MultiIndex.from_arrays([producers["step"], producers["seq"]])).to_numpy()
+        flow = pd.Series(inherited, index=producers["row"].to_numpy()).groupby(level=0).max()
+        positions = flow.index.to_numpy()  # row positions in the table
+        widened[positions] = np.fmax(widened[positions], flow.to_numpy("float64"))
+    return widened
