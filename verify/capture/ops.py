@@ -107,6 +107,19 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def written_arguments(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
+    """The arguments an op writes to (an in-place op's self, an out= variant's out): by its schema."""
+    written = []
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        if argument.name in kwargs:
+            written.append(kwargs[argument.name])
+        elif position < len(args):
+            written.append(args[position])
+    return written
+
+
 def _completed(out: Any) -> None:
     """Waits for a collective's work (gloo's all-reduce returns before its result is in the tensors; NCCL's wait only
     orders the device's stream): its outputs are recorded as the collective leaves them, not half reduced. The
@@ -147,23 +160,10 @@ class _OpRecorder(TorchDispatchMode):
             _completed(out)
         outputs = tensors_in(out)
         if not outputs:  # in-place ops that return nothing (foreach): their results are the written arguments
-            outputs = tensors_in(self._written(func, args, kwargs))
+            outputs = tensors_in(written_arguments(func, args, kwargs))
         capture.record(call, "out", outputs)
         capture.produced(call, outputs)
         return out
-
-    @staticmethod
-    def _written(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
-        """The arguments an op writes to: the results of in-place ops that return nothing (the foreach ones)."""
-        written = []
-        for position, argument in enumerate(func._schema.arguments):
-            if argument.alias_info is None or not argument.alias_info.is_write:
-                continue
-            if argument.name in kwargs:
-                written.append(kwargs[argument.name])
-            elif position < len(args):
-                written.append(args[position])
-        return written
 
 
 _OPTIMIZER, _BACKWARD, _FORWARD, _OTHER = (phase.value for phase in (Phase.OPTIMIZER, Phase.BACKWARD, Phase.FORWARD,

@@ -95,6 +95,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
         elif manifest.align_random:
             stack.enter_context(random_streams.keyed(manifest.seed, lambda: recorder.steps_done,
                                                      manifest.random_not_aligned))
+            manifest.random_keyed_by_tag = True
         device_type = devices.autocast_device_type(manifest.device)
         if manifest.autocast:
             if manifest.device == devices.Device.CPU:

@@ -103,8 +103,8 @@ ONE_SIDED_OPS: dict[str, str] = {
 # a device copy's result follows from its input (a dtype or device change is no divergence), and how many of them run
 # depends on the device (a batch copied to the GPU, autocast's weight casts and their cache), so the n-th one on one
 # side need not be the n-th on the other. The first divergent operator is always a computing op.
-# Ops that draw from a device's random generator: on two devices they differ unless verify aligned them
-# (verify/capture/random_streams.py draws dropout masks from a keyed stream, outside the records).
+# Ops that draw from a device's random generator: on two devices they differ unless verify aligned them. Runs recorded
+# before verify/capture/random_streams.py keyed every such op (manifest.random_keyed_by_tag) are read for them.
 RANDOM_OPS = frozenset({
     "aten.bernoulli", "aten.bernoulli_", "aten.uniform_", "aten.normal", "aten.normal_", "aten.rand", "aten.randn",
     "aten.randint", "aten.randperm", "aten.multinomial", "aten.native_dropout", "aten.exponential_", "aten.random_",

@@ -219,9 +219,12 @@ class RunManifest:
     ops_regex: str = ""  # tensor mode: tensors are saved for ops whose "phase/module/op" matches ("" all)
     tensor_cap_mb: float = 0.0  # tensor mode: the budget for saved tensors
     no_dropout: bool = False
-    # Dropout masks drawn from one keyed stream on every device (verify/capture/random_streams.py); False for runs
-    # recorded before it existed. random_not_aligned: the random draws this run left to its device's own generator.
+    # Random draws from one keyed stream on every device (verify/capture/random_streams.py); False for runs recorded
+    # before it existed. random_keyed_by_tag: every op torch tags nondeterministic_seeded drew from it (runs recorded
+    # before: the dropouts and the random factories only). random_not_aligned: the random draws this run left to its
+    # device's own generator, each with the reason.
     align_random: bool = False
+    random_keyed_by_tag: bool = False
     random_not_aligned: list[str] = field(default_factory=list)
     # An emulated device's numerics: what it modelled of its real counterpart's (its own generator, its summation
     # order: verify/devices/emulated/npu_port_emulation/device_numerics.py), or exact_emulation: computed as the CPU
