@@ -154,6 +154,21 @@ def test_every_random_draw_is_aligned_the_lstms_dropout_included(tmp_path, align
     assert not any("left to each device's own generator" in note for note in summary["notes"]), summary["notes"]
 
 
+def test_a_gans_changed_generator_is_a_changed_op_not_different_data(tmp_path):
+    """gan.py's port with the generator's ReLU made a GELU: the discriminator's batch differs at step 0, but the
+    generator computed it (its recorded producers), so the gelu is named, never "the sides read different data"."""
+    code = (SCRIPTS / "gan.py").read_text()
+    assert code.count("nn.Linear(2, 8), nn.ReLU()") == 1
+    port = tmp_path / "gan_npu.py"
+    port.write_text(code.replace("nn.Linear(2, 8), nn.ReLU()", "nn.Linear(2, 8), nn.GELU()"))
+    exit_code, summary, _ = verify(SCRIPTS / "gan.py", port, "-n", STEPS, "-q", "-o", tmp_path / "out")
+    assert exit_code == 1 and "data_order" not in codes(summary), summary["reason"]
+    assert summary["reason"].startswith(
+        "FAIL: the port computes aten.gelu where the original computes aten.relu (Sequential.1 forward, step 0)")
+    first = summary["first_divergent"]
+    assert (first["op"], first["actual_op"], first["step"]) == ("aten.relu", "aten.gelu", 0)
+
+
 def test_a_changed_learning_rate_is_named_a_hyperparameter_difference(tmp_path, reference):
     exit_code, summary, out = against_reference(tmp_path, reference, "default=1e-4", "default=2e-4")
     assert exit_code == 1

@@ -277,7 +277,9 @@ class OpCapture:
         """The data an outermost module's forward receives (op INPUT_OP, io in0, in1...): the batch each side read,
         which the comparison checks before any operator; a loss module's labels too, not the predictions it gets
         (note_outputs). Integer tensors (token ids, labels) are summarised as float64 values, so that their mean and
-        norm, not only their min and max, tell two batches apart."""
+        norm, not only their min and max, tell two batches apart. Each record's inputs are the recorded calls of the
+        step that wrote it (a batch collated or transformed in this process; a GAN's generated samples, detached),
+        so that compare tells data read from data computed."""
         tensors = [leaf for leaf in leaves(args) if isinstance(leaf, torch.Tensor) and self._is_data(leaf)]
         if not tensors or not self.recording:
             return
@@ -289,7 +291,7 @@ class OpCapture:
                 stats.dtype = dtype_name(tensor.dtype)
                 md5 = md5_of(tensor) if self.dump == DumpMode.MD5 else ""
                 self.rows.append(OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"in{position}",
-                                       stats, md5))
+                                       stats, md5, inputs=self.producers([tensor])))
                 self.samples.append((call.module, call.call_index, f"in{position}", stats.shape,
                                      sample_fingerprints(tensor)))
 

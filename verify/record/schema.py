@@ -130,7 +130,8 @@ OP_COLUMNS: dict[str, str] = {
     "md5": "string",  # md5 mode only, else ""
     "tensor_file": "string",  # tensor mode: path relative to the run directory, else ""
     # The seqs of the recorded calls of this step whose outputs this call read ("12,15"; "" none: the batch, the
-    # weights, or work not recorded). Schema version 2; version 1 runs read as missing (NA).
+    # weights, or work not recorded); for a batch record (INPUT_OP), the calls that wrote the batch. Schema version 2;
+    # version 1 runs read as missing (NA).
     "inputs": "string",
 }
 
