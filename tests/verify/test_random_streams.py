@@ -144,9 +144,9 @@ def drawn(draw, seed: int, host_seed: int, device_seed: int) -> torch.Tensor:
     generator (device_numerics.py, below the keyed stream as in a run) seeded otherwise."""
     torch.manual_seed(host_seed)
     not_aligned = []
-    with DeviceNumerics(2, torch.Generator().manual_seed(device_seed)):
-        with random_streams.keyed(seed, lambda: 0, not_aligned):
-            result = Step(draw)()
+    with DeviceNumerics(2, torch.Generator().manual_seed(device_seed)), random_streams.keyed(seed, lambda: 0,
+                                                                                            not_aligned):
+        result = Step(draw)()
     assert not_aligned == []
     return result
 
