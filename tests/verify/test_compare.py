@@ -477,6 +477,46 @@ def test_a_different_first_batch_is_named_before_any_operator(tmp_path):
     assert result.first_divergent is None
 
 
+# A GAN's step: noise drawn at the top level, the generator's forward, then the discriminator's, whose batch (a batch
+# record: op "input") the generator computed; its producers as the capture records them (ops.inputs).
+GAN = [
+    ("other", "", "aten.randn", "float32", (16, 2), ""),
+    ("forward", "Generator", "input", "float32", (16, 2), "0"),
+    ("forward", "Generator.0", "aten.addmm", "float32", (16, 8), "0"),
+    ("forward", "Generator.1", "aten.relu", "float32", (16, 8), "2"),
+    ("forward", "Generator.2", "aten.addmm", "float32", (16, 4), "3"),
+    ("forward", "Discriminator", "input", "float32", (16, 4), "4"),
+    ("forward", "Discriminator.0", "aten.addmm", "float32", (16, 1), "4"),
+]
+# The discriminator's batch collated at the top level from samples of a dataset drawn before (a shuffled loader: the
+# stack's recorded producer, the whole dataset, agrees while the samples it picked differ).
+COLLATED = [*GAN[:4], ("other", "", "aten.stack", "float32", (16, 4), "0"), *GAN[5:]]
+
+
+@pytest.mark.parametrize(("trace", "changed", "reason"), [
+    (GAN, "aten.relu", "FAIL: the port computes aten.gelu where the original computes aten.relu (Generator.1 forward"),
+    (COLLATED, "aten.stack", "FAIL: the sides read different data: the in0 input of Discriminator's first forward"),
+], ids=["computed-by-the-generator", "read-from-a-loader"])
+def test_a_batch_is_named_different_data_only_where_it_was_read_not_computed(tmp_path, trace, changed, reason):
+    """A GAN whose port's generator computes gelu where the original's computes relu: the discriminator's batch
+    differs, but a model computed it, so the changed op is named, not the data; a batch collated at the top level
+    from other samples is other data."""
+    ref_ops = trace_ops(trace=[row[:5] for row in trace]).assign(
+        io=lambda ops: np.where(ops["op"] == "input", "in0", "out0"),
+        inputs=lambda ops: [trace[seq][5] for seq in ops["seq"]]).astype(OP_COLUMNS)
+    actual_ops = ref_ops.copy()
+    at_change = actual_ops["seq"] == [row[2] for row in trace].index(changed)
+    if changed == "aten.relu":
+        actual_ops.loc[at_change, "op"] = "aten.gelu"
+        actual_ops = rekey(actual_ops)
+    after = actual_ops["seq"] >= actual_ops.loc[at_change, "seq"].iloc[0]
+    actual_ops.loc[after, "l2_norm"] *= 1.5
+    result = compare_runs(read_side(write_run(tmp_path / "ref", ops=ref_ops)),
+                          read_side(write_run(tmp_path / "actual", ops=actual_ops)))
+    assert result.verdict.reason.startswith(reason), result.verdict.reason
+    assert (FindingCode.DATA_ORDER in [finding.code for finding in result.findings]) == (changed == "aten.stack")
+
+
 def test_gradients_carried_across_steps_on_one_side_are_named_first(tmp_path):
     actual_ops = with_noise(trace_ops())
     actual_ops.loc[actual_ops["step"] >= 1, "l2_norm"] *= 1.8

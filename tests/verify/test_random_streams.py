@@ -1,10 +1,15 @@
-"""verify/capture/random_streams.py in-process: dropout masks drawn from the keyed stream are the same whatever else a
-side draws from its generator, and differ from step to step and from module to module."""
+"""verify/capture/random_streams.py in-process: dropout masks and every seeded random op drawn from the keyed stream are
+the same whatever else a side draws from its generators, and differ from step to step and from module to module; the
+seeded random ops of the installed torch are each keyed or named with the reason they cannot be."""
 
+import functools
+
+import pytest
 import torch
 import torch.nn as nn
 
 from verify.capture import random_streams
+from verify.devices.emulated.npu_port_emulation.device_numerics import DeviceNumerics
 
 
 class TwoDropouts(nn.Module):
@@ -62,3 +67,115 @@ def test_attention_dropout_is_keyed_and_without_dropout_it_is_the_kernels_own():
     with random_streams.keyed(1, lambda: 0, []):  # no dropout kept: the math path equals the kernel
         reference = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=1e-12)
     assert torch.allclose(reference, expected, atol=1e-6)
+
+
+# --- every op torch tags nondeterministic_seeded ---------------------------------------------------------------------
+
+torch.manual_seed(0)
+_X, _P = torch.rand(3, 4), torch.rand(3, 4)
+_SEQUENCE = torch.rand(5, 2, 4)
+_RECURRENT = {kind: module(4, 4, num_layers=2, dropout=0.5, **extra) for kind, module, extra in (
+    ("lstm", nn.LSTM, {}), ("gru", nn.GRU, {}), ("rnn_tanh", nn.RNN, {}), ("rnn_relu", nn.RNN, {"nonlinearity": "relu"}))}
+
+# One call that draws, per tagged op that the keyed stream aligns (the recurrent modules' and the composite dropouts'
+# draws reach it as the bernoulli_ they decompose into on the CPU).
+DRAWS = {
+    "aten.bernoulli": lambda: torch.bernoulli(_P),
+    "aten.bernoulli_": lambda: _X.clone().bernoulli_(0.5),
+    "aten.cauchy": lambda: torch.ops.aten.cauchy(_X),
+    "aten.cauchy_": lambda: _X.clone().cauchy_(),
+    "aten.dropout": lambda: torch.dropout(_X, 0.5, True),
+    "aten.alpha_dropout": lambda: nn.functional.alpha_dropout(_X, 0.5, True),
+    "aten.native_dropout": lambda: torch.native_dropout(_X, 0.5, True)[0],
+    "aten.exponential": lambda: torch.ops.aten.exponential(_X),
+    "aten.exponential_": lambda: _X.clone().exponential_(),
+    "aten.geometric": lambda: torch.ops.aten.geometric(_X, 0.3),
+    "aten.geometric_": lambda: _X.clone().geometric_(0.3),
+    "aten.log_normal": lambda: torch.ops.aten.log_normal(_X),
+    "aten.log_normal_": lambda: _X.clone().log_normal_(),
+    **{f"aten.{kind}": functools.partial(lambda module: module(_SEQUENCE)[0], module)
+       for kind, module in _RECURRENT.items()},
+    "aten.multinomial": lambda: torch.multinomial(_P, 3),
+    "aten.normal": lambda: torch.normal(_X, 1.0),
+    "aten.normal_": lambda: _X.clone().normal_(),
+    "aten.normal_functional": lambda: torch.ops.aten.normal_functional(_X),
+    "aten.poisson": lambda: torch.poisson(_X * 3),
+    "aten._standard_gamma": lambda: torch._standard_gamma(_X + 0.5),
+    "aten.rand": lambda: torch.rand(3, 4),
+    "aten.rand_like": lambda: torch.rand_like(_X),
+    "aten.randint": lambda: torch.randint(0, 100, (3, 4)),
+    "aten.randint_like": lambda: torch.randint_like(_X, 100),
+    "aten.randn": lambda: torch.randn(3, 4),
+    "aten.randn_like": lambda: torch.randn_like(_X),
+    "aten.randperm": lambda: torch.randperm(20),
+    "aten.rrelu_with_noise": lambda: nn.functional.rrelu(_X - 0.5, training=True),
+    "aten.rrelu_with_noise_": lambda: nn.functional.rrelu(_X - 0.5, training=True, inplace=True),
+    "aten.rrelu_with_noise_functional": lambda: torch.ops.aten.rrelu_with_noise_functional(
+        _X - 0.5, torch.zeros_like(_X), training=True)[0],
+    "aten.uniform": lambda: torch.ops.aten.uniform(_X),
+    "aten.uniform_": lambda: _X.clone().uniform_(),
+}
+
+
+def tagged_ops() -> set[str]:
+    """The op packets of the installed torch with an overload tagged nondeterministic_seeded."""
+    tagged = set()
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name, None)
+        if isinstance(packet, torch._ops.OpOverloadPacket) and any(
+                torch.Tag.nondeterministic_seeded in getattr(packet, overload).tags for overload in packet.overloads()):
+            tagged.add(str(packet))
+    return tagged
+
+
+class Step(nn.Module):
+    """A training step's module: what its forward draws is keyed by its path."""
+
+    def __init__(self, draw):
+        super().__init__()
+        self.draw = draw
+
+    def forward(self):
+        return self.draw()
+
+
+def drawn(draw, seed: int, host_seed: int, device_seed: int) -> torch.Tensor:
+    """`draw` in a step under the keyed stream of `seed`, with the host's generator and an emulated device's own
+    generator (device_numerics.py, below the keyed stream as in a run) seeded otherwise."""
+    torch.manual_seed(host_seed)
+    not_aligned = []
+    with DeviceNumerics(2, torch.Generator().manual_seed(device_seed)), random_streams.keyed(seed, lambda: 0,
+                                                                                            not_aligned):
+        result = Step(draw)()
+    assert not_aligned == []
+    return result
+
+
+def test_every_seeded_random_op_of_the_installed_torch_is_keyed_or_named_with_its_reason():
+    assert set(DRAWS) | set(random_streams.NOT_KEYED) == tagged_ops()
+    assert not set(DRAWS) & set(random_streams.NOT_KEYED)
+
+
+@pytest.mark.parametrize("op", sorted(DRAWS))
+def test_a_seeded_random_op_draws_from_the_keyed_stream_whatever_the_generators_hold(op):
+    draw = DRAWS[op]
+    result = drawn(draw, seed=1, host_seed=0, device_seed=0)
+    assert torch.equal(result, drawn(draw, seed=1, host_seed=5, device_seed=9))
+    assert not torch.equal(result, drawn(draw, seed=2, host_seed=0, device_seed=0))  # the key is what it draws from
+
+
+def test_a_tagged_op_that_cannot_be_keyed_is_named_with_its_reason():
+    not_aligned = []
+    with random_streams.keyed(1, lambda: 0, not_aligned), pytest.raises(NotImplementedError):
+        Step(lambda: torch._fused_dropout(_X, 0.5))()  # CUDA's kernel: none on the CPU
+    assert not_aligned == [f"aten._fused_dropout in Step ({random_streams.NOT_KEYED['aten._fused_dropout']})"]
+
+
+def test_setup_draws_are_the_hosts_as_in_a_plain_run_and_a_scripts_own_generator_is_its_own():
+    torch.manual_seed(3)
+    plain = torch.randn(4), nn.Linear(3, 2).weight, torch.randn(4, generator=torch.Generator().manual_seed(8))
+    torch.manual_seed(3)
+    with random_streams.keyed(1, lambda: 0, []):
+        keyed = (torch.randn(4), nn.Linear(3, 2).weight,  # before the first module call
+                 Step(lambda: torch.randn(4, generator=torch.Generator().manual_seed(8)))())
+    assert all(torch.equal(a, b) for a, b in zip(plain, keyed))

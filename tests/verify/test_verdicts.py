@@ -129,6 +129,46 @@ def test_noise_drawn_on_the_device_is_keyed_whatever_else_a_side_draws(tmp_path,
         assert exit_code == 1 and summary["loss"]["max_rel_diff"] > 0.01, summary["loss"]
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["keyed", "own-generators"])
+def test_every_random_draw_is_aligned_the_lstms_dropout_included(tmp_path, aligned):
+    """random_draws.py draws with torch.randn_like, Tensor.bernoulli_, Tensor.normal_, torch.multinomial and an
+    nn.LSTM's dropout between its layers in every step. With the keyed stream its faithful port passes, each draw equal
+    on both sides and none left to a device's generator; with --no-align-random each emulated device draws its
+    dropout from its own generator, and the pair fails."""
+    options = [] if aligned else ["--no-align-random"]
+    exit_code, summary, out = verify(SCRIPTS / "random_draws.py", SCRIPTS / "random_draws_npu.py", "-n", STEPS,
+                                     *options, "-q", "-o", tmp_path / "out")
+    ops = pd.read_parquet(out / "ops.parquet")
+    drawn = ops.loc[ops["ref_op"].isin(["aten.randn_like", "aten.bernoulli_", "aten.normal_", "aten.multinomial"])
+                    & (ops["step"] == 0)]
+    lstm_dropout = drawn["module"].str.endswith(".rnn") & (drawn["ref_op"] == "aten.bernoulli_")
+    assert lstm_dropout.sum() == 1  # computed inside aten::lstm on the CPU, between its two layers
+    if not aligned:
+        assert exit_code == 1 and not drawn.loc[lstm_dropout, "passed"].all()
+        return
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    assert len(drawn) == 6 and (drawn["stats_error"] == 0.0).all() and drawn["md5_equal"].all()
+    for side in ("ref", "actual"):
+        manifest = json.loads((out / side / "manifest.json").read_text())
+        assert manifest["random_keyed_by_tag"] and manifest["random_not_aligned"] == []
+    assert not any("left to each device's own generator" in note for note in summary["notes"]), summary["notes"]
+
+
+def test_a_gans_changed_generator_is_a_changed_op_not_different_data(tmp_path):
+    """gan.py's port with the generator's ReLU made a GELU: the discriminator's batch differs at step 0, but the
+    generator computed it (its recorded producers), so the gelu is named, never "the sides read different data"."""
+    code = (SCRIPTS / "gan.py").read_text()
+    assert code.count("nn.Linear(2, 8), nn.ReLU()") == 1
+    port = tmp_path / "gan_npu.py"
+    port.write_text(code.replace("nn.Linear(2, 8), nn.ReLU()", "nn.Linear(2, 8), nn.GELU()"))
+    exit_code, summary, _ = verify(SCRIPTS / "gan.py", port, "-n", STEPS, "-q", "-o", tmp_path / "out")
+    assert exit_code == 1 and "data_order" not in codes(summary), summary["reason"]
+    assert summary["reason"].startswith(
+        "FAIL: the port computes aten.gelu where the original computes aten.relu (Sequential.1 forward, step 0)")
+    first = summary["first_divergent"]
+    assert (first["op"], first["actual_op"], first["step"]) == ("aten.relu", "aten.gelu", 0)
+
+
 def test_a_changed_learning_rate_is_named_a_hyperparameter_difference(tmp_path, reference):
     exit_code, summary, out = against_reference(tmp_path, reference, "default=1e-4", "default=2e-4")
     assert exit_code == 1

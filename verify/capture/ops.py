@@ -107,6 +107,19 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def written_arguments(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
+    """The arguments an op writes to (an in-place op's self, an out= variant's out): by its schema."""
+    written = []
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        if argument.name in kwargs:
+            written.append(kwargs[argument.name])
+        elif position < len(args):
+            written.append(args[position])
+    return written
+
+
 def _completed(out: Any) -> None:
     """Waits for a collective's work (gloo's all-reduce returns before its result is in the tensors; NCCL's wait only
     orders the device's stream): its outputs are recorded as the collective leaves them, not half reduced. The
@@ -147,23 +160,10 @@ class _OpRecorder(TorchDispatchMode):
             _completed(out)
         outputs = tensors_in(out)
         if not outputs:  # in-place ops that return nothing (foreach): their results are the written arguments
-            outputs = tensors_in(self._written(func, args, kwargs))
+            outputs = tensors_in(written_arguments(func, args, kwargs))
         capture.record(call, "out", outputs)
         capture.produced(call, outputs)
         return out
-
-    @staticmethod
-    def _written(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
-        """The arguments an op writes to: the results of in-place ops that return nothing (the foreach ones)."""
-        written = []
-        for position, argument in enumerate(func._schema.arguments):
-            if argument.alias_info is None or not argument.alias_info.is_write:
-                continue
-            if argument.name in kwargs:
-                written.append(kwargs[argument.name])
-            elif position < len(args):
-                written.append(args[position])
-        return written
 
 
 _OPTIMIZER, _BACKWARD, _FORWARD, _OTHER = (phase.value for phase in (Phase.OPTIMIZER, Phase.BACKWARD, Phase.FORWARD,
@@ -277,7 +277,9 @@ class OpCapture:
         """The data an outermost module's forward receives (op INPUT_OP, io in0, in1...): the batch each side read,
         which the comparison checks before any operator; a loss module's labels too, not the predictions it gets
         (note_outputs). Integer tensors (token ids, labels) are summarised as float64 values, so that their mean and
-        norm, not only their min and max, tell two batches apart."""
+        norm, not only their min and max, tell two batches apart. Each record's inputs are the recorded calls of the
+        step that wrote it (a batch collated or transformed in this process; a GAN's generated samples, detached),
+        so that compare tells data read from data computed."""
         tensors = [leaf for leaf in leaves(args) if isinstance(leaf, torch.Tensor) and self._is_data(leaf)]
         if not tensors or not self.recording:
             return
@@ -289,7 +291,7 @@ class OpCapture:
                 stats.dtype = dtype_name(tensor.dtype)
                 md5 = md5_of(tensor) if self.dump == DumpMode.MD5 else ""
                 self.rows.append(OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"in{position}",
-                                       stats, md5))
+                                       stats, md5, inputs=self.producers([tensor])))
                 self.samples.append((call.module, call.call_index, f"in{position}", stats.shape,
                                      sample_fingerprints(tensor)))
 

@@ -1,22 +1,26 @@
-"""Random numbers that a GPU, an NPU and the CPU draw alike, so that a port is compared on the same dropout masks.
+"""Random numbers that a GPU, an NPU and the CPU draw alike, so that a port is compared on the same random draws.
 
 Each device draws from its own generator (CUDA's Philox, the NPU's npu_dropout_gen_mask with its own seed and
 offset; the emulated devices model that: verify/devices/emulated/npu_port_emulation/device_numerics.py), so on real
-hardware every op after a dropout differs between the sides, whatever the port does. With the streams aligned (the
-default; `--no-align-random` leaves each device its own), every functional dropout (the modules call them: nn.Dropout,
-nn.Dropout1d/2d/3d), and the dropout of scaled_dot_product_attention (computed then as its documented math path),
-draws its mask on the CPU from a generator seeded by a key of the run's seed, the step, the innermost module path and
-the call's number in that step and module, and moves it to the tensor's device, scaled as dropout scales (1 / keep).
-Masks then match on any two devices, and stay matched where one side makes more or fewer random calls elsewhere. The
-random factories torch.rand, randn, randint and randperm, asked for a tensor on a device (device=..., or torch's
-default device) without a generator of the script's own, draw from the same keyed stream on the CPU and move the
-result there (noise added in a training step, a VAE's sample). The drawing is hidden from the op capture: both
-sides record the same ops on what was drawn.
+hardware every op after a random draw differs between the sides, whatever the port does. With the streams aligned (the
+default; `--no-align-random` leaves each device its own), every op torch tags `nondeterministic_seeded` (bernoulli_,
+normal_, uniform_, randn_like, multinomial, native_dropout, rrelu's noise, the dropout an nn.LSTM draws between its
+layers on the CPU, ...) draws on the CPU, below the other dispatch modes (an emulated device's own generator among
+them), from the CPU generator seeded by a key of the run's seed, the step, the innermost module path, the op, its
+sizes and the call's number in that step and module; its result goes to the tensor's device. Draws then match on any
+two devices, and stay matched where one side makes more or fewer random calls elsewhere. Before the first module call
+(a model's initial weights, data made before training) an op draws from the host's generator as it stands, as in a
+plain run: on both sides the host's generator is seeded alike. An op given a generator of the script's own draws from
+it. KeyedDraws is that dispatch mode; NOT_KEYED names the tagged ops it cannot key (kernels that draw inside, with
+no CPU kernel to draw with), and the run's manifest names each of them a run calls with a draw (random_not_aligned).
 
-Not aligned, and named in the manifest when a run uses them: alpha dropout, the dropout inside recurrent modules
-(nn.LSTM(dropout=...)), and draws made from a tensor (torch.randn_like, Tensor.normal_, torch.bernoulli: on an
-emulated device every tensor lives on the CPU, so they draw from the host's generator alike): compare names those it
-finds in the op records (verify/compare/op_catalogue.py RANDOM).
+Three Python-level entries keep the ops a run records the same on every device: the functional dropouts (the modules
+call them: nn.Dropout, nn.Dropout1d/2d/3d) draw their mask from the same keyed stream and multiply by it (one aten.mul
+where the CPU records bernoulli_, div_ and mul and CUDA native_dropout); scaled_dot_product_attention with dropout is
+computed as its documented math path (a fused kernel draws inside); and the random factories torch.rand, randn,
+randint and randperm, asked for a tensor on a device (device=..., or torch's default device) without a generator of
+the script's own, draw on the CPU and move the result there. Their drawing is hidden from the op capture: both sides
+record the same ops on what was drawn.
 
 `--no-dropout` turns every dropout off instead (as msprobe's seed_all(rm_dropout=True) does).
 """
@@ -26,26 +30,51 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_map
 
 from verify.capture.module_calls import ModuleCalls
+from verify.capture.ops import written_arguments
 
 # The functional dropouts whose masks are drawn from the keyed stream: name -> spatial dimensions dropped together
 # (0: each element on its own).
 KEYED_DROPOUTS = {"dropout": 0, "dropout1d": 1, "dropout2d": 2, "dropout3d": 3}
-_DROPOUT_FUNCTIONS = (*KEYED_DROPOUTS, "alpha_dropout", "feature_alpha_dropout")
+_DROPOUT_FUNCTIONS = (*KEYED_DROPOUTS, "alpha_dropout", "feature_alpha_dropout")  # --no-dropout turns all off
 # The factories that draw a new random tensor of a given size: keyed when asked for one on a device.
 KEYED_FACTORIES = ("rand", "randn", "randint", "randperm")
 ATTENTION = "scaled_dot_product_attention"
 
+# The ops torch tags nondeterministic_seeded that cannot draw from the keyed stream, and why: each draws inside a
+# device's kernel with no CPU kernel to draw with instead. Every other tagged op is keyed; tests/verify/
+# test_random_streams.py enumerates the tag in the installed torch against this table.
+_RNN_KERNEL = ("cuDNN (MIOpen) draws a recurrent module's dropout between layers inside its kernel, from a state of "
+               "its own; keyed where the module runs without it (the CPU, or torch.backends.cudnn.enabled = False)")
+_FUSED_ATTENTION = ("a fused attention kernel draws its dropout inside, from the device's own stream; "
+                    "F.scaled_dot_product_attention with dropout is computed by its math path instead, so only a "
+                    "direct call reaches it")
+_REPLAYED = "replays the dropout its forward kernel drew (aligned where that forward is)"
+NOT_KEYED = {
+    "aten._cudnn_rnn": _RNN_KERNEL, "aten.miopen_rnn": _RNN_KERNEL,
+    "aten._fused_dropout": "CUDA's fused dropout kernel, called directly (F.dropout's masks are keyed)",
+    **dict.fromkeys(("aten._flash_attention_forward", "aten._flash_attention_forward_no_dropout_inplace",
+                     "aten._efficient_attention_forward", "aten._scaled_dot_product_flash_attention",
+                     "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention",
+                     "aten._scaled_dot_product_fused_attention_overrideable"), _FUSED_ATTENTION),
+    "aten._scaled_dot_product_efficient_attention_backward": _REPLAYED,
+    "aten._scaled_dot_product_cudnn_attention_backward": _REPLAYED,
+    "aten._scaled_dot_product_attention_math_for_mps": "Apple MPS's attention, with no CPU kernel",
+    "aten._scaled_dot_product_flash_attention_for_cpu": "never draws: its CPU kernel refuses dropout",
+}
+
 
 class KeyedStream(ModuleCalls):
-    """Draws dropout masks from a CPU generator keyed by (seed, step, innermost module path, call number)."""
+    """CPU generators keyed by (seed, step, innermost module path, kind of draw, call number)."""
 
     def __init__(self, seed: int, step: Callable[[], int], not_aligned: list[str]) -> None:
         super().__init__()
@@ -54,20 +83,30 @@ class KeyedStream(ModuleCalls):
         self.not_aligned = not_aligned  # manifest: the random draws left to each device's generator
         self._paths = [""]
         self._calls: dict[tuple[int, str, str], int] = {}
+        self.began = False  # a module was called: draws until then are setup, the host's (KeyedDraws)
+
+    @property
+    def path(self) -> str:
+        return self._paths[-1]
 
     def entering(self, path: str, args: Any, outermost: bool) -> None:
+        self.began = True
         self._paths.append(path)
 
     def left(self) -> None:
         self._paths.pop()
 
-    def generator(self, kind: str = "") -> torch.Generator:
-        """A CPU generator for the next draw of `kind` (a factory and its size; "" for dropout masks), seeded by its
-        key: the same on every device, whatever else a side drew, of other kinds or elsewhere."""
-        step, path = self.step(), self._paths[-1]
+    def key(self, kind: str = "") -> int:
+        """The seed of the next draw of `kind` (an op or a factory and its sizes; "" for dropout masks): the same on
+        every device, whatever else a side drew, of other kinds or elsewhere."""
+        step, path = self.step(), self.path
         number = self._calls[step, path, kind] = self._calls.get((step, path, kind), -1) + 1
         key = hashlib.blake2b(f"{self.seed}/{step}/{path}/{kind}{number}".encode(), digest_size=8).digest()
-        return torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
+        return int.from_bytes(key, "little") >> 1
+
+    def generator(self, kind: str = "") -> torch.Generator:
+        """A CPU generator for the next draw of `kind`, seeded by its key."""
+        return torch.Generator().manual_seed(self.key(kind))
 
     def scaled_mask(self, shape: tuple[int, ...], keep: float, like: torch.Tensor) -> torch.Tensor:
         """The kept units as 1 / keep, the dropped as 0, in `like`'s dtype and on its device."""
@@ -154,30 +193,117 @@ def _keyed_factory(stream: KeyedStream, original: Callable[..., Any]) -> Callabl
     return factory
 
 
-def _noted(stream: KeyedStream, name: str, original: Callable[..., Any], draws: Callable[..., bool]) -> Callable:
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if draws(*args, **kwargs):
-            stream.note_not_aligned(name)
-        return original(*args, **kwargs)
-
-    return wrapper
+_PROBABILITIES = ("p", "dropout", "dropout_p")  # 0: the call draws nothing
+_TRAINING_FLAGS = ("train", "training")  # False: the call draws nothing
 
 
-def _training_dropout(input: Any, p: float = 0.5, training: bool = False, *args: Any, **kwargs: Any) -> bool:
-    return bool(training) and p > 0.0
+def _argument(func: torch._ops.OpOverload, args: tuple, kwargs: dict, name: str) -> Any:
+    """The value of an op's argument `name` in this call (its default where not given; None where it has none)."""
+    if name in kwargs:
+        return kwargs[name]
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.name == name:
+            if position < len(args) and not argument.kwarg_only:
+                return args[position]
+            return argument.default_value if argument.has_default_value() else None
+    return None
+
+
+def _draws(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """Whether this call of a tagged op draws: not a dropout of probability 0, nor one out of training."""
+    return (all(_argument(func, args, kwargs, name) != 0 for name in _PROBABILITIES)
+            and all(_argument(func, args, kwargs, name) is not False for name in _TRAINING_FLAGS))
+
+
+def _sizes(args: tuple) -> tuple:
+    """The sizes that make a draw's kind: each tensor argument's shape and each list of sizes."""
+    return tuple(tuple(arg.shape) if isinstance(arg, torch.Tensor) else tuple(arg) for arg in args
+                 if isinstance(arg, torch.Tensor) or (isinstance(arg, (list, tuple)) and all(
+                     isinstance(item, int) for item in arg)))
+
+
+def _device_of(args: tuple, kwargs: dict) -> torch.device:
+    """Where the call puts its result: its device argument, else its first tensor's device."""
+    if kwargs.get("device") is not None:
+        return torch.device(kwargs["device"])
+    tensor = next((arg for arg in args if isinstance(arg, torch.Tensor)), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
+def _computed_on_the_cpu(func: torch._ops.OpOverload, args: tuple, kwargs: dict, device: torch.device) -> Any:
+    """`func` run on CPU copies of its tensors; the arguments it writes take the drawn values, and what it makes goes
+    to `device`."""
+    originals: dict[int, torch.Tensor] = {}
+
+    def to_cpu(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or value.device.type == "cpu":
+            return value
+        copy = value.cpu()
+        originals[id(copy)] = value
+        return copy
+
+    cpu_args, cpu_kwargs = tree_map(to_cpu, (args, kwargs))
+    if "device" in cpu_kwargs:
+        cpu_kwargs["device"] = torch.device("cpu")
+    out = func(*cpu_args, **cpu_kwargs)
+    for original, drawn in zip(written_arguments(func, args, kwargs), written_arguments(func, cpu_args, cpu_kwargs)):
+        original.copy_(drawn)
+
+    def placed(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        return originals[id(value)] if id(value) in originals else value.to(device)
+
+    return tree_map(placed, out)
+
+
+def _drawn_on_the_cpu(func: torch._ops.OpOverload, args: tuple, kwargs: dict, key: int | None) -> Any:
+    """`func` drawn on the CPU from its generator seeded with `key` for this call (None: the host's generator as it
+    stands), below every other dispatch mode: an emulated device's own generator never sees it."""
+    device = _device_of(args, kwargs)
+    with _disable_current_modes(), torch.random.fork_rng(devices=[], enabled=key is not None):
+        if key is not None:
+            torch.default_generator.manual_seed(key)
+        return func(*args, **kwargs) if device.type == "cpu" else _computed_on_the_cpu(func, args, kwargs, device)
+
+
+class KeyedDraws(TorchDispatchMode):
+    """Every op torch tags nondeterministic_seeded, drawn on the CPU from the keyed stream (from the host's generator
+    before the first module call), unless the script gave it a generator of its own; the tagged ops in NOT_KEYED,
+    and draws from a script's own generator on a device, are appended to the stream's not_aligned. Entered below the
+    op capture (which records the op and what it drew) and above an emulated device's own numerics. Forked children
+    (DataLoader workers) draw as a plain run does."""
+
+    def __init__(self, stream: KeyedStream) -> None:
+        super().__init__()
+        self.stream = stream
+        self._pid = os.getpid()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (torch.Tag.nondeterministic_seeded not in func.tags or os.getpid() != self._pid
+                or not _draws(func, args, kwargs)):
+            return func(*args, **kwargs)
+        op = str(func._overloadpacket)
+        given = _argument(func, args, kwargs, "generator")
+        if op in NOT_KEYED or (given is not None and given.device.type != "cpu"):
+            why = NOT_KEYED.get(op) or f"drawn from the script's own {given.device.type} generator"
+            self.stream.note_not_aligned(f"{op} in {self.stream.path or 'the top level'} ({why})")
+            return func(*args, **kwargs)
+        if given is not None:
+            return func(*args, **kwargs)
+        key = self.stream.key(f"{op}{_sizes(args)}/") if self.stream.began else None
+        return _drawn_on_the_cpu(func, args, kwargs, key)
 
 
 @contextlib.contextmanager
 def keyed(seed: int, step: Callable[[], int], not_aligned: list[str]) -> Iterator[None]:
-    """Dropout masks from the keyed stream while inside; what stays unaligned is appended to `not_aligned`."""
-    originals = {name: getattr(F, name) for name in (*_DROPOUT_FUNCTIONS, ATTENTION)}
+    """Random draws from the keyed stream while inside; what stays unaligned is appended to `not_aligned`."""
+    originals = {name: getattr(F, name) for name in (*KEYED_DROPOUTS, ATTENTION)}
     factories = {name: getattr(torch, name) for name in KEYED_FACTORIES}
-    with KeyedStream(seed, step, not_aligned) as stream:
+    with KeyedStream(seed, step, not_aligned) as stream, KeyedDraws(stream):
         for name, spatial in KEYED_DROPOUTS.items():
             setattr(F, name, _keyed_dropout(stream, originals[name], spatial))
-        for name in ("alpha_dropout", "feature_alpha_dropout"):
-            setattr(F, name, _noted(stream, name, originals[name], _training_dropout))
         F.scaled_dot_product_attention = _keyed_attention(stream, originals[ATTENTION])
         for name, original in factories.items():
             setattr(torch, name, _keyed_factory(stream, original))

@@ -95,6 +95,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
         elif manifest.align_random:
             stack.enter_context(random_streams.keyed(manifest.seed, lambda: recorder.steps_done,
                                                      manifest.random_not_aligned))
+            manifest.random_keyed_by_tag = True
         device = devices.row(manifest.device)
         if manifest.autocast:
             if device.cuda_casts_under_autocast:

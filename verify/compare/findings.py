@@ -17,7 +17,7 @@ from verify.compare.curves import LossComparison
 from verify.compare.op_verdicts import op_label
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
-from verify.record.schema import INPUT_OP, Status
+from verify.record.schema import INPUT_OP, Phase, Status
 from verify.errors import CompareError
 
 
@@ -259,17 +259,52 @@ def _updates_by_hand(op: dict[str, Any], ref: Run, actual: Run) -> bool:
 
 
 def _input_findings(table: pd.DataFrame) -> list[Finding]:
-    """The batch the outermost module received at step 0 differs: the sides read different data, which explains
-    every difference after it, so it is named before any operator."""
+    """A batch an outermost module received at step 0 differs, and it was read, not computed: the sides read
+    different data, which explains every difference after it, so it is named before any operator."""
     inputs = table.loc[(table["ref_op"] == INPUT_OP) & (table["step"] == 0) & (table["passed"] == False)]  # noqa: E712
-    if inputs.empty:
+    read = [index for index, seq in zip(inputs.index, inputs["ref_seq"]) if _read_not_computed(table, int(seq))]
+    if not read:
         return []
-    row = inputs.iloc[0]
+    row = inputs.loc[read[0]]
+    forward = "first forward" if row["ref_call_index"] == 0 else f"forward #{int(row['ref_call_index']) + 1}"
     return [Finding(FindingCode.DATA_ORDER, (
-        f"the sides read different data: the {row['io']} input of {row['module']}'s first forward differs at step 0 "
+        f"the sides read different data: the {row['io']} input of {row['module']}'s {forward} differs at step 0 "
         f"({row['ref_dtype']} {row['ref_shape']}: mean {row['ref_mean']:.6g} vs {row['actual_mean']:.6g}, min "
         f"{row['ref_min']:.6g} vs {row['actual_min']:.6g}, max {row['ref_max']:.6g} vs {row['actual_max']:.6g})"),
         {"step": 0, "module": str(row["module"]), "io": str(row["io"]), "source": "inputs"})]
+
+
+_MODEL_PHASES = (Phase.FORWARD.value, Phase.BACKWARD.value)
+
+
+def _read_not_computed(table: pd.DataFrame, batch_seq: int) -> bool:
+    """Whether a differing batch record of step 0 (the reference's call `batch_seq`) differs because different data
+    was read, not because a model computed it otherwise (a GAN's discriminator input, made by its generator). Up the
+    reference's data flow (ops.inputs) from the batch, through the calls that differ or carry values (casts, copies,
+    unpaired calls): computed where an op of a module's forward or backward differs although no call that produced
+    its inputs does; read where each path ends at the top level (a batch collated or transformed there from other
+    samples, whose recorded producer is the whole dataset) or at a call that read no recorded call's output (runs
+    recorded without the batch's producers: the batch itself)."""
+    calls = table.loc[(table["step"] == 0) & table["ref_seq"].notna(),
+                      ["ref_seq", "ref_op", "phase", "ref_inputs", "passed"]]
+    by_call = calls.groupby(calls["ref_seq"].astype("int64"))
+    differs = by_call["passed"].agg(lambda passed: bool((passed == False).any()))  # noqa: E712
+    agrees = by_call["passed"].agg(lambda passed: bool((passed == True).all()))  # noqa: E712
+    producers = by_call["ref_inputs"].first().fillna("").astype(str)
+    in_a_model = by_call.first().pipe(lambda first: first["phase"].astype(str).isin(_MODEL_PHASES)
+                                      & (first["ref_op"] != INPUT_OP))
+    pending, seen = [batch_seq], set()
+    while pending:
+        seq = pending.pop()
+        if seq in seen:
+            continue
+        seen.add(seq)
+        unsettled = [int(part) for part in producers.get(seq, "").split(",")
+                     if part and not agrees.get(int(part), False)]
+        if differs.get(seq, False) and in_a_model.get(seq, False) and not unsettled:
+            return False
+        pending += unsettled
+    return True
 
 
 def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue) -> list[Finding]:

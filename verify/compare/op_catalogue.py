@@ -105,8 +105,8 @@ CARRIERS = frozenset({
     "aten.transpose_copy", "aten._reshape_copy",
 })
 
-# Ops that draw from a device's random generator: on two devices they differ unless verify aligned them
-# (verify/capture/random_streams.py draws dropout masks from a keyed stream, outside the records).
+# Ops that draw from a device's random generator: on two devices they differ unless verify aligned them. Runs recorded
+# before verify/capture/random_streams.py keyed every such op (manifest.random_keyed_by_tag) are read for them.
 RANDOM = frozenset({
     "aten.bernoulli", "aten.bernoulli_", "aten.uniform_", "aten.normal", "aten.normal_", "aten.rand", "aten.randn",
     "aten.randint", "aten.randperm", "aten.multinomial", "aten.native_dropout", "aten.exponential_", "aten.random_",

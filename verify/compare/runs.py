@@ -101,14 +101,19 @@ class ComparisonResult:
 
 
 def _random_notes(ref: Run, actual: Run) -> list[str]:
-    """Whether both sides drew their dropout masks from the keyed stream, and the random draws left to each device's
+    """Whether both sides drew their random numbers from the keyed stream, and the random draws left to each device's
     own generator (on two real devices those differ, whatever the port does)."""
     aligned = [run.manifest.align_random for run in (ref, actual)]
-    notes = ["dropout masks drawn from one keyed stream on both sides "
-             "(verify/capture/random_streams.py)" if all(aligned)
+    every_draw = all(run.manifest.random_keyed_by_tag for run in (ref, actual))
+    keyed = "random draws (every op torch tags nondeterministic_seeded)" if every_draw else "dropout masks"
+    notes = [f"{keyed} drawn from one keyed stream on both sides (verify/capture/random_streams.py)" if all(aligned)
              else "dropout masks from each device's own generator" + ("" if not any(aligned) else " on one side")]
     unaligned = sorted({*ref.manifest.random_not_aligned, *actual.manifest.random_not_aligned})
-    for run in (ref, actual):  # inside modules: at the top level, draws are mostly data and weights made on the CPU
+    for run in (ref, actual):
+        if run.manifest.random_keyed_by_tag:
+            continue  # its manifest names every draw it left
+        # a run recorded before every draw was keyed: its random ops inside modules (at the top level, draws are
+        # mostly data and weights made on the CPU)
         ops = run.ops
         drawn = ops.loc[ops["op"].isin(list(RANDOM)) & (ops["module"] != ""), ["op", "module"]].drop_duplicates()
         unaligned += [f"{op} in {module}" for op, module in drawn.itertuples(index=False)

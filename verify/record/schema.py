@@ -126,7 +126,8 @@ OP_COLUMNS: dict[str, str] = {
     "md5": "string",  # md5 mode only, else ""
     "tensor_file": "string",  # tensor mode: path relative to the run directory, else ""
     # The seqs of the recorded calls of this step whose outputs this call read ("12,15"; "" none: the batch, the
-    # weights, or work not recorded). Schema version 2; version 1 runs read as missing (NA).
+    # weights, or work not recorded); for a batch record (INPUT_OP), the calls that wrote the batch. Schema version 2;
+    # version 1 runs read as missing (NA).
     "inputs": "string",
 }
 
@@ -209,9 +210,12 @@ class RunManifest:
     ops_regex: str = ""  # tensor mode: tensors are saved for ops whose "phase/module/op" matches ("" all)
     tensor_cap_mb: float = 0.0  # tensor mode: the budget for saved tensors
     no_dropout: bool = False
-    # Dropout masks drawn from one keyed stream on every device (verify/capture/random_streams.py); False for runs
-    # recorded before it existed. random_not_aligned: the random draws this run left to its device's own generator.
+    # Random draws from one keyed stream on every device (verify/capture/random_streams.py); False for runs recorded
+    # before it existed. random_keyed_by_tag: every op torch tags nondeterministic_seeded drew from it (runs recorded
+    # before: the dropouts and the random factories only). random_not_aligned: the random draws this run left to its
+    # device's own generator, each with the reason.
     align_random: bool = False
+    random_keyed_by_tag: bool = False
     random_not_aligned: list[str] = field(default_factory=list)
     # An emulated device's numerics: what it modelled of its real counterpart's (its own generator, its summation
     # order: verify/devices/emulated/npu_port_emulation/device_numerics.py), or exact_emulation: computed as the CPU

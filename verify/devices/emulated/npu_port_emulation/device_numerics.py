@@ -15,7 +15,9 @@ kernels and the same generator would agree to 0.000%, which proves nothing about
   the device (torch.randn(..., device="cuda")) from the device's own generator, seeded by torch.manual_seed and the
   face's manual_seed like a real device's, but into a stream of its own. Other in-place draws (nn.init's uniform_
   and normal_) are taken as draws on the host, where models are built; on the cpu target the emulation cannot tell
-  host memory from device memory.
+  host memory from device memory. verify's keyed stream (verify/capture/random_streams.py, on unless
+  `--no-align-random`) draws every seeded random op above this mode, so these draws are the device's own only where
+  a run leaves them to it.
 
 The two faces use different block counts (CUDA_BLOCKS, NPU_BLOCKS) and generator streams. The backward of these ops,
 the other reductions (softmax, norms, losses) and convolution's backward keep the CPU's order: not modelled. The
@@ -244,5 +246,5 @@ def _modelled(face: str, own_generator: bool) -> list[str]:
     blocks = _blocks(face)
     return [f"matrix products and convolutions summed as {blocks} partial products in float32",
             f"sums and means summed as {blocks} partial sums",
-            *([f"dropout masks and random factories given the device drawn from {face}'s own generator"]
+            *([f"the random draws verify leaves to the device drawn from {face}'s own generator"]
               if own_generator else [])]
