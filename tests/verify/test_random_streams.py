@@ -108,19 +108,41 @@ DRAWS = {
     "aten.randn": lambda: torch.randn(3, 4),
     "aten.randn_like": lambda: torch.randn_like(_X),
     "aten.randperm": lambda: torch.randperm(20),
+    "aten.rrelu": lambda: torch.rrelu(_X - 0.5, training=True),  # composite: its rrelu_with_noise draws
     "aten.rrelu_with_noise": lambda: nn.functional.rrelu(_X - 0.5, training=True),
     "aten.rrelu_with_noise_": lambda: nn.functional.rrelu(_X - 0.5, training=True, inplace=True),
     "aten.rrelu_with_noise_functional": lambda: torch.ops.aten.rrelu_with_noise_functional(
         _X - 0.5, torch.zeros_like(_X), training=True)[0],
     "aten.uniform": lambda: torch.ops.aten.uniform(_X),
     "aten.uniform_": lambda: _X.clone().uniform_(),
+    "aten._sample_dirichlet": lambda: torch._sample_dirichlet(_X + 0.5),
+    "aten.binomial": lambda: torch.binomial(_X * 10, _P),
+    "aten.random_": lambda: _X.clone().random_(0, 100),
+    "aten.random": lambda: torch.ops.aten.random(_X, 0, 100),
+    # composites: they decompose into the ops above, which draw
+    "aten.dropout_": lambda: torch.dropout_(_X.clone(), 0.5, True),
+    "aten.alpha_dropout_": lambda: torch.alpha_dropout_(_X.clone(), 0.5, True),
+    "aten.feature_dropout": lambda: torch.feature_dropout(_SEQUENCE, 0.5, True),
+    "aten.feature_dropout_": lambda: torch.feature_dropout_(_SEQUENCE.clone(), 0.5, True),
+    "aten.feature_alpha_dropout": lambda: torch.feature_alpha_dropout(_SEQUENCE, 0.5, True),
+    "aten.feature_alpha_dropout_": lambda: torch.feature_alpha_dropout_(_SEQUENCE.clone(), 0.5, True),
+    "aten.rrelu_": lambda: torch.rrelu_(_X.clone() - 0.5, training=True),
+    "aten._scaled_dot_product_attention_math": lambda: torch.ops.aten._scaled_dot_product_attention_math(
+        _SEQUENCE, _SEQUENCE, _SEQUENCE, dropout_p=0.5)[0],
+    # composite: the keyed stream computes it as its documented math path, whose dropout draws from the stream
+    "aten.scaled_dot_product_attention": lambda: nn.functional.scaled_dot_product_attention(
+        _SEQUENCE, _SEQUENCE, _SEQUENCE, dropout_p=0.5),
 }
 
 
 def tagged_ops() -> set[str]:
-    """The op packets of the installed torch with an overload tagged nondeterministic_seeded."""
+    """The op packets of the installed torch with an overload tagged nondeterministic_seeded: every aten op the
+    dispatcher has registered, not only those this process has touched (torch.ops.aten loads its packets lazily, so
+    dir() depended on what the tests that ran before had called)."""
     tagged = set()
-    for name in dir(torch.ops.aten):
+    names = {name.split("::", 1)[1].split(".", 1)[0] for name in torch._C._dispatch_get_all_op_names()
+             if name.startswith("aten::")}
+    for name in sorted(names):
         packet = getattr(torch.ops.aten, name, None)
         if isinstance(packet, torch._ops.OpOverloadPacket) and any(
                 torch.Tag.nondeterministic_seeded in getattr(packet, overload).tags for overload in packet.overloads()):

@@ -70,6 +70,13 @@ NOT_KEYED = {
     "aten._scaled_dot_product_cudnn_attention_backward": _REPLAYED,
     "aten._scaled_dot_product_attention_math_for_mps": "Apple MPS's attention, with no CPU kernel",
     "aten._scaled_dot_product_flash_attention_for_cpu": "never draws: its CPU kernel refuses dropout",
+    **dict.fromkeys(("aten._cudnn_attention_forward", "aten._triton_scaled_dot_attention",
+                     "aten._fill_mem_eff_dropout_mask_"), _FUSED_ATTENTION),
+    "aten._cudnn_attention_backward": _REPLAYED,
+    "aten._cudnn_init_dropout_state": _RNN_KERNEL,
+    "aten._lstm_mps": "Apple MPS's LSTM, with no CPU kernel",
+    "aten._nested_tensor_softmax_with_shape": "a nested tensor's softmax, with no CPU kernel",
+    "aten._fused_sdp_choice": "never draws: it picks an attention kernel",
 }
 
 
