@@ -104,7 +104,8 @@ def determinism(
     """Run SCRIPT twice with the same seed and list the operators whose results differ (checklist C1).
 
     Exit codes: 0 deterministic, 1 not deterministic, 2 error (also when a run did not end well: there is nothing
-    to judge); 130/143/129 stopped by SIGINT/SIGTERM/SIGHUP. Writes determinism.json (with checklist item C1 for migrate) beside the usual reports.
+    to judge); 130/143/129 stopped by SIGINT/SIGTERM/SIGHUP. Writes determinism.json (with checklist item C1 for
+    migrate) beside the usual reports.
     """
     options = RunOptions(steps=steps, seed=seed, device=device.value, dump=dump, no_dropout=no_dropout,
                          timeout=timeout, force=force)

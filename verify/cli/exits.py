@@ -4,9 +4,10 @@ exit code 1, which is a verdict (FAIL) or, under `verify run`, a script that fai
 Every command runs its body through `exit_with()`. A `verify.errors.VerifyFailure` (CompareError, PairError,
 VerifyError, RunDirError) or an OSError is expected: its message is the line. SIGINT, SIGTERM (what `timeout` and CI
 send) and SIGHUP raise `verify.errors.Stopped` in the body: the runner stops what it started and marks its run
-interrupted (verify/launch/runner.py), and the command exits 128 + the signal's number (130, 143, 129) with one line. Anything else is a bug in verify: the
-line says what verify was doing and what went wrong, and the traceback is kept in a file for the bug report (in the
-command's output folder when there is one, else in the temporary folder). Imports neither torch nor pandas.
+interrupted (verify/launch/runner.py), and the command exits 128 + the signal's number (130, 143, 129) with one
+line. Anything else is a bug in verify: the line says what verify was doing and what went wrong, and the traceback
+is kept in a file for the bug report (in the command's output folder when there is one, else in the temporary
+folder). Imports neither torch nor pandas.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class Status(str, Enum):
     SHORT = "short"  # the script ended by itself before the requested steps
     CRASHED = "crashed"  # an exception escaped the script (traceback in the manifest)
     TIMEOUT = "timeout"  # killed after --timeout seconds
-    INTERRUPTED = "interrupted"  # verify was stopped (SIGINT, SIGTERM, SIGHUP: the message names it) and stopped the run
+    INTERRUPTED = "interrupted"  # verify was stopped (SIGINT, SIGTERM, SIGHUP: the message names it), so the run
     NAN = "nan"  # the loss became NaN or inf; stopped there
     NO_STEPS = "no-steps"  # the script ended without a single step (no backward, no forward of a module)
 
