@@ -81,8 +81,9 @@ def _stopped_by_signals() -> Iterator[None]:
 
 def _stopped_line(stop: Stopped) -> None:
     kept = f"; what they recorded is kept in {', '.join(map(str, stop.runs))} (interrupted)" if stop.runs else ""
-    stderr.print(f"[bold red]stopped:[/] verify received {stop.signal_name} and stopped every process it started"
-                 f"{escape(kept)}")
+    with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone: the exit code still says it
+        stderr.print(f"[bold red]stopped:[/] verify received {stop.signal_name} and stopped every process it started"
+                     f"{escape(kept)}")
 
 
 def _error_line(message: str) -> None:
