@@ -1,14 +1,18 @@
 """verify's errors and exit codes, in one place. Every command exits 0 (PASS, or the requested steps ran), 1 (FAIL,
-or the script failed) or 2 (verify's own error). A `VerifyFailure` is an error verify expects and explains in one
+or the script failed), 2 (verify's own error), or, stopped by a signal, 128 + its number as shells do (130 SIGINT,
+143 SIGTERM, 129 SIGHUP: `Stopped`). A `VerifyFailure` is an error verify expects and explains in one
 line (verify/cli/exits.py prints it and exits 2); any other exception is a bug in verify, also exit 2, never read as
 a verdict. Imports only the standard library, so every part of verify, the training process's included, raises them.
 """
 
 from __future__ import annotations
 
+import signal
+
 
 # Exit codes of every verify command: PASS / the requested steps ran; FAIL / the script failed; verify's own error.
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+_EXIT_SIGNALLED = 128  # + the signal's number, as a shell reports a command a signal ended
 
 
 class VerifyFailure(Exception):
@@ -39,3 +43,22 @@ class VerifyError(VerifyFailure):
 
 class EmulationError(ValueError):
     """The emulation cannot be set up as asked."""
+
+
+class Stopped(BaseException):
+    """verify was asked to stop (SIGINT, SIGTERM, SIGHUP; verify/cli/exits.py raises it in the main thread): what it
+    started is stopped and its runs are marked interrupted (verify/launch/runner.py adds each to `runs`), then it
+    exits 128 + the signal's number. A BaseException, like KeyboardInterrupt: no `except Exception` swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.runs: list = []  # the run directories it interrupted
+        super().__init__(self.signal_name)
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return _EXIT_SIGNALLED + self.signum

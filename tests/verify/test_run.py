@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from verify.errors import Stopped
 from verify.launch.runner import RunOptions, run_script
 from verify.record.schema import DumpMode, Status
 from verify.record.store import Run, read_run
@@ -89,11 +90,13 @@ def test_interrupt_ends_the_child_and_keeps_its_steps(tmp_path):
             raise KeyboardInterrupt
 
     options = RunOptions(steps=5, device="cpu", dump=DumpMode.OFF)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Stopped) as stopped:
         run_script(SCRIPTS / "hang.py", [], options, tmp_path / "run", on_progress=press_ctrl_c_after_two_steps)
+    assert stopped.value.signal_name == "SIGINT" and stopped.value.runs == [tmp_path / "run"]
     manifest = read_run(tmp_path / "run").manifest
-    assert manifest.status == Status.CRASHED.value and manifest.steps_completed == 2
-    assert manifest.message == "interrupted by the user (2 steps completed)" and manifest.exit_code < 0
+    assert manifest.status == Status.INTERRUPTED.value and manifest.steps_completed == 2
+    assert manifest.message == "interrupted: verify was stopped by SIGINT (2 steps completed)"
+    assert manifest.exit_code < 0 and not list((tmp_path / "run").glob(".verify-*"))
 
 
 def test_nan_loss_stops_the_run(tmp_path):

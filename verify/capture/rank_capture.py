@@ -34,7 +34,7 @@ def launched_rank() -> int | None:
 
 def open_rank_dir(run_dir: Path, manifest: RunManifest, rank: int, world_size: int) -> tuple[Path, RunManifest]:
     """This rank's run directory inside the run's, created with its own manifest: the run's configuration, its rank
-    and world size, and its process id (the runner stops a rank's process group by it)."""
+    and world size, and its process id."""
     folder = run_folders.rank_dir(run_dir, rank)
     folder.mkdir(exist_ok=True)
     own = replace(manifest, rank=rank, world_size=world_size, extra={**manifest.extra, "pid": os.getpid()})

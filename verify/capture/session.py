@@ -32,6 +32,8 @@ from verify.capture import environment_record
 from verify.capture import perturbation, precision_scopes
 from verify.capture import random_streams
 from verify.capture import rank_capture
+from verify.capture.lifetime import die_with_parent
+from verify.errors import VerifyError
 from verify.record.schema import DumpMode, RunManifest, Status
 from verify.capture.step_recorder import StepRecorder, StopRun
 from verify.record.store import RunWriter, now_iso, read_manifest, write_manifest
@@ -113,6 +115,9 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
             _ended_by_itself(manifest, recorder, 0)
         except StopRun as stop:
             manifest.status, manifest.message, manifest.exit_code = stop.status.value, stop.message, 0
+        except VerifyError as error:  # verify refused what the script did (more ranks than the machine holds)
+            manifest.status, manifest.exit_code = Status.CRASHED.value, 1
+            manifest.verify_error = manifest.message = str(error)
         except SystemExit as exit:
             try:
                 recorder.end_open_step()  # its forward is complete: sys.exit() after it ends the script, not the step
@@ -214,8 +219,10 @@ class CapturedRank:
 
     def __init__(self, fn: Callable[..., Any], run_dir: Path, nprocs: int) -> None:
         self.fn, self.run_dir, self.nprocs = fn, str(run_dir), nprocs
+        self.spawner = os.getpid()  # the script's process, with which each rank dies
 
     def __call__(self, index: int, *args: Any) -> None:
+        die_with_parent(self.spawner)
         run_dir = Path(self.run_dir)
         folder, manifest = rank_capture.open_rank_dir(run_dir, read_manifest(run_dir), index, self.nprocs)
         status = instrumented(folder, manifest, lambda: self.fn(index, *args))
@@ -226,14 +233,22 @@ class CapturedRank:
 
 
 @contextlib.contextmanager
-def spawned_ranks_captured(run_dir: Path) -> Iterator[None]:
+def spawned_ranks_captured(run_dir: Path, manifest: RunManifest) -> Iterator[None]:
     """Ranks the script starts with torch.multiprocessing.spawn (or start_processes) run its function under the
-    capture, each into its folder of the run directory, without any option."""
+    capture, each into its folder of the run directory, without any option. Refused (VerifyError: exit 2) in a rank
+    verify launched (--nproc-per-node N would make N times as many), and beyond the ranks the machine holds."""
     module = importlib.import_module("torch.multiprocessing.spawn")  # torch.multiprocessing.spawn is the function
     original = module.start_processes
 
     @functools.wraps(original)
     def start_processes(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, *rest: Any, **kwargs: Any) -> Any:
+        spawns = f"the script starts {nprocs} ranks of its own (torch.multiprocessing.spawn)"
+        if manifest.nproc_per_node:
+            raise VerifyError(f"{spawns} in each of the {manifest.nproc_per_node} ranks --nproc-per-node launched: "
+                              "run it without --nproc-per-node, and verify captures each rank it spawns")
+        if manifest.rank_limit and nprocs > manifest.rank_limit:
+            raise VerifyError(f"{spawns}, more than the {manifest.rank_limit} this machine holds (its cores and free "
+                              "memory): ask the script for fewer, or add --force to start them anyway")
         return original(CapturedRank(fn, run_dir, nprocs), args, nprocs, *rest, **kwargs)
 
     module.start_processes = torch.multiprocessing.start_processes = start_processes

@@ -6,7 +6,9 @@ few steps with the same seed and args, compares them and prints the verdict: exi
 
 Exit codes of `verify run`: 0 the requested steps ran, or the script ended by itself after at least one step
 (status "short"); 1 the script failed: crashed, timed out, produced a NaN/inf loss, or made no step; 2 usage error
-or verify's own error (bad option, unusable device, run directory in the way).
+or verify's own error (bad option, unusable device, run directory in the way, more ranks than the machine holds).
+Every command stopped by a signal stops what it started and exits 128 + its number: 130 SIGINT, 143 SIGTERM, 129
+SIGHUP (its runs' status "interrupted").
 """
 
 from __future__ import annotations
@@ -97,18 +99,21 @@ def run(
     nproc_per_node: options.nproc_per_node(
         "Run the script as N ranks through torch.distributed.run (each writes RUNDIR/rankK/); without it, as one "
         "process.") = None,
+    force: options.force() = False,
     out: options.out("Run directory (default: verify-runs/SCRIPT-DEVICE-TIME-RANDOM).") = None,
     quiet: options.quiet() = False,
 ) -> None:
     """Run SCRIPT for N steps under instrumentation and write a run directory.
 
     Exit codes: 0 ok or short (the script ended by itself after at least one step); 1 the script crashed, timed
-    out, produced a NaN loss or made no step; 2 usage or verify's own error.
+    out, produced a NaN loss or made no step; 2 usage or verify's own error; 130/143/129 stopped by SIGINT/SIGTERM/
+    SIGHUP (the run is stopped, status interrupted).
     """
     options = RunOptions(
         steps=steps, seed=seed, device=device.value, emulate_on=emulate_on.value, dump=dump, ops=ops,
         no_dropout=no_dropout, align_random=not no_align_random, exact_emulation=exact_emulation,
         autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb, nproc_per_node=nproc_per_node or 0,
+        force=force,
     )
     exit_with(lambda: _run(script, list(script_args or []), options, out, quiet), f"run {script}", out)
 

@@ -96,6 +96,7 @@ def determinism(
     dump: options.dump("md5: bit-exact per op; stats: equal within the dtype tolerances.") = DumpMode.MD5,
     no_dropout: options.no_dropout() = False,
     timeout: options.timeout("Kill a run after this many seconds.") = None,
+    force: options.force() = False,
     out: options.out("Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside SCRIPT).") = (
         None),
     quiet: options.quiet() = False,
@@ -103,10 +104,11 @@ def determinism(
     """Run SCRIPT twice with the same seed and list the operators whose results differ (checklist C1).
 
     Exit codes: 0 deterministic, 1 not deterministic, 2 error (also when a run did not end well: there is nothing
-    to judge). Writes determinism.json (with checklist item C1 for migrate) beside the usual reports.
+    to judge); 130/143/129 stopped by SIGINT/SIGTERM/SIGHUP. Writes determinism.json (with checklist item C1 for
+    migrate) beside the usual reports.
     """
     options = RunOptions(steps=steps, seed=seed, device=device.value, dump=dump, no_dropout=no_dropout,
-                         timeout=timeout)
+                         timeout=timeout, force=force)
     out = out or run_folders.default_pair_dir(script)
     exit_with(lambda: _determinism(script, list(script_args or []), options, out, quiet),
               f"check whether {script} is deterministic", out)

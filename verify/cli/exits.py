@@ -2,16 +2,22 @@
 exit code 1, which is a verdict (FAIL) or, under `verify run`, a script that failed.
 
 Every command runs its body through `exit_with()`. A `verify.errors.VerifyFailure` (CompareError, PairError,
-VerifyError, RunDirError) or an OSError is expected: its message is the line. Anything else is a bug in verify: the
-line says what verify was doing and what went wrong, and the traceback is kept in a file for the bug report (in the
-command's output folder when there is one, else in the temporary folder). Imports neither torch nor pandas.
+VerifyError, RunDirError) or an OSError is expected: its message is the line. SIGINT, SIGTERM (what `timeout` and CI
+send) and SIGHUP raise `verify.errors.Stopped` in the body: the runner stops what it started and marks its run
+interrupted (verify/launch/runner.py), and the command exits 128 + the signal's number (130, 143, 129) with one
+line. Anything else is a bug in verify: the line says what verify was doing and what went wrong, and the traceback
+is kept in a file for the bug report (in the command's output folder when there is one, else in the temporary
+folder). Imports neither torch nor pandas.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import tempfile
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -19,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from verify.errors import EXIT_ERROR, VerifyFailure
+from verify.errors import EXIT_ERROR, Stopped, VerifyFailure
 from verify.record.schema import shown
 
 TRACEBACK_FILE = "verify-traceback.txt"
@@ -31,7 +37,11 @@ def exit_with(body: Callable[[], int], doing: str, out: Path | None = None) -> N
     """Runs a command's body and exits with the code it returns. `doing` completes "verify could not ..." and names
     the paths (e.g. "compare runs/gpu with runs/npu"); `out` is where a traceback is kept."""
     try:
-        code = body()
+        with _stopped_by_signals():
+            code = body()
+    except Stopped as stop:
+        _stopped_line(stop)
+        raise typer.Exit(stop.exit_code) from None
     except (VerifyFailure, OSError) as error:
         _error_line(str(error))
         raise typer.Exit(EXIT_ERROR) from None
@@ -40,6 +50,40 @@ def exit_with(body: Callable[[], int], doing: str, out: Path | None = None) -> N
                     f"{_keep_traceback(out)})")
         raise typer.Exit(EXIT_ERROR) from None
     raise typer.Exit(code)
+
+
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """The first SIGINT, SIGTERM or SIGHUP raises Stopped in the main thread; the others while verify stops are
+    ignored (it stops what it started within a grace period, then kills it). Elsewhere than the main thread, where
+    Python cannot catch signals, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise Stopped(signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _stopped_line(stop: Stopped) -> None:
+    kept = f"; what they recorded is kept in {', '.join(map(str, stop.runs))} (interrupted)" if stop.runs else ""
+    with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone: the exit code still says it
+        stderr.print(f"[bold red]stopped:[/] verify received {stop.signal_name} and stopped every process it started"
+                     f"{escape(kept)}")
 
 
 def _error_line(message: str) -> None:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from verify.devices import Device
+from verify.launch.runner import RANK_MEMORY_GIB, TIMEOUT_PER_STEP_S, TIMEOUT_START_S
 from verify.record.schema import DumpMode
 
 def script_args(help: str = "The script's own arguments, after `--`.") -> Any:
@@ -47,7 +48,14 @@ def exact_emulation(help: str) -> Any:
 
 
 def timeout(help: str) -> Any:
-    return Annotated[Optional[float], typer.Option("--timeout", min=0, help=help)]
+    return Annotated[Optional[float], typer.Option(
+        "--timeout", min=0, show_default=False,
+        help=f"{help} Default: {TIMEOUT_START_S:g} s + {TIMEOUT_PER_STEP_S:g} s a step asked; 0: none.")]
+
+
+def force(help: str = "Start more ranks than this machine holds (its cores, its free memory at "
+                      f"{RANK_MEMORY_GIB:g} GiB a rank), which verify otherwise refuses.") -> Any:
+    return Annotated[bool, typer.Option("--force", help=help)]
 
 
 def nproc_per_node(help: str) -> Any:

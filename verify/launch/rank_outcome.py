@@ -11,7 +11,8 @@ from typing import Any
 
 from verify.record.schema import RunManifest, Status
 
-STOPPED = "stopped_by"  # manifest.extra: why a rank that did not end by itself was stopped ("timeout", "launcher")
+STOPPED = "stopped_by"  # manifest.extra: why a rank that did not end by itself was stopped ("timeout", "launcher",
+# or the signal that stopped verify: "SIGTERM")
 _ENDED_WELL = (Status.OK.value, Status.SHORT.value)
 
 
@@ -23,15 +24,21 @@ def collective_words(last: dict[str, Any]) -> str:
     return f"{last['op']}{where} of step {last['step']} (its collective #{last['count']})"
 
 
-def stop_rank(manifest: RunManifest, ending: str, timeout: float | None, last: dict[str, Any]) -> RunManifest:
-    """A rank whose process never wrote how it ended: killed at the timeout, or by the launcher after another rank
-    failed. Its records up to then stay; its manifest says where it was."""
+def stop_rank(manifest: RunManifest, ending: str, timeout: float | None, last: dict[str, Any],
+              signal_name: str = "") -> RunManifest:
+    """A rank whose process never wrote how it ended: killed at the timeout, when verify was stopped (by
+    `signal_name`), or by the launcher after another rank failed. Its records up to then stay; its manifest says
+    where it was."""
     if manifest.status != Status.RUNNING.value:
         return manifest
     done = f"{manifest.steps_completed} steps completed; last collective called: {collective_words(last)}"
     if ending == "timeout":
         return replace(manifest, status=Status.TIMEOUT.value, message=f"timed out after {timeout:g} s ({done})",
                        extra={**manifest.extra, STOPPED: "timeout"})
+    if signal_name:
+        return replace(manifest, status=Status.INTERRUPTED.value,
+                       message=f"interrupted: verify was stopped by {signal_name} ({done})",
+                       extra={**manifest.extra, STOPPED: signal_name})
     return replace(manifest, status=Status.CRASHED.value, message=f"stopped by the launcher ({done})",
                    extra={**manifest.extra, STOPPED: "launcher"})
 

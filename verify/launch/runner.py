@@ -1,24 +1,33 @@
 """Runs one training script under instrumentation in a child process and leaves a run directory.
 
 This is the only module of verify that starts processes. The parent never imports torch: it writes the initial
-manifest (which is the child's whole configuration), starts `python -P -m verify.capture.bootstrap RUNDIR` in the
-script's folder in a new process group, streams the script's output into output.log and to a callback, reports progress
-from the manifest, enforces the timeout by killing the whole group, and finalises the manifest when the child
-could not (killed, timed out, died hard).
+manifest (which is the child's whole configuration), starts `python -P -m verify.capture.bootstrap RUNDIR PID` in the
+script's folder in a new session, streams the script's output into output.log and to a callback, reports progress
+from the manifest, enforces the timeout, and finalises the manifest when the child could not (killed, timed out,
+interrupted, died hard). The child dies with the thread that started it (PID is verify's: the bootstrap sets
+PR_SET_PDEATHSIG), so run_script() belongs in a thread that outlives the run, the main thread of a command.
 
-With `nproc_per_node` N (1 or more) the child is torch's own launcher, `python -m torch.distributed.run --nproc-per-node N
---standalone`, which starts the bootstrap as N ranks (each writes RUNDIR/rankK/: verify/record/run_folders.py). The
-launcher puts each rank in a session of its own, so the timeout stops each rank's group too (the pid each rank records);
+However the child ends (by itself, at the timeout, or because verify was stopped: errors.Stopped, which the command
+raises on SIGINT, SIGTERM or SIGHUP), every process it started is stopped with it (verify/launch/process_tree.py:
+DataLoader workers, ranks, a `setsid` grandchild), the run directory's lock is released, and a stopped run's
+manifest says `interrupted`, naming the signal, with every step recorded before it kept.
+
+With `nproc_per_node` N (1 or more) the bootstrap runs torch's own launcher (`torch.distributed.run --nproc-per-node N
+--standalone`), which starts the bootstrap again as N ranks (each writes RUNDIR/rankK/: verify/record/run_folders.py);
 the run's manifest then says how the ranks ended (verify/launch/rank_outcome.py).
+
+Defaults that protect the machine: a run without --timeout gets `default_timeout(steps)`, and more ranks than the
+machine holds (`rank_limit()`: its cores, and its free memory at RANK_MEMORY_GIB a rank) are refused, whether asked
+with --nproc-per-node or spawned by the script (the child checks manifest.rank_limit), unless `force`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -30,16 +39,42 @@ from pathlib import Path
 from typing import Any
 
 from verify import devices
-from verify.launch import rank_outcome
+from verify.launch import process_tree, rank_outcome
 from verify.record import run_folders
 from verify.record.schema import AUTOCAST_DTYPES, LOG, DumpMode, LossScalerPlan, RunManifest, Status
-from verify.errors import EmulationError, VerifyError
+from verify.errors import EmulationError, RunDirError, Stopped, VerifyError
 from verify.record.store import now_iso, read_last_collective, read_manifest, write_manifest
-from verify.errors import RunDirError
 
-_KILL_GRACE_S = 5.0
 _PROGRESS_POLL_S = 0.5
+# The default --timeout: room to start (import torch on a busy machine, build the model), then per step asked for a
+# step under the capture of a small model on a CPU, many times over. A safety net against a run that never ends,
+# not a measure: --timeout S sets another, --timeout 0 none.
+TIMEOUT_START_S, TIMEOUT_PER_STEP_S = 300.0, 30.0
+RANK_MEMORY_GIB = 0.5  # what a rank takes at least: torch and its process group, before any model
 
+
+def default_timeout(steps: int) -> float:
+    return TIMEOUT_START_S + TIMEOUT_PER_STEP_S * steps
+
+
+def rank_limit() -> tuple[int, str]:
+    """The most ranks this machine holds, each a training process on a core of its own with RANK_MEMORY_GIB of free
+    memory, and the words that say why."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    free_gib = _available_memory_gib()
+    if free_gib is None or cores * RANK_MEMORY_GIB <= free_gib:
+        return cores, f"{cores} core{'s' if cores > 1 else ''}"
+    return max(1, int(free_gib / RANK_MEMORY_GIB)), f"{free_gib:.1f} GiB of free memory, {RANK_MEMORY_GIB} GiB a rank"
+
+
+def _available_memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None  # not Linux: the cores alone
 
 
 
@@ -56,12 +91,20 @@ class RunOptions:
     exact_emulation: bool = False  # emulations without the devices' modelled numerics
     autocast: str = "off"
     autocast_follow: dict[str, list] = field(default_factory=dict)  # where to impose it (manifest.autocast_follow)
-    timeout: float | None = None
+    timeout: float | None = None  # seconds; None: default_timeout(steps); 0: none
     tensor_cap_mb: float = 512.0
     extra_env: dict[str, str] = field(default_factory=dict)
     loss_scaler_plan: LossScalerPlan | None = None  # a reference following the port's GradScaler
     perturbation: dict[str, Any] = field(default_factory=dict)  # a calibration run (manifest.perturbation)
     nproc_per_node: int = 0  # ranks launched through torch.distributed.run (0: the script as one process)
+    force: bool = False  # start more ranks than the machine holds (rank_limit())
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The timeout the run gets: --timeout, else the default for the steps asked; None for --timeout 0."""
+        if self.timeout is None:
+            return default_timeout(self.steps)
+        return self.timeout or None
 
 
 def _device_and_env(script: Path, options: RunOptions) -> tuple[str, dict[str, str]]:
@@ -88,6 +131,12 @@ def _check_inputs(script: Path, options: RunOptions) -> None:
         raise VerifyError("--steps must be at least 1")
     if options.nproc_per_node < 0:
         raise VerifyError("--nproc-per-node must be at least 1")
+    if options.timeout is not None and options.timeout < 0:
+        raise VerifyError("--timeout must be 0 (none) or more seconds")
+    limit, why = rank_limit()
+    if options.nproc_per_node > limit and not options.force:
+        raise VerifyError(f"--nproc-per-node {options.nproc_per_node} asks for more training processes than this "
+                          f"machine holds ({why}): use at most {limit}, or add --force to start them anyway")
     if options.device not in devices.DEVICES:
         raise VerifyError(f"--device must be one of {', '.join(devices.DEVICES)}")
     if options.autocast not in ("off", *AUTOCAST_DTYPES):
@@ -122,19 +171,16 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         perturbation=dict(options.perturbation),
         steps_requested=options.steps,
         started_at=now_iso(),
-        timeout_s=options.timeout,
+        timeout_s=options.timeout_s,
         nproc_per_node=options.nproc_per_node,
+        rank_limit=0 if options.force else rank_limit()[0],
         world_size=max(1, options.nproc_per_node),
     )
 
 
-def _command(run_dir: Path, nproc_per_node: int) -> list[str]:
-    """The bootstrap, as one process or as N ranks started by torch's own launcher on this node."""
-    bootstrap = [sys.executable, "-P", "-m", "verify.capture.bootstrap", str(run_dir.resolve())]
-    if not nproc_per_node:
-        return bootstrap
-    return [sys.executable, "-P", "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
-            "--standalone", "--no-python", *bootstrap]
+def _command(run_dir: Path) -> list[str]:
+    """The bootstrap (which starts the ranks itself where the manifest asks for some), dying with this process."""
+    return [sys.executable, "-P", "-m", "verify.capture.bootstrap", str(run_dir.resolve()), str(os.getpid())]
 
 
 def run_script(
@@ -147,46 +193,54 @@ def run_script(
 ) -> Path:
     """Runs `script args` for `options.steps` steps and returns the finished run directory (read its manifest for
     the outcome). Raises VerifyError when verify cannot do the run; everything the script does ends up in the
-    manifest instead."""
+    manifest instead. Raises errors.Stopped (a KeyboardInterrupt becomes Stopped(SIGINT)) when verify was stopped
+    during the run, once the run is stopped and its manifest says so."""
     script = Path(script).resolve()
     _check_inputs(script, options)
     device, device_env = _device_and_env(script, options)
     run_dir = Path(run_dir) if run_dir is not None else run_folders.default_run_dir(script, device)
     run_folders.claim(run_dir)
-    manifest = _initial_manifest(script, args, options, device)
-    write_manifest(run_dir, manifest)
-    calibration = {devices.BLOCKS_VAR: str(options.perturbation["blocks"])} if options.perturbation else {}
-    env = {**os.environ, **device_env, **calibration, **options.extra_env, "PYTHONHASHSEED": str(options.seed)}
-    env["PYTHONUNBUFFERED"] = "1"  # the script's output reaches output.log and the user as it is printed
-    started = time.monotonic()
-    returncode, ending = _supervise(
-        _command(run_dir, options.nproc_per_node), script.parent, env, run_dir, options.timeout, on_output, on_progress,
-    )
-    _finalise(run_dir, returncode, ending, options.timeout, time.monotonic() - started)
-    run_folders.release(run_dir)
-    if ending == "interrupted":
-        raise KeyboardInterrupt
+    try:
+        manifest = _initial_manifest(script, args, options, device)
+        write_manifest(run_dir, manifest)
+        calibration = {devices.BLOCKS_VAR: str(options.perturbation["blocks"])} if options.perturbation else {}
+        env = {**os.environ, **device_env, **calibration, **options.extra_env, "PYTHONHASHSEED": str(options.seed)}
+        env["PYTHONUNBUFFERED"] = "1"  # the script's output reaches output.log and the user as it is printed
+        started = time.monotonic()
+        returncode, ending, stopped = _supervise(
+            _command(run_dir), script.parent, env, run_dir, options.timeout_s, on_output, on_progress)
+        _finalise(run_dir, returncode, ending, options.timeout_s, time.monotonic() - started, stopped)
+    finally:
+        run_folders.release(run_dir)
+    if stopped is not None:
+        stopped.runs.append(run_dir)
+        raise stopped
     return run_dir
 
 
-def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress) -> tuple[int, str]:
-    """Runs the child to its end; returns its exit code and how it ended: "exited", "timeout" or "interrupted"."""
+def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress) -> tuple[int, str, Stopped | None]:
+    """Runs the child to its end, then stops whatever it left running; returns its exit code, how it ended
+    ("exited", "timeout" or "interrupted") and, when verify was stopped, the Stopped to raise once the run is
+    finalised."""
+    token = secrets.token_hex(8)  # every process of this run inherits it (process_tree.TOKEN_VAR)
+    stopped = None
     with (run_dir / LOG).open("w", errors="replace") as log:
-        child = subprocess.Popen(
-            command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, errors="replace", bufsize=1, start_new_session=True,  # a group: the timeout kills workers too
-        )
-        reader = threading.Thread(target=_pump, args=(child.stdout, log, on_output), daemon=True)
-        reader.start()
         try:
+            with process_tree.signals_held():  # a signal while the child starts is raised once it is watched
+                child = subprocess.Popen(
+                    command, cwd=cwd, env={**env, process_tree.TOKEN_VAR: token}, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                    start_new_session=True,  # Ctrl-C in the terminal reaches verify alone, which stops the child
+                )
+                reader = threading.Thread(target=_pump, args=(child.stdout, log, on_output), daemon=True)
+                reader.start()
             ending = _wait(child, run_dir, timeout, on_progress)
-        except KeyboardInterrupt:  # the child has its own session, so Ctrl-C reaches only us: end it too
-            ending = "interrupted"
-        if ending != "exited":
-            _kill_groups(child, run_dir)
-        _kill_groups(child, run_dir, ranks_only=True)  # a rank the launcher left behind
-        reader.join(timeout=_KILL_GRACE_S)
-    return child.returncode, ending
+        except (Stopped, KeyboardInterrupt) as stop:
+            ending, stopped = "interrupted", stop if isinstance(stop, Stopped) else Stopped(signal.SIGINT)
+        with process_tree.signals_held():  # a signal now is raised once everything is stopped
+            process_tree.stop(child, token)  # after a run that ended by itself too: what it left (a rank, a helper)
+        reader.join(timeout=process_tree.GRACE_S)
+    return child.returncode, ending, stopped
 
 
 def _wait(child: subprocess.Popen, run_dir: Path, timeout: float | None, on_progress) -> str:
@@ -224,51 +278,8 @@ def _report_progress(run_dir: Path, last_steps: int, on_progress) -> int:
     return steps
 
 
-def _rank_groups(run_dir: Path) -> list[int]:
-    """The process groups of the ranks still alive: torch.distributed.run starts each rank in a session of its own,
-    which signalling the launcher's group does not reach."""
-    groups = []
-    for folder in run_folders.rank_dirs(run_dir):
-        try:
-            groups.append(os.getpgid(int(read_manifest(folder).extra.get("pid", 0)) or -1))
-        except (RunDirError, ProcessLookupError, ValueError, TypeError):
-            continue  # no pid recorded, or the rank is gone
-    return groups
-
-
-def _kill_groups(child: subprocess.Popen, run_dir: Path, ranks_only: bool = False) -> None:
-    """SIGTERM to the child's whole group (DataLoader workers included) and to each rank's, SIGKILL if they
-    linger."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        groups = _rank_groups(run_dir) + ([] if ranks_only else [child.pid])
-        for group in groups:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, sig)
-        if not groups or _all_gone(child, groups):
-            return
-
-
-def _all_gone(child: subprocess.Popen, groups: list[int]) -> bool:
-    """Whether the child has exited and no process of `groups` is left, waiting up to the grace period."""
-    deadline = time.monotonic() + _KILL_GRACE_S
-    while time.monotonic() < deadline:
-        if child.poll() is not None and not any(_group_alive(group) for group in groups):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None, wall_s: float) -> None:
+def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None, wall_s: float,
+              stopped: Stopped | None) -> None:
     """Completes the manifest when the child could not: timed out, interrupted, killed, or dead before its end."""
     manifest = read_manifest(run_dir)
     manifest.wall_s = round(wall_s, 3)
@@ -276,20 +287,21 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
     if ending == "timeout":
         manifest.status, manifest.exit_code = Status.TIMEOUT.value, returncode
         manifest.message = f"timed out after {timeout:g} s ({done})"
-    elif ending == "interrupted":
-        manifest.status, manifest.exit_code = Status.CRASHED.value, returncode
-        manifest.message = f"interrupted by the user ({done})"
+    elif stopped is not None:
+        manifest.status, manifest.exit_code = Status.INTERRUPTED.value, returncode
+        manifest.message = f"interrupted: verify was stopped by {stopped.signal_name} ({done})"
     elif manifest.status == Status.RUNNING.value:
         manifest.status, manifest.exit_code = Status.CRASHED.value, returncode
         cause = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
         manifest.message = f"the process {cause} before verify could record how it ended"
     manifest.finished_at = manifest.finished_at or now_iso()
     if folders := run_folders.rank_dirs(run_dir):
-        manifest = _finalise_ranks(manifest, folders, ending, timeout)
+        manifest = _finalise_ranks(manifest, folders, ending, timeout, stopped)
     write_manifest(run_dir, manifest)
 
 
-def _finalise_ranks(run: RunManifest, folders: list[Path], ending: str, timeout: float | None) -> RunManifest:
+def _finalise_ranks(run: RunManifest, folders: list[Path], ending: str, timeout: float | None,
+                    stopped: Stopped | None) -> RunManifest:
     """Each rank's manifest completed where its process could not (killed at the timeout, or by the launcher after
     another rank failed), and the run's manifest composed from them (verify/launch/rank_outcome.py)."""
     ranks, lasts = [], []
@@ -299,7 +311,7 @@ def _finalise_ranks(run: RunManifest, folders: list[Path], ending: str, timeout:
         except RunDirError:
             continue  # a rank killed before it wrote its manifest: the reader names it
         last = read_last_collective(folder)
-        manifest = rank_outcome.stop_rank(manifest, ending, timeout, last)
+        manifest = rank_outcome.stop_rank(manifest, ending, timeout, last, stopped.signal_name if stopped else "")
         write_manifest(folder, manifest)
         ranks.append(manifest)
         lasts.append(last)

@@ -74,6 +74,7 @@ class Status(str, Enum):
     SHORT = "short"  # the script ended by itself before the requested steps
     CRASHED = "crashed"  # an exception escaped the script (traceback in the manifest)
     TIMEOUT = "timeout"  # killed after --timeout seconds
+    INTERRUPTED = "interrupted"  # verify was stopped (SIGINT, SIGTERM, SIGHUP: the message names it), so the run
     NAN = "nan"  # the loss became NaN or inf; stopped there
     NO_STEPS = "no-steps"  # the script ended without a single step (no backward, no forward of a module)
 
@@ -262,6 +263,9 @@ class RunManifest:
     rank: int = 0
     world_size: int = 1
     nproc_per_node: int = 0
+    # The most ranks the machine holds (its cores and free memory, verify/launch/runner.py): the child refuses a script
+    # that spawns more (0: no limit, --force).
+    rank_limit: int = 0
     process_group: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 

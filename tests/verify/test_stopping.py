@@ -1,0 +1,213 @@
+"""A stopped verify stops everything it started (issue 36, items 3 and 4): `verify` started as a real process, stopped
+with SIGTERM (what `timeout` and CI send), SIGINT (Ctrl-C) or SIGKILL while tests/verify/scripts/long_train.py
+trains, then /proc searched for any process of the run, the manifest read for `interrupted` and the steps kept, and
+the folders for writer locks. And the defaults that protect the machine: a timeout by default, ranks refused beyond
+what the machine holds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from verify.cli import app
+from verify.cli.pair import route
+from verify.errors import EXIT_ERROR, EXIT_FAILED, Stopped
+from verify.launch.runner import RunOptions, default_timeout, rank_limit
+from verify.record.run_folders import WRITER_LOCK, lead_dir
+from verify.record.store import RunDirError, read_manifest, read_run
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+LONG = ["--", "100000"]  # steps long_train.py trains: far more than a test waits for
+STARTED_S = 180  # torch imported and two steps made, on a busy shared machine
+
+
+def processes_naming(path: Path) -> list[str]:
+    """The command lines of the living processes that name `path` (verify, the bootstrap, a rank, the orphan)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(path) in command:
+            found.append(command)
+    return found
+
+
+def until_nothing_survives(path: Path, within_s: float = 15.0) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while (left := processes_naming(path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def start_verify(tmp_path: Path, *args: str) -> subprocess.Popen:
+    """`verify ARGS` as a process of its own, as a shell or CI starts it."""
+    return subprocess.Popen([sys.executable, "-m", "verify", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def until_steps(verify: subprocess.Popen, run_dir: Path, steps: int = 2) -> int:
+    """Waits until the run (its lowest rank) has recorded `steps` steps; returns how many it has."""
+    deadline = time.monotonic() + STARTED_S
+    while time.monotonic() < deadline:
+        assert verify.poll() is None, verify.communicate()
+        try:
+            done = read_manifest(lead_dir(run_dir)).steps_completed
+        except RunDirError:
+            done = 0  # not written yet
+        if done >= steps:
+            return done
+        time.sleep(0.2)
+    raise AssertionError(f"{run_dir} made fewer than {steps} steps in {STARTED_S} s")
+
+
+def stopped_with(verify: subprocess.Popen, sig: signal.Signals) -> tuple[int, str]:
+    verify.send_signal(sig)
+    _, err = verify.communicate(timeout=60)
+    return verify.returncode, err
+
+
+def locks_in(folder: Path) -> list[Path]:
+    return list(folder.rglob(WRITER_LOCK))
+
+
+def long_script(tmp_path: Path, name: str = "long_train.py") -> Path:
+    """long_train.py copied into tmp_path, so that every process it starts names tmp_path."""
+    return Path(shutil.copy(SCRIPTS / "long_train.py", tmp_path / name))
+
+
+def assert_interrupted(run_dir: Path, signal_name: str, at_least: int) -> None:
+    run = read_run(run_dir)
+    for manifest, losses in [(run.manifest, run.losses)] + [(rank.manifest, rank.losses) for rank in run.ranks]:
+        assert manifest.status == "interrupted", manifest.message
+        assert f"stopped by {signal_name}" in manifest.message
+        assert manifest.steps_completed >= at_least and len(losses) == manifest.steps_completed
+
+
+def test_exit_codes_of_a_stopped_verify_are_the_shells():
+    assert [Stopped(sig).exit_code for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)] == [130, 143, 129]
+    assert Stopped(signal.SIGTERM).signal_name == "SIGTERM"
+
+
+def test_a_run_gets_a_timeout_by_default_scaled_to_its_steps_and_none_with_0():
+    assert RunOptions(steps=20).timeout_s == default_timeout(20) > default_timeout(5) == RunOptions(steps=5).timeout_s
+    assert RunOptions(steps=20, timeout=7).timeout_s == 7 and RunOptions(steps=20, timeout=0).timeout_s is None
+
+
+def test_more_ranks_than_the_machine_holds_are_refused_before_anything_runs(tmp_path):
+    limit, why = rank_limit()
+    out = tmp_path / "run"
+    argv = ["run", str(SCRIPTS / "tiny_train.py"), "--nproc-per-node", str(limit + 1), "-o", str(out)]
+    result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
+    assert result.exit_code == EXIT_ERROR, result.output
+    line = " ".join(result.output.split())
+    assert f"--nproc-per-node {limit + 1} asks for more training processes than this machine holds ({why})" in line
+    assert f"use at most {limit}, or add --force" in line and not out.exists()
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_run_and_the_setsid_orphan_it_started_and_marks_it_interrupted(tmp_path):
+    """The issue's case: verify killed by SIGTERM, its child trained on and wrote `ok` 14 s later, locks left."""
+    out = tmp_path / "run"
+    verify = start_verify(tmp_path, "run", str(long_script(tmp_path)), "--steps", "100000", "-q", "-o", str(out),
+                          *LONG, "--orphan")
+    done = until_steps(verify, out)
+    assert any("orphan-of" in command for command in processes_naming(tmp_path))
+    code, err = stopped_with(verify, signal.SIGTERM)
+    assert code == 143, err
+    assert "stopped: verify received SIGTERM and stopped every process it started" in " ".join(err.split())
+    assert "Traceback" not in err
+    assert until_nothing_survives(tmp_path, within_s=2) == []
+    assert_interrupted(out, "SIGTERM", done)
+    assert locks_in(out) == []
+    time.sleep(2)  # nothing writes into the run any more
+    assert read_manifest(out).status == "interrupted"
+
+
+@pytest.mark.slow
+def test_sigint_stops_a_pair_and_leaves_no_lock(tmp_path):
+    original = long_script(tmp_path)
+    port = long_script(tmp_path, "long_train_npu.py")
+    out = tmp_path / "pair"
+    verify = start_verify(tmp_path, str(original), str(port), "--steps", "100000", "-q", "-o", str(out), *LONG)
+    done = until_steps(verify, out / "actual")
+    code, err = stopped_with(verify, signal.SIGINT)
+    assert code == 130, err
+    assert "received SIGINT" in err and "Traceback" not in err
+    assert until_nothing_survives(tmp_path, within_s=2) == []
+    assert_interrupted(out / "actual", "SIGINT", done)
+    assert locks_in(out) == [] and not (out / "ref").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_rank_and_the_launcher(tmp_path):
+    """With 2 ranks the manifest stayed `running` and the ranks outlived verify by 5-25 s."""
+    out = tmp_path / "run"
+    verify = start_verify(tmp_path, "run", str(long_script(tmp_path)), "--nproc-per-node", "2", "--steps", "100000",
+                          "-q", "-o", str(out), *LONG, "--ranks")
+    done = until_steps(verify, out)
+    code, err = stopped_with(verify, signal.SIGTERM)
+    assert code == 143, err
+    assert until_nothing_survives(tmp_path, within_s=2) == []
+    assert_interrupted(out, "SIGTERM", done)
+    assert len(read_run(out).ranks) == 2 and locks_in(out) == []
+
+
+@pytest.mark.slow
+def test_ranks_die_with_a_verify_killed_hard(tmp_path):
+    """SIGKILL leaves verify no time: the bootstrap dies with it, and each rank with the bootstrap that launched it."""
+    out = tmp_path / "run"
+    verify = start_verify(tmp_path, "run", str(long_script(tmp_path)), "--nproc-per-node", "2", "--steps", "100000",
+                          "-q", "-o", str(out), *LONG, "--ranks")
+    until_steps(verify, out)
+    code, _ = stopped_with(verify, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert until_nothing_survives(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_the_timeout_stops_a_setsid_orphan_too(tmp_path):
+    out = tmp_path / "run"
+    verify = start_verify(tmp_path, "run", str(long_script(tmp_path)), "--steps", "100000", "--timeout", "30", "-q",
+                          "-o", str(out), *LONG, "--orphan")
+    _, err = verify.communicate(timeout=120)
+    assert verify.returncode == EXIT_FAILED, err
+    assert read_manifest(out).status == "timeout" and read_manifest(out).timeout_s == 30
+    assert until_nothing_survives(tmp_path, within_s=2) == [] and locks_in(out) == []
+
+
+@pytest.mark.slow
+def test_a_script_that_spawns_its_own_ranks_is_refused_under_nproc_per_node_naming_the_option(tmp_path):
+    """`verify main.py main_npu.py --nproc-per-node 8` on a script spawning 8 ranks started 64."""
+    out = tmp_path / "run"
+    verify = start_verify(tmp_path, "run", str(SCRIPTS / "ddp_spawn.py"), "--nproc-per-node", "2", "--steps", "2",
+                          "-o", str(out))
+    _, err = verify.communicate(timeout=300)
+    assert verify.returncode == EXIT_ERROR, err
+    assert "the script starts 2 ranks of its own (torch.multiprocessing.spawn)" in " ".join(err.split())
+    assert "run it without --nproc-per-node" in " ".join(err.split())
+    assert [rank.manifest.steps_completed for rank in read_run(out).ranks] == [0, 0]
+
+
+@pytest.mark.slow
+def test_a_script_spawning_more_ranks_than_the_machine_holds_is_refused_unless_forced(tmp_path):
+    limit, _ = rank_limit()
+    script = tmp_path / "ddp_spawn_many.py"
+    script.write_text((SCRIPTS / "ddp_spawn.py").read_text().replace("WORLD_SIZE = 2", f"WORLD_SIZE = {limit + 1}"))
+    verify = start_verify(tmp_path, "run", str(script), "--steps", "2", "-o", str(tmp_path / "run"))
+    _, err = verify.communicate(timeout=300)
+    assert verify.returncode == EXIT_ERROR, err
+    words = " ".join(err.split())
+    assert f"the script starts {limit + 1} ranks of its own" in words and f"more than the {limit}" in words
+    assert "add --force" in words and until_nothing_survives(tmp_path, within_s=2) == []
+
