@@ -1,6 +1,7 @@
 """`migrate`: port GPU training scripts to Ascend NPUs.
 
-Exit codes: 0 done or nothing to do; 1 changes pending (--check, --diff); 2 usage, parse or internal error.
+Exit codes: 0 done or nothing to do; 1 changes pending (--check, --diff); 2 usage, parse or internal error, or a
+port changed since migrate wrote it (named with its lines; nothing is written: --force keeps it as NAME.bak and ports).
 Diffs go to stdout; the summary, progress and errors go to stderr, errors first. Where a stream is not a terminal
 (a pipe, a file), tables become plain lines, one record each, never cut to a width.
 """
@@ -20,8 +21,8 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from migrate import __version__, checklist, collector
-from migrate.files import PlanError, default_report_dir, plan, run_jobs, shown_path
+from migrate import __version__, checklist, collector, ownership
+from migrate.files import Job, PlanError, default_report_dir, plan, run_jobs, shown_path
 from migrate.report import Summary, finding_text, write_reports
 from migrate.types import FileResult, FileStatus
 from rules import Action, AmpPolicy, Mode, RuleError, Settings, Severity, all_rules, rule_by_code, select_rules
@@ -81,6 +82,8 @@ def migrate(
     report_dir: Annotated[
         Optional[Path], typer.Option(help="Where the reports go (default: OUTPUT_report beside the output).")
     ] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace ports changed since migrate wrote them, each kept first as NAME.bak.")] = False,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=0, help="Worker processes (0: one per core).")] = 1,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print errors only.")] = False,
     list_rules: Annotated[bool, typer.Option("--list-rules", help="List every rule and exit.")] = False,
@@ -104,8 +107,11 @@ def migrate(
         writes = not (diff or check)
         planned = plan(paths, settings, out=out, in_place=in_place, write=writes, suffix=suffix,
                        report_dir=report_dir)
+        directory = report_dir or _default_report_dir(paths[0], out, in_place, suffix)
+        planned = _guard_edits(planned, rules, directory, force, quiet)
     except (PlanError, RuleError) as error:
-        stderr.print(f"[red]error:[/] {escape(str(error))}")
+        for line in str(error).splitlines():  # one error, one line
+            stderr.print(f"[red]error:[/] {escape(line)}")
         raise typer.Exit(ExitCode.ERROR) from None
     results = _run(planned, rules, jobs or os.cpu_count() or 1, quiet)
     for result in results:  # first: what follows (diffs, checklist, summary) is about the files that were read
@@ -117,11 +123,11 @@ def migrate(
     report = None
     # A run that read no file has nothing to report on: no report folder, no checklist.
     if writes and any(result.status is not FileStatus.ERROR for result in results):
-        directory = report_dir or _default_report_dir(paths[0], out, in_place, suffix)
         original, ported = _first_port(results)
         items = checklist.build(results, settings, rules, _verify_command(original, ported), original)
         try:
             report = write_reports(results, directory, f"npu-port migrate report ({mode.value} mode)", items)[0]
+            ownership.write_record(directory, planned, results)
         except OSError as error:
             where = shown_path(error.filename or directory)
             stderr.print(f"[red]error:[/] cannot write the report: {escape(where)}: {error.strerror}")
@@ -129,6 +135,17 @@ def migrate(
         if not quiet:
             _print_checklist(items)
     raise typer.Exit(_exit_code(results, writes, quiet, report))
+
+
+def _guard_edits(planned: list[Job], rules, directory: Path, force: bool, quiet: bool) -> list[Job]:
+    """PlanError naming every port changed since migrate wrote it; under --force, the jobs that keep each first."""
+    edits = ownership.edits(planned, rules, directory)
+    if edits and not force:
+        raise PlanError("\n".join(edit.refusal() for edit in edits))
+    for edit in edits if not quiet else ():
+        stderr.print(f"--force: {escape(shown_path(edit.job.target))} changed since migrate wrote it; kept as "
+                     f"{escape(shown_path(edit.backup))}")
+    return ownership.keeping_backups(planned, edits)
 
 
 def _run(planned, rules, workers: int, quiet: bool) -> list[FileResult]:

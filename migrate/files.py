@@ -6,6 +6,7 @@ encoding, BOM and line endings, so only what a rule changed differs.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
@@ -58,6 +59,7 @@ class Job:
     write: bool = True  # False under --check and --diff
     is_own_output: bool = False  # NAME_npu.py from an earlier run: written only if porting it changes something
     mirror: bool = False  # part of a folder's copy (FOLDER_npu/): copied unchanged where it cannot be ported
+    backup: Path | None = None  # --force over a file the user changed: its bytes are kept here before it is replaced
 
 
 def plan(
@@ -220,9 +222,9 @@ def run_job(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     source = shown_path(job.source)
     try:
         if not job.port:
-            if job.write:
-                write_atomic(job.target, job.source.read_bytes(), like=job.source)
-            return FileResult(source, shown_path(job.target) if job.write else None, FileStatus.SKIPPED)
+            written = write_output(job, job.source.read_bytes()) if job.write else ""
+            return FileResult(source, shown_path(job.target) if job.write else None, FileStatus.SKIPPED,
+                              written=written)
         return _port(job, rules)
     except SourceError as error:
         return _not_ported(job, str(error))
@@ -237,34 +239,67 @@ def run_job(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
 def _not_ported(job: Job, error: str) -> FileResult:
     """A file that could not be ported. In a folder's copy it is copied unchanged, so that every file of the folder
     arrives (the report says so); elsewhere nothing is written for it."""
-    target = None
+    target, written = None, ""
     if job.write and job.mirror:
         try:
-            write_atomic(job.target, job.source.read_bytes(), like=job.source)
+            written = write_output(job, job.source.read_bytes())
             target = shown_path(job.target)
         except OSError as failure:
             error += f"; not copied either: {failure.strerror or failure}"
-    return FileResult(shown_path(job.source), target, FileStatus.ERROR, error=error)
+    return FileResult(shown_path(job.source), target, FileStatus.ERROR, error=error, written=written)
 
 
 def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     from migrate.engine import migrate_source  # libcst and the rules' machinery: loaded when a file is ported
 
     source, target = shown_path(job.source), shown_path(job.target)
-    data = job.source.read_bytes()
-    decoded = decode(data, source)
+    decoded = decode(job.source.read_bytes(), source)
     with collector.paused():  # the checklist's facts, one more parse, only for a run that writes its reports
         result = migrate_source(decoded.text, source, job.settings, rules)
         facts = file_facts(result.original, result.code, result.rules_run) if job.write else None
     diff = unified_diff(result.original, result.code, str(job.source), str(job.target))  # names quoted as git does
-    # An earlier run's NAME_npu.py that needs nothing more is not copied to NAME_npu_npu.py.
-    writes = job.write and (result.changed or not job.is_own_output) and (result.changed or job.target != job.source)
-    if writes:
-        write_atomic(job.target, encode(result.code, decoded), like=job.source)
+    writes = job.write and _writes(job, result.changed)
+    written = write_output(job, encode(result.code, decoded)) if writes else ""
     status = FileStatus.CHANGED if result.changed else FileStatus.UNCHANGED
-    return FileResult(
-        source, target if writes else None, status, result.findings, diff, facts=facts, inference=result.inference
-    )
+    return FileResult(source, target if writes else None, status, result.findings, diff, facts=facts,
+                      inference=result.inference, written=written)
+
+
+def _writes(job: Job, changed: bool) -> bool:
+    """Whether a ported file is written: an earlier run's NAME_npu.py that needs nothing more is not copied to
+    NAME_npu_npu.py, and an unchanged file is not written over itself (--in-place)."""
+    return changed or (not job.is_own_output and job.target != job.source)
+
+
+def fresh_output(job: Job, rules: Sequence[type[PortRule]]) -> bytes | None:
+    """The bytes running `job` would write now; None where it would write nothing (a port that fails outside a
+    folder's copy, an earlier port that needs nothing more). Reads, never writes."""
+    from migrate.engine import migrate_source
+
+    try:
+        if not job.port:
+            return job.source.read_bytes()
+        decoded = decode(job.source.read_bytes(), shown_path(job.source))
+        result = migrate_source(decoded.text, shown_path(job.source), job.settings, rules)
+    except Exception:  # noqa: BLE001 - as run_job: a file that cannot be ported is copied unchanged into a folder's port
+        return job.source.read_bytes() if job.mirror else None
+    return encode(result.code, decoded) if _writes(job, result.changed) else None
+
+
+def write_output(job: Job, data: bytes) -> str:
+    """Write `data` to the job's target unless it holds them already (a port run again changes nothing, not even a
+    time stamp), keeping the file it replaces at `job.backup` first; returns the data's sha256, which the report
+    folder records (migrate/ownership.py)."""
+    current = job.target.read_bytes() if job.target.is_file() else None
+    if current != data:
+        if job.backup is not None and current is not None:
+            write_atomic(job.backup, current, like=job.target)
+        write_atomic(job.target, data, like=job.source)
+    return sha256(data)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def write_atomic(target: Path, data: bytes, like: Path | None = None) -> None:

@@ -55,3 +55,4 @@ class FileResult:
     error: str = ""  # "path:line:col: message" for files that could not be ported
     facts: FileFacts | None = None  # what the checklist reads from the original and ported text
     inference: bool = False  # read as an inference script (MigrationResult.inference)
+    written: str = ""  # the sha256 of what the target holds after this run ("" nothing written)

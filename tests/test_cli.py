@@ -91,7 +91,8 @@ def test_default_run_writes_beside_and_keeps_the_original(script: Path):
     ported = script.with_name("train_npu.py").read_text()
     assert "import torch_npu\nfrom torch_npu.contrib import transfer_to_npu\n" in ported
     report = script.with_name("train_npu_report")
-    expected = {"report.md", "findings.csv", "findings.json", "diff.patch", "change_list.csv", "unsupported_api.csv"}
+    expected = {"report.md", "findings.csv", "findings.json", "diff.patch", "change_list.csv", "unsupported_api.csv",
+                "written.json"}
     assert expected <= {p.name for p in report.iterdir()}
     assert "1 ported" in result.stderr and "Report:" in result.stderr
     assert result.stdout == ""

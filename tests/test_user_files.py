@@ -114,3 +114,112 @@ def test_reports_have_the_mode_the_umask_gives_new_files(tmp_path, umask):
         os.umask(previous)
     modes = {stat.S_IMODE(path.stat().st_mode) for path in (tmp_path / "train_npu_report").iterdir()}
     assert modes == {0o666 & ~umask}
+
+
+# ----- a port the user edited is theirs (issue 36) ---------------------------------------------------------------
+
+SCRIPT = b"import torch\n\n\ndef main():\n    x = torch.zeros(3).cuda()\n    print(x)\n"
+
+
+def edited(port: Path, old: bytes = b"print(x)", new: bytes = b"print(x + 1)  # mine") -> bytes:
+    port.write_bytes(port.read_bytes().replace(old, new))
+    return port.read_bytes()
+
+
+def test_porting_again_over_an_unedited_port_changes_nothing(tmp_path):
+    original = write(tmp_path / "again.py", SCRIPT)
+    assert migrate(original).exit_code == 0
+    port = tmp_path / "again_npu.py"
+    ported, inode = port.read_bytes(), port.stat().st_ino
+    os.utime(port, ns=(0, 10**18))  # a rewrite would show in the time stamp, a replacement in the inode
+    second = migrate(original)
+    assert second.exit_code == 0, second.stderr
+    assert (port.read_bytes(), port.stat().st_ino, port.stat().st_mtime_ns) == (ported, inode, 10**18)
+
+
+def test_a_port_edited_by_hand_is_not_replaced_and_the_refusal_names_the_file_and_line(tmp_path):
+    original = write(tmp_path / "again.py", SCRIPT)
+    assert migrate(original).exit_code == 0
+    port = tmp_path / "again_npu.py"
+    mine = edited(port)
+    line = mine.splitlines().index(b"    print(x + 1)  # mine") + 1
+    result = migrate(original)
+    assert result.exit_code == 2
+    assert result.stderr.replace("\n", "") == (
+        f"error: {port} was changed since migrate wrote it: it differs from the new port at line {line}; nothing was "
+        "written. Keep your changes (move them into the original, or name the new port with -o or --suffix), or pass "
+        "--force to port again, your file kept as again_npu.py.bak first")
+    assert port.read_bytes() == mine and not (tmp_path / "again_npu.py.bak").exists()
+
+
+def test_an_edit_is_refused_even_when_the_original_changed_too(tmp_path):
+    original = write(tmp_path / "again.py", SCRIPT)
+    assert migrate(original).exit_code == 0
+    mine = edited(tmp_path / "again_npu.py")
+    original.write_bytes(SCRIPT + b"main()\n")
+    result = migrate(original)
+    assert result.exit_code == 2 and "was changed since migrate wrote it" in result.stderr
+    assert (tmp_path / "again_npu.py").read_bytes() == mine
+
+
+def test_force_keeps_the_edited_port_as_a_backup_and_never_replaces_a_backup(tmp_path):
+    original = write(tmp_path / "again.py", SCRIPT)
+    assert migrate(original).exit_code == 0
+    port = tmp_path / "again_npu.py"
+    fresh = port.read_bytes()
+    first_edit = edited(port)
+    forced = migrate(original, "--force")
+    assert forced.exit_code == 0, forced.stderr
+    assert f"kept as {tmp_path / 'again_npu.py.bak'}" in forced.stderr.replace("\n", "")
+    assert port.read_bytes() == fresh and (tmp_path / "again_npu.py.bak").read_bytes() == first_edit
+    assert migrate(original).exit_code == 0  # the forced port is migrate's own again
+    second_edit = edited(port, new=b"print(x * 2)")
+    assert migrate(original, "--force").exit_code == 0
+    assert (tmp_path / "again_npu.py.bak").read_bytes() == first_edit
+    assert (tmp_path / "again_npu.py.bak.1").read_bytes() == second_edit
+
+
+def test_an_edit_that_matches_the_new_port_loses_nothing_and_is_ported_over(tmp_path):
+    original = write(tmp_path / "again.py", SCRIPT)
+    assert migrate(original).exit_code == 0
+    original.write_bytes(SCRIPT.replace(b"print(x)", b"print(x + 1)"))
+    edited(tmp_path / "again_npu.py", new=b"print(x + 1)")  # the user made the change in both
+    result = migrate(original)
+    assert result.exit_code == 0, result.stderr
+    assert not (tmp_path / "again_npu.py.bak").exists()
+
+
+def test_a_file_edited_in_a_folders_port_is_refused_before_anything_is_written(tmp_path):
+    write(tmp_path / "src" / "model.py", SCRIPT)
+    write(tmp_path / "src" / "train.py", SCRIPT)
+    config = write(tmp_path / "src" / "config.yaml", b"lr: 0.1\n")
+    assert migrate(tmp_path / "src").exit_code == 0
+    copied = tmp_path / "src_npu" / "config.yaml"
+    copied.write_bytes(b"lr: 0.2\n")  # a copied file is as much the user's once edited
+    mine = edited(tmp_path / "src_npu" / "train.py")
+    config.write_bytes(b"lr: 0.3\n")
+    result = migrate(tmp_path / "src")
+    assert result.exit_code == 2
+    refused = [line for line in result.stderr.replace("\n ", " ").splitlines() if line.startswith("error:")]
+    assert len(refused) == 2 and "config.yaml was changed" in refused[0] and "train.py was changed" in refused[1]
+    assert copied.read_bytes() == b"lr: 0.2\n" and (tmp_path / "src_npu" / "train.py").read_bytes() == mine
+
+
+def test_a_port_without_a_record_is_replaced_only_if_nothing_would_be_lost(tmp_path):
+    """A port written before migrate kept its record (or whose report folder lost it): its bytes are compared with
+    the new port's."""
+    original = write(tmp_path / "again.py", SCRIPT)
+    assert migrate(original).exit_code == 0
+    (tmp_path / "again_npu_report" / "written.json").unlink()
+    assert migrate(original).exit_code == 0  # the same bytes as the new port: nothing to lose
+    (tmp_path / "again_npu_report" / "written.json").unlink()
+    edited(tmp_path / "again_npu.py")
+    result = migrate(original)
+    assert result.exit_code == 2 and "migrate has no record of writing it" in result.stderr.replace("\n", "")
+
+
+def test_check_and_diff_read_an_edited_port_without_refusing(tmp_path):
+    original = write(tmp_path / "again.py", SCRIPT)
+    assert migrate(original).exit_code == 0
+    edited(tmp_path / "again_npu.py")
+    assert migrate(original, "--check").exit_code == 1  # writes nothing: nothing to refuse

@@ -21,6 +21,7 @@ from verify.cli import compare_cmd as compare_cli
 from verify.report.advice import advise
 from verify.compare import metrics
 from verify.compare.runs import compare_runs
+from verify.errors import CompareError
 from verify.report.writers import write_reports
 from verify.compare.findings import FindingCode
 from verify.compare.precision_policy import CompareOptions
@@ -271,16 +272,26 @@ def test_different_scripts_are_flagged_low_match(tmp_path):
     assert FindingCode.LOW_MATCH in [f.code for f in result.findings]
 
 
-def test_missing_files_are_notes_not_tracebacks(tmp_path):
-    ref = write_run(tmp_path / "ref")
+def test_a_run_that_ended_whole_but_lacks_files_is_damaged_not_judged(tmp_path):
+    write_run(tmp_path / "ref")
     actual = write_run(tmp_path / "actual", ops=with_noise(trace_ops()))
     (actual / "losses.csv").unlink()
     stream = actual / "ops" / TABLE_FILE
     stream.write_bytes(stream.read_bytes()[:-100])  # the last step's batch cut short
+    with pytest.raises(CompareError, match=f"damaged run directory {actual}: losses.csv is missing; ops/{TABLE_FILE} "
+                                           "is damaged at byte "):
+        read_side(actual)
+
+
+def test_a_killed_runs_stream_cut_short_in_its_last_step_is_a_note(tmp_path):
+    """A run killed mid-write (timeout) may lose the end of the step it was writing, and the manifest's last step."""
+    ref = write_run(tmp_path / "ref", status="timeout")
+    actual = write_run(tmp_path / "actual", ops=with_noise(trace_ops()), status="timeout")
+    stream = actual / "ops" / TABLE_FILE
+    stream.write_bytes(stream.read_bytes()[:-100])  # the last step's batch cut short
     result = compare_runs(read_side(ref), read_side(actual))
-    assert "actual: no loss recorded" in result.notes
-    assert any(note.startswith(f"actual: ops/{TABLE_FILE} is damaged at byte ") and note.endswith("read the 2 step(s) before it")
-               for note in result.notes)
+    assert any(note.startswith(f"actual: ops/{TABLE_FILE} is damaged at byte ")
+               and note.endswith("read the 2 step(s) before it") for note in result.notes)
     assert result.status_counts()["only_ref"] == len(TRACE)
 
 
@@ -538,14 +549,15 @@ def test_a_script_that_updates_its_parameters_itself_is_told_its_learning_rate_d
     recorded, so the first op to differ, the in-place update after backward(), is named as the script's own update."""
     trace = [*TRACE[:15], ("other", "", "aten.add_", "float32", (16, 3, 3, 3))]
     no_hparams = pd.DataFrame(columns=["step", "group", "name", "value", "optimizer"])
+    no_grads = grads().iloc[:0]  # gradients are recorded where an optimizer steps
     ref_ops = trace_ops(trace=trace)
     actual_ops = with_noise(ref_ops)
     update = actual_ops["op"] == "aten.add_"
     actual_ops.loc[update, ["min", "max", "mean", "l2_norm"]] *= 1.01
     later = actual_ops["step"] > 0
     actual_ops.loc[later & ~update, "l2_norm"] *= 1.01
-    result = compare_runs(read_side(write_run(tmp_path / "ref", ops=ref_ops, hparam=no_hparams)),
-                          read_side(write_run(tmp_path / "actual", ops=actual_ops, hparam=no_hparams)))
+    result = compare_runs(read_side(write_run(tmp_path / "ref", ops=ref_ops, hparam=no_hparams, grad=no_grads)),
+                          read_side(write_run(tmp_path / "actual", ops=actual_ops, hparam=no_hparams, grad=no_grads)))
     assert result.verdict.reason.startswith("FAIL: first divergent operator: aten.add_ (other, step 0")
     assert ("the script's own parameter update (no optimizer): its learning rate or rule differs"
             in result.verdict.reason)

@@ -103,7 +103,8 @@ def test_unsafe_tensor_names_are_not_followed(tmp_path):
 
 @pytest.mark.parametrize("layout", list(msprobe.Layout))
 def test_export_round_trips_through_the_reader(tmp_path, layout):
-    run = read_side(write_run(tmp_path / "run", ops=trace_ops(steps=2)))
+    two_steps = {"steps_requested": 2, "steps_completed": 2}  # as many as the op records hold
+    run = read_side(write_run(tmp_path / "run", ops=trace_ops(steps=2), **two_steps))
     written = msprobe.write_dump(run, tmp_path / "exported", layout)
     assert [p.name for p in written] == ["proc0" if layout is msprobe.Layout.PROC else "rank"] * 2
     first = json.loads((written[0] / "dump.json").read_text())
@@ -112,7 +113,7 @@ def test_export_round_trips_through_the_reader(tmp_path, layout):
     back = read_side(tmp_path / "exported")
     assert back.ops["l2_norm"].tolist() == run.ops.sort_values(["step", "seq"])["l2_norm"].tolist()
     # msprobe names carry no module or phase: two exports pair with each other, entry by entry.
-    other = read_side(write_run(tmp_path / "other", ops=with_noise(trace_ops(steps=2))))
+    other = read_side(write_run(tmp_path / "other", ops=with_noise(trace_ops(steps=2)), **two_steps))
     msprobe.write_dump(other, tmp_path / "other_exported", layout)
     result = compare_runs(back, read_side(tmp_path / "other_exported"))
     assert result.status_counts()["exact"] == len(run.ops) and result.first_divergent is None

@@ -49,13 +49,18 @@ def compare_options(loss_rtol: float | None, op_mapping: list[Path] | None) -> C
 
 
 def read_run_directory(root: Path) -> Run:
-    """A run directory via verify.record.store; what it had to skip is in the run's notes (shown in every report)."""
+    """A run directory via verify.record.store; what it had to skip is in the run's notes (shown in every report).
+    A damaged one (Run.damage: it lacks or cannot read what its manifest promises) is no evidence: CompareError,
+    exit 2, never a verdict."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the same problems come back as Run.notes
-            return read_run(root)
+            run = read_run(root)
     except RunDirError as error:
         raise CompareError(f"{error} (and it is not an msprobe dump either)") from None
+    if run.damage:
+        raise CompareError(f"damaged run directory {root}: {'; '.join(run.damage)}; damaged evidence is not judged")
+    return run
 
 
 def read_side(path: Path) -> Run:

@@ -27,11 +27,12 @@ drop_last, seeded_generator}, ...]}.
 A table (ops, grads, outputs) is one Arrow IPC stream, TABLE_FILE in its folder: the schema, then one record batch
 per step, appended and flushed to the OS as the step ends (every step pays for it: no file to create and no parquet
 encoding keeps it cheap). The folder appears with the table's first step, so a training run has no outputs/. Each
-batch carries the CRC-32 of its serialized form (verify/record/store.py): a stream cut short by a crash, or damaged, is
-read up to the batch before the damage, with a note. manifest.json is checked against RunManifest as it is read (types,
-required fields, schema version): RunManifest.from_json. Every file is plain data (JSON, CSV, Arrow IPC,
-.npy without pickle): readers never unpickle anything, and names read from a run directory never become paths
-outside it. This module imports neither torch nor pandas.
+batch carries the CRC-32 of its serialized form (verify/record/store.py): a stream cut short by a kill is read up to
+the batch before the cut, with a note; a damaged one makes the run damaged (store.Run.damage), never judged.
+manifest.json is checked against RunManifest as it is read (types, required fields, schema version):
+RunManifest.from_json. Every file is plain data (JSON, CSV, Arrow IPC, .npy without pickle): readers never unpickle
+anything, and names read from a run directory never become paths outside it. This module imports neither torch nor
+pandas.
 """
 
 from __future__ import annotations

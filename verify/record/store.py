@@ -2,13 +2,21 @@
 
 The writer runs inside the instrumented child and receives plain Python numbers and numpy arrays: whatever touches
 tensors converts them first (`verify.capture.ops`). The reader runs anywhere, including on a laptop without torch: it
-concatenates the record batches of each table's stream, keeps the complete ones of a stream cut short by a crash
+concatenates the record batches of each table's stream, keeps the complete ones of a stream cut short by a kill
 (with a warning), never unpickles anything and refuses names that would leave the run directory.
+
+What a run directory lacks or cannot read of what its manifest promises is its damage (`Run.damage`), not a note: a
+run that ended under verify's control (ok, short, nan, no-steps) promises every file whole; every run promises, for
+each step it completed, its losses (training), its operator records (--dump stats, tensor, md5), a gradient table,
+the hyperparameters of each step whose gradients it recorded, and its outputs (inference). A run killed mid-write
+may lose the last step it completed and the end of a file; nothing else. Damaged evidence is never judged
+(verify/cli/compare_cmd.py: exit 2).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import warnings
@@ -41,7 +49,9 @@ from verify.record.schema import (
     SAMPLE_COLUMNS,
     SAMPLES_DIR,
     TABLE_FILE,
+    DumpMode,
     RunManifest,
+    Status,
 )
 from verify.errors import RunDirError
 
@@ -220,6 +230,9 @@ class Run:
     samples: pd.DataFrame = field(default_factory=lambda: empty_frame(SAMPLE_COLUMNS))
     source: str = "npu-port run directory"
     notes: list[str] = field(default_factory=list)
+    # What the run directory lacks or cannot read of what its manifest promises (the module's docstring), each naming
+    # its file: evidence that cannot be judged. [] for an intact run.
+    damage: list[str] = field(default_factory=list)
     # A run of several ranks: each rank's Run, by rank; the run itself holds the run's manifest and rank 0's records,
     # which stand for the run where one rank is read (its precision, its loss scaler). [] for a single process.
     ranks: list[Run] = field(default_factory=list)
@@ -233,17 +246,28 @@ def _empty(columns: Mapping[str, str]) -> pd.DataFrame:
     return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in columns.items()})
 
 
-def _complete_batches(path: Path, folder: str, problems: list[str]) -> list[pa.RecordBatch]:
+@dataclass
+class _Reading:
+    """What reading one process's run directory found wrong: `damage` (Run.damage) and `notes` (Run.notes); `cut`:
+    the run may have been killed mid-write (its status is not one verify ended it with), so the end of a file may
+    be missing."""
+
+    cut: bool
+    damage: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _complete_batches(path: Path, folder: str, reading: _Reading) -> list[pa.RecordBatch]:
     """The record batches of a stream up to the first damaged one, each checked before any of its values is used
-    (offsets and lengths in full, then its checksum); the damage (a write cut short by a crash, a flipped byte) is
-    reported with the step it hides and its byte offset."""
+    (offsets and lengths in full, then its checksum); what is wrong is reported with the step it hides and its byte
+    offset: damage, unless the stream just ends early in a run killed mid-write (a note)."""
     batches: list[pa.RecordBatch] = []
     offset, name = 0, f"{folder}/{TABLE_FILE}"
     try:
         with pa.OSFile(str(path)) as source:
             reader = pa.ipc.open_stream(source)
             if damage := _schema_damage(reader.schema, folder):  # the schema has no checksum: its columns are checked
-                problems.append(_damaged(name, batches, offset, damage))
+                reading.damage.append(_damaged(name, batches, offset, damage))
                 return batches
             checksummed = (reader.schema.metadata or {}).items() >= _CHECKSUMMED.items()
             while True:
@@ -253,11 +277,12 @@ def _complete_batches(path: Path, folder: str, problems: list[str]) -> list[pa.R
                 except StopIteration:
                     return batches
                 if damage := _damage(batch, metadata, checksummed):
-                    problems.append(_damaged(name, batches, offset, damage))
+                    reading.damage.append(_damaged(name, batches, offset, damage))
                     return batches
                 batches.append(batch)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as error:  # a damaged name in the schema: not UTF-8
-        problems.append(_damaged(name, batches, offset, str(error)))
+        (reading.notes if reading.cut else reading.damage).append(
+            _damaged(name, batches, offset, str(error)))
     return batches
 
 
@@ -293,47 +318,62 @@ def _damaged(name: str, batches: list[pa.RecordBatch], offset: int, damage: str)
     return f"{name} is damaged at byte {offset}, {where}: {damage}; read the {len(batches)} step(s) before it"
 
 
-def _read_steps(run_dir: Path, folder: str, problems: list[str]) -> pd.DataFrame:
+def _read_steps(run_dir: Path, folder: str, reading: _Reading) -> pd.DataFrame:
     columns = TABLES[folder]
     path = run_dir / folder / TABLE_FILE
-    batches = _complete_batches(path, folder, problems) if path.is_file() else []
+    batches = _complete_batches(path, folder, reading) if path.is_file() else []
     if not batches:
         return _empty(columns)
     frame = pa.Table.from_batches(batches).to_pandas()
     return frame.reindex(columns=list(columns)).astype(columns)
 
 
-def _read_csv(
-    path: Path, columns: Sequence[str], floats: Sequence[str], integers: Sequence[str], problems: list[str]
-) -> pd.DataFrame:
-    """A CSV of ours; a row whose integer cells do not parse (cut short by a crash) is dropped and reported, and a
-    file that is not CSV at all (empty, damaged) reads as no rows, with a note."""
+def _read_csv(path: Path, columns: Sequence[str], floats: Sequence[str], integers: Sequence[str],
+              reading: _Reading) -> pd.DataFrame:
+    """A CSV of ours, its rows whose cells parse. Every line the writer wrote is a row of numbers where the columns
+    are numbers (a NaN loss reads "nan"), so anything else is damage: no file, no header, a line that is not a row, a
+    cell that is not a number; only a last row cut short in a run killed mid-write is left out with a note."""
     frame = pd.DataFrame({name: pd.Series(dtype="string") for name in columns})
-    if path.is_file():
-        try:
-            frame = pd.read_csv(path, dtype="string", keep_default_na=False, on_bad_lines="skip",
-                                encoding_errors="replace")
-        except (pd.errors.EmptyDataError, pd.errors.ParserError) as error:
-            problems.append(f"{path.name} is unreadable, read as empty: {' '.join(str(error).split())}")
-    if missing := [name for name in columns if name not in frame.columns]:
-        problems.append(f"{path.name} lacks the column(s) {', '.join(missing)}: its header is damaged")
+    data, damaged = path.read_bytes() if path.is_file() else None, len(reading.damage)
+    if data is None:
+        reading.damage.append(f"{path.name} is missing")
+    elif data and not data.endswith(b"\n"):  # the writer ends every row: a row cut short
+        (reading.notes if reading.cut else reading.damage).append(
+            f"{path.name} ends in the middle of a row" + (" (the run was stopped while writing it)" * reading.cut))
+        data = data[: data.rfind(b"\n") + 1]
+    lines = data.count(b"\n") - 1 if data else 0  # less the header
+    try:
+        frame = pd.read_csv(io.BytesIO(data), dtype="string", keep_default_na=False, on_bad_lines="skip",
+                            encoding_errors="replace") if data else frame
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+        reading.damage.append(f"{path.name} is not a CSV table: {' '.join(str(error).split())}")
+    if data == b"":
+        reading.damage.append(f"{path.name} is empty: not even a whole header")
+    elif data is not None and (missing := [name for name in columns if name not in frame.columns]):
+        reading.damage.append(f"{path.name} lacks the column(s) {', '.join(missing)}: its header is damaged")
+    elif len(frame) < lines:
+        reading.damage.append(f"{path.name}: {lines - len(frame)} of its {lines} line(s) are not rows of the table")
     frame = frame.reindex(columns=list(columns)).astype("string")
+    cells = frame[[*floats, *integers]].fillna("")
     for name in (*floats, *integers):
         frame[name] = pd.to_numeric(frame[name].replace("", None), errors="coerce").astype("float64")
     counts = frame[list(integers)]
-    # A step or a counter that is not a whole number in int64's range is as unreadable as a missing one.
-    complete = (counts.notna() & (counts % 1 == 0) & (counts.abs() < 2.0**62)).all(axis=1)
-    if not complete.all():
-        problems.append(f"skipped {int((~complete).sum())} incomplete row(s) of {path.name}")
+    # A step or a counter that is not a whole number in int64's range is as unreadable as a missing one, and so is a
+    # number that does not parse.
+    unparsed = (frame[[*floats, *integers]].isna() & (cells != "") & (cells.apply(lambda c: c.str.lower()) != "nan"))
+    complete = (counts.notna() & (counts % 1 == 0) & (counts.abs() < 2.0**62)).all(axis=1) & ~unparsed.any(axis=1)
+    if not complete.all() and len(reading.damage) == damaged:
+        reading.damage.append(f"{path.name}: {int((~complete).sum())} row(s) hold cells that are not numbers")
     frame = frame[complete].reset_index(drop=True)
     return frame.astype({name: "int64" for name in integers})
 
 
-def read_losses(run_dir: Path, problems: list[str] | None = None) -> pd.DataFrame:
-    """losses.csv alone (the loss curve is small; the op tables need not be read for it)."""
-    problems = [] if problems is None else problems
-    floats, integers = ("loss", "loss_scale", "wall_ms"), ("step", "micro_step")
-    return _read_csv(Path(run_dir) / LOSSES, LOSS_COLUMNS, floats, integers, problems)
+_LOSS_NUMBERS = (("loss", "loss_scale", "wall_ms"), ("step", "micro_step"))
+
+
+def read_losses(run_dir: Path) -> pd.DataFrame:
+    """losses.csv alone, its readable rows (the loss curve is small; the op tables need not be read for it)."""
+    return _read_csv(Path(run_dir) / LOSSES, LOSS_COLUMNS, *_LOSS_NUMBERS, _Reading(cut=True))
 
 
 def read_run(run_dir: Path) -> Run:
@@ -360,25 +400,89 @@ def _read_ranks(run_dir: Path, folders: list[Path]) -> Run:
     if missing:
         notes.append(f"no records of rank(s) {', '.join(map(str, missing))} of {manifest.world_size}")
     notes += [f"rank {run.manifest.rank}: {note}" for run in ranks for note in run.notes]
+    damage = [f"rank {run.manifest.rank}: {damage}" for run in ranks for damage in run.damage]
     if not ranks:
         return Run(run_dir, manifest, notes=notes)
-    return replace(ranks[0], root=run_dir, manifest=manifest, ranks=ranks, notes=notes)
+    return replace(ranks[0], root=run_dir, manifest=manifest, ranks=ranks, notes=notes, damage=damage)
 
 
 def _read_process(run_dir: Path) -> Run:
     """The run directory of one process: a single-process run, or one rank of several."""
     manifest = read_manifest(run_dir)
-    problems: list[str] = []
-    losses = read_losses(run_dir, problems)
-    hparams = _read_csv(run_dir / HPARAMS, HPARAM_COLUMNS, (), ("step", "optimizer"), problems)
+    reading = _Reading(cut=manifest.status not in _ENDED_BY_VERIFY)
+    losses = _read_csv(run_dir / LOSSES, LOSS_COLUMNS, *_LOSS_NUMBERS, reading)
+    hparams = _read_csv(run_dir / HPARAMS, HPARAM_COLUMNS, (), ("step", "optimizer"), reading)
+    if not reading.damage and (texts := hparams["value"].dropna().map(_is_json).value_counts().get(False, 0)):
+        reading.damage.append(f"{HPARAMS}: {texts} value(s) are not the JSON its writer writes")
     hparams["value"] = hparams["value"].map(_json_or_text, na_action="ignore").astype("object")
-    tables = {folder: _read_steps(run_dir, folder, problems) for folder in TABLES}
-    for problem in problems:
+    tables = {folder: _read_steps(run_dir, folder, reading) for folder in TABLES}
+    if not reading.damage:  # a table that cannot be read has lost its rows: that is said once, above
+        reading.damage += _broken_promises(run_dir, manifest, losses, hparams, tables, reading.cut)
+    for problem in (*reading.damage, *reading.notes):
         warnings.warn(f"{run_dir}: {problem}", stacklevel=2)
     if losses.empty and not manifest.inference:
-        problems.append("no loss recorded")
+        reading.notes.append("no loss recorded")
     return Run(run_dir, manifest, ops=tables[OPS_DIR], losses=losses, hparams=hparams, grads=tables[GRADS_DIR],
-               outputs=tables[OUTPUTS_DIR], samples=tables[SAMPLES_DIR], notes=problems)
+               outputs=tables[OUTPUTS_DIR], samples=tables[SAMPLES_DIR], notes=reading.damage + reading.notes,
+               damage=reading.damage)
+
+
+# The statuses of a run that verify ended itself, its files closed whole; any other (running, timeout, crashed) may
+# have been killed while writing.
+_ENDED_BY_VERIFY = (Status.OK.value, Status.SHORT.value, Status.NAN.value, Status.NO_STEPS.value)
+
+
+def _broken_promises(run_dir: Path, manifest: RunManifest, losses: pd.DataFrame, hparams: pd.DataFrame,
+                     tables: Mapping[str, pd.DataFrame], cut: bool) -> list[str]:
+    """What the manifest promises that the readable files lack: for each step the run wrote (a run killed mid-write
+    may have lost its last), its losses, op records, gradient table and hyperparameters (a training run with an
+    optimizer) and outputs (an inference)."""
+    written = range(max(0, manifest.steps_completed - cut))
+    if not written:
+        return []
+    steps = f"of the {len(written)} step(s) the manifest records as written"
+    broken = []
+    if not manifest.inference and (missing := _missing(losses, written)):
+        broken.append(f"{LOSSES} has no loss of step(s) {missing} {steps}")
+    if manifest.dump_mode != DumpMode.OFF.value and (missing := _missing(tables[OPS_DIR], written)):
+        broken.append(f"{OPS_DIR}/{TABLE_FILE} has no operator records of step(s) {missing} {steps} (it was "
+                      f"recorded with --dump {manifest.dump_mode})")
+    # The recorder writes a batch of each every step, if only an empty one.
+    for folder, why in ((GRADS_DIR, f"though an optimizer stepped ({HPARAMS})" if len(hparams) else ""),
+                        (OUTPUTS_DIR, "though the run is an inference" if manifest.inference else "")):
+        if why and not (run_dir / folder / TABLE_FILE).is_file():
+            broken.append(f"{folder}/{TABLE_FILE} is missing, {why}")
+    if unmatched := sorted(set(tables[GRADS_DIR]["step"]) - set(hparams["step"])):
+        broken.append(f"{HPARAMS} has no hyperparameters of step(s) {_shown_steps(unmatched)}, whose gradients the "
+                      "optimizer stepped with")
+    # the last step's rows of a run killed mid-write may be cut short
+    return broken + _uneven_hparams(hparams[hparams["step"] < hparams["step"].max()] if cut else hparams)
+
+
+def _uneven_hparams(hparams: pd.DataFrame) -> list[str]:
+    """Rows of hparams.csv lost or renamed: every optimizer step writes its optimizer's class (group "") and each
+    param_group's settings, whose names torch fixes when the group is made, so each group names the same settings at
+    every step it appears in."""
+    names = hparams.groupby(["optimizer", "group", "step"])["name"].agg(frozenset)
+    for (optimizer, group), steps in names.groupby(level=[0, 1]):
+        if steps.nunique() > 1:
+            return [f"{HPARAMS}: optimizer {optimizer}'s {'group ' + group if group else 'class'} names other "
+                    "settings from step to step (rows lost or damaged)"]
+        classless = set(hparams.loc[hparams["optimizer"] == optimizer, "step"]) - set(
+            steps.index.get_level_values("step") if group == "" else ())
+        if group == "" and classless:
+            return [f"{HPARAMS}: optimizer {optimizer} has no class at step(s) {_shown_steps(sorted(classless))}"]
+    return []
+
+
+def _missing(table: pd.DataFrame, steps: range) -> str:
+    """The steps of `steps` that `table` has no row of, as a person reads them ("" none)."""
+    missing = sorted(set(steps) - set(table["step"]))
+    return _shown_steps(missing) if missing else ""
+
+
+def _shown_steps(steps: Sequence[int]) -> str:
+    return ", ".join(map(str, steps[:8])) + (f" and {len(steps) - 8} more" if len(steps) > 8 else "")
 
 
 def read_last_collective(run_dir: Path) -> dict[str, Any]:
@@ -389,6 +493,14 @@ def read_last_collective(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) and isinstance(record.get("count"), int) else {}
+
+
+def _is_json(cell: str) -> bool:
+    try:
+        json.loads(cell)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def _json_or_text(cell: str) -> Any:

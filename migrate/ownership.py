@@ -1,0 +1,114 @@
+"""A port the user edited is theirs: what migrate wrote is recorded, and a file changed since is never replaced unasked.
+
+Every run that writes records, in its report folder (written.json), the sha256 of each file it wrote, by its path
+relative to that folder. Before the next run writes anything, each target on disk is checked: one that holds what
+migrate last wrote there, or what it would write now (nothing would be lost), is migrate's to replace; any other was
+changed by someone, and the run stops (exit 2) naming it and the lines that differ, unless --force, which keeps the
+file beside it (NAME.bak, NAME.bak.1, ...) before replacing it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from migrate.files import Job, fresh_output, sha256, shown_path, write_atomic
+from migrate.types import FileResult
+
+if TYPE_CHECKING:
+    from rules import PortRule
+
+WRITTEN_JSON = "written.json"
+SHOWN_PLACES = 6  # places named in one refusal; the others are counted
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A target on disk that holds neither what migrate last wrote there nor what it would write now."""
+
+    job: Job
+    recorded: bool  # whether the report folder has a record of what migrate wrote there
+    lines: str  # "at line 3, lines 7-9": where the file differs from the port migrate would write now
+    backup: Path
+
+    def refusal(self) -> str:
+        target = shown_path(self.job.target)
+        why = ("was changed since migrate wrote it" if self.recorded
+               else "is not what migrate would write and migrate has no record of writing it")
+        return (f"{target} {why}: it differs from the new port {self.lines}; nothing was written. Keep your "
+                "changes (move them into the original, or name the new port with -o or --suffix), or pass --force "
+                f"to port again, your file kept as {shown_path(self.backup.name)} first")
+
+
+def edits(jobs: Sequence[Job], rules: Sequence[type[PortRule]], report_dir: Path) -> list[Edit]:
+    """The targets the run would replace although they hold what someone else wrote (reads, never writes)."""
+    record = read_record(report_dir)
+    found = []
+    for job in jobs:
+        if not job.write or job.target == job.source or not job.target.is_file():
+            continue
+        current = job.target.read_bytes()
+        recorded = record.get(_key(job.target, report_dir))
+        if recorded == sha256(current):
+            continue
+        fresh = fresh_output(job, rules)
+        if fresh is not None and fresh != current:
+            found.append(Edit(job, recorded is not None, _changed_lines(current, fresh), backup_path(job.target)))
+    return found
+
+
+def keeping_backups(jobs: Sequence[Job], found: Sequence[Edit]) -> list[Job]:
+    """The jobs, each that replaces an edited file told where to keep it first (--force)."""
+    backups = {edit.job.target: edit.backup for edit in found}
+    return [replace(job, backup=backups.get(job.target)) for job in jobs]
+
+
+def backup_path(target: Path) -> Path:
+    """NAME.bak beside the target, or NAME.bak.1, .2, ...: an earlier backup is never replaced."""
+    candidate, number = target.with_name(f"{target.name}.bak"), 0
+    while candidate.exists() or candidate.is_symlink():
+        number += 1
+        candidate = target.with_name(f"{target.name}.bak.{number}")
+    return candidate
+
+
+def read_record(report_dir: Path) -> dict[str, str]:
+    """path (relative to the report folder) -> sha256 of what migrate wrote there; {} where none can be read."""
+    try:
+        files = json.loads((report_dir / WRITTEN_JSON).read_bytes())["files"]
+        return {path: digest for path, digest in files.items() if isinstance(digest, str)}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # absent, or not a record of ours
+        return {}
+
+
+def write_record(report_dir: Path, jobs: Sequence[Job], results: Sequence[FileResult]) -> Path:
+    """Adds what this run wrote to the report folder's record (the other files it names keep their entries)."""
+    record = read_record(report_dir) | {
+        _key(job.target, report_dir): result.written for job, result in zip(jobs, results) if result.written}
+    path = report_dir / WRITTEN_JSON
+    write_atomic(path, json.dumps({"files": dict(sorted(record.items()))}, indent=1).encode())
+    return path
+
+
+def _key(target: Path, report_dir: Path) -> str:
+    # relative: a project moved or checked out elsewhere, its report folder with it, keeps its record
+    return os.fsdecode(os.path.relpath(os.path.abspath(target), os.path.abspath(report_dir)))
+
+
+def _changed_lines(current: bytes, fresh: bytes) -> str:
+    """Where `current` differs from `fresh`, by its own line numbers: "at line 3, lines 7-9, after line 40"."""
+    mine, theirs = current.decode(errors="replace").splitlines(), fresh.decode(errors="replace").splitlines()
+    places = [_place(start, end) for tag, start, end, _, _ in
+              difflib.SequenceMatcher(None, mine, theirs, autojunk=False).get_opcodes() if tag != "equal"]
+    more = f" and {len(places) - SHOWN_PLACES} more places" if len(places) > SHOWN_PLACES else ""
+    return "at " + ", ".join(places[:SHOWN_PLACES]) + more if places else "in its line endings or encoding"
+
+
+def _place(start: int, end: int) -> str:
+    if end == start:  # lines the new port has and the file lacks
+        return f"after line {start}" if start else "before line 1"
+    return f"line {end}" if end == start + 1 else f"lines {start + 1}-{end}"
