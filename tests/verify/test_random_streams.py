@@ -173,13 +173,23 @@ def drawn(draw, seed: int, host_seed: int, device_seed: int) -> torch.Tensor:
     return result
 
 
+# The torch whose tagged ops DRAWS and NOT_KEYED list exactly; older torch lacks some of them (2.4 has no
+# rrelu_with_noise_functional) and tags fewer (2.4 leaves poisson untagged).
+LISTED_FOR = "2.13"
+
+
 def test_every_seeded_random_op_of_the_installed_torch_is_keyed_or_named_with_its_reason():
-    assert set(DRAWS) | set(random_streams.NOT_KEYED) == tagged_ops()
+    listed = set(DRAWS) | set(random_streams.NOT_KEYED)
+    assert tagged_ops() <= listed
+    if torch.__version__ >= LISTED_FOR:
+        assert listed == tagged_ops()
     assert not set(DRAWS) & set(random_streams.NOT_KEYED)
 
 
 @pytest.mark.parametrize("op", sorted(DRAWS))
 def test_a_seeded_random_op_draws_from_the_keyed_stream_whatever_the_generators_hold(op):
+    if not hasattr(torch.ops.aten, op.removeprefix("aten.")):
+        pytest.skip(f"torch {torch.__version__} has no {op}")
     draw = DRAWS[op]
     result = drawn(draw, seed=1, host_seed=0, device_seed=0)
     assert torch.equal(result, drawn(draw, seed=1, host_seed=5, device_seed=9))

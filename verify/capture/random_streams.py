@@ -148,8 +148,9 @@ def _keyed_attention(stream: KeyedStream, original: Callable[..., Any]) -> Calla
     def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                   enable_gqa: bool = False) -> torch.Tensor:
-        if dropout_p == 0.0:
-            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if dropout_p == 0.0:  # enable_gqa passed on only when asked for: torch 2.4's kernel has no such argument
+            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                            **({"enable_gqa": True} if enable_gqa else {}))
         if enable_gqa:
             key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
             value = value.repeat_interleave(query.size(-3) // value.size(-3), -3)

@@ -60,8 +60,7 @@ def get_arch_list() -> list[str]:
 
 
 CUDA_ONLY = {"get_device_properties": get_device_properties, "get_device_capability": get_device_capability,
-             "is_bf16_supported": is_bf16_supported, "get_arch_list": get_arch_list,
-             "is_current_stream_capturing": lambda: False}
+             "is_bf16_supported": is_bf16_supported, "get_arch_list": get_arch_list}
 
 _installed: list[object] = []  # what must stay alive: the autocast policy's registrations
 

@@ -12,7 +12,9 @@ torch_npu.npu for the NPU, npu_port_emulation.cuda for the CUDA stand-in.
 
 from __future__ import annotations
 
+import abc
 import contextlib
+import importlib
 import os
 import time
 import types
@@ -39,7 +41,8 @@ __all__ = [
     "get_rng_state_all", "set_rng_state_all", "memory_allocated", "max_memory_allocated", "memory_reserved",
     "max_memory_reserved", "memory_stats", "memory_summary", "empty_cache", "reset_peak_memory_stats",
     "reset_max_memory_allocated", "Stream", "Event", "stream", "current_stream", "default_stream",
-    "is_autocast_enabled", "set_autocast_enabled", "get_autocast_dtype", "set_autocast_dtype",
+    "is_current_stream_capturing", "is_autocast_enabled", "set_autocast_enabled", "get_autocast_dtype",
+    "set_autocast_dtype",
 ]
 
 def is_available() -> bool:
@@ -215,6 +218,19 @@ def _cuda_index_or_current(device: object) -> int:
     return _cuda.current_device() if index is None else index
 
 
+def _registered_as_torchs_own(event: type, stream: type) -> None:
+    """torch 2.4's DeviceInterface (torch._dynamo, which an optimizer's step imports) asserts that the device's Event
+    and Stream subclass the abstract bases in torch._streambase; they are registered with them. Later torch's
+    _streambase names torch.Event and torch.Stream, which are not abstract, and asserts nothing at registration."""
+    try:
+        streambase = importlib.import_module("torch._streambase")
+    except ModuleNotFoundError:  # a torch that dropped the deprecated module
+        return
+    for cls, base in ((event, streambase._EventBase), (stream, streambase._StreamBase)):
+        if isinstance(base, abc.ABCMeta):
+            base.register(cls)
+
+
 if ON_CUDA:
     Stream = _cuda.Stream
     Event = _cuda.Event
@@ -277,6 +293,7 @@ else:
             """No graph capture on the CPU (optimizers ask before each step)."""
             return False
 
+    _registered_as_torchs_own(Event, Stream)
     _the_stream = Stream()
 
     def current_stream(device: object = None) -> Stream:
@@ -288,6 +305,12 @@ else:
     @contextlib.contextmanager
     def stream(stream: Stream | None):
         yield
+
+
+def is_current_stream_capturing() -> bool:
+    """Optimizers ask before each step (torch's graph-capture health check, on every torch that finds the device
+    available); without this, torch <= 2.9 asks the real CUDA runtime, which a machine without a GPU lacks."""
+    return _cuda.is_current_stream_capturing() if ON_CUDA else False
 
 
 def is_autocast_enabled() -> bool:
