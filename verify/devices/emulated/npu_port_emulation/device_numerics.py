@@ -19,13 +19,16 @@ kernels and the same generator would agree to 0.000%, which proves nothing about
   `--no-align-random`) draws every seeded random op above this mode, so these draws are the device's own only where
   a run leaves them to it.
 
-The two faces use different block counts (CUDA_BLOCKS, NPU_BLOCKS) and generator streams. The backward of these ops,
-the other reductions (softmax, norms, losses) and convolution's backward keep the CPU's order: not modelled. The
+The two faces use different block counts (CUDA_BLOCKS, NPU_BLOCKS) and generator streams. The other ops that
+half_precision.HALF_PRECISION computes in float32 from half inputs (convolution's backward, the CPU's flash attention,
+mv, dot) are computed so in the CPU's order, as are the other reductions (softmax, norms, losses): not modelled. The
 modelling sits below verify's op capture (a dispatch mode entered when the face is installed, before the capture),
 so the capture records the same ops on both sides, with the face's values.
 
 With EXACT_VAR set (`verify --exact-emulation`), none of this is done: the faces compute as the CPU does and draw from
-the CPU's generator, for bit-exact debugging. TF32/HF32 rounding follows the script's switches either way
+the CPU's generator, for bit-exact debugging, except that half precision is computed as the devices compute it
+(HALF_PRECISION, in the CPU's order), as a CPU reference under an imposed autocast computes it
+(`half_precision_as_devices()`): the CPU's own half-precision products are 20-200x slower, and unlike any device's. TF32/HF32 rounding follows the script's switches either way
 (reduced_precision.py).
 """
 
