@@ -234,3 +234,32 @@ def test_the_table_names_each_op_computed_from_half_inputs_and_how():
     assert all(row.why for row in table.HALF_PRECISION.values())
     whole = set(table.computed_so(table.Computed.WHOLE_IN_FLOAT32))
     assert {"lstm", "gru", "rrelu"} <= whole and not whole & in_float32
+
+
+CONV_TRAINER = """
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    optimizer.zero_grad()
+    model(torch.randn(4, 3, 8, 8)).float().pow(2).mean().backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated-npu"])
+def test_a_run_under_an_imposed_autocast_computes_half_precision_by_the_table_and_names_it(tmp_path, device):
+    """A CPU reference under an imposed fp16 autocast computes its products as the emulated devices do: in float32
+    from the half inputs, rounded (the CPU's own fp16 convolution is 20x slower and unlike a device's)."""
+    script = tmp_path / "train.py"
+    script.write_text(CONV_TRAINER)
+    done = subprocess.run([sys.executable, "-m", "verify.cli", "run", str(script), "--device", device, "--autocast",
+                           "fp16", "--steps", "2", "-q", "-o", str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["half_precision"]
+    assert record["table"] == "npu_port_emulation/half_precision.py HALF_PRECISION"
+    assert {"convolution", "convolution_backward", "addmm", "mm"} <= set(record["computed"])
