@@ -13,8 +13,8 @@ raises as they do, so that a port computing BCELoss under autocast fails here as
 Where the CPU has no kernel for an op in the dtype the device runs it in, or its kernel computes something else, the
 op is computed in float32 from inputs rounded to the device's dtype, and its outputs are rounded to that dtype
 (COMPUTED_IN_FLOAT32: the rows of half_precision.HALF_PRECISION computed whole in float32): the device's values up to
-accumulation order, with autograd recording the casts and the float32 op, so that backward runs through it. `computed_in_float32()` names the ops a process computed so (the run's
-manifest lists them). The ops were found by tests/verify/probe_cpu_kernels.py, over torch's OpInfo database and the
+accumulation order, with autograd recording the casts and the float32 op, so that backward runs through it.
+`computed_in_float32()` names the ops a process computed so (the run's manifest lists them). The ops were found by tests/verify/probe_cpu_kernels.py, over torch's OpInfo database and the
 recurrent modules, forward and backward, in float16 and bfloat16.
 
 Differences that remain: CUDA's "promote" list (addcmul, index_put, ...) is left to CPU autocast's own handling, and

@@ -28,8 +28,8 @@ so the capture records the same ops on both sides, with the face's values.
 With EXACT_VAR set (`verify --exact-emulation`), none of this is done: the faces compute as the CPU does and draw from
 the CPU's generator, for bit-exact debugging, except that half precision is computed as the devices compute it
 (HALF_PRECISION, in the CPU's order), as a CPU reference under an imposed autocast computes it
-(`half_precision_as_devices()`): the CPU's own half-precision products are 20-200x slower, and unlike any device's. TF32/HF32 rounding follows the script's switches either way
-(reduced_precision.py).
+(`half_precision_as_devices()`): the CPU's own half-precision products are 20-200x slower, and unlike any device's.
+TF32/HF32 rounding follows the script's switches either way (reduced_precision.py).
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def _as_float32(value: Any) -> Any:
 def _op_overloads(name: str) -> list[Any]:
     """The overloads of aten `name` that compute a new result: no out= variant, nothing in place."""
     packet = getattr(aten, name, None)
-    overloads = [getattr(packet, overload) for overload in getattr(packet, "overloads", list)() if "out" not in overload]
-    return [op for op in overloads if not op._schema.is_mutable]
+    names = [overload for overload in getattr(packet, "overloads", list)() if "out" not in overload]
+    return [op for op in (getattr(packet, overload) for overload in names) if not op._schema.is_mutable]
 
 
 def _record(func: Any, tensor: torch.Tensor) -> None:
@@ -151,7 +151,7 @@ class DeviceNumerics(TorchDispatchMode):
             half = _half_dtype(values)
             if half is None or not _strided(*(value for value in values if isinstance(value, torch.Tensor))):
                 return None
-            _record(func, next(value for value in values if isinstance(value, torch.Tensor) and _half(value)))
+            half_precision.computed(func._overloadpacket.__name__)
             outputs = func(*tree_map(_as_float32, args), **tree_map(_as_float32, kwargs))
             if isinstance(outputs, torch.Tensor):
                 return outputs.to(half)
