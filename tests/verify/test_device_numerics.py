@@ -3,6 +3,7 @@ sums its products and reductions in an order of its own and draws from a generat
 the CPU; `--exact-emulation` turns both off. Each face runs in a child process, as under `verify`."""
 
 import ast
+import importlib
 import json
 import os
 import subprocess
@@ -67,6 +68,12 @@ def on_the_cpu() -> dict[str, torch.Tensor]:
         torch.set_num_threads(threads)
 
 
+def half_as_devices(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a.half() @ b.half() as the devices compute it (half_precision.HALF_PRECISION), in the CPU's order: the half
+    inputs multiplied in float32, the result rounded to float16 (returned as float32)."""
+    return (a.half().float() @ b.half().float()).half().float()
+
+
 def _computed_here() -> dict[str, torch.Tensor]:
     given = inputs()
     torch.manual_seed(7)
@@ -74,7 +81,7 @@ def _computed_here() -> dict[str, torch.Tensor]:
     torch.manual_seed(7)
     mask = F.dropout(torch.ones(2000), 0.5)
     return {"mm": given["a"] @ given["b"], "linear": F.linear(given["a"], given["b"].T.contiguous(), given["bias"]),
-            "half_mm": (given["a"].half() @ given["b"].half()).float(), "sum": given["values"].sum(0),
+            "half_mm": half_as_devices(given["a"], given["b"]), "sum": given["values"].sum(0),
             "mean": given["values"].mean(), "randn": drawn, "dropout": mask,
             "conv": F.conv2d(given["images"], given["kernel"]),
             "conv_transpose": F.conv_transpose2d(given["images"], given["kernel"].transpose(0, 1)),
@@ -140,3 +147,119 @@ def test_parent_and_stand_in_name_the_same_variables():
                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
                 and node.targets[0].id in ("EXACT_VAR", "BLOCKS_VAR")}
     assert assigned == {"EXACT_VAR": devices.EXACT_EMULATION_VAR, "BLOCKS_VAR": devices.BLOCKS_VAR}
+
+
+# --- half precision as the devices compute it (half_precision.HALF_PRECISION) -----------------------------------
+
+HALF_TRAINING_STEP = """
+import json, sys
+import torch
+import torch.nn.functional as F
+from verify.devices.setup import half_precision, prepare
+
+prepare(sys.argv[1])
+generator = torch.Generator().manual_seed(0)
+images = torch.randn(4, 8, 12, 12, generator=generator).half().requires_grad_()
+kernel = torch.randn(16, 8, 3, 3, generator=generator).half().requires_grad_()
+output = F.conv2d(images, kernel, padding=1)
+grad = torch.randn(output.shape, generator=generator).half()
+output.backward(grad)
+query = torch.randn(2, 2, 16, 8, generator=generator).half()
+attended = F.scaled_dot_product_attention(query, query, query)
+normed = F.batch_norm(output.detach(), None, None, training=True)
+print("RESULT " + json.dumps({
+    "images": images.tolist(), "kernel": kernel.tolist(), "grad": grad.tolist(),
+    "dtypes": [str(tensor.dtype) for tensor in (output, images.grad, kernel.grad, attended, normed)],
+    "grad_input": images.grad.tolist(), "grad_weight": kernel.grad.tolist(), "half_precision": half_precision(),
+}))
+"""
+
+
+def half_step_on(device: str, exact: bool) -> dict:
+    env = {**os.environ, **devices.child_env(device, devices.EmulateOn.CPU.value, exact_emulation=exact)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(devices.STAND_IN_DIR.parents[1])]))
+    done = subprocess.run([sys.executable, "-c", HALF_TRAINING_STEP, device], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["modelled", "exact"])
+def test_a_half_convolution_backward_on_the_emulated_npu_is_computed_in_float32_and_rounded(exact):
+    """The devices' matrix units take half inputs and accumulate in float32: the gradients are the float32 backward of
+    the half inputs rounded once to float16 (bit for bit), within half an fp16 ulp of the float64 backward."""
+    step = half_step_on("emulated-npu", exact)
+    images, kernel, grad = (torch.tensor(step[name], dtype=torch.float16) for name in ("images", "kernel", "grad"))
+    assert step["dtypes"] == ["torch.float16"] * 5
+
+    def backward(dtype: torch.dtype, magnitudes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        given = [tensor.to(dtype).abs() if magnitudes else tensor.to(dtype) for tensor in (grad, images, kernel)]
+        try:
+            grad_input, grad_weight, _ = torch.ops.aten.convolution_backward(
+                *given, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+        finally:
+            torch.set_num_threads(threads)
+        return grad_input, grad_weight
+
+    # float32's accumulation error (at most terms x its epsilon x the sum of the terms' magnitudes) and one rounding
+    # to float16 (half its epsilon, relative): far below float16's own accumulation error
+    terms = 4 * 12 * 12  # the longest sum: the weight gradient's, over the batch and the image
+    for name, exact_float32, exact_float64, magnitude in zip(("grad_input", "grad_weight"), backward(torch.float32),
+                                                               backward(torch.float64), backward(torch.float64, True)):
+        computed = torch.tensor(step[name], dtype=torch.float16)
+        assert torch.equal(computed, exact_float32.half()), name
+        bound = (torch.finfo(torch.float16).eps / 2 * exact_float64.abs()
+                 + terms * torch.finfo(torch.float32).eps * magnitude)
+        assert ((computed.double() - exact_float64).abs() <= bound).all(), name
+    computed_ops = step["half_precision"]["computed"]
+    assert step["half_precision"]["table"].endswith("half_precision.py HALF_PRECISION")
+    assert {"convolution", "convolution_backward", "_scaled_dot_product_flash_attention_for_cpu"} <= set(computed_ops)
+    assert "native_batch_norm" not in computed_ops  # the CPU's kernel already reduces half inputs in float32
+
+
+def test_the_table_names_each_op_computed_from_half_inputs_and_how():
+    """Every op the emulated numerics compute from half inputs is a row of the one table, each such row is computed
+    (an overload in this torch), and the autocast policy's float32 ops are its whole-op rows."""
+    from verify.devices.setup import load_emulation
+
+    package = load_emulation().__name__
+    numerics = importlib.import_module(f"{package}.device_numerics")
+    table = importlib.import_module(f"{package}.half_precision")
+    random_ops = {"native_dropout", "bernoulli", "bernoulli_"}
+    handled = {op._overloadpacket.__name__ for op in numerics.DeviceNumerics(3, torch.Generator())._handlers}
+    in_float32 = set(table.computed_so(table.Computed.IN_FLOAT32))
+    assert handled - random_ops == in_float32
+    assert all(row.why for row in table.HALF_PRECISION.values())
+    whole = set(table.computed_so(table.Computed.WHOLE_IN_FLOAT32))
+    assert {"lstm", "gru", "rrelu"} <= whole and not whole & in_float32
+
+
+CONV_TRAINER = """
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    optimizer.zero_grad()
+    model(torch.randn(4, 3, 8, 8)).float().pow(2).mean().backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated-npu"])
+def test_a_run_under_an_imposed_autocast_computes_half_precision_by_the_table_and_names_it(tmp_path, device):
+    """A CPU reference under an imposed fp16 autocast computes its products as the emulated devices do: in float32
+    from the half inputs, rounded (the CPU's own fp16 convolution is 20x slower and unlike a device's)."""
+    script = tmp_path / "train.py"
+    script.write_text(CONV_TRAINER)
+    done = subprocess.run([sys.executable, "-m", "verify.cli", "run", str(script), "--device", device, "--autocast",
+                           "fp16", "--steps", "2", "-q", "-o", str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["half_precision"]
+    assert record["table"] == "npu_port_emulation/half_precision.py HALF_PRECISION"
+    assert {"convolution", "convolution_backward", "addmm", "mm"} <= set(record["computed"])

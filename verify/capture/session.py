@@ -66,9 +66,11 @@ def _seed_everything(seed: int) -> None:
 
 @contextlib.contextmanager
 def _cuda_autocast_casts_on_cpu() -> Iterator[None]:
-    """A plain CPU run under an imposed autocast takes CUDA's op lists, as both stand-ins do (verify.devices)."""
+    """A plain CPU run under an imposed autocast takes CUDA's op lists and computes half precision as the devices do,
+    as both stand-ins do (verify.devices)."""
     library = device_setup.install_autocast_casts_on_cpu()
-    yield
+    with device_setup.half_precision_as_devices():
+        yield
     del library  # unregisters them
 
 
@@ -206,6 +208,7 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
     if computed := device_setup.ops_computed_in_fp32():  # the CPU lacked the device's kernel (an fp16 LSTM)
         manifest.extra["computed_in_fp32"] = computed
     manifest.modelled_numerics = device_setup.modelled_numerics()
+    manifest.half_precision = device_setup.half_precision()
     manifest.finished_at = now_iso()
     writer.close()
     write_manifest(run_dir, manifest)

@@ -9,6 +9,7 @@ importable anywhere else.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -97,11 +98,24 @@ def install_autocast_casts_on_cpu() -> object:
     return importlib.import_module(f"{load_emulation().__name__}.autocast_policy").install_npu_autocast_policy()
 
 
+def half_precision_as_devices() -> contextlib.AbstractContextManager:
+    """A plain CPU run under an imposed autocast computes half precision as the devices do, as both stand-ins do
+    (half_precision.HALF_PRECISION): a dispatch mode to enter below the capture."""
+    return importlib.import_module(f"{load_emulation().__name__}.device_numerics").half_precision_as_devices()
+
+
 def modelled_numerics() -> list[str]:
     """What this process's emulation modelled of its device's numerics (device_numerics.MODELLED), for the manifest;
     none on a real device, the CPU, or in exact mode."""
     numerics = sys.modules.get(f"{EMULATION_PACKAGE}.device_numerics")
     return list(numerics.MODELLED) if numerics is not None else []
+
+
+def half_precision() -> dict[str, object]:
+    """The table by which this process's emulation, or a CPU run under an imposed autocast, computed half precision,
+    and the ops it computed by it (half_precision.record()), for the manifest; empty where none was loaded."""
+    table = sys.modules.get(f"{EMULATION_PACKAGE}.half_precision")
+    return table.record() if table is not None else {}
 
 
 def ops_computed_in_fp32() -> list[str]:

@@ -224,6 +224,10 @@ class RunManifest:
     # does.
     modelled_numerics: list[str] = field(default_factory=list)
     exact_emulation: bool = False
+    # How half precision was computed: {"table": the one table that says which ops compute in float32 from half
+    # inputs (verify/devices/emulated/npu_port_emulation/half_precision.py), "computed": {aten op: how, for each of its
+    # ops this run computed from half inputs}}; empty on a real device or a plain CPU run.
+    half_precision: dict[str, Any] = field(default_factory=dict)
     # A calibration run of the reference (verify/capture/perturbation.py): {"seed", "half", "blocks", "of": the
     # reference's run folder name}; empty for every other run.
     perturbation: dict[str, Any] = field(default_factory=dict)

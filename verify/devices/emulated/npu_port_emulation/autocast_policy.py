@@ -12,9 +12,9 @@ raises as they do, so that a port computing BCELoss under autocast fails here as
 
 Where the CPU has no kernel for an op in the dtype the device runs it in, or its kernel computes something else, the
 op is computed in float32 from inputs rounded to the device's dtype, and its outputs are rounded to that dtype
-(COMPUTED_IN_FLOAT32): the device's values up to accumulation order, with autograd recording the casts and the
-float32 op, so that backward runs through it. `computed_in_float32()` names the ops a process computed so (the run's
-manifest lists them). The ops were found by tests/verify/probe_cpu_kernels.py, over torch's OpInfo database and the
+(COMPUTED_IN_FLOAT32: the rows of half_precision.HALF_PRECISION computed whole in float32): the device's values up to
+accumulation order, with autograd recording the casts and the float32 op, so that backward runs through it.
+`computed_in_float32()` names the ops a process computed so (the run's manifest lists them). The ops were found by tests/verify/probe_cpu_kernels.py, over torch's OpInfo database and the
 recurrent modules, forward and backward, in float16 and bfloat16.
 
 Differences that remain: CUDA's "promote" list (addcmul, index_put, ...) is left to CPU autocast's own handling, and
@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
+
+from . import half_precision
+from .half_precision import Computed, HalfCompute, computed_so
 
 # CUDA autocast's float32 list: (op, overloads); no overloads means every overload that is not an out= variant.
 FLOAT32_OPS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
@@ -75,23 +78,9 @@ BANNED_OPS: dict[str, str] = {
 }
 
 
-class Float32Compute(NamedTuple):
-    in_autocast_dtype: bool  # the device runs it in autocast's dtype (a low-precision list); else in the dtype it gets
-    why: str  # what the device runs, and what the CPU lacks
-
-
-_RECURRENT = (
-    "a GPU runs the whole recurrent layer as one kernel in the autocast dtype (CUDA autocast casts cuDNN's "
-    "_cudnn_rnn), as torch_npu's own kernel does on the NPU; on the CPU a float16 LSTM has no oneDNN primitive, and a "
-    "GRU under autocast computes partly in float32 and returns float32"
-)
-
-# The ops computed in float32 and rounded (see the module docstring), by aten name (every overload).
-COMPUTED_IN_FLOAT32: dict[str, Float32Compute] = {
-    **{name: Float32Compute(True, _RECURRENT) for name in ("lstm", "gru", "rnn_tanh", "rnn_relu")},
-    "rrelu": Float32Compute(False, "the CPU's rrelu_with_noise has no float16 kernel (RReLU in training, after an "
-                                   "autocast linear)"),
-}
+# The ops computed whole in float32 and rounded (see the module docstring): the rows of the one table of how half
+# precision is computed that are computed so.
+COMPUTED_IN_FLOAT32: dict[str, HalfCompute] = computed_so(Computed.WHOLE_IN_FLOAT32)
 
 _AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 _REDUCED = (torch.float16, torch.bfloat16)
@@ -130,7 +119,7 @@ def _rounded_to(dtype: torch.dtype) -> Callable[[Any], Any]:
     return round_value
 
 
-def _device_dtype(how: Float32Compute, args: Any, kwargs: Any) -> torch.dtype | None:
+def _device_dtype(how: HalfCompute, args: Any, kwargs: Any) -> torch.dtype | None:
     """The dtype the device computes the op in: autocast's, or the one its floating inputs promote to (None: none)."""
     if how.in_autocast_dtype:
         return torch.get_autocast_dtype("cpu")
@@ -139,7 +128,7 @@ def _device_dtype(how: Float32Compute, args: Any, kwargs: Any) -> torch.dtype | 
     return functools.reduce(torch.promote_types, dtypes) if dtypes else None
 
 
-def _float32_kernel(op: torch._ops.OpOverload, how: Float32Compute) -> Callable:
+def _float32_kernel(op: torch._ops.OpOverload, how: HalfCompute) -> Callable:
     """`op` as the device computes it in a reduced dtype, but in float32 from the rounded inputs, rounded back."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
@@ -148,6 +137,7 @@ def _float32_kernel(op: torch._ops.OpOverload, how: Float32Compute) -> Callable:
         if reduced:
             args, kwargs = tree_map(lambda value: _to_float32(_rounded_to(dtype)(value)), (args, kwargs))
             _computed_in_float32.add(op.name())
+            half_precision.computed(op._overloadpacket.__name__)
         with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
             outputs = op(*args, **kwargs)
         return tree_map(_rounded_to(dtype), outputs) if reduced else outputs

@@ -19,14 +19,17 @@ kernels and the same generator would agree to 0.000%, which proves nothing about
   `--no-align-random`) draws every seeded random op above this mode, so these draws are the device's own only where
   a run leaves them to it.
 
-The two faces use different block counts (CUDA_BLOCKS, NPU_BLOCKS) and generator streams. The backward of these ops,
-the other reductions (softmax, norms, losses) and convolution's backward keep the CPU's order: not modelled. The
+The two faces use different block counts (CUDA_BLOCKS, NPU_BLOCKS) and generator streams. The other ops that
+half_precision.HALF_PRECISION computes in float32 from half inputs (convolution's backward, the CPU's flash attention,
+mv, dot) are computed so in the CPU's order, as are the other reductions (softmax, norms, losses): not modelled. The
 modelling sits below verify's op capture (a dispatch mode entered when the face is installed, before the capture),
 so the capture records the same ops on both sides, with the face's values.
 
 With EXACT_VAR set (`verify --exact-emulation`), none of this is done: the faces compute as the CPU does and draw from
-the CPU's generator, for bit-exact debugging. TF32/HF32 rounding follows the script's switches either way
-(reduced_precision.py).
+the CPU's generator, for bit-exact debugging, except that half precision is computed as the devices compute it
+(HALF_PRECISION, in the CPU's order), as a CPU reference under an imposed autocast computes it
+(`half_precision_as_devices()`): the CPU's own half-precision products are 20-200x slower, and unlike any device's.
+TF32/HF32 rounding follows the script's switches either way (reduced_precision.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from . import half_precision
+from .half_precision import Computed, computed_so
 
 
 # The same name as verify.devices.EXACT_EMULATION_VAR (the stand-ins never import npu-port; a test checks they agree).
@@ -69,21 +76,53 @@ def _in_order(partials: Iterable[torch.Tensor]) -> torch.Tensor:
     return functools.reduce(torch.add, partials)
 
 
+def _half(tensor: torch.Tensor) -> bool:
+    """A half-precision tensor on the CPU: its kernels there neither compute as a device does nor quickly (a GPU's
+    target computes half precision as the GPU does)."""
+    return tensor.dtype in _LOW_PRECISION and tensor.device.type == "cpu"
+
+
+def _half_dtype(values: Iterable[Any]) -> torch.dtype | None:
+    """The half dtype of the first half-precision tensor among `values`, None where there is none."""
+    return next((value.dtype for value in values if isinstance(value, torch.Tensor) and _half(value)), None)
+
+
+def _as_float32(value: Any) -> Any:
+    return value.float() if isinstance(value, torch.Tensor) and _half(value) else value
+
+
+def _op_overloads(name: str) -> list[Any]:
+    """The overloads of aten `name` that compute a new result: no out= variant, nothing in place."""
+    packet = getattr(aten, name, None)
+    names = [overload for overload in getattr(packet, "overloads", list)() if "out" not in overload]
+    return [op for op in (getattr(packet, overload) for overload in names) if not op._schema.is_mutable]
+
+
+def _record(func: Any, tensor: torch.Tensor) -> None:
+    if _half(tensor):
+        half_precision.computed(func._overloadpacket.__name__)
+
+
 class DeviceNumerics(TorchDispatchMode):
-    """The dispatch mode that computes a face's modelled ops; every other op passes through unchanged. A handler
-    returns None for a call it does not model (a dtype, layout or size it leaves alone): the call then runs as
-    given."""
+    """The dispatch mode that computes a face's modelled ops and the ops that half_precision.HALF_PRECISION computes
+    in float32; every other op passes through unchanged. A handler returns None for a call it leaves alone (a dtype,
+    layout or size): the call then runs as given. With one block (exact emulation, a CPU reference under autocast)
+    only half-precision calls are computed here, in the CPU's order."""
 
     def __init__(self, blocks: int, generator: torch.Generator | None) -> None:
         super().__init__()
         self.blocks = blocks
         self.generator = generator
-        self._handlers: dict[Any, Callable[..., Any]] = {
+        modelled = {
             aten.mm.default: self._mm, aten.bmm.default: self._mm,
             aten.addmm.default: self._addmm, aten.baddbmm.default: self._addmm,
             aten.convolution.default: self._convolution,
             aten.sum.default: self._sum, aten.sum.dim_IntList: self._sum,
             aten.mean.default: self._mean, aten.mean.dim: self._mean,
+        }
+        self._handlers: dict[Any, Callable[..., Any]] = {
+            op: modelled.get(op) or self._in_float32(row.rounded_outputs)
+            for name, row in computed_so(Computed.IN_FLOAT32).items() for op in _op_overloads(name)
         }
         if generator is not None:  # the cpu target: on cuda, the GPU's generator is the device's
             self._handlers.update({
@@ -98,28 +137,54 @@ class DeviceNumerics(TorchDispatchMode):
         result = None if handler is None else handler(func, *args, **kwargs)
         return func(*args, **kwargs) if result is None else result
 
+    def _parts(self, length: int, tensor: torch.Tensor) -> int:
+        """How many partial results to sum along a dimension of `length`: the face's blocks where it is long enough
+        to split, else one; 0 where nothing is to be done here (float32 in one piece: the CPU's own)."""
+        parts = self.blocks if length >= 2 * self.blocks else 1
+        return parts if parts > 1 or _half(tensor) else 0
+
+    # --- ops computed in float32 from half inputs, by the table --------------------------------------------------
+
+    def _in_float32(self, rounded_outputs: tuple[int, ...] | None) -> Callable[..., Any]:
+        def compute(func: Any, *args: Any, **kwargs: Any) -> Any:
+            values = tree_flatten((args, kwargs))[0]
+            half = _half_dtype(values)
+            if half is None or not _strided(*(value for value in values if isinstance(value, torch.Tensor))):
+                return None
+            half_precision.computed(func._overloadpacket.__name__)
+            outputs = func(*tree_map(_as_float32, args), **tree_map(_as_float32, kwargs))
+            if isinstance(outputs, torch.Tensor):
+                return outputs.to(half)
+            return type(outputs)(output.to(half) if isinstance(output, torch.Tensor) and output.is_floating_point()
+                                 and (rounded_outputs is None or index in rounded_outputs) else output
+                                 for index, output in enumerate(outputs))
+
+        return compute
+
     # --- matrix products and convolutions: partial products over the inner dimension, summed in float32 -----------
 
-    def _product(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor | None:
+    def _product(self, func: Any, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor | None:
         """left @ right (2-d or batched) as the sum of the face's partial products, in the accumulation dtype; None
-        where the inner dimension is too short to split or the dtype is not floating."""
-        inner = left.shape[-1]
-        if (inner < 2 * self.blocks or not left.is_floating_point() or left.dtype != right.dtype
-                or not _strided(left, right)):
+        where there is nothing to model (float32 too short to split) or the dtype is not floating."""
+        parts = self._parts(left.shape[-1], left)
+        if not parts or not left.is_floating_point() or left.dtype != right.dtype or not _strided(left, right):
             return None
+        _record(func, left)
         accumulate = _accumulated(left.dtype)
         return _in_order(torch.matmul(part_of_left.to(accumulate), part_of_right.to(accumulate)) for
-                         part_of_left, part_of_right in zip(left.tensor_split(self.blocks, -1),
-                                                            right.tensor_split(self.blocks, -2)))
+                         part_of_left, part_of_right in zip(left.tensor_split(parts, -1),
+                                                            right.tensor_split(parts, -2)))
 
     def _mm(self, func: Any, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor | None:
-        total = self._product(left, right)
+        total = self._product(func, left, right)
         return None if total is None else total.to(left.dtype)
 
     def _addmm(self, func: Any, bias: torch.Tensor, left: torch.Tensor, right: torch.Tensor, *, beta: Any = 1,
                alpha: Any = 1) -> torch.Tensor | None:
-        total = self._product(left, right)
-        if total is None or bias.dtype != left.dtype:
+        if bias.dtype != left.dtype:
+            return None
+        total = self._product(func, left, right)
+        if total is None:
             return None
         if alpha != 1:
             total = total * alpha
@@ -130,28 +195,39 @@ class DeviceNumerics(TorchDispatchMode):
     def _convolution(self, func: Any, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                      stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
                      groups: int) -> torch.Tensor | None:
-        channels = input.shape[1] if input.dim() > 1 else 0
-        if (groups != 1 or channels < 2 * self.blocks or not input.is_floating_point() or input.dtype != weight.dtype
-                or not _strided(input, weight)):
+        channels = input.shape[1] if input.dim() > 1 and groups == 1 else 0
+        parts = self._parts(channels, input)
+        if not parts or not input.is_floating_point() or input.dtype != weight.dtype or not _strided(input, weight):
             return None
+        _record(func, input)
         accumulate = _accumulated(input.dtype)
-        kernels = weight.tensor_split(self.blocks, 0 if transposed else 1)  # the weight's input channels
+        if parts == 1:  # half precision in one piece, groups included
+            return func(input.to(accumulate), weight.to(accumulate), _as_float32(bias), stride, padding, dilation,
+                        transposed, output_padding, groups).to(input.dtype)
+        kernels = weight.tensor_split(parts, 0 if transposed else 1)  # the weight's input channels
         total = _in_order(func(part.to(accumulate), kernel.to(accumulate), None, stride, padding, dilation, transposed,
-                               output_padding, 1) for part, kernel in zip(input.tensor_split(self.blocks, 1), kernels))
+                               output_padding, 1) for part, kernel in zip(input.tensor_split(parts, 1), kernels))
         if bias is not None:
             total = total + bias.to(accumulate).reshape(1, -1, *([1] * (total.dim() - 2)))
         return total.to(input.dtype)
 
     # --- sums and means: partial sums along the largest reduced dimension ---------------------------------------
 
-    def _partial_sums(self, input: torch.Tensor, dim: Any, keepdim: bool, dtype: Any) -> tuple[torch.Tensor, int]:
+    def _partial_sums(self, func: Any, input: torch.Tensor, dim: Any, keepdim: bool,
+                      dtype: Any) -> tuple[torch.Tensor, int] | None:
         """(the sum over `dim` as the face's partial sums, in the accumulation dtype with the reduced dims kept; the
-        count of elements summed per output)."""
+        count of elements summed per output); None where there is nothing to model."""
+        if not input.is_floating_point() or input.dim() == 0 or not _strided(input):
+            return None
         dims = sorted({d % input.dim() for d in dim}) if dim else list(range(input.dim()))
         longest = max(dims, key=lambda d: input.shape[d])
+        parts = self._parts(input.shape[longest], input)
+        if not parts:
+            return None
+        _record(func, input)
         accumulate = _accumulated(dtype or input.dtype)
         total = _in_order(aten.sum.dim_IntList(part, dims, True, dtype=accumulate)
-                          for part in input.tensor_split(self.blocks, longest))
+                          for part in input.tensor_split(parts, longest))
         count = 1
         for d in dims:
             count *= input.shape[d]
@@ -159,25 +235,15 @@ class DeviceNumerics(TorchDispatchMode):
             total = total.squeeze(dims)
         return total, count
 
-    def _reducible(self, input: torch.Tensor, dim: Any) -> bool:
-        if not input.is_floating_point() or input.dim() == 0 or not _strided(input):
-            return False
-        dims = [d % input.dim() for d in dim] if dim else range(input.dim())
-        return max(input.shape[d] for d in dims) >= 2 * self.blocks
-
     def _sum(self, func: Any, input: torch.Tensor, dim: Any = None, keepdim: bool = False, *,
              dtype: Any = None) -> torch.Tensor | None:
-        if not self._reducible(input, dim):
-            return None
-        total, _ = self._partial_sums(input, dim, keepdim, dtype)
-        return total.to(dtype or input.dtype)
+        summed = self._partial_sums(func, input, dim, keepdim, dtype)
+        return None if summed is None else summed[0].to(dtype or input.dtype)
 
     def _mean(self, func: Any, input: torch.Tensor, dim: Any = None, keepdim: bool = False, *,
               dtype: Any = None) -> torch.Tensor | None:
-        if not self._reducible(input, dim):
-            return None
-        total, count = self._partial_sums(input, dim, keepdim, dtype)
-        return (total / count).to(dtype or input.dtype)
+        summed = self._partial_sums(func, input, dim, keepdim, dtype)
+        return None if summed is None else (summed[0] / summed[1]).to(dtype or input.dtype)
 
     # --- the device's own random generator ----------------------------------------------------------------------
 
@@ -225,14 +291,23 @@ _installed: list[DeviceNumerics] = []
 
 
 def install(face: str, generator: OwnGenerator | None) -> None:
-    """Enters the face's numerics for the rest of the process, below any mode entered later (verify's capture).
-    Nothing in exact mode."""
-    if EXACT or _installed:
+    """Enters the face's numerics for the rest of the process, below any mode entered later (verify's capture). In
+    exact mode, on the cpu target, only half precision as the devices compute it, in the CPU's order."""
+    if _installed or (EXACT and generator is None):  # exact on a GPU: the GPU computes half precision as it does
         return
-    mode = DeviceNumerics(_blocks(face), generator.generator if generator is not None else None)
+    if EXACT:
+        mode = DeviceNumerics(1, None)
+    else:
+        mode = DeviceNumerics(_blocks(face), generator.generator if generator is not None else None)
+        MODELLED.extend(_modelled(face, own_generator=generator is not None))
     mode.__enter__()  # never left: the process ends with it
     _installed.append(mode)
-    MODELLED.extend(_modelled(face, own_generator=generator is not None))
+
+
+def half_precision_as_devices() -> DeviceNumerics:
+    """For a CPU reference under an imposed autocast: half precision computed as the devices compute it (the table),
+    in the CPU's order; a dispatch mode to enter below the capture."""
+    return DeviceNumerics(1, None)
 
 
 MODELLED: list[str] = []  # what this process's face models, for the run's manifest (empty: none, or exact)
