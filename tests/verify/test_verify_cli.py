@@ -40,6 +40,23 @@ def test_run_directory_in_the_way_is_a_usage_error(tmp_path):
     assert (tmp_path / "run" / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("command", [["run"], ["pair"], ["determinism"]])
+@pytest.mark.parametrize("seed", ["-5", str(2**32)])
+def test_a_seed_the_child_cannot_take_is_refused_before_anything_runs(tmp_path, command, seed):
+    """Issue 36 item 5: Python refuses a PYTHONHASHSEED outside 0..2**32-1, which read as the script's crash."""
+    result = verify(*command, str(SCRIPTS / "tiny_train.py"), "--seed", seed, "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2 and "--seed" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_runner_refuses_a_seed_the_child_cannot_take(tmp_path):
+    from verify.errors import VerifyError
+    from verify.launch.runner import RunOptions, run_script
+    with pytest.raises(VerifyError, match="--seed must be between 0 and 4294967295"):
+        run_script(SCRIPTS / "tiny_train.py", [], RunOptions(seed=-5), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_script_options_without_double_dash_are_refused(tmp_path):
     result = verify("run", str(SCRIPTS / "tiny_train.py"), "--epochs", "2")
     assert result.exit_code == 2 and "No such option" in result.output

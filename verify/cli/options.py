@@ -23,8 +23,13 @@ def steps(help: str) -> Any:
     return Annotated[int, typer.Option("--steps", "-n", min=1, help=help)]
 
 
+# The child takes the seed as PYTHONHASHSEED too, which Python accepts from 0 to 2**32 - 1 only: a seed outside it is
+# refused here, before anything runs, rather than read as the script's crash.
+SEED_RANGE = (0, 2**32 - 1)
+
+
 def seed(help: str) -> Any:
-    return Annotated[int, typer.Option("--seed", help=help)]
+    return Annotated[int, typer.Option("--seed", min=SEED_RANGE[0], max=SEED_RANGE[1], help=help)]
 
 
 def device(help: str) -> Any:

@@ -129,6 +129,8 @@ def _check_inputs(script: Path, options: RunOptions) -> None:
         raise VerifyError(f"{script}: no such script")
     if options.steps < 1:
         raise VerifyError("--steps must be at least 1")
+    if not 0 <= options.seed < 2**32:  # the child's PYTHONHASHSEED: Python refuses any other
+        raise VerifyError(f"--seed must be between 0 and {2**32 - 1}")
     if options.nproc_per_node < 0:
         raise VerifyError("--nproc-per-node must be at least 1")
     if options.timeout is not None and options.timeout < 0:
