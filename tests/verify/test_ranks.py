@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from live_processes import processes_naming
 from typer.testing import CliRunner
 
 from verify.cli import app
@@ -124,19 +125,6 @@ def test_a_port_whose_ranks_do_not_all_reduce_fails_naming_it(faithful, tmp_path
 
 
 FAILS = SCRIPTS / "ddp_rank_fails.py"
-
-
-def processes_naming(path: Path) -> list[str]:
-    """The command lines of the processes still running that name `path` (a launcher, a rank, a worker)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if entry.name.isdigit() and str(path) in command:
-            found.append(command)
-    return found
 
 
 @pytest.mark.parametrize("hang", ["hang", "hang-deaf"])

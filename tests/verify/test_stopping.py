@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from live_processes import processes_naming
 from typer.testing import CliRunner
 
 from verify.cli import app
@@ -28,19 +29,6 @@ from verify.record.store import RunDirError, read_manifest, read_run
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LONG = ["--", "100000"]  # steps long_train.py trains: far more than a test waits for
 STARTED_S = 180  # torch imported and two steps made, on a busy shared machine
-
-
-def processes_naming(path: Path) -> list[str]:
-    """The command lines of the living processes that name `path` (verify, the bootstrap, a rank, the orphan)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if entry.name.isdigit() and str(path) in command:
-            found.append(command)
-    return found
 
 
 def until_nothing_survives(path: Path, within_s: float = 15.0) -> list[str]:
