@@ -370,6 +370,7 @@ def test_a_reference_that_cannot_run_is_an_error_and_a_port_that_cannot_is_a_fai
                                    "-o", tmp_path / "port-crashes")
     assert exit_code == 1 and summary["reason"] == "FAIL: actual run crashed: KeyError: 'LOCAL_RANK' (after 0 steps)"
     assert summary["ops"]["not_compared"] == "neither side recorded any: both ran with --dump off"
+    assert not (tmp_path / "port-crashes" / "calibration").exists()  # no noise measured for a side that crashed
 
 
 def test_scripts_ending_by_themselves_are_judged_on_their_steps_and_on_how_many_they_made(tmp_path):

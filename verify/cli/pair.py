@@ -140,7 +140,9 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
         ref.root.rename(plan.out / run_folders.REF_UNDER_AUTOCAST)
         imposed = "off"
         ref = _run_reference(plan, sides, actual, imposed, plan.out / run_folders.REF)
-    calibrations = _calibrate(plan, sides, actual, imposed, port_amp) if ref.manifest.status in RUN_ENDED_WELL else []
+    # a calibration measures the noise of a comparison that will be made: not after a side that did not run well
+    ran_well = ref.manifest.status in RUN_ENDED_WELL and actual.manifest.status in RUN_ENDED_WELL
+    calibrations = _calibrate(plan, sides, actual, imposed, port_amp) if ran_well else []
     ref_fp32 = None
     if plan.amp_effect and imposed != "off":
         ref_fp32 = sides.run("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),

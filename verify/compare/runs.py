@@ -272,7 +272,8 @@ def _compare_processes(ref: Run, actual: Run, options: CompareOptions,
     first = first_divergent_op(table)
     loss = compare_losses(ref, actual, policy.loss_rtol, measured)
     hparams = compare_hparams(ref, actual)
-    grads = compare_grads(ref, actual, policy.loss_rtol, carried_noise_of(table), measured)
+    carried = carried_noise_of(table) if measured is None else None  # the envelope measures it where it exists
+    grads = compare_grads(ref, actual, policy.loss_rtol, carried, measured)
     outputs = compare_outputs(ref, actual, policy, notes)
     overflow = compare_overflow(ref, actual, measured)
     notes += _overflow_noise_notes(overflow)
