@@ -10,6 +10,7 @@ import os
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; read when CUDA starts
 
 import importlib.util  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -28,6 +29,8 @@ def _bench():
     path = Path(__file__).parents[1] / "perf" / "bench_capture_gpu.py"
     spec = importlib.util.spec_from_file_location("bench_capture_gpu", path)
     module = importlib.util.module_from_spec(spec)
+    # registered before it runs: its dataclasses resolve their string annotations through sys.modules
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -64,7 +64,8 @@ def test_a_changed_learning_rate_is_named_first(ported):
 def test_a_swapped_activation_is_the_first_divergent_operator(ported):
     broken(ported, "nn.ReLU()", "nn.GELU()")
     exit_code, summary = pair(ported, "act")
-    assert exit_code == 1 and summary["reason"].startswith("FAIL: first divergent operator: aten.relu (Net.act forward")
+    assert exit_code == 1 and summary["reason"].startswith(
+        "FAIL: the port computes aten.gelu where the original computes aten.relu (Net.act forward")
 
 
 def test_a_removed_zero_grad_is_named_first(ported):

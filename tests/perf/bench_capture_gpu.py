@@ -141,6 +141,7 @@ class BootstrapLikeCapture:
         self.workload = workload
         self.batch = StatBatch()
         self.capture = OpCapture(DumpMode.STATS, self.batch)
+        out_dir.mkdir(parents=True, exist_ok=True)
         self.writer = RunWriter(out_dir)
         self.parameters = list(workload.model.named_parameters())
         self.grads: list = []

@@ -219,6 +219,20 @@ def test_a_removed_zero_grad_diverges_in_the_gradients_of_the_second_step(tmp_pa
     assert losses.loc[losses["step"] <= 1, "passed"].all()  # the losses only follow a step later
 
 
+def test_a_removed_zero_grad_is_named_while_every_step_overflows(tmp_path):
+    """Regression (found on a real GPU): migrate's fp16 port of verdict_mlp.py overflows at every step of a short run
+    while its GradScaler calibrates, so the gradients it never resets are inf and nan; their norm is nan, and a check
+    for a positive norm read them as reset, so the pair PASSed."""
+    code = ORIGINAL.read_text()
+    (tmp_path / "train.py").write_text(code)
+    port = migrate_source(code, "train.py", Settings(is_entry=True)).code
+    assert port.count("        optimizer.zero_grad()\n") == 1
+    (tmp_path / "train_npu.py").write_text(port.replace("        optimizer.zero_grad()\n", ""))
+    exit_code, summary, _ = verify(tmp_path / "train.py", "-n", STEPS, "-q", "-o", tmp_path / "out")
+    assert exit_code == 1
+    assert summary["reason"].startswith("FAIL: the actual side does not reset gradients between steps: from step 1")
+
+
 def test_shuffled_data_order_is_a_data_order_finding(tmp_path, reference):
     exit_code, summary, out = against_reference(tmp_path, reference, "shuffle=False", "shuffle=True")
     assert exit_code == 1

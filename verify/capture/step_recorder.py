@@ -404,7 +404,8 @@ class StepRecorder:
         """Writes an ended step's records; a NaN or inf loss stops the run there (a step ended after it is not kept)."""
         with self._own_work():
             fetched = shipment.read()
-        if carried_grads is not None and fetched(carried_grads)[0] > 0:
+        # != 0, not > 0: gradients that overflowed and were never reset have a nan norm, and are carried too
+        if carried_grads is not None and fetched(carried_grads)[0] != 0:
             self.manifest.grads_carried_steps.append(step)
         losses = [
             (step, micro, fetched(handle)[0], scale, round(wall_ms, 3)) for micro, handle, scale, wall_ms in losses
