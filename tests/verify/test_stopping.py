@@ -137,6 +137,27 @@ def test_sigint_stops_a_pair_and_leaves_no_lock(tmp_path):
     assert locks_in(out) == [] and not (out / "ref").exists()
 
 
+def test_sigterm_stops_the_reference_and_its_calibration_running_together(tmp_path):
+    """The port runs first; the reference and its calibration then run at once, supervised by threads of their own,
+    while only the main thread receives signals: SIGTERM stops both, each marked interrupted with its steps kept."""
+    original = long_script(tmp_path)
+    port = tmp_path / "long_train_npu.py"
+    port.write_text(original.read_text().replace("steps = int(", "steps = 3 or int("))  # ends by itself, well
+    out = tmp_path / "pair"
+    verify = start_verify(tmp_path, str(original), str(port), "--steps", "100000", "-q", "-o", str(out), *LONG)
+    until_steps(verify, out / "ref")
+    done = until_steps(verify, out / "calibration")
+    code, err = stopped_with(verify, signal.SIGTERM)
+    assert code == 143, err
+    assert "Traceback" not in err
+    assert until_nothing_survives(tmp_path, within_s=2) == []
+    assert_interrupted(out / "ref", "SIGTERM", 1)
+    assert_interrupted(out / "calibration", "SIGTERM", done)
+    assert read_manifest(out / "actual").status == "short" and locks_in(out) == []
+    # every run of the pair computed with the same threads: its share of the cores, as two ran at once
+    assert len({read_manifest(out / side).threads for side in ("actual", "ref", "calibration")}) == 1
+
+
 @pytest.mark.slow
 def test_sigterm_stops_every_rank_and_the_launcher(tmp_path):
     """With 2 ranks the manifest stayed `running` and the ranks outlived verify by 5-25 s."""

@@ -58,6 +58,16 @@ def _prepare_device(manifest: RunManifest) -> None:
     manifest.torch_npu_version = prepared.torch_npu_version
 
 
+def _share_cores(threads: int) -> None:
+    """The run's share of the cores (manifest.threads), in torch's both pools, before the script computes anything."""
+    if threads:
+        torch.set_num_threads(threads)
+        # torch refuses a second setting, or one after its inter-op pool started (a device set-up may start it):
+        # the intra-op threads, which carry eager training's work, are set all the same
+        with contextlib.suppress(RuntimeError):
+            torch.set_num_interop_threads(threads)
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -192,6 +202,7 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         write_manifest(run_dir, manifest)
         return Status.CRASHED
     _seed_everything(manifest.seed)
+    _share_cores(manifest.threads)
     writer = RunWriter(run_dir)
     batch = StatBatch()
     capture = _make_capture(manifest, writer, batch)

@@ -21,6 +21,7 @@ with the same wider tolerances.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,7 +41,7 @@ from verify.record import run_folders
 import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
 from verify.cli.exits import exit_with
 from verify.launch.runner import RunOptions
-from verify.cli.side_runs import RUN_ENDED_WELL, SideRunner, side_runner, stderr, stdout, write_reports
+from verify.cli.side_runs import RUN_ENDED_WELL, SideRun, SideRunner, side_runner, stderr, stdout, write_reports
 from verify.errors import PairError
 from verify.record.store import Run
 from verify.record.schema import AUTOCAST_DTYPES, DumpMode, LossScalerPlan, Status
@@ -125,8 +126,14 @@ class PairRuns:
     calibrations: list[Run] = field(default_factory=list)  # the reference's calibration runs (its envelope)
 
 
+def runs_at_once(plan: PairPlan) -> int:
+    """The most runs the pair makes together: the reference, its calibration runs and its fp32 run."""
+    return 1 if plan.ref_run is not None else 1 + plan.calibration_runs + plan.amp_effect
+
+
 def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
-    """The port first: its precision decides the reference's autocast, imposed where the port computed under it."""
+    """The port first: its precision decides the reference's autocast, imposed where the port computed under it, and
+    its loss scales the reference's. Then the reference and the runs that follow it, at once."""
     actual = sides.run("actual", plan.ported, plan.args, replace(plan.options, device=plan.device_actual),
                        plan.out / run_folders.ACTUAL)
     port_amp = amp_dtype(actual)
@@ -134,43 +141,52 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
         calibrations = [read_side(folder) for folder in run_folders.calibration_dirs(plan.ref_run)]
         return PairRuns(actual, read_side(plan.ref_run), "off", port_amp, calibrations=calibrations)
     imposed = _AUTOCAST_FLAGS.get(port_amp, "off") if plan.match_amp else "off"
-    ref = _run_reference(plan, sides, actual, imposed, plan.out / run_folders.REF)
+    ref, *followers = sides.run_together(_reference_runs(plan, actual, imposed, port_amp))
     unmatched = _crashed_under_autocast(ref, actual) if imposed != "off" else ""
     if unmatched:
+        _discard(followers)  # they measured a comparison under an autocast the reference cannot run
         ref.root.rename(plan.out / run_folders.REF_UNDER_AUTOCAST)
         imposed = "off"
-        ref = _run_reference(plan, sides, actual, imposed, plan.out / run_folders.REF)
+        ref, *followers = sides.run_together(_reference_runs(plan, actual, imposed, port_amp))
+    ref_fp32 = followers.pop() if plan.amp_effect and imposed != "off" else None
     # a calibration measures the noise of a comparison that will be made: not after a side that did not run well
-    ran_well = ref.manifest.status in RUN_ENDED_WELL and actual.manifest.status in RUN_ENDED_WELL
-    calibrations = _calibrate(plan, sides, actual, imposed, port_amp) if ran_well else []
-    ref_fp32 = None
+    if ref.manifest.status not in RUN_ENDED_WELL:
+        followers = _discard(followers)
+    return PairRuns(actual, ref, imposed, port_amp, ref_fp32, unmatched, followers)
+
+
+def _reference_runs(plan: PairPlan, actual: Run, imposed: str, port_amp: str) -> list[SideRun]:
+    """The reference, its calibration runs and, for --amp-effect, its fp32 run; only the reference after a port that
+    did not run well (its crash decides the comparison: no noise to measure)."""
+    options = replace(plan.options, device=plan.device_ref, autocast=imposed,
+                      autocast_follow=actual.manifest.autocast_scopes, loss_scaler_plan=_scaler_twin(actual, imposed))
+    runs = [SideRun("ref", plan.original, plan.args, options, plan.out / run_folders.REF)]
+    if actual.manifest.status in RUN_ENDED_WELL:
+        runs += _calibration_runs(plan, options, "" if imposed != "off" else port_amp)
     if plan.amp_effect and imposed != "off":
-        ref_fp32 = sides.run("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
-                             plan.out / run_folders.REF_FP32)
-    return PairRuns(actual, ref, imposed, port_amp, ref_fp32, unmatched, calibrations)
+        runs.append(SideRun("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
+                            plan.out / run_folders.REF_FP32))
+    return runs
 
 
-def _reference_options(plan: PairPlan, actual: Run, imposed: str) -> RunOptions:
-    return replace(plan.options, device=plan.device_ref, autocast=imposed,
-                   autocast_follow=actual.manifest.autocast_scopes, loss_scaler_plan=_scaler_twin(actual, imposed))
-
-
-def _run_reference(plan: PairPlan, sides: SideRunner, actual: Run, imposed: str, run_dir: Path) -> Run:
-    return sides.run("ref", plan.original, plan.args, _reference_options(plan, actual, imposed), run_dir)
-
-
-def _calibrate(plan: PairPlan, sides: SideRunner, actual: Run, imposed: str, port_amp: str) -> list[Run]:
+def _calibration_runs(plan: PairPlan, options: RunOptions, half: str) -> list[SideRun]:
     """The reference again, --calibration-runs times, each under another equally valid rounding and summation order
     (verify/capture/perturbation.py): how far the script's own numbers move, which the comparison judges the port
-    against. Against an fp32 reference, a port computing in half precision is covered by rounding at its precision."""
-    options = _reference_options(plan, actual, imposed)
-    half = port_amp if imposed == "off" else ""
-    return [sides.run(f"calibration {number}" if plan.calibration_runs > 1 else "calibration", plan.original,
-                      plan.args, replace(options, perturbation={
-                          "seed": plan.options.seed + number, "half": half, "of": run_folders.REF,
-                          "blocks": devices.CALIBRATION_BLOCKS + number - 1}),
-                      plan.out / run_folders.calibration_run(number))
+    against. Against an fp32 reference, a port computing in half precision is covered by rounding at its precision
+    (`half`)."""
+    return [SideRun(f"calibration {number}" if plan.calibration_runs > 1 else "calibration", plan.original,
+                    plan.args, replace(options, perturbation={
+                        "seed": plan.options.seed + number, "half": half, "of": run_folders.REF,
+                        "blocks": devices.CALIBRATION_BLOCKS + number - 1}),
+                    plan.out / run_folders.calibration_run(number))
             for number in range(1, plan.calibration_runs + 1)]
+
+
+def _discard(runs: list[Run]) -> list[Run]:
+    """Removes the folders of runs that went with a reference whose comparison will not be made as they measured."""
+    for run in runs:
+        shutil.rmtree(run.root)
+    return []
 
 
 def _crashed_under_autocast(ref: Run, actual: Run) -> str:
@@ -363,7 +379,7 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
                     match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation, calibration_runs)
-    with side_runner(quiet) as sides:
+    with side_runner(quiet, runs_at_once(plan)) as sides:
         runs = run_sides(plan, sides)
     return judge_pair(plan, runs)
 

@@ -1,11 +1,15 @@
-"""Running the sides of a paired command (verify ORIGINAL PORTED, verify determinism) one after the other under one
-rich progress display, and writing a comparison's reports with what lies beside the scripts (migrate's checklist).
+"""Running the sides of a paired command (verify ORIGINAL PORTED, verify determinism) under one rich progress
+display, one at a time or several at once, each with the same share of the cores; and writing a comparison's reports
+with what lies beside the scripts (migrate's checklist).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import signal
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +20,10 @@ from verify.report import writers as reports
 from verify.compare.runs import ComparisonResult
 from verify.cli.compare_cmd import read_side
 from verify import devices
-from verify.launch.runner import RunOptions, run_script
+from verify.launch.runner import RunOptions, StopOrder, core_share, run_script
 from verify.record.store import Run
 from verify.record.schema import Status
-from verify.errors import PairError
+from verify.errors import PairError, Stopped
 
 
 stdout = Console(highlight=False, soft_wrap=True)
@@ -33,19 +37,33 @@ RUN_ENDED_WELL = (Status.OK.value, Status.SHORT.value)  # a side that ran its st
 
 
 
-class SideRunner:
-    """Runs the sides one after the other under one rich progress display (stderr), echoing their output."""
+@dataclass(frozen=True)
+class SideRun:
+    label: str
+    script: Path
+    args: list[str]
+    options: RunOptions
+    run_dir: Path
 
-    def __init__(self, progress: Progress, quiet: bool) -> None:
+
+class SideRunner:
+    """Runs the sides under one rich progress display (stderr), echoing their output: one at a time (`run`) or
+    several at once (`run_together`). Every run gets the same share of the cores, that of the most runs the command
+    makes at once, so that runs going together never oversubscribe the machine and the sides compute with the same
+    threads (a thread count changes how a CPU sums)."""
+
+    def __init__(self, progress: Progress, quiet: bool, runs_at_once: int) -> None:
         self.progress = progress
         self.quiet = quiet
+        self.threads = core_share(runs_at_once)
 
-    def run(self, label: str, script: Path, args: list[str], options: RunOptions, run_dir: Path) -> Run:
+    def run(self, label: str, script: Path, args: list[str], options: RunOptions, run_dir: Path,
+            stop_order: StopOrder | None = None) -> Run:
         task = self.progress.add_task(f"{label}: {script.name}", total=options.steps)
         echo = None if self.quiet else (
             lambda line: self.progress.console.print(f"[{label}] {line}", markup=False, style="dim"))
-        run_script(script, args, options, run_dir, on_output=echo,
-                   on_progress=lambda done: self.progress.update(task, completed=done))
+        run_script(script, args, replace(options, threads=self.threads), run_dir, on_output=echo,
+                   on_progress=lambda done: self.progress.update(task, completed=done), stop_order=stop_order)
         run = read_side(run_dir)
         if run.manifest.verify_error:
             raise PairError(f"{label} run: {run.manifest.verify_error}")
@@ -53,12 +71,36 @@ class SideRunner:
                                                f"({run.manifest.status})")
         return run
 
+    def run_together(self, runs: list[SideRun]) -> list[Run]:
+        """The runs at once, each supervised by a thread of its own. A signal, which only this (the main) thread
+        receives, stops them all, each marked interrupted, and is raised once they are; an error of one is raised
+        once all have ended."""
+        order = StopOrder()
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(runs))) as pool:
+            futures = [pool.submit(self.run, side.label, side.script, side.args, side.options, side.run_dir, order)
+                       for side in runs]
+            try:
+                while concurrent.futures.wait(futures, timeout=0.2).not_done:
+                    pass
+            except (Stopped, KeyboardInterrupt) as stop:
+                stopped = stop if isinstance(stop, Stopped) else Stopped(signal.SIGINT)
+                order.give(stopped.signum)
+                concurrent.futures.wait(futures)
+                stopped.runs.extend(run_dir for future in futures if isinstance(future.exception(), Stopped)
+                                    for run_dir in future.exception().runs)
+                raise stopped from None
+        for future in futures:
+            if future.exception() is not None:
+                raise future.exception()
+        return [future.result() for future in futures]
+
 
 @contextlib.contextmanager
-def side_runner(quiet: bool) -> Iterator[SideRunner]:
+def side_runner(quiet: bool, runs_at_once: int = 1) -> Iterator[SideRunner]:
+    """A SideRunner for a command that makes at most `runs_at_once` runs together."""
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=stderr) as progress:
-        yield SideRunner(progress, quiet)
+        yield SideRunner(progress, quiet, runs_at_once)
 
 
 def device_words(run: Run) -> str:

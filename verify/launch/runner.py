@@ -57,10 +57,22 @@ def default_timeout(steps: int) -> float:
     return TIMEOUT_START_S + TIMEOUT_PER_STEP_S * steps
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def core_share(runs_at_once: int) -> int:
+    """The threads each of `runs_at_once` runs going together gets, so that they never oversubscribe the machine;
+    0 (torch's default) where the user set OMP_NUM_THREADS: their choice, and a setting that changes the numbers."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return 0
+    return max(1, _cores() // max(1, runs_at_once))
+
+
 def rank_limit() -> tuple[int, str]:
     """The most ranks this machine holds, each a training process on a core of its own with RANK_MEMORY_GIB of free
     memory, and the words that say why."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = _cores()
     free_gib = _available_memory_gib()
     if free_gib is None or cores * RANK_MEMORY_GIB <= free_gib:
         return cores, f"{cores} core{'s' if cores > 1 else ''}"
@@ -76,6 +88,22 @@ def _available_memory_gib() -> float | None:
         pass
     return None  # not Linux: the cores alone
 
+
+
+class StopOrder:
+    """Stops runs going in other threads as a signal stops the one in the main thread: only the main thread receives
+    signals (verify/cli/exits.py raises them there as errors.Stopped), so it passes them on here, and the supervisor
+    of each run raises it in its own thread."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def give(self, signum: int) -> None:
+        self.signum = signum
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Stopped(self.signum)
 
 
 @dataclass
@@ -98,6 +126,7 @@ class RunOptions:
     perturbation: dict[str, Any] = field(default_factory=dict)  # a calibration run (manifest.perturbation)
     nproc_per_node: int = 0  # ranks launched through torch.distributed.run (0: the script as one process)
     force: bool = False  # start more ranks than the machine holds (rank_limit())
+    threads: int = 0  # the run's share of the cores (core_share()), split among its ranks; 0: torch's default
 
     @property
     def timeout_s(self) -> float | None:
@@ -177,6 +206,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         nproc_per_node=options.nproc_per_node,
         rank_limit=0 if options.force else rank_limit()[0],
         world_size=max(1, options.nproc_per_node),
+        threads=max(1, options.threads // max(1, options.nproc_per_node)) if options.threads else 0,
     )
 
 
@@ -192,11 +222,13 @@ def run_script(
     run_dir: Path | None = None,
     on_output: Callable[[str], None] | None = None,
     on_progress: Callable[[int], None] | None = None,
+    stop_order: StopOrder | None = None,
 ) -> Path:
     """Runs `script args` for `options.steps` steps and returns the finished run directory (read its manifest for
     the outcome). Raises VerifyError when verify cannot do the run; everything the script does ends up in the
     manifest instead. Raises errors.Stopped (a KeyboardInterrupt becomes Stopped(SIGINT)) when verify was stopped
-    during the run, once the run is stopped and its manifest says so."""
+    during the run, once the run is stopped and its manifest says so; run in another thread than the main one, it is
+    stopped so by `stop_order`."""
     script = Path(script).resolve()
     _check_inputs(script, options)
     device, device_env = _device_and_env(script, options)
@@ -210,7 +242,7 @@ def run_script(
         env["PYTHONUNBUFFERED"] = "1"  # the script's output reaches output.log and the user as it is printed
         started = time.monotonic()
         returncode, ending, stopped = _supervise(
-            _command(run_dir), script.parent, env, run_dir, options.timeout_s, on_output, on_progress)
+            _command(run_dir), script.parent, env, run_dir, options.timeout_s, on_output, on_progress, stop_order)
         _finalise(run_dir, returncode, ending, options.timeout_s, time.monotonic() - started, stopped)
     finally:
         run_folders.release(run_dir)
@@ -220,7 +252,8 @@ def run_script(
     return run_dir
 
 
-def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress) -> tuple[int, str, Stopped | None]:
+def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress,
+               stop_order: StopOrder | None) -> tuple[int, str, Stopped | None]:
     """Runs the child to its end, then stops whatever it left running; returns its exit code, how it ended
     ("exited", "timeout" or "interrupted") and, when verify was stopped, the Stopped to raise once the run is
     finalised."""
@@ -236,7 +269,7 @@ def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress) -> t
                 )
                 reader = threading.Thread(target=_pump, args=(child.stdout, log, on_output), daemon=True)
                 reader.start()
-            ending = _wait(child, run_dir, timeout, on_progress)
+            ending = _wait(child, run_dir, timeout, on_progress, stop_order)
         except (Stopped, KeyboardInterrupt) as stop:
             ending, stopped = "interrupted", stop if isinstance(stop, Stopped) else Stopped(signal.SIGINT)
         with process_tree.signals_held():  # a signal now is raised once everything is stopped
@@ -245,10 +278,13 @@ def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress) -> t
     return child.returncode, ending, stopped
 
 
-def _wait(child: subprocess.Popen, run_dir: Path, timeout: float | None, on_progress) -> str:
+def _wait(child: subprocess.Popen, run_dir: Path, timeout: float | None, on_progress,
+          stop_order: StopOrder | None) -> str:
     deadline = None if timeout is None else time.monotonic() + timeout
     last_steps = -1
     while child.poll() is None:
+        if stop_order is not None:
+            stop_order.check()
         if deadline is not None and time.monotonic() > deadline:
             return "timeout"
         last_steps = _report_progress(run_dir, last_steps, on_progress)

@@ -231,6 +231,9 @@ class RunManifest:
     # A calibration run of the reference (verify/capture/perturbation.py): {"seed", "half", "blocks", "of": the
     # reference's run folder name}; empty for every other run.
     perturbation: dict[str, Any] = field(default_factory=dict)
+    # The threads torch computed with (intra-op and inter-op), as verify gave them: every run of a pair or of
+    # `verify determinism` gets the same share of the machine's cores, as some of them run at once; 0: torch's default.
+    threads: int = 0
     autocast: str = ""  # autocast imposed from outside ("" none, "fp16", "bf16")
     # A reference imposed the autocast where the port computed under it (verify/capture/precision_scopes.py): the port's
     # autocast_scopes; empty: around the whole script.
