@@ -10,8 +10,8 @@ run on the CPU or an NPU never needs it. Written in the long-stable subset of tr
 kernels run on CPU tensors: the tests check them there.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: triton 3.0 tells a kernel's tl.constexpr parameters by their annotation
+# object, not by its text
 import torch
 import triton
 import triton.language as tl
