@@ -16,10 +16,11 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from verify.capture.ops import OpCapture  # noqa: E402
 from verify.record.schema import STAT_COLUMNS  # noqa: E402
-from verify.capture.tensor_stats import StatBatch, summarize  # noqa: E402
+from verify.capture.tensor_stats import FusedReduction, StatBatch, summarize  # noqa: E402
 from verify.record.schema import DumpMode  # noqa: E402
 
 STEPS = 4
@@ -77,6 +78,14 @@ def test_device_statistics_equal_the_host_statistics():
         torch.tensor([float("inf"), 1.0, -3.0]).repeat(40_000),
         torch.randint(-50, 50, (999,)),
         torch.rand(50) > 0.5,
+        # large ones (above DeviceStats.LARGEST), through the fused Triton kernels where triton imports
+        _with_nonfinite(torch.randn(100_003)),
+        torch.full((70_001,), float("nan")),
+        (torch.randn(70_000) * 30_000).half(),  # overflows to inf in float16
+        torch.randn((1 << 17) + 5, dtype=torch.bfloat16),
+        torch.randn(8, 16, 30, 30).to(memory_format=torch.channels_last),  # reduced where it lies
+        torch.randn(300, 700)[:, :333],  # a slice: copied first
+        torch.randn(100_000, dtype=torch.float64),  # torch's reductions, in float64
     ]
     host_batch, device_batch = StatBatch(), StatBatch()
     on_host = [summarize(tensor, host_batch) for tensor in tensors]
@@ -90,6 +99,28 @@ def test_device_statistics_equal_the_host_statistics():
         assert [got[name] for name in numbers] == pytest.approx(
             [expected[name] for name in numbers], rel=tolerance, abs=tolerance, nan_ok=True
         ), (tensor.dtype, tensor.shape)
+
+
+def _with_nonfinite(values: torch.Tensor) -> torch.Tensor:
+    values[::1000], values[7::999], values[9::997] = float("nan"), float("inf"), -float("inf")
+    return values
+
+
+def test_a_large_floating_tensor_costs_two_launches_and_repeats_bit_for_bit():
+    """The fused pass (tensor_stats.FusedReduction): its note names it, a tensor's statistics are two kernels on the
+    device (no copy, no read back), and identical runs give identical bits (no float atomics)."""
+    values = _with_nonfinite(torch.randn(3_000_017, device="cuda"))
+    fused = FusedReduction()
+    first = fused.row(values)  # compiles the kernels
+    assert fused.note is not None and "one fused pass" in fused.note, fused.note
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiled:
+        again = fused.row(values)
+        torch.cuda.synchronize()
+    on_device = [event.name for event in profiled.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(on_device) == 2, on_device
+    assert torch.equal(first.view(torch.int64), again.view(torch.int64))
+    assert first[4:].tolist() == [values.isnan().sum().item(), values.isinf().sum().item()]
 
 
 def test_captured_steps_never_wait_for_the_device():

@@ -8,7 +8,10 @@ Models (issue 10): the small CNN of bench_capture.py at batch 32 (80 steps per t
 d=512, sequence 256, batch 32, written here in plain torch (20 steps), and torchvision's resnet18 at batch 64, 224 px
 (20 steps; torchvision is imported only for it). Each variant is warmed up, then timed blocks alternate between
 variants, torch.cuda.synchronize() on both sides of each block, and the medians are compared. The steps never read a
-number back (no loss.item()): the plain loop keeps the GPU queue full, and so must the capture.
+number back (no loss.item()): the plain loop keeps the GPU queue full, and so must the capture. The capture runs
+twice: as verify runs it (large floating tensors reduced by one fused Triton pass where triton imports), and with
+torch's reductions for them (as where triton is missing). After the timings, torch.profiler counts each variant's
+kernel launches per step over one block: each launch costs host time, and they explain most of the ratio.
 Targets: ours <= 1.5x plain on resnet18 and the GPT, <= 2x on the CNN, and our overhead <= 1/3 of msprobe's.
 Without a CUDA device it says so and exits with status 0.
 """
@@ -132,14 +135,18 @@ class BootstrapLikeCapture:
     gradients recorded into one StatBatch, optimizer.step() recorded as its updated parameters, and at each step's end
     one ship of the statistics; a step is written when its copy has arrived, else at the end of the next step."""
 
-    def __init__(self, workload: Workload, out_dir: Path) -> None:
+    def __init__(self, workload: Workload, out_dir: Path, fused: bool = True) -> None:
+        """fused=False: large floating tensors reduced by torch's reductions, not the fused Triton kernels (the path
+        where triton is missing), to measure what the kernels save."""
         from verify.capture.ops import OpCapture
-        from verify.capture.tensor_stats import StatBatch
+        from verify.capture.tensor_stats import FusedReduction, StatBatch
         from verify.record.schema import DumpMode
         from verify.record.store import RunWriter
 
         self.workload = workload
         self.batch = StatBatch()
+        if not fused:
+            self.batch.device_stats.fused = FusedReduction(devices=())
         self.capture = OpCapture(DumpMode.STATS, self.batch)
         out_dir.mkdir(parents=True, exist_ok=True)
         self.writer = RunWriter(out_dir)
@@ -206,8 +213,7 @@ def plain_runner(workload: Workload) -> Callable[[int], None]:
     return run
 
 
-def ours_runner(workload: Workload, out_dir: Path) -> Callable[[int], None]:
-    capture = BootstrapLikeCapture(workload, out_dir)
+def ours_runner(capture: BootstrapLikeCapture) -> Callable[[int], None]:
     return lambda steps: capture.run(steps) and None
 
 
@@ -242,6 +248,19 @@ def ms_per_step(run: Callable[[int], None], steps: int) -> float:
     return (time.perf_counter() - started) / steps * 1e3
 
 
+def launches_per_step(run: Callable[[int], None], steps: int) -> tuple[float, float]:
+    """(kernels, copies and fills) the device ran per step over one block, by torch.profiler: the count that
+    explains most of the capture's cost, as each launch costs host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as profiled:
+        run(steps)
+        torch.cuda.synchronize()
+    on_device = [event.name for event in profiled.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    copies = sum(name.startswith(("Memcpy", "Memset")) for name in on_device)
+    return (len(on_device) - copies) / steps, copies / steps
+
+
 def interleaved_medians(runners: dict[str, Callable[[int], None]], steps: int, rounds: int) -> dict[str, float]:
     for run in runners.values():  # warm-up: cuDNN/cuBLAS plans, the allocator, lazy imports, first-call caches
         run(3)
@@ -254,9 +273,12 @@ def interleaved_medians(runners: dict[str, Callable[[int], None]], steps: int, r
 
 def bench(name: str, rounds: int, out_dir: Path) -> None:
     device = torch.device("cuda")
+    ours = BootstrapLikeCapture(make_workload(name, device), out_dir / name / "ours")
     runners: dict[str, Callable[[int], None]] = {
         "plain": plain_runner(make_workload(name, device)),
-        "ours": ours_runner(make_workload(name, device), out_dir / name / "ours"),
+        "ours": ours_runner(ours),
+        "ours, torch reductions": ours_runner(
+            BootstrapLikeCapture(make_workload(name, device), out_dir / name / "torch", fused=False)),
     }
     msprobe = msprobe_runner(make_workload(name, device), out_dir / name / "msprobe")
     if callable(msprobe):
@@ -268,6 +290,12 @@ def bench(name: str, rounds: int, out_dir: Path) -> None:
     print(f"{name}: median of {rounds} interleaved blocks of {steps} steps")
     print(f"  plain step            {plain:8.2f} ms")
     print(f"  verify stats capture  {medians['ours']:8.2f} ms  {ratio:5.2f}x plain  (target <= {TARGET_RATIOS[name]}x)")
+    unfused = medians["ours, torch reductions"]
+    print(f"    without the fused kernels {unfused:8.2f} ms  {unfused / plain:5.2f}x plain")
+    print(f"    {ours.batch.device_stats.fused.note or 'no large floating tensor on CUDA'}")
+    for variant, run in runners.items():
+        kernels, copies = launches_per_step(run, steps)
+        print(f"  device launches per step, {variant}: {kernels:.0f} kernels, {copies:.0f} copies and fills")
     if not callable(msprobe):
         print(f"  msprobe statistics    skipped: {msprobe}")
         return

@@ -218,6 +218,8 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         manifest.extra["tensor_cap_reached"] = True
     if computed := device_setup.ops_computed_in_fp32():  # the CPU lacked the device's kernel (an fp16 LSTM)
         manifest.extra["computed_in_fp32"] = computed
+    if statistics_path := batch.device_stats.fused.note:  # which path reduced large floating tensors on CUDA
+        manifest.extra["device_statistics"] = statistics_path
     manifest.modelled_numerics = device_setup.modelled_numerics()
     manifest.half_precision = device_setup.half_precision()
     manifest.finished_at = now_iso()

@@ -1,7 +1,8 @@
 """A tensor's statistics (verify/record/statistics.py STATISTICS) as verify's capture takes them, cheaply. The rows
 marked one_pass (min, max, mean, L2 norm, NaN and inf counts): one pass by the optional C extension
 verify.capture._stats on the CPU, torch's reductions otherwise; small CPU tensors reduced many at a time; on an
-accelerator, kept on the device until the step ends and shipped to the host in one copy per step (StatBatch). Every
+accelerator, kept on the device until the step ends and shipped to the host in one copy per step (StatBatch), a
+large floating tensor on CUDA in one pass by Triton kernels (FusedReduction, verify/capture/triton_stats.py). Every
 other row: its torch functions, tensor by tensor, on the same batch. Each path names the statistics it gives, and
 they are placed into the table's order by name (`_Placement`). Handles and PendingStats stand for numbers still on
 their way.
@@ -9,9 +10,12 @@ their way.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -390,8 +394,9 @@ class _PendingCopies:
 
 class DeviceStats(_PendingCopies):
     """Statistics of tensors that stay on their device until the step is shipped (`StatBatch.keeps_on_device`), with
-    no host sync. A large floating tensor is reduced at once, while the op that wrote it may have left it in cache
-    (`queue_reductions`, a handful of kernels); integer and bool ones too (their extremes, sum and norm in float64). A
+    no host sync. A large floating tensor is reduced at once, while the op that wrote it may have left it in cache:
+    on CUDA by one fused pass (`FusedReduction`, two launches), elsewhere by torch (`queue_reductions`, ~10 launches
+    and ~6 passes over the data); integer and bool ones by torch too (their extremes, sum and norm in float64). A
     small floating tensor, whose reductions would cost mostly their launches, costs one: a copy in its accumulation
     dtype. At ship time, or once the copies hold MAX_ELEMENTS, the copies of one (device,
     dtype) are laid end to end and torch.segment_reduce reduces all of them at once, a few kernels for the lot."""
@@ -399,13 +404,25 @@ class DeviceStats(_PendingCopies):
     LARGEST = 1 << 16  # elements
     MAX_ELEMENTS = 1 << 22
 
+    def __init__(self, batch: StatBatch) -> None:
+        super().__init__(batch)
+        self.fused = FusedReduction()
+
     def add(self, tensor: torch.Tensor, stats: PendingStats) -> None:
         if stats.numel > self.LARGEST or not tensor.is_floating_point():
-            queue_reductions(tensor, stats, self._batch)
+            self._reduce_now(tensor, stats)
             return
         accumulate = accumulation_dtype(tensor.dtype)
         copy = tensor.to(accumulate, memory_format=torch.contiguous_format, copy=True).view(-1)
         self._keep((tensor.device, accumulate), copy, stats)
+
+    def _reduce_now(self, tensor: torch.Tensor, stats: PendingStats) -> None:
+        row = self.fused.row(tensor)
+        if row is None:
+            queue_reductions(tensor, stats, self._batch)
+            return
+        key, offset = self._batch.add_rows(row.view(1, -1))
+        self._point(stats, key, offset)
 
     def reduce(self) -> None:
         """Adds one row of statistics per copy to the batch, still on the device, and drops the copies."""
@@ -415,9 +432,13 @@ class DeviceStats(_PendingCopies):
             key, offset = self._batch.add_rows(rows)
             width = rows.shape[1]
             for position, stats in enumerate(owners):
-                first = offset + position * width
-                stats.extremes_and_sums = (key, first, 4)
-                stats.nonfinite_counts = (key, first + 4, 2)
+                self._point(stats, key, offset + position * width)
+
+    @staticmethod
+    def _point(stats: PendingStats, key: Any, first: int) -> None:
+        """`stats` reads its numbers from the row that starts at `first` in the batch's group `key` (_rows' order)."""
+        stats.extremes_and_sums = (key, first, 4)
+        stats.nonfinite_counts = (key, first + 4, 2)
 
     @staticmethod
     def _rows(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -436,6 +457,83 @@ class DeviceStats(_PendingCopies):
             per_tensor(values.isinf().to(values.dtype), "sum"),
         ]
         return torch.stack(columns, dim=1)
+
+
+class FusedReduction:
+    """The one-pass statistics of a large float32, float16 or bfloat16 tensor on a CUDA device in one pass over its
+    data, two launches (verify/capture/triton_stats.py's Triton kernels): a row in DeviceStats._rows' order, float64,
+    left on the device. torch's reductions (`queue_reductions`) keep every other tensor: float64 (accumulated in
+    float64), integers, subclasses (which may hold no real data), lazily negated views, those above
+    triton_stats.LARGEST elements, and everything from the first failure on: triton that does not import (imported
+    at the first tensor taken, not with verify.capture), or a kernel that fails to compile or launch. A failure is
+    told once on stderr, never retried. `note` says which path ran, once a tensor was offered: the manifest keeps it."""
+
+    DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+    _SUBJECT = "statistics of large float32/float16/bfloat16 tensors on CUDA"
+    _UNUSABLE = "unusable"  # _kernels after a failure
+
+    def __init__(self, devices: tuple[str, ...] | None = None) -> None:
+        """`devices`: the device types whose tensors it takes; by default CUDA, and the CPU where Triton's
+        interpreter runs the kernels on CPU tensors (TRITON_INTERPRET=1, as the tests set it)."""
+        if devices is None:
+            devices = ("cuda", "cpu") if os.environ.get("TRITON_INTERPRET") == "1" else ("cuda",)
+        self._devices = devices
+        self._kernels: Any = None  # verify.capture.triton_stats once imported, _UNUSABLE after a failure
+        self.note: str | None = None
+
+    def row(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """The queued row of `tensor`'s statistics, or None where torch's reductions are to take it."""
+        if self._kernels is self._UNUSABLE or not self._takes(tensor):
+            return None
+        if self._kernels is None and not self._import_kernels():
+            return None
+        if tensor.numel() > self._kernels.LARGEST:
+            return None
+        values = tensor if _fills_from_data_pointer(tensor) else tensor.contiguous()  # a slice: one copy more
+        try:
+            with torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext():
+                return self._kernels.one_pass_row(values)  # Triton launches on the current device
+        except Exception as error:  # noqa: BLE001  (any failure of Triton's compiler or launcher: torch takes over)
+            self._give_up(f"from the first tensor whose Triton kernel failed on ({_one_line(error)})")
+            return None
+
+    def _takes(self, tensor: torch.Tensor) -> bool:
+        return (tensor.dtype in self.DTYPES and tensor.device.type in self._devices
+                and type(tensor) in _PLAIN_TENSORS and not tensor.is_neg())
+
+    def _import_kernels(self) -> bool:
+        try:
+            from verify.capture import triton_stats
+        except Exception as error:  # noqa: BLE001  (missing, or too broken to import: torch's reductions serve)
+            self._give_up(f"as triton does not import ({_one_line(error)})")
+            return False
+        self._kernels = triton_stats
+        self.note = f"{self._SUBJECT}: one fused pass, Triton kernels (triton {triton_stats.triton.__version__})"
+        return True
+
+    def _give_up(self, reason: str) -> None:
+        self._kernels = self._UNUSABLE
+        self.note = f"{self._SUBJECT}: torch's reductions, {reason}"
+        print(f"npu-port: {self.note}", file=sys.stderr, flush=True)
+
+
+def _one_line(error: Exception) -> str:
+    """An error as one line: its type and the first line of its message (a compiler's can run to pages)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def _fills_from_data_pointer(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's elements are exactly the `numel` elements from its data pointer, in some order of its
+    dimensions (contiguous, channels-last, a transpose): its statistics can be taken from memory as it lies."""
+    expected = 1
+    for size, stride in sorted(zip(tensor.shape, tensor.stride()), key=lambda dimension: dimension[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _on_device(numbers: list[int], device: torch.device) -> torch.Tensor:
