@@ -83,7 +83,7 @@ def plain_runner() -> Callable[[int], None]:
 def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
     """verify's capture as the bootstrap uses it: ops recorded during forward and backward, the parameters after
     optimizer.step() (not its ops one by one), one ship and one table write per step, dropout masks from the keyed
-    stream. native=False: statistics by
+    stream, each call's line in this file (ops.source). native=False: statistics by
     torch's reductions, as where verify.capture._stats (the C extension) is not built."""
     import verify.capture.tensor_stats
     from verify.capture import random_streams
@@ -99,7 +99,7 @@ def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
     out_dir.mkdir(parents=True, exist_ok=True)
     writer = RunWriter(out_dir)
     batch = StatBatch()
-    capture = OpCapture(DumpMode.STATS, batch)
+    capture = OpCapture(DumpMode.STATS, batch, user_files=Path(__file__).parent)  # each call's line, as a run
     counter = iter(range(10**9))
     steps_done = [0]  # the step the keyed stream reads, as StepRecorder.steps_done
     extension = verify.capture.tensor_stats.native_stats

@@ -9,7 +9,8 @@ Why it is cheap:
 - view and bookkeeping ops, and ops that return uninitialised memory, are not recorded (as FlopCounterMode does);
 - module paths come from two global module hooks and plain tensor hooks (verify/capture/module_scopes.py), not
   ModuleTracker's pytree walks and multi-grad hooks; per-op Python work is a few dict lookups, cached per OpOverload;
-- the data flow (which recorded calls produced an op's inputs) is one dict lookup per tensor, by storage address.
+- the data flow (which recorded calls produced an op's inputs) is one dict lookup per tensor, by storage address;
+- the user's line behind each call is interned per call site (verify/capture/source_lines.py), not a stack per op.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
 
 from verify.capture.module_scopes import ModuleScopes, leaves
+from verify.capture.source_lines import SourceLines
 from verify.capture.tensor_stats import (Handle, PendingStats, SmallTensorStats, StatBatch, dtype_name,
                                          has_readable_data, has_statistics, host_array, md5_of, sample_fingerprints,
                                          summarize)
@@ -50,7 +53,8 @@ _NOT_RECORDED = {
 _DEAD = lambda: None  # noqa: E731  (a weak reference whose tensor is gone)
 
 
-_ROW_COLUMNS = ("seq", "phase", "module", "op", "call_index", "io", "md5", "tensor_file", "inputs")
+_ROW_COLUMNS = ("seq", "phase", "module", "op", "call_index", "io", "md5", "tensor_file", "inputs",
+               "source")
 _PENDING_COLUMNS = ("dtype", "shape", "numel")
 _ROW_FIELDS, _PENDING_FIELDS = operator.attrgetter(*_ROW_COLUMNS), operator.attrgetter(*_PENDING_COLUMNS)
 
@@ -67,6 +71,7 @@ class OpRow:
     md5: str = ""
     tensor_file: str = ""
     inputs: str = ""  # the seqs of the recorded calls whose outputs this call read
+    source: str = ""  # the user's line that made the call ("train.py:55"; backward: the forward line it differentiates)
 
 
 class TensorSaver:
@@ -178,6 +183,7 @@ class _Call:
     op: str
     call_index: int
     save_tensors: bool
+    source: str
     inputs: str = ""
 
 
@@ -192,12 +198,14 @@ class OpCapture:
     # dataset, say) never ends its step, and without a bound its records filled 24 GiB on a real script.
     MAX_ROWS_PER_STEP = 200_000
 
-    def __init__(self, dump: DumpMode, batch: StatBatch, saver: TensorSaver | None = None) -> None:
+    def __init__(self, dump: DumpMode, batch: StatBatch, saver: TensorSaver | None = None,
+                 user_files: Path | None = None) -> None:
         self.dump = dump
         self.batch = batch
         self.saver = saver
         self.with_inputs = dump == DumpMode.TENSOR
         self.modules = ModuleScopes()
+        self.sources = SourceLines(user_files)  # user_files: the script's folder, whose lines the records name
         self.small_tensors = SmallTensorStats(batch)
         self.recording = True
         self.rows: list[OpRow] = []
@@ -251,9 +259,10 @@ class OpCapture:
         self._optimizer_pause.close()
         if not self.recording:
             return
+        source = self.sources.here()  # the optimizer.step() (or scaler.step()) line
         with self.paused(), torch.no_grad():  # the statistics of a device tensor are torch ops of our own
             for name, parameter in parameters:
-                call = self._call(_OPTIMIZER, name, UPDATE_OP)
+                call = self._call(_OPTIMIZER, name, UPDATE_OP, source)
                 # its inputs: the recorded backward (or unscale) call that wrote the gradient it applied
                 call.inputs = self.producers([parameter.grad]) if parameter.grad is not None else ""
                 self.record(call, "out", [parameter.detach()])
@@ -284,14 +293,14 @@ class OpCapture:
         if not tensors or not self.recording:
             return
         with self.paused(), torch.no_grad():
-            call = self._call(_FORWARD, self.modules.name(module), INPUT_OP)
+            call = self._call(_FORWARD, self.modules.name(module), INPUT_OP, self.sources.here())
             for position, tensor in enumerate(tensors):
                 exact = not tensor.is_floating_point() and has_statistics(tensor)
                 stats = summarize(tensor.double() if exact else tensor, self.batch, self.small_tensors)
                 stats.dtype = dtype_name(tensor.dtype)
                 md5 = md5_of(tensor) if self.dump == DumpMode.MD5 else ""
                 self.rows.append(OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"in{position}",
-                                       stats, md5, inputs=self.producers([tensor])))
+                                       stats, md5, inputs=self.producers([tensor]), source=call.source))
                 self.samples.append((call.module, call.call_index, f"in{position}", stats.shape,
                                      sample_fingerprints(tensor)))
 
@@ -314,18 +323,16 @@ class OpCapture:
         if self.on_collective is not None and op.startswith("c10d."):
             self.on_collective(self._step, op, module)
         if self.modules.in_backward():
-            phase = _BACKWARD
-        else:
-            phase = _FORWARD if module else _OTHER
-        return self._call(phase, module, op)
+            return self._call(_BACKWARD, module, op, self.sources.backward())
+        return self._call(_FORWARD if module else _OTHER, module, op, self.sources.forward())
 
-    def _call(self, phase: str, module: str, op: str) -> _Call:
+    def _call(self, phase: str, module: str, op: str, source: str) -> _Call:
         counter = (phase, module, op)
         call_index = self._call_counts.get(counter, 0)
         self._call_counts[counter] = call_index + 1
         self._seq += 1
         save = self.saver is not None and self.saver.wants(phase, module, op)
-        return _Call(self._seq - 1, phase, module, op, call_index, save)
+        return _Call(self._seq - 1, phase, module, op, call_index, save, source)
 
     def record(self, call: _Call, io: str, tensors: Sequence[torch.Tensor]) -> None:
         if len(self.rows) >= self.MAX_ROWS_PER_STEP:
@@ -333,7 +340,7 @@ class OpCapture:
             return
         for position, tensor in enumerate(tensors):
             row = OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"{io}{position}",
-                        summarize(tensor, self.batch, self.small_tensors), inputs=call.inputs)
+                        summarize(tensor, self.batch, self.small_tensors), inputs=call.inputs, source=call.source)
             if self.dump == DumpMode.MD5:
                 row.md5 = md5_of(tensor)
             if call.save_tensors:
@@ -364,6 +371,7 @@ class OpCapture:
         self._computed = {}
         self._writers = {}
         self.modules.release_leaf_hooks()
+        self.sources.discard_step()
         self.rows = []
         self.samples = []
         self.truncated = False

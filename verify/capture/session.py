@@ -186,7 +186,7 @@ def _make_capture(manifest: RunManifest, writer: RunWriter, batch: StatBatch) ->
     saver = None
     if dump == DumpMode.TENSOR:
         saver = TensorSaver(manifest.ops_regex or None, int(manifest.tensor_cap_mb * 2**20), writer.save_array)
-    return OpCapture(dump, batch, saver)
+    return OpCapture(dump, batch, saver, Path(manifest.script).parent)
 
 
 def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) -> Status:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from verify.record import environment
 from verify.compare.align import MATCHED_STATUSES
+from verify.compare.code_lines import CodeLines, Placement
 from verify.compare.op_catalogue import CARRIERS, CHANGED_BY_SETTING, OpCatalogue
 from verify.compare.curves import LossComparison
 from verify.compare.op_verdicts import op_label
@@ -226,7 +227,7 @@ def _grads_reset_findings(ref: Run, actual: Run) -> list[Finding]:
 
 
 def _op_findings(first: dict[str, Any] | None, ref: Run, actual: Run, hparams: pd.DataFrame,
-                 inputs_differ: bool) -> list[Finding]:
+                 inputs_differ: bool, lines: CodeLines) -> list[Finding]:
     if first is None:
         return []
     follows = ", ".join(_hparams_behind(first, hparams))
@@ -236,11 +237,14 @@ def _op_findings(first: dict[str, Any] | None, ref: Run, actual: Run, hparams: p
     code = FindingCode.NONDETERMINISM if same_script and same_device and not follows else FindingCode.OP_DIVERGES
     by_hand = _updates_by_hand(first, ref, actual)
     weighed = _against_noise(first["stats_error"], first.get("envelope"), first["tolerance"], ".3g", "stats error")
-    message = (f"first divergent operator: {op_label(first)}, {weighed}; {first['inputs_evidence']}"
+    placed = lines.place(first["ref_source"], first["actual_source"])
+    message = (f"first divergent operator: {op_label(first)}{placed.words if placed else ''}, {weighed}; "
+               f"{first['inputs_evidence']}"
                + (f"; it follows from the {follows} difference" if follows else "")
                + ("; it is the script's own parameter update (no optimizer): its learning rate or rule differs"
-                  if by_hand else ""))
-    findings = [Finding(code, message, {**first, "follows_hparams": follows, "update_by_hand": by_hand})]
+                  if by_hand else "") + (placed.origin_words if placed else ""))
+    findings = [Finding(code, message, {**first, "follows_hparams": follows, "update_by_hand": by_hand,
+                                        **_lines_detail(placed)})]
     if first["step"] == 0 and (first["first_of_step"] or _before_first_forward(first, ref.ops)) and not inputs_differ:
         findings.append(Finding(FindingCode.DATA_ORDER, (
             f"{op_label(first)} runs before the first forward of step 0 and already differs: the batch or the "
@@ -307,7 +311,12 @@ def _read_not_computed(table: pd.DataFrame, batch_seq: int) -> bool:
     return True
 
 
-def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue) -> list[Finding]:
+def _lines_detail(placed: Placement | None) -> dict[str, Any]:
+    """A finding's detail about the lines behind it (verify/compare/code_lines.py), under "lines"; none without."""
+    return {"lines": placed.as_detail()} if placed else {}
+
+
+def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue, lines: CodeLines) -> list[Finding]:
     """The first forward record paired with another computation (gelu where the original calls relu): a changed
     layer or function, which every numeric difference after it may follow from. Forward only: a backward is derived
     from its forward, and devices decompose backward ops differently (a GPU's native_dropout_backward is a plain mul
@@ -326,9 +335,15 @@ def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue) -> list[Fi
     detail = {"op": str(row["ref_op"]), "actual_op": str(row["actual_op"]), "module": str(row["module"]),
               "phase": str(row["phase"]), "step": int(row["step"]), "seq": int(row["ref_seq"])}
     where = f"{detail['module']} " if detail["module"] else ""
+    placed = lines.place(row.get("ref_source"), row.get("actual_source"))
+    if placed is None:
+        return [Finding(FindingCode.OP_CHANGED, (
+            f"the port computes {detail['actual_op']} where the original computes {detail['op']} ({where}"
+            f"{detail['phase']}, step {detail['step']}): a changed operator"), detail)]
     return [Finding(FindingCode.OP_CHANGED, (
-        f"the port computes {detail['actual_op']} where the original computes {detail['op']} ({where}"
-        f"{detail['phase']}, step {detail['step']}): a changed operator"), detail)]
+        f"the port computes {detail['actual_op']} where the original computes {detail['op']}{placed.words}, in "
+        f"{where}{detail['phase']}, step {detail['step']}: a changed operator{placed.origin_words}"),
+        {**detail, **_lines_detail(placed)})]
 
 
 def _hparams_behind(op: dict[str, Any], hparams: pd.DataFrame) -> list[str]:
@@ -469,9 +484,10 @@ def _loss_words(loss: LossComparison) -> str:
 
 def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.DataFrame, first: dict[str, Any] | None,
                      loss: LossComparison, hparams: pd.DataFrame, grads: pd.DataFrame, outputs: pd.DataFrame,
-                     overflow: dict[str, Any], policy: PrecisionPolicy, catalogue: OpCatalogue) -> list[Finding]:
+                     overflow: dict[str, Any], policy: PrecisionPolicy, catalogue: OpCatalogue,
+                     lines: CodeLines) -> list[Finding]:
     """Every finding of a comparison, from how the runs ended to the share of ops that paired; `catalogue` says
-    which ops compute the same thing."""
+    which ops compute the same thing, `lines` where in the scripts an op finding's op was made."""
     inputs = _input_findings(table)
     findings = [
         *ended,
@@ -483,8 +499,8 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
         *_loss_finding(loss),
         *_output_finding(outputs),
         *inputs,
-        *_changed_op_findings(table, catalogue),
-        *_op_findings(first, ref, actual, hparams, bool(inputs)),
+        *_changed_op_findings(table, catalogue, lines),
+        *_op_findings(first, ref, actual, hparams, bool(inputs), lines),
         *_grad_finding(grads),
         *_match_finding(table),
     ]

@@ -201,6 +201,7 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
         "step": int(worst["step"]), "seq": int(worst["ref_seq"]), "phase": str(worst["phase"]),
         "module": str(worst["module"]), "op": str(worst["ref_op"]), "actual_op": str(worst["actual_op"]),
         "io": str(worst["io"]), "status": str(worst["status"]), "judged_by": str(worst["judged_by"]),
+        "ref_source": _source(worst.get("ref_source")), "actual_source": _source(worst.get("actual_source")),
         "dtype": str(worst["ref_dtype"]), "actual_dtype": str(worst["actual_dtype"]),
         "stats_error": float(worst["stats_error"]), "tolerance": float(worst["tolerance"]),
         "ref": {stat: float(worst[f"ref_{stat}"]) for stat in stats},
@@ -315,6 +316,11 @@ def _stand_in_limit(calls: pd.DataFrame) -> np.ndarray:
     before = window.reindex(calls["call"])
     return _limit(np.fmax(before["error"].to_numpy(), same_shape["error"].to_numpy()),
                   np.fmax(before["tolerance"].to_numpy(), same_shape["tolerance"].to_numpy()))
+
+
+def _source(value: Any) -> str:
+    """A record's ops.source, "" where it has none (runs recorded before it, msprobe dumps)."""
+    return value if isinstance(value, str) else ""
 
 
 def op_label(op: dict[str, Any]) -> str:

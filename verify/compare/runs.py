@@ -18,6 +18,7 @@ import pandas as pd
 from verify.compare import envelope
 from verify.record import environment
 from verify.compare.align import AlignStatus, align_ops
+from verify.compare.code_lines import CodeLines
 from verify.compare.curves import (LossComparison, compare_grads, compare_hparams, compare_losses, compare_outputs,
                            compare_overflow, summarize_outputs)
 from verify.compare.findings import FAILING, Finding, FindingCode, Verdict, collect_findings, how_runs_ended, verdict
@@ -281,7 +282,7 @@ def _compare_processes(ref: Run, actual: Run, options: CompareOptions,
         evidence = _evidence(loss, not (ref.hparams.empty or actual.hparams.empty), grads, outputs)
         notes.append(f"operators not compared: {ops_not_compared}; judged on the {evidence}")
     findings = collect_findings(ended, ref, actual, table, first, loss, hparams, grads, outputs, overflow, policy,
-                                catalogue)
+                                catalogue, CodeLines(ref, actual))
     outputs_summary = summarize_outputs(outputs, policy)
     return ComparisonResult(
         verdict=verdict(findings, loss, table, policy, first, ops_not_compared, shared_ending, outputs_summary),

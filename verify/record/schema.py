@@ -48,7 +48,7 @@ from verify.devices import title
 from verify.errors import ManifestError
 from verify.record.statistics import STATISTIC_COLUMNS
 
-SCHEMA_VERSION = 2  # 2: ops.inputs (the data flow between recorded calls)
+SCHEMA_VERSION = 3  # 2: ops.inputs (the data flow between recorded calls); 3: ops.source (the user's line)
 
 MANIFEST = "manifest.json"
 LOSSES = "losses.csv"
@@ -131,6 +131,10 @@ OP_COLUMNS: dict[str, str] = {
     # weights, or work not recorded); for a batch record (INPUT_OP), the calls that wrote the batch. Schema version 2;
     # version 1 runs read as missing (NA).
     "inputs": "string",
+    # The innermost line of the user's own files that made the call, "train.py:55" (the file relative to the script's
+    # folder; verify/capture/source_lines.py); a backward op's is the forward line whose graph it differentiates, an
+    # update's the optimizer.step() line, "" where no user line made it. Schema version 3; older runs read as missing.
+    "source": "string",
 }
 
 # The op key: the parts that identify an op call on every machine, each preceded by its separator.

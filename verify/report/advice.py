@@ -50,6 +50,16 @@ def _update_by_hand(finding: Finding) -> bool:
     return bool(finding.detail.get("update_by_hand"))
 
 
+def _rewritten(finding: Finding) -> bool:
+    """The op was made on a line of a hunk migrate made (verify/compare/code_lines.py)."""
+    return bool(finding.detail.get("lines", {}).get("rewrites"))
+
+
+def _edited(finding: Finding) -> bool:
+    """The op was made on a line the user edited after migrate wrote the port."""
+    return bool(finding.detail.get("lines", {}).get("user_edit"))
+
+
 def _follows_hparams(finding: Finding) -> bool:
     """The op diverges after a differing hyperparameter took effect (findings._hparams_behind): not evidence of a
     numerical issue, since the runs no longer compute on the same values."""
@@ -57,6 +67,16 @@ def _follows_hparams(finding: Finding) -> bool:
 
 
 ADVICE_RULES: tuple[AdviceRule, ...] = (
+    *(rule for code in (FindingCode.OP_CHANGED, FindingCode.OP_DIVERGES) for rule in (
+        AdviceRule(code, (
+            "{op} is made at {lines[port]} (original {lines[original]}), a line migrate rewrote: "
+            "{lines[rewrites][0]}. Try, one at a time: keep {op} out of autocast (compute it under "
+            "torch.autocast(device_type=..., enabled=False) on .float() inputs); port again without that rule "
+            "(migrate --ignore {lines[codes][0]}, or --select only the rules you want); port in the explicit mode "
+            "(migrate --mode explicit); then compare again."), ("C2",), _rewritten),
+        AdviceRule(code, (
+            "{op} is made at {lines[port]} (original {lines[original]}), a line you edited after migrate wrote the "
+            "port (it differs from migrate's port): check that edit first."), (), _edited))),
     AdviceRule(FindingCode.RUN_FAILED, (
         "The {side} run ended '{status}': read the traceback in its manifest.json and its output.log. The comparison "
         "covers only the steps it recorded."), ("C3",)),

@@ -124,6 +124,33 @@ def _ops_section(result: ComparisonResult) -> str:
                     + _html_table(shown, classes))
 
 
+def _finding_item(number: int, message: str, lines: dict[str, Any] | None) -> str:
+    """A finding; one with the lines behind its op links to their side-by-side view."""
+    link = f' <a href="#lines-{number}">(the two lines)</a>' if lines else ""
+    return f"<li>{_text(message)}{link}</li>"
+
+
+def _side_by_side(number: int, lines: dict[str, Any]) -> str:
+    """The original's line and the port's, each in its context, the line itself marked."""
+    def column(side: str, mark: str) -> str:
+        line = int(mark.rpartition(":")[2]) if mark else 0
+        rows = "".join(f'<tr class="{"failed" if n == line else ""}"><td>{n}</td><td><pre>{html.escape(text)}</pre>'
+                       "</td></tr>" for n, text in lines["context"].get(side, []))
+        return f"<td><b>{html.escape(mark or 'no paired line')}</b><table>{rows}</table></td>"
+
+    why = "; ".join(lines["rewrites"]) if lines["rewrites"] else (
+        "your own edit of the port" if lines["user_edit"] else "a line migrate carried over")
+    return (f'<div id="lines-{number}"><p>Finding {number}: {html.escape(why)} (lines paired by '
+            f"{html.escape(lines['paired_by'])})</p><table><tr><th>original</th><th>port</th></tr><tr>"
+            f"{column('original', lines['original'])}{column('port', lines['port'])}</tr></table></div>")
+
+
+def _lines_section(result: ComparisonResult) -> str:
+    views = [_side_by_side(number, f.detail["lines"]) for number, f in enumerate(result.findings, 1)
+             if f.detail.get("lines")]
+    return _section("The lines behind the findings", "".join(views)) if views else ""
+
+
 def _first_divergent_section(first: dict[str, Any] | None) -> str:
     if not first:
         return _section("First divergent operator", "<p>None: no op breaks its tolerance with agreeing inputs.</p>")
@@ -187,7 +214,8 @@ def render_html(result: ComparisonResult, advice: Sequence[Advice], checklist: l
     banners = "".join(f'<div class="banner">{html.escape(b)}: its numerics are a stand-in\'s, not the real '
                       "device's.</div>" for b in emulation_banners(result))
     emulated = _emulated_devices(result)
-    findings = "".join(f"<li>{_text(f.message)}</li>" for f in result.findings) or "<li>none</li>"
+    findings = "".join(_finding_item(number, f.message, f.detail.get("lines"))
+                       for number, f in enumerate(result.findings, 1)) or "<li>none</li>"
     advice_items = "".join(
         f"<li>{_text(a.message)}" + (f" <i>[checklist {', '.join(a.checklist)}]</i>" if a.checklist else "")
         + "</li>" for a in advice) or "<li>Nothing to do.</li>"
@@ -196,6 +224,7 @@ def render_html(result: ComparisonResult, advice: Sequence[Advice], checklist: l
             f'<div class="verdict {verdict_class}">{_text(result.verdict.reason)}</div>'
             f"<p>Comparison: {html.escape(result.policy.description)}</p>"
             + _section("Findings", f"<ul>{findings}</ul>") + _section("Advice", f"<ol>{advice_items}</ol>")
+            + _lines_section(result)
             + _first_divergent_section(result.first_divergent) + _loss_section(result) + _ops_section(result)
             + _misc_sections(result) + _checklist_section(checklist) + _manifest_section(result)
             + (_section("Notes", f"<ul>{notes}</ul>") if notes else ""))
