@@ -127,7 +127,7 @@ def migrate(
     report = None
     # A run that read no file has nothing to report on: no report folder, no checklist.
     if writes and any(result.status is not FileStatus.ERROR for result in results):
-        original, ported = _first_port(results)
+        original, ported = _first_port(results, project)
         items = checklist.build(results, settings, rules, _verify_command(original, ported), original, project)
         try:
             report = write_reports(results, directory, f"npu-port migrate report ({mode.value} mode)", items)[0]
@@ -219,10 +219,12 @@ def _plural(count: int, word: str, words: str = "") -> str:
     return f"{count} {word if count == 1 else words or word + 's'}"
 
 
-def _first_port(results: list[FileResult]) -> tuple[str, str]:
-    """The original and ported paths of the first ported script, which the checklist's commands name (placeholders
-    when nothing was ported)."""
-    ported = next((r for r in results if r.facts is not None and r.target), None)
+def _first_port(results: list[FileResult], project: Project) -> tuple[str, str]:
+    """The original and ported paths of the first ported script, an entry point of the project where the files
+    named are one, which the checklist's commands name (placeholders when nothing was ported)."""
+    ported_files = [r for r in results if r.facts is not None and r.target]
+    entries = [r for r in ported_files if project.is_entry(r.source)]
+    ported = next(iter(entries or ported_files), None)
     return (ported.source, ported.target) if ported else ("ORIGINAL", "PORTED")
 
 

@@ -65,6 +65,10 @@ class Project:
                     todo.append(found.file)
         return frozenset(seen)
 
+    def is_entry(self, source: str) -> bool:
+        """Whether `source` (as FileResult.source shows it) is a named file that is an entry point."""
+        return any(shown_path(self.named[path].source) == source for path in self.entries)
+
     def counts(self, source: str) -> bool:
         """Whether the checklist reads the result of `source` (as FileResult.source shows it): a named file no entry
         point reaches does not count; a file of a folder's port does."""

@@ -86,8 +86,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def checklist(folder: Path) -> dict[str, dict]:
-    return {item["id"]: item for item in json.loads((folder / "main_npu_report" / "checklist.json").read_text())}
+def checklist(folder: Path, report: str = "main_npu_report") -> dict[str, dict]:
+    return {item["id"]: item for item in json.loads((folder / report / "checklist.json").read_text())}
 
 
 @pytest.mark.parametrize("mode", ["transfer", "explicit"])
@@ -145,3 +145,9 @@ def test_a_package_imported_absolutely_and_relatively(tmp_path: Path, monkeypatc
     assert "from .layers_npu import Block\nfrom . import utils\n" in model
     assert "IMP004: imports pkg/utils.py" in result.output
     assert "`migrate pkg/`" in result.output
+
+
+def test_the_checklist_names_the_entry_point_whatever_the_order(project: Path):
+    migrate(project, "model.py", "trainer.py", "data.py", "main.py")
+    items = checklist(project, "model_npu_report")  # the report folder is the first file's, as for any call
+    assert "`verify main.py main_npu.py -- ARGS`" in items["C5"]["action"]
