@@ -46,7 +46,7 @@ class Project:
     entries: frozenset[Path]  # resolved paths
 
     @classmethod
-    def read(cls, paths: Sequence[Path], jobs: Sequence[Job]) -> "Project":
+    def read(cls, paths: Sequence[Path], jobs: Sequence[Job]) -> Project:
         named_paths = {path.resolve() for path in paths if path.is_file() and path.suffix == ".py"}
         named = {job.source.resolve(): job for job in jobs if job.port and job.source.resolve() in named_paths}
         roots = list(dict.fromkeys(path.parent for path in named))
@@ -126,19 +126,29 @@ def _project_imports(source: Path, roots: Sequence[Path]) -> Iterator[ProjectImp
         tree = ast.parse(decode(source.read_bytes(), shown_path(source)).text)
     except (OSError, SyntaxError, ValueError, SourceError):
         return  # its port reports why it cannot be read
-    for node in ast.walk(tree):
+    for node in _import_statements(tree.body):
         for name in _names(node):
             file = _resolve(source.resolve(), name, roots)
             if file is not None and file != source.resolve():
                 yield ProjectImport(source, node.lineno, name, file)
 
 
-def _names(node: ast.AST) -> list[str]:
+def _import_statements(body: Sequence[ast.AST]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements of a block and of the blocks in it: statements only, never their expressions (ast.walk
+    would visit every node of the file, several times the parse's cost)."""
+    for statement in body:
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            yield statement
+        for block in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(statement, block, ())
+            if isinstance(inner, list):  # a lambda's or an expression's `body` is one node, not a block
+                yield from _import_statements(inner)
+
+
+def _names(node: ast.Import | ast.ImportFrom) -> list[str]:
     """The modules an import may load, spelled as rules/imports/_project.py `imported_names` spells them."""
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names]
-    if not isinstance(node, ast.ImportFrom):
-        return []
     module = "." * node.level + (node.module or "")
     joined = [module + a.name if module.endswith(".") else f"{module}.{a.name}" for a in node.names if a.name != "*"]
     return [module, *joined]
