@@ -141,7 +141,7 @@ def _plan_folder(root: Path, target_root: Path, settings: Settings) -> Iterator[
     for source in _walk(root, skip=None if in_place else target_root.resolve()):
         target = target_root / source.relative_to(root)
         if source.suffix == ".py":
-            own = replace(settings, is_entry=_has_main_guard(source), line_length=configured_line_length(source))
+            own = replace(settings, is_entry=has_main_guard(source), line_length=configured_line_length(source))
             yield Job(source, target, port=True, settings=own, mirror=not in_place)
         elif not in_place:
             yield Job(source, target, port=False, settings=settings)
@@ -175,7 +175,7 @@ def _is_earlier_output(path: Path, siblings: Sequence[str]) -> bool:
             and default_report_dir(path).is_dir())
 
 
-def _has_main_guard(path: Path) -> bool:
+def has_main_guard(path: Path) -> bool:
     try:
         return b"__main__" in path.read_bytes()
     except OSError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -20,6 +21,7 @@ from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
 from verify.record.schema import INPUT_OP, Phase, Status
 from verify.errors import CompareError
+from verify.checklist_items import port_name
 
 
 # How few matched ops make two runs look like different scripts rather than a port of one script.
@@ -50,6 +52,9 @@ class FindingCode(str, Enum):
     RANKS_DIFFER = "ranks_differ"  # the sides ran other numbers of ranks
     SHARDING = "sharding"  # a rank of the port read other samples than the original's (verify/compare/sharding.py)
     RANKS_DISAGREE = "ranks_disagree"  # the port's ranks hold other gradients or parameters where the original's agree
+    # not failing by itself: a side ran an original module of the project where its port was beside it (or the
+    # reference a port): what ran is not the port migrate wrote
+    ORIGINAL_MODULE = "original_module"
 
 
 # Findings that fail the verdict, causes before symptoms: the one-line reason names the first that is present. The
@@ -182,6 +187,32 @@ def explaining(found: list[environment.Difference],
         elif difference.setting in CHANGED_BY_SETTING and not ops.isdisjoint(CHANGED_BY_SETTING[difference.setting]):
             explained.append(difference)
     return explained
+
+
+def _module_findings(ref: Run, actual: Run) -> list[Finding]:
+    """The port ran an original module of the project where that module's port is beside it (its imports name the
+    originals: the files were ported one by one), or the reference ran a port where its original is beside it. The
+    port's name is the original's with the suffix the scripts' names differ by (main.py, main_npu.py: _npu)."""
+    ref_script, port_script = Path(ref.manifest.script), Path(actual.manifest.script)
+    suffix = port_script.stem.removeprefix(ref_script.stem)
+    if suffix == port_script.stem or not suffix:
+        return []
+    findings = []
+    for name in actual.manifest.project_files:
+        original = port_script.parent / name
+        port = port_name(original, suffix)
+        if not original.stem.endswith(suffix) and port.is_file():
+            findings.append(Finding(FindingCode.ORIGINAL_MODULE, (
+                f"the port ran {name}, the original module, not its port {port.name}: its imports name the original"),
+                {"side": "actual", "file": name, "instead": port.name}))
+    for name in ref.manifest.project_files:
+        port = ref_script.parent / name
+        original = port.with_name(port.stem.removesuffix(suffix) + port.suffix)
+        if port.stem.endswith(suffix) and original.is_file():
+            findings.append(Finding(FindingCode.ORIGINAL_MODULE, (
+                f"the reference ran {name}, a port, not the original {original.name}"),
+                {"side": "ref", "file": name, "instead": original.name}))
+    return findings
 
 
 def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
@@ -491,6 +522,7 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
     inputs = _input_findings(table)
     findings = [
         *ended,
+        *_module_findings(ref, actual),
         *(Finding(FindingCode.HPARAM_MISMATCH, f"hyperparameter differs: {message}", {"name": name})
           for message, name in zip(hparams["message"], hparams["name"])),
         *_grads_reset_findings(ref, actual),

@@ -202,6 +202,9 @@ class RunManifest:
     tool_version: str = ""
     script: str = ""  # absolute path of the script that ran
     script_sha256: str = ""
+    # The files under the script's folder the run imported (sys.modules at its end: the modules of the script's
+    # project it ran), each path relative to that folder with its sha256 (verify/capture/project_files.py).
+    project_files: dict[str, str] = field(default_factory=dict)
     argv: list[str] = field(default_factory=list)  # the script's own arguments
     cwd: str = ""
     python_version: str = ""

@@ -93,6 +93,10 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "torch.backends.cudnn.allow_tf32; HF32 on the NPU: torch.npu.matmul.allow_hf32 and torch.npu.conv.allow_hf32) "
         "and compare again: the operator findings below follow from it."), ("C3",),
         lambda finding: bool(finding.detail.get("explains"))),
+    AdviceRule(FindingCode.ORIGINAL_MODULE, (
+        "The {side} side ran {file} where {instead} belongs: the port must run the ports of the project's modules, "
+        "the reference their originals. Port the project's files in one call (`migrate main.py model.py ...`: the "
+        "ports import each other's ports) or its folder (`migrate FOLDER/`), then compare again."), ("C3",)),
     AdviceRule(FindingCode.DATA_ORDER, (
         "The first step's inputs already differ: make the data order identical. Seed the DataLoader (generator=, "
         "worker_init_fn), do not derive num_workers or shuffling from cpu/device counts, sort listdir/glob results "
