@@ -49,6 +49,28 @@ def test_a_seed_the_child_cannot_take_is_refused_before_anything_runs(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+TINY = str(SCRIPTS / "tiny_train.py")
+OPTIONS_OUT_OF_RANGE = [
+    (["run", TINY], "--steps", "0"), (["run", TINY], "--timeout", "-1"), (["run", TINY], "--timeout", "nan"),
+    (["run", TINY], "--nproc-per-node", "0"), (["run", TINY], "--nproc-per-node", "100000"),
+    (["run", TINY], "--tensor-cap-mb", "-1"), (["run", TINY], "--ops", "conv[("),
+    (["pair", TINY, TINY], "--loss-rtol", "-1"), (["pair", TINY, TINY], "--loss-rtol", "nan"),
+    (["pair", TINY, TINY], "--calibration-runs", "-1"), (["pair", TINY, TINY], "--calibration-runs", "9"),
+    (["pair", TINY, TINY], "--nproc-per-node", "100000"), (["pair", TINY, TINY], "--steps", "0"),
+    (["determinism", TINY], "--steps", "0"), (["determinism", TINY], "--timeout", "-5"),
+    (["compare", "ref", "actual"], "--loss-rtol", "-0.1"), (["compare", "ref", "actual"], "--max-rows", "-1"),
+]
+
+
+@pytest.mark.parametrize(("command", "option", "value"), OPTIONS_OUT_OF_RANGE)
+def test_an_option_out_of_its_range_is_refused_naming_it_before_anything_runs(tmp_path, command, option, value):
+    """Issue 36 item 5: every option with a range is checked before a run starts or a folder is claimed: exit 2 naming
+    the option, never the script's crash or a verdict (--nproc-per-node 100000 is past this machine's rank limit)."""
+    result = verify(*command, option, value, "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2 and option in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_runner_refuses_a_seed_the_child_cannot_take(tmp_path):
     from verify.errors import VerifyError
     from verify.launch.runner import RunOptions, run_script

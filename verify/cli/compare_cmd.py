@@ -27,6 +27,7 @@ from verify.errors import CompareError
 from verify.compare.op_catalogue import read_catalogue
 from verify.compare.precision_policy import CompareOptions
 from verify.report.terminal import print_run, print_saved_summary, print_summary
+import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
 from verify.cli.exits import exit_with
 from verify.errors import EXIT_ERROR, EXIT_OK, VerifyFailure
 from verify.record.store import Run, read_run
@@ -83,9 +84,9 @@ def compare(
     ref_run: Annotated[Path, typer.Argument(help="The reference run directory (or msprobe dump).")],
     actual_run: Annotated[Path, typer.Argument(help="The ported run directory (or msprobe dump).")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the reports here.")] = None,
-    loss_rtol: Annotated[Optional[float], typer.Option(
-        help="Relative loss tolerance per step (default 0.01; 0.05 for an fp32-vs-AMP pair).")] = None,
-    max_rows: Annotated[int, typer.Option(help="Divergent op rows shown on the terminal.")] = 10,
+    loss_rtol: options.loss_rtol("Relative loss tolerance per step (default 0.01; 0.05 for an fp32-vs-AMP pair).") = (
+        None),
+    max_rows: options.max_rows("Divergent op rows shown on the terminal.") = 10,
     adaptation_report: Annotated[bool, typer.Option(
         "--adaptation-report", help="Also write adaptation.md into OUT (needs -o).")] = False,
     op_mapping: OpMappingOption = None,
