@@ -12,6 +12,7 @@ import pandas as pd
 
 from verify.record import environment
 from verify.compare.align import MATCHED_STATUSES
+from verify.compare.crashes import crash_identity
 from verify.compare.op_catalogue import CARRIERS, CHANGED_BY_SETTING, OpCatalogue
 from verify.compare.curves import LossComparison
 from verify.compare.op_verdicts import op_label
@@ -111,8 +112,9 @@ _ENDED_BY_ITSELF = (*_RAN_THROUGH, Status.SHORT.value)
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
 
 
-def _ending(run: Run) -> tuple[str, int, str]:
-    return run.manifest.status, run.manifest.steps_completed, _error(run)
+def _ending(run: Run) -> tuple[str, int, tuple]:
+    """How a run ended, equal for one behaviour whatever the launcher (verify/compare/crashes.py)."""
+    return run.manifest.status, run.manifest.steps_completed, crash_identity(run.manifest)
 
 
 def _error(run: Run) -> str:
