@@ -428,3 +428,16 @@ def test_an_inference_pair_names_its_outputs_and_writes_an_adaptation_report(tmp
     assert "EMULATED NPU (a test double on cpu)" in report and "(emulator: not a device figure)" in report
     again = CliRunner().invoke(app, ["report", str(out), "--adaptation-report"])
     assert again.exit_code == 0 and (out / "adaptation.md").read_text() == report
+
+
+def test_an_inference_output_of_fewer_than_5_classes_names_its_top_k_over_all_of_them(tmp_path):
+    """Issue 36 item 7: a PASS printed `top-5 nan%` for an output of 3 classes; its top-k is over its 3 classes."""
+    code = (SCRIPTS / "classify_inference.py").read_text().replace("16 * 16, 100)", "16 * 16, 3)").replace(
+        "topk(5)", "topk(3)")
+    (tmp_path / "classify.py").write_text(code)
+    (tmp_path / "classify_npu.py").write_text(migrate_source(code, "classify.py", Settings(is_entry=True)).code)
+    exit_code, summary, _ = verify(tmp_path / "classify.py", tmp_path / "classify_npu.py", "-n", STEPS, "-q",
+                                   "-o", tmp_path / "out")
+    assert exit_code == 0, summary
+    assert "top-1 100.00%, top-3 (all 3 classes) 100.00%" in summary["reason"] and "nan" not in summary["reason"]
+    assert summary["outputs"]["overall"]["top_k"] == 3 and summary["outputs"]["overall"]["top5_agreement"] == 1.0

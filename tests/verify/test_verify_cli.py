@@ -143,3 +143,14 @@ def test_without_its_dependencies_verify_says_so_on_one_line_with_exit_2(tmp_pat
                           text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("verify: error: typer is not installed for ")
+
+
+@pytest.mark.parametrize("content", ["[]", "3", '"PASS"'])
+def test_report_on_a_summary_that_is_not_an_object_is_one_line_exit_2(tmp_path, content):
+    """Issue 36 item 7: `verify report` on a summary.json of `[]` raised AttributeError (a traceback file in /tmp)."""
+    (tmp_path / "summary.json").write_text(content)
+    result = verify("report", str(tmp_path))
+    assert result.exit_code == 2
+    assert result.output.replace("\n", "") == (
+        f"error: {tmp_path / 'summary.json'} is not a comparison's summary: it holds a JSON "
+        f"{type(eval(content)).__name__}, not the object `verify compare -o` writes")

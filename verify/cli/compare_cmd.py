@@ -134,6 +134,9 @@ def _report(run_or_result: Path, adaptation_report: bool = False) -> int:
         summary = json.loads(summary_file.read_text(encoding="utf-8"))
     except ValueError as error:
         raise VerifyFailure(f"{summary_file} is not valid JSON: {error}") from None
+    if not isinstance(summary, dict):
+        raise VerifyFailure(f"{summary_file} is not a comparison's summary: it holds a JSON {type(summary).__name__}, "
+                            "not the object `verify compare -o` writes")
     print_saved_summary(summary, stdout)
     return int(summary.get("exit_code", EXIT_ERROR))
 

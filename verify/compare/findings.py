@@ -13,6 +13,7 @@ import pandas as pd
 from verify.record import environment
 from verify.compare.align import MATCHED_STATUSES
 from verify.compare.crashes import crash_identity
+from verify.compare.metrics import TOP_K
 from verify.compare.op_catalogue import CARRIERS, CHANGED_BY_SETTING, OpCatalogue
 from verify.compare.curves import LossComparison
 from verify.compare.op_verdicts import op_label
@@ -391,9 +392,12 @@ def _output_finding(outputs: pd.DataFrame) -> list[Finding]:
 
 
 def output_figures(figures: Any) -> str:
-    """'cosine 0.999998, max abs 0.0012, mean abs 4e-05, top-1 100.00%, top-5 100.00%' of an output (or all)."""
+    """'cosine 0.999998, max abs 0.0012, mean abs 4e-05, top-1 100.00%, top-5 100.00%' of an output (or all); an
+    output of fewer than 5 classes has its top-k over all of them, named so: 'top-3 (all 3 classes) 100.00%'."""
+    k = int(figures.get("top_k", TOP_K))
+    top_k = "top-5" if k == TOP_K else f"top-{k} (all {k} classes)"
     return (f"cosine {figures['cosine']:.6f}, max abs {figures['max_abs_error']:.3g}, mean abs "
-            f"{figures['mean_abs_error']:.3g}, top-1 {figures['top1_agreement']:.2%}, top-5 "
+            f"{figures['mean_abs_error']:.3g}, top-1 {figures['top1_agreement']:.2%}, {top_k} "
             f"{figures['top5_agreement']:.2%}")
 
 
