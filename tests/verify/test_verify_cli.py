@@ -154,3 +154,14 @@ def test_report_on_a_summary_that_is_not_an_object_is_one_line_exit_2(tmp_path, 
     assert result.output.replace("\n", "") == (
         f"error: {tmp_path / 'summary.json'} is not a comparison's summary: it holds a JSON "
         f"{type(eval(content)).__name__}, not the object `verify compare -o` writes")
+
+
+def test_an_adaptation_report_asked_of_a_pair_that_proves_nothing_says_why_none_was_written(tmp_path):
+    """Issue 36 item 7: --adaptation-report on a pair that errors wrote nothing and said nothing about it."""
+    script = str(SCRIPTS / "needs_torchrun.py")  # stops before its first step without a launcher: nothing to compare
+    result = verify("pair", script, script, "-n", "2", "-q", "--adaptation-report", "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    error = result.output.replace("\n", "")
+    assert "error: both sides stopped before their first step" in error
+    assert error.endswith("; no adaptation.md was written: it reports a comparison, and none could be made")
+    assert not (tmp_path / "out" / "adaptation.md").exists()

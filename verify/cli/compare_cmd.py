@@ -10,10 +10,11 @@ None of this imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -47,6 +48,19 @@ def compare_options(loss_rtol: float | None, op_mapping: list[Path] | None) -> C
     """The comparison's options from the command line; VerifyFailure (exit 2) naming a bad mapping file."""
     return CompareOptions(loss_rtol=loss_rtol, op_catalogue=read_catalogue(op_mapping))
 
+
+
+@contextlib.contextmanager
+def adaptation_or_why_not(wanted: bool) -> Iterator[None]:
+    """Under --adaptation-report, verify's error (a comparison that could not be made, a damaged run) also says that
+    no adaptation.md was written, and why: it reports a comparison."""
+    try:
+        yield
+    except VerifyFailure as error:
+        if not wanted:
+            raise
+        raise VerifyFailure(f"{error}; no adaptation.md was written: it reports a comparison, and none could be "
+                            "made") from None
 
 
 def read_run_directory(root: Path) -> Run:
@@ -101,7 +115,8 @@ def _compare(ref_run: Path, actual_run: Path, out: Path | None, options: Compare
              adaptation_report: bool) -> int:
     if adaptation_report and out is None:
         raise VerifyFailure("--adaptation-report writes adaptation.md into the -o folder: give one")
-    result = compare_runs(read_side(ref_run), read_side(actual_run), options, read_calibrations(ref_run))
+    with adaptation_or_why_not(adaptation_report):
+        result = compare_runs(read_side(ref_run), read_side(actual_run), options, read_calibrations(ref_run))
     print_summary(result, stdout, max_rows=max_rows)  # the verdict first: the report files take their time after it
     if adaptation_report:
         out.mkdir(parents=True, exist_ok=True)
@@ -147,7 +162,8 @@ def _adaptation_of_pair(folder: Path) -> int:
     if not all(side.is_dir() for side in sides):
         raise VerifyFailure(f"{folder} is not a pair's folder: --adaptation-report needs its {run_folders.REF}/ and "
                             f"{run_folders.ACTUAL}/ run directories")
-    result = compare_runs(*map(read_side, sides), calibrations=read_calibrations(sides[0]))
+    with adaptation_or_why_not(True):
+        result = compare_runs(*map(read_side, sides), calibrations=read_calibrations(sides[0]))
     stderr.print(f"wrote {write_adaptation(result, folder)}")
     return result.verdict.exit_code
 

@@ -35,7 +35,7 @@ from verify.checklist_items import REPORT_SUFFIX, port_name
 from verify.compare.runs import ComparisonResult, compare_runs
 from verify.compare.precision_policy import CompareOptions, amp_dtype
 from verify.report.terminal import print_summary
-from verify.cli.compare_cmd import OpMappingOption, compare_options, read_side
+from verify.cli.compare_cmd import OpMappingOption, adaptation_or_why_not, compare_options, read_side
 from verify import devices
 from verify.record import run_folders
 import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
@@ -379,9 +379,10 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
     check_options(options)
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
                     match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation, calibration_runs)
-    with side_runner(quiet, runs_at_once(plan)) as sides:
-        runs = run_sides(plan, sides)
-    return judge_pair(plan, runs)
+    with adaptation_or_why_not(adaptation):
+        with side_runner(quiet, runs_at_once(plan)) as sides:
+            runs = run_sides(plan, sides)
+        return judge_pair(plan, runs)
 
 
 # --- determinism (checklist C1) ------------------------------------------------------------------------------------
