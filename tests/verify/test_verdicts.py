@@ -441,3 +441,17 @@ def test_an_inference_output_of_fewer_than_5_classes_names_its_top_k_over_all_of
     assert exit_code == 0, summary
     assert "top-1 100.00%, top-3 (all 3 classes) 100.00%" in summary["reason"] and "nan" not in summary["reason"]
     assert summary["outputs"]["overall"]["top_k"] == 3 and summary["outputs"]["overall"]["top5_agreement"] == 1.0
+
+
+def test_a_port_that_never_calls_backward_fails_naming_that(tmp_path):
+    """Issue 36 item 7: a port without backward() against a trainer FAILed naming aten.addmm at step 1 (then, once
+    damaged runs were refused, exit 2 'losses.csv has no loss'): the manifest counts backward() calls, a run without
+    one promises no loss, and the verdict names the missing call."""
+    port = tmp_path / "tiny_train_npu.py"
+    port.write_text((SCRIPTS / "tiny_train.py").read_text().replace(
+        "(scaler.scale(loss) if scaler else loss).backward()", "pass  # backward() lost in the port"))
+    exit_code, summary, _ = verify(SCRIPTS / "tiny_train.py", port, "-n", STEPS, "-q", "-o", tmp_path / "out")
+    assert exit_code == 1, summary
+    assert summary["reason"] == ("FAIL: the port never calls backward(): it made 3 step(s) without a gradient, where "
+                                 "the original called backward() 3 time(s)")
+    assert any("Restore it as in the original" in advice for advice in summary["advice"])

@@ -31,6 +31,7 @@ LOW_MATCH_SHARE = 0.5
 
 class FindingCode(str, Enum):
     RUN_FAILED = "run_failed"
+    NO_BACKWARD = "no_backward"  # the port steps without ever calling backward(), the original trains
     STEPS_DIFFER = "steps_differ"  # both ran as far as they could, one of them fewer steps than the other
     HPARAM_MISMATCH = "hparam_mismatch"
     OVERFLOW = "overflow"
@@ -55,7 +56,7 @@ class FindingCode(str, Enum):
 
 # Findings that fail the verdict, causes before symptoms: the one-line reason names the first that is present. The
 # first divergent operator comes before the loss it moves.
-FAILING = (FindingCode.RUN_FAILED, FindingCode.STEPS_DIFFER, FindingCode.RANKS_DIFFER, FindingCode.SHARDING,
+FAILING = (FindingCode.RUN_FAILED, FindingCode.NO_BACKWARD, FindingCode.STEPS_DIFFER, FindingCode.RANKS_DIFFER, FindingCode.SHARDING,
            FindingCode.RANKS_DISAGREE, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
            FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES,
            FindingCode.NONDETERMINISM,
@@ -129,6 +130,17 @@ def _error_words(run: Run) -> str:
     if any(error == f"KeyError: '{name}'" for name in TORCHRUN_VARIABLES):
         return f"{error}; the script expects a launcher such as torchrun"
     return error
+
+
+def _no_backward_findings(ref: Run, actual: Run) -> list[Finding]:
+    """A port that never calls backward() against a trainer that does: its steps compute no gradient, and the first
+    op that differs (the update's) would hide the cause."""
+    calls = ref.manifest.backward_calls, actual.manifest.backward_calls
+    if actual.manifest.steps_completed == 0 or calls[1] != 0 or not calls[0]:
+        return []
+    return [Finding(FindingCode.NO_BACKWARD, (
+        f"the port never calls backward(): it made {actual.manifest.steps_completed} step(s) without a gradient, where "
+        f"the original called backward() {calls[0]} time(s)"), {"side": "actual", "original_calls": calls[0]})]
 
 
 def _stop_words(run: Run) -> str:
@@ -481,6 +493,7 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
     inputs = _input_findings(table)
     findings = [
         *ended,
+        *_no_backward_findings(ref, actual),
         *(Finding(FindingCode.HPARAM_MISMATCH, f"hyperparameter differs: {message}", {"name": name})
           for message, name in zip(hparams["message"], hparams["name"])),
         *_grads_reset_findings(ref, actual),

@@ -193,6 +193,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         emulated=devices.row(device).emulated,
         emulated_on=devices.emulated_on(device, options.emulate_on),
         seed=options.seed,
+        backward_calls=0,  # counted by the child's step recorder
         dump_mode=options.dump.value,
         ops_regex=options.ops or "",
         tensor_cap_mb=options.tensor_cap_mb if options.dump == DumpMode.TENSOR else 0.0,
