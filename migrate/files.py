@@ -163,7 +163,8 @@ def _walk(root: Path, skip: Path | None, left_out: list[str]) -> Iterator[Path]:
         kept = []
         for name in sorted(dirs):
             path = Path(folder) / name
-            tool = name in SKIPPED_DIRS or name.startswith(".") or name.endswith((".egg-info", PORT_SUFFIX + REPORT_SUFFIX))
+            tool = (name in SKIPPED_DIRS or name.startswith(".")
+                    or name.endswith((".egg-info", PORT_SUFFIX + REPORT_SUFFIX)))
             if tool or (skip is not None and path.resolve() == skip):
                 continue
             if path.is_symlink():

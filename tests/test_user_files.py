@@ -260,7 +260,8 @@ def test_a_folder_port_names_the_ports_and_symlinked_folders_it_leaves_out(tmp_p
     assert result.exit_code == 0, result.stderr
     left_out = [line for line in result.stderr.replace("\n ", " ").splitlines() if line.startswith("left out:")]
     assert left_out == [
-        f"left out: {tmp_path / 'proj' / 'lib_npu'}: an earlier port (its report folder is beside it), not ported again",
+        f"left out: {tmp_path / 'proj' / 'lib_npu'}: an earlier port (its report folder is beside it), not ported "
+        "again",
         f"left out: {tmp_path / 'proj' / 'linked'}: a symbolic link to a folder, not followed (it may lead out of the "
         f"folder or into a loop): port {tmp_path / 'outside'} on its own if needed",
         f"left out: {tmp_path / 'proj' / 'train_npu.py'}: an earlier port (its report folder is beside it), not ported "

@@ -717,7 +717,8 @@ def test_both_sides_stopping_alike_are_judged_on_the_steps_they_made(tmp_path):
 def gloo_crash(folder: str, script: str, port: int, line: int) -> dict:
     """The crash a rank whose peer died records: gloo's message names a port that changes with every launch."""
     return dict(status="crashed", exit_code=1, script=f"/{folder}/{script}", message="RuntimeError (after 2 steps)",
-                traceback=(f'Traceback (most recent call last):\n  File "/{folder}/{script}", line {line}, in <module>\n'
+                traceback=("Traceback (most recent call last):\n"
+                           f'  File "/{folder}/{script}", line {line}, in <module>\n'
                            '    loss.backward()\n  File "/usr/lib/torch/_tensor.py", line 581, in backward\n'
                            "RuntimeError: [/__w/gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:"
                            f"{port}. Check the logs of the remote worker (pid {port + 7}, 0x7f{port}).\n"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 from verify.record.schema import DumpMode, RunManifest, Status, shown
 from verify.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK

@@ -1,9 +1,10 @@
 """The options that `verify run`, the pair (`verify ORIGINAL [PORTED]`), `verify determinism` and `verify compare`
-share, each spelt once: its flags, its type and its bounds, which Typer checks before anything runs (exit 2 naming the
-option). What depends on the machine or on other options (the rank limit, --ops's regex) is checked by
-`verify/launch/runner.py` `check_options()`, which each command calls before it claims a folder. A command names the help that says what the option does there (to one run,
-to each side, to both runs), so `steps: options.steps("Optimizer steps to run.") = 20`; the default stays with the
-command, as Typer wants it beside the parameter.
+share, and every option with a range, each spelt once: its flags, its type and its bounds, which Typer checks before
+anything runs (exit 2 naming the option). What depends on the machine or on other options (the rank limit, --ops's
+regex) is checked by `verify/launch/runner.py` `check_options()`, which each command calls before it claims a
+folder. A command names the help that says what the option does there (to one run, to each side, to both runs), so
+`steps: options.steps("Optimizer steps to run.") = 20`; the default stays with the command, as Typer wants it beside
+the parameter.
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ class FindingCode(str, Enum):
 
 # Findings that fail the verdict, causes before symptoms: the one-line reason names the first that is present. The
 # first divergent operator comes before the loss it moves.
-FAILING = (FindingCode.RUN_FAILED, FindingCode.NO_BACKWARD, FindingCode.STEPS_DIFFER, FindingCode.RANKS_DIFFER, FindingCode.SHARDING,
+FAILING = (FindingCode.RUN_FAILED, FindingCode.NO_BACKWARD, FindingCode.STEPS_DIFFER, FindingCode.RANKS_DIFFER,
+           FindingCode.SHARDING,
            FindingCode.RANKS_DISAGREE, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
            FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES,
            FindingCode.NONDETERMINISM,
