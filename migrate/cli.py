@@ -106,10 +106,13 @@ def migrate(
         rules = select_rules(_codes(select), _codes(ignore))
         settings = Settings(mode=mode, unsafe_fixes=unsafe_fixes, amp=amp, seed=seed, deterministic=deterministic)
         writes = not (diff or check)
+        if writes and out is None and not in_place:
+            ownership.refuse_ports(paths, suffix, report_dir)
         # The report folder of several files is the first's: its report.md names the others' earlier ports.
         directory = report_dir or _default_report_dir(paths[0], out, in_place, suffix)
+        left_out: list[str] = []
         planned = plan(paths, settings, out=out, in_place=in_place, write=writes, suffix=suffix,
-                       report_dir=directory)
+                       report_dir=directory, left_out=left_out)
         project = Project.read(paths, planned)
         planned = project.settle(planned)
         planned = _guard_edits(planned, rules, directory, force, quiet)
@@ -117,6 +120,8 @@ def migrate(
         for line in str(error).splitlines():  # one error, one line
             stderr.print(f"[red]error:[/] {escape(line)}")
         raise typer.Exit(ExitCode.ERROR) from None
+    for line in left_out if not quiet else ():
+        stderr.print(f"[yellow]left out:[/] {escape(line)}")
     results = _run(planned, rules, jobs or os.cpu_count() or 1, quiet)
     for result in results:  # first: what follows (diffs, checklist, summary) is about the files that were read
         if result.error:

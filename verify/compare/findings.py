@@ -14,6 +14,8 @@ import pandas as pd
 from verify.record import environment
 from verify.compare.align import MATCHED_STATUSES
 from verify.compare.code_lines import CodeLines, Placement
+from verify.compare.crashes import crash_identity
+from verify.compare.metrics import TOP_K
 from verify.compare.op_catalogue import CARRIERS, CHANGED_BY_SETTING, OpCatalogue
 from verify.compare.curves import LossComparison
 from verify.compare.op_verdicts import op_label
@@ -32,6 +34,7 @@ LOW_MATCH_SHARE = 0.5
 
 class FindingCode(str, Enum):
     RUN_FAILED = "run_failed"
+    NO_BACKWARD = "no_backward"  # the port steps without ever calling backward(), the original trains
     STEPS_DIFFER = "steps_differ"  # both ran as far as they could, one of them fewer steps than the other
     HPARAM_MISMATCH = "hparam_mismatch"
     OVERFLOW = "overflow"
@@ -59,7 +62,8 @@ class FindingCode(str, Enum):
 
 # Findings that fail the verdict, causes before symptoms: the one-line reason names the first that is present. The
 # first divergent operator comes before the loss it moves.
-FAILING = (FindingCode.RUN_FAILED, FindingCode.STEPS_DIFFER, FindingCode.RANKS_DIFFER, FindingCode.SHARDING,
+FAILING = (FindingCode.RUN_FAILED, FindingCode.NO_BACKWARD, FindingCode.STEPS_DIFFER, FindingCode.RANKS_DIFFER,
+           FindingCode.SHARDING,
            FindingCode.RANKS_DISAGREE, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
            FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES,
            FindingCode.NONDETERMINISM,
@@ -117,8 +121,9 @@ _ENDED_BY_ITSELF = (*_RAN_THROUGH, Status.SHORT.value)
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
 
 
-def _ending(run: Run) -> tuple[str, int, str]:
-    return run.manifest.status, run.manifest.steps_completed, _error(run)
+def _ending(run: Run) -> tuple[str, int, tuple]:
+    """How a run ended, equal for one behaviour whatever the launcher (verify/compare/crashes.py)."""
+    return run.manifest.status, run.manifest.steps_completed, crash_identity(run.manifest)
 
 
 def _error(run: Run) -> str:
@@ -132,6 +137,17 @@ def _error_words(run: Run) -> str:
     if any(error == f"KeyError: '{name}'" for name in TORCHRUN_VARIABLES):
         return f"{error}; the script expects a launcher such as torchrun"
     return error
+
+
+def _no_backward_findings(ref: Run, actual: Run) -> list[Finding]:
+    """A port that never calls backward() against a trainer that does: its steps compute no gradient, and the first
+    op that differs (the update's) would hide the cause."""
+    calls = ref.manifest.backward_calls, actual.manifest.backward_calls
+    if actual.manifest.steps_completed == 0 or calls[1] != 0 or not calls[0]:
+        return []
+    return [Finding(FindingCode.NO_BACKWARD, (
+        f"the port never calls backward(): it made {actual.manifest.steps_completed} step(s) without a gradient, where "
+        f"the original called backward() {calls[0]} time(s)"), {"side": "actual", "original_calls": calls[0]})]
 
 
 def _stop_words(run: Run) -> str:
@@ -435,9 +451,12 @@ def _output_finding(outputs: pd.DataFrame) -> list[Finding]:
 
 
 def output_figures(figures: Any) -> str:
-    """'cosine 0.999998, max abs 0.0012, mean abs 4e-05, top-1 100.00%, top-5 100.00%' of an output (or all)."""
+    """'cosine 0.999998, max abs 0.0012, mean abs 4e-05, top-1 100.00%, top-5 100.00%' of an output (or all); an
+    output of fewer than 5 classes has its top-k over all of them, named so: 'top-3 (all 3 classes) 100.00%'."""
+    k = int(figures.get("top_k", TOP_K))
+    top_k = "top-5" if k == TOP_K else f"top-{k} (all {k} classes)"
     return (f"cosine {figures['cosine']:.6f}, max abs {figures['max_abs_error']:.3g}, mean abs "
-            f"{figures['mean_abs_error']:.3g}, top-1 {figures['top1_agreement']:.2%}, top-5 "
+            f"{figures['mean_abs_error']:.3g}, top-1 {figures['top1_agreement']:.2%}, {top_k} "
             f"{figures['top5_agreement']:.2%}")
 
 
@@ -523,6 +542,7 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
     findings = [
         *ended,
         *_module_findings(ref, actual),
+        *_no_backward_findings(ref, actual),
         *(Finding(FindingCode.HPARAM_MISMATCH, f"hyperparameter differs: {message}", {"name": name})
           for message, name in zip(hparams["message"], hparams["name"])),
         *_grads_reset_findings(ref, actual),

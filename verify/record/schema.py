@@ -249,6 +249,9 @@ class RunManifest:
     # calls, run-length encoded: [["float16", 20], ["off", 5]].
     autocast_scopes: dict[str, list[list[Any]]] = field(default_factory=dict)
     inference: bool = False  # no optimizer: each forward of the outermost module is a step
+    # backward() calls the script made, each a row of losses.csv; None: a writer from before it was counted (losses
+    # promised for every step of a training run)
+    backward_calls: int | None = None
     steps_requested: int = 0
     steps_completed: int = 0
     status: str = Status.RUNNING.value

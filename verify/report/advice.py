@@ -80,6 +80,10 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
     AdviceRule(FindingCode.RUN_FAILED, (
         "The {side} run ended '{status}': read the traceback in its manifest.json and its output.log. The comparison "
         "covers only the steps it recorded."), ("C3",)),
+    AdviceRule(FindingCode.NO_BACKWARD, (
+        "The port steps its optimizer without calling backward() (the original calls it {original_calls} time(s)): a "
+        "line lost or commented out in the port, or a loss.backward() moved under a condition the port never meets. "
+        "Restore it as in the original."), ("C3",)),
     AdviceRule(FindingCode.STEPS_DIFFER, (
         "The scripts' loops end after different numbers of steps (ref {ref_steps}, actual {actual_steps} of "
         "{steps_requested} asked for): the port reads another amount of data per epoch or runs other epochs. Make "
