@@ -154,6 +154,8 @@ def _tool_version() -> str:
 
 
 def _check_inputs(script: Path, options: RunOptions) -> None:
+    if reason := devices.unsupported_torch():
+        raise VerifyError(reason)
     if not script.is_file():
         raise VerifyError(f"{script}: no such script")
     if options.steps < 1:
