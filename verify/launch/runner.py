@@ -159,6 +159,8 @@ def _tool_version() -> str:
 def check_options(options: RunOptions) -> None:
     """VerifyError naming the option where a run could not be made with these options (the bounds the command line
     checks too, for callers of run_script, and what depends on the machine); commands call it before anything runs."""
+    if reason := devices.unsupported_torch():
+        raise VerifyError(reason)
     if options.steps < 1:
         raise VerifyError("--steps must be at least 1")
     if not 0 <= options.seed < 2**32:  # the child's PYTHONHASHSEED: Python refuses any other
