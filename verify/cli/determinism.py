@@ -96,6 +96,10 @@ def determinism(
     dump: options.dump("md5: bit-exact per op; stats: equal within the dtype tolerances.") = DumpMode.MD5,
     no_dropout: options.no_dropout() = False,
     timeout: options.timeout("Kill a run after this many seconds.") = None,
+    nproc_per_node: options.nproc_per_node(
+        "Run the script as N ranks through torch.distributed.run, each rank compared with its twin; without it, as "
+        "one process.") = None,
+    emulated_devices: options.emulated_devices() = None,
     force: options.force() = False,
     out: options.out("Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside SCRIPT).") = (
         None),
@@ -108,7 +112,8 @@ def determinism(
     migrate) beside the usual reports.
     """
     options = RunOptions(steps=steps, seed=seed, device=device.value, dump=dump, no_dropout=no_dropout,
-                         timeout=timeout, force=force)
+                         timeout=timeout, nproc_per_node=nproc_per_node or 0, devices=emulated_devices or 0,
+                         force=force)
     out = out or run_folders.default_pair_dir(script)
     exit_with(lambda: _determinism(script, list(script_args or []), options, out, quiet),
               f"check whether {script} is deterministic", out)

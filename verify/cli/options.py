@@ -67,6 +67,13 @@ def nproc_per_node(help: str) -> Any:
     return Annotated[Optional[int], typer.Option("--nproc-per-node", min=1, help=help, show_default=False)]
 
 
+def emulated_devices(help: str = (
+        "Each emulated device presents N devices, all computing on the CPU (device_count(), set_device(i), cuda:i/"
+        "npu:i), for a script that checks for N GPUs and starts its own ranks (mp.spawn, mp.Process), each captured "
+        "into RUNDIR/rankK/. Default: one, or one a rank --nproc-per-node launches.")) -> Any:
+    return Annotated[Optional[int], typer.Option("--devices", min=1, help=help, show_default=False)]
+
+
 def out(help: str) -> Any:
     return Annotated[Optional[Path], typer.Option("--out", "-o", help=help)]
 

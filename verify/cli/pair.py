@@ -330,6 +330,7 @@ def pair(
     nproc_per_node: options.nproc_per_node(
         "Run each side as N ranks through torch.distributed.run, compared rank by rank; without it, as one "
         "process.") = None,
+    emulated_devices: options.emulated_devices() = None,
     force: options.force() = False,
     loss_rtol: Annotated[Optional[float], typer.Option(
         help="Relative loss tolerance per step (default 0.01; 0.05 for fp32 against AMP).")] = None,
@@ -360,7 +361,7 @@ def pair(
     out = out or run_folders.default_pair_dir(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
                          exact_emulation=exact_emulation, timeout=timeout, nproc_per_node=nproc_per_node or 0,
-                         force=force)
+                         devices=emulated_devices or 0, force=force)
     exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value,
                             compare_options(loss_rtol, op_mapping), match_amp, amp_effect, ref_run, out, quiet,
                             adaptation_report, calibration_runs),
