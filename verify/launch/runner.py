@@ -342,9 +342,30 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
         cause = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
         manifest.message = f"the process {cause} before verify could record how it ended"
     manifest.finished_at = manifest.finished_at or now_iso()
+    if manifest.status == Status.NO_STEPS.value:
+        manifest.message += _last_output_words(run_dir / LOG)
     if folders := run_folders.rank_dirs(run_dir):
         manifest = _finalise_ranks(manifest, folders, ending, timeout, stopped)
     write_manifest(run_dir, manifest)
+
+
+_LAST_LINES = 3
+_EMULATION_BANNER = "npu-port: "  # what an emulation prints when it starts (verify/devices/emulated): not the script
+# Output that speaks of devices: a script that found fewer than it wants may have stopped for it (--devices N).
+_MENTIONS_DEVICES = re.compile(r"\b(gpus?|cuda|npus?|devices?|accelerators?)\b", re.IGNORECASE)
+
+
+def _last_output_words(log: Path) -> str:
+    """What a script that ended without a step said last (it may say why), and --devices where it speaks of
+    devices."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
+             if line.strip() and not line.startswith(_EMULATION_BANNER)][-_LAST_LINES:]
+    if not lines:
+        return "; it printed nothing"
+    words = f"; its last output: {' | '.join(repr(line) for line in lines)}"
+    if any(_MENTIONS_DEVICES.search(line) for line in lines):
+        words += " (it speaks of devices: --devices N presents N emulated devices)"
+    return words
 
 
 def _finalise_ranks(run: RunManifest, folders: list[Path], ending: str, timeout: float | None,

@@ -1,0 +1,68 @@
+"""Scripts that start their own ranks (issue 37): --devices N presents N emulated devices, and every process the
+script starts to run its own code (torch.multiprocessing.spawn, multiprocessing.Process of any start method) is
+captured into its rank folder. A script that stops for want of devices says so in the error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from verify.cli import app
+from verify.cli.pair import route
+from verify.record.run_folders import rank_dirs
+from verify.record.store import read_run
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+ON_DEVICES = SCRIPTS / "spawn_on_devices.py"
+
+
+def verify(*args: str | Path) -> tuple[int, str]:
+    argv = [str(arg) for arg in args]
+    result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
+    return result.exit_code, result.output
+
+
+def test_a_script_that_finds_too_few_devices_is_told_its_last_words_and_the_option(tmp_path):
+    code, output = verify("run", ON_DEVICES, "--steps", "3", "-q", "-o", tmp_path / "run")
+    assert code == 1, output
+    message = read_run(tmp_path / "run").manifest.message
+    assert message.startswith("the script ended without a step")
+    assert "its last output: 'Requires at least 2 GPUs to run, but got 1.'" in message
+    assert "--devices N presents N emulated devices" in message
+    assert "npu-port:" not in message  # the emulation's banner is not the script's output
+
+
+def test_devices_n_presents_n_devices_and_the_spawned_ranks_are_captured_until_the_script_spawns_again(tmp_path):
+    code, output = verify("run", ON_DEVICES, "--devices", "2", "--steps", "3", "-q", "-o", tmp_path / "run")
+    assert code == 0, output
+    run = read_run(tmp_path / "run")
+    assert run.manifest.status == "ok" and run.manifest.extra["devices"] == 2
+    assert [(rank.manifest.rank, len(rank.losses)) for rank in run.ranks] == [(0, 3), (1, 3)]
+    # the second demo's spawn ended the script: three processes started, the script and its first two ranks
+    log = (tmp_path / "run" / "output.log").read_text()
+    assert log.count("cuda calls run on the CPU") == 3
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_every_process_the_script_starts_is_captured_whatever_its_start_method(tmp_path, start_method):
+    code, output = verify("run", SCRIPTS / "process_workers.py", "--steps", "3", "-q", "-o", tmp_path / "run",
+                          "--", start_method)
+    assert code == 0, output
+    run = read_run(tmp_path / "run")
+    assert [folder.name for folder in rank_dirs(tmp_path / "run")] == ["rank0", "rank1"]
+    losses = [list(rank.losses["loss"]) for rank in run.ranks]
+    assert [len(rank_losses) for rank_losses in losses] == [3, 3] and losses[0] != losses[1]  # seeded by rank
+    assert json.loads((tmp_path / "run" / "rank1" / "manifest.json").read_text())["status"] == "ok"
+
+
+def test_dataloader_workers_are_not_ranks(tmp_path):
+    code, output = verify("run", SCRIPTS / "dataloader_workers.py", "--steps", "2", "-q", "-o", tmp_path / "run")
+    assert code == 0, output
+    assert rank_dirs(tmp_path / "run") == []
