@@ -6,6 +6,7 @@ command, as Typer wants it beside the parameter.
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -80,3 +81,27 @@ def out(help: str) -> Any:
 
 def quiet(help: str = "Do not echo the script's output.") -> Any:
     return Annotated[bool, typer.Option("--quiet", "-q", help=help)]
+
+
+def command_line(context: typer.Context, program: str = "verify") -> list[str]:
+    """The running command as a person would type it again (for a report): `program`, the command's arguments, each
+    option that differs from its default, then `--` and the script's arguments, as the parser read them. The pair,
+    which a person types without its command's name, is `program` alone."""
+    words, script_args = [program] if context.info_name == "pair" else [program, context.info_name], []
+    for param in context.command.params:
+        value = context.params.get(param.name)
+        if param.name == "script_args":
+            script_args = [str(arg) for arg in value or ()]
+        elif value is None or value == () or value == param.default:
+            continue
+        elif param.param_type_name == "argument":
+            words.append(_word(value))
+        elif isinstance(value, bool):
+            words.append(param.opts[0] if value else param.secondary_opts[0])
+        else:
+            words += [param.opts[0], _word(value)]
+    return words + (["--", *script_args] if script_args else [])
+
+
+def _word(value: Any) -> str:
+    return str(value.value if isinstance(value, Enum) else value)

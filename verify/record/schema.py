@@ -62,6 +62,9 @@ TABLE_FILE = "steps.arrows"
 LOG = "output.log"
 # a rank's last collective call, rewritten in place (verify/capture/rank_capture.py)
 LAST_COLLECTIVE = "last-collective.json"
+# manifest.extra: the model the script trained or ran, {"class": its class's name, "parameters": how many it holds},
+# the first outermost module that ran forward (inside DataParallel or DistributedDataParallel, the module wrapped)
+MODEL_KEY = "model"
 
 
 def step_file(step: int, suffix: str) -> str:
