@@ -6,6 +6,7 @@ captured into its rank folder. A script that stops for want of devices says so i
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 
 from verify.cli import app
 from verify.cli.pair import route
-from verify.record.run_folders import rank_dirs
+from verify.record.run_folders import calibration_dirs, rank_dirs
 from verify.record.store import read_run
 
 pytestmark = pytest.mark.slow
@@ -66,3 +67,19 @@ def test_dataloader_workers_are_not_ranks(tmp_path):
     code, output = verify("run", SCRIPTS / "dataloader_workers.py", "--steps", "2", "-q", "-o", tmp_path / "run")
     assert code == 0, output
     assert rank_dirs(tmp_path / "run") == []
+
+
+def test_a_pair_of_scripts_that_spawn_at_a_fixed_port_runs_the_reference_and_its_calibration_in_turn(tmp_path):
+    """At once, the reference's and its calibration run's ranks met at the script's one MASTER_PORT and joined one
+    process group (pytorch/examples' ddp main.py crashed with 'Connection closed by peer')."""
+    script = tmp_path / "fixed_port.py"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script.write_text(ON_DEVICES.read_text().replace("free_port()", repr(str(port))))
+    code, output = verify(script, script, "--devices", "2", "--steps", "3", "-q", "-o", tmp_path / "out")
+    assert code == 0, output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["reason"].startswith("PASS: on each of the 2 ranks"), summary["reason"]
+    calibration, = calibration_dirs(tmp_path / "out" / "ref")
+    assert len(rank_dirs(calibration)) == 2

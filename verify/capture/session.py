@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from verify.devices import setup as device_setup
 from verify import devices
@@ -99,9 +100,10 @@ def _script_traceback(error: BaseException, script: str) -> str:
     return "".join(report.format())
 
 
-def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCapture | None,
+def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispatchMode | None,
                 body: Callable[[], Any]) -> None:
-    """Runs `body` (the script as `python SCRIPT ARGS` would; in a rank the script spawned, its function), and sets
+    """Runs `body` (the script as `python SCRIPT ARGS` would; in a rank the script spawned, its function) under the
+    outermost mode that watches its ops (the op capture; with --dump off in a rank, the collective watch), and sets
     the manifest's status, message and exit code."""
     sys.argv = [manifest.script, *manifest.argv]
     sys.path.insert(0, str(Path(manifest.script).parent))  # as `python SCRIPT` does (the bootstrap runs with -P)
@@ -121,8 +123,8 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
                                                          manifest.autocast_follow))
         stack.enter_context(precision_scopes.recorded(device.autocast_device_type, manifest.autocast_scopes))
         stack.enter_context(perturbation.perturbed(manifest.perturbation))  # below the capture: it records the result
-        if capture is not None:
-            stack.enter_context(capture)
+        if watch is not None:
+            stack.enter_context(watch)
         try:
             body()
             recorder.end_open_step()
@@ -210,11 +212,15 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
     capture = _make_capture(manifest, writer, batch)
     recorder = StepRecorder(manifest, run_dir, writer, capture, batch)
     recorder.install()
+    last_collective = rank_capture.LastCollective(run_dir).called
+    watch: TorchDispatchMode | None = capture
     if capture is not None:
-        capture.on_collective = rank_capture.LastCollective(run_dir).called
+        capture.on_collective = last_collective
+    elif manifest.world_size > 1:  # --dump off: no capture sees a rank's collectives, which a hang is named by
+        watch = rank_capture.CollectiveWatch(last_collective, lambda: recorder.steps_done)
     with environment_record.recorded(manifest), rank_capture.process_group_recorded(manifest):
         write_manifest(run_dir, manifest)
-        _run_script(manifest, recorder, capture, body)
+        _run_script(manifest, recorder, watch, body)
     recorder.discard_partial_step()
     if capture is not None and capture.saver is not None and capture.saver.budget_exhausted:
         manifest.extra["tensor_cap_reached"] = True

@@ -30,6 +30,10 @@ from verify.devices import title
 from verify.record.schema import DumpMode
 
 
+# The op table of several ranks: each row's rank, its first column (absent for two single processes).
+RANK_COLUMN = "rank"
+
+
 @dataclass
 class ComparisonResult:
     verdict: Verdict
@@ -37,7 +41,7 @@ class ComparisonResult:
     ref: Run
     actual: Run
     loss: LossComparison
-    ops: pd.DataFrame  # align_ops + metrics + tolerance + passed
+    ops: pd.DataFrame  # align_ops + metrics + tolerance + passed; several ranks: every rank's rows (RANK_COLUMN)
     first_divergent: dict[str, Any] | None
     hparams: pd.DataFrame  # differences only: step, group, name, ref_value, actual_value, message
     grads: pd.DataFrame  # step, param, ref_norm, actual_norm, rel_diff, passed
@@ -47,8 +51,9 @@ class ComparisonResult:
     notes: list[str]
     outputs_summary: dict[str, Any] = field(default_factory=dict)  # curves.summarize_outputs: inference only
     ops_not_compared: str = ""  # why no operator was compared (compare._ops_not_compared), "" when they were
-    # Runs of several ranks: their numbers, the rank whose comparison this is, each rank's verdict and the sharding
-    # evidence (verify/compare/rank_compare.py); empty for two single processes.
+    # Runs of several ranks: their numbers, the rank whose comparison this is (shown_rank: its findings, its first
+    # divergent op; `ops` holds every rank's), each rank's verdict and the sharding evidence
+    # (verify/compare/rank_compare.py); empty for two single processes.
     ranks: dict[str, Any] = field(default_factory=dict)
     op_catalogue: OpCatalogue = BUILT_IN  # what the comparison knew of ops (the advice reads it too)
 
@@ -232,6 +237,7 @@ def _compare_ranks(ref: Run, actual: Run, options: CompareOptions) -> Comparison
                        actual.manifest.extra.get("cause_rank", 0))
     verdicts = [rank_result.verdict.reason for rank_result in results]
     result = results[worst]
+    result.ops = _every_rank(results)
     result.findings = across + [replace(finding, message=f"rank {worst}: {finding.message}",
                                         detail={**finding.detail, "rank": worst}) for finding in result.findings]
     failing = [finding for finding in across if finding.code in FAILING]
@@ -248,6 +254,13 @@ def _compare_ranks(ref: Run, actual: Run, options: CompareOptions) -> Comparison
     result.ref, result.actual = ref, actual
     result.ranks = {**evidence, "shown_rank": worst, "verdicts": verdicts}
     return result
+
+
+def _every_rank(results: list[ComparisonResult]) -> pd.DataFrame:
+    """Each rank's op rows, in rank order, with the rank as the first column."""
+    ops = pd.concat([result.ops.assign(**{RANK_COLUMN: rank}) for rank, result in enumerate(results)],
+                    ignore_index=True)
+    return ops[[RANK_COLUMN, *(column for column in ops.columns if column != RANK_COLUMN)]]
 
 
 def _compare_processes(ref: Run, actual: Run, options: CompareOptions,
