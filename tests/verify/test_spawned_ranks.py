@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 ON_DEVICES = SCRIPTS / "spawn_on_devices.py"
+TRANSFER_TO_NPU = "import torch_npu\nfrom torch_npu.contrib import transfer_to_npu\n"  # a port's cuda calls to the NPU
 
 
 def verify(*args: str | Path) -> tuple[int, str]:
@@ -76,10 +77,25 @@ def test_a_pair_of_scripts_that_spawn_at_a_fixed_port_runs_the_reference_and_its
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    script.write_text(ON_DEVICES.read_text().replace("free_port()", repr(str(port))))
-    code, output = verify(script, script, "--devices", "2", "--steps", "3", "-q", "-o", tmp_path / "out")
+    script.write_text(ON_DEVICES.read_text().replace("(RANKS, free_port())", f"(RANKS, {str(port)!r})"))
+    ported = tmp_path / "fixed_port_npu.py"
+    ported.write_text(f"{TRANSFER_TO_NPU}{script.read_text()}")
+    code, output = verify(script, ported, "--devices", "2", "--steps", "3", "-q", "-o", tmp_path / "out")
     assert code == 0, output
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["reason"].startswith("PASS: on each of the 2 ranks"), summary["reason"]
     calibration, = calibration_dirs(tmp_path / "out" / "ref")
     assert len(rank_dirs(calibration)) == 2
+
+
+def test_each_rank_starts_from_its_own_seed_so_a_port_without_ddp_fails_on_its_gradients(tmp_path):
+    """verify seeded every rank alike: a script that seeds nothing drew the same data on each rank, so ranks that
+    never all-reduced agreed all the same and a port without DDP passed. Each rank now gets the run's seed + its rank."""
+    script = SCRIPTS / "spawn_unseeded.py"
+    port = tmp_path / "spawn_unseeded_npu.py"
+    port.write_text(script.read_text().replace('sys.argv[1:] != ["no-ddp"]', "False"))
+    code, output = verify(script, port, "--steps", "2", "--calibration-runs", "0", "-q", "-o", tmp_path / "out")
+    assert code == 1, output
+    reason = json.loads((tmp_path / "out" / "summary.json").read_text())["reason"]
+    assert reason.startswith("FAIL: the port's rank 1 holds another gradient"), reason
+    assert "the port does not all-reduce its gradients" in reason

@@ -205,7 +205,9 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         manifest.verify_error = manifest.message = reason
         write_manifest(run_dir, manifest)
         return Status.CRASHED
-    _seed_everything(manifest.seed)
+    # Each rank its own seed, as each process of a real run starts from its own random state (a script that does
+    # not seed draws another model and other data on each rank); rank 0, and a single process, the run's seed.
+    _seed_everything(manifest.seed + manifest.rank)
     _share_cores(manifest.threads)
     writer = RunWriter(run_dir)
     batch = StatBatch()

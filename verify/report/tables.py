@@ -39,7 +39,7 @@ def both_sides(columns: list[str]) -> list[str]:
 def op_report_columns(ops: pd.DataFrame) -> list[str]:
     side_columns = [c for c in OP_SIDE_COLUMNS if c not in (*_LEADING_SIDE_COLUMNS, *_TRAILING_SIDE_COLUMNS)]
     metric_columns = [c for c in ops.columns if not c.startswith(("ref_", "actual_"))
-                      and c not in (*OP_SHARED_COLUMNS, *_VERDICT_COLUMNS, "note")]
+                      and c not in (RANK_COLUMN, *OP_SHARED_COLUMNS, *_VERDICT_COLUMNS, "note")]
     return [*_rank(ops), *OP_SHARED_COLUMNS, *_VERDICT_COLUMNS, *both_sides(_LEADING_SIDE_COLUMNS), "stats_error",
             "tolerance",
             *both_sides(side_columns), *(c for c in metric_columns if c not in ("stats_error", "tolerance")),
@@ -117,7 +117,7 @@ def shown_rank_first(result: ComparisonResult) -> pd.DataFrame:
 def other_ranks_line(result: ComparisonResult) -> str:
     """Where the other ranks' op rows are, with the rows past tolerance of each rank ("" for single processes)."""
     rank = shown_rank(result)
-    if rank is None:
+    if rank is None or result.ops.empty:
         return ""
     failed = (result.ops["passed"] == False).to_numpy(dtype=bool, na_value=False)  # noqa: E712
     counts = result.ops.assign(failed=failed).groupby(RANK_COLUMN)["failed"].sum()
