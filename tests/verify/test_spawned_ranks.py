@@ -99,3 +99,38 @@ def test_each_rank_starts_from_its_own_seed_so_a_port_without_ddp_fails_on_its_g
     reason = json.loads((tmp_path / "out" / "summary.json").read_text())["reason"]
     assert reason.startswith("FAIL: the port's rank 1 holds another gradient"), reason
     assert "the port does not all-reduce its gradients" in reason
+
+
+HOGWILD = SCRIPTS / "hogwild.py"
+
+
+@pytest.fixture(scope="module")
+def hogwild(tmp_path_factory) -> tuple[int, str, Path]:
+    out = tmp_path_factory.mktemp("hogwild") / "out"
+    return (*verify(HOGWILD, HOGWILD, "--steps", "6", "-q", "-o", out), out)
+
+
+def test_hogwild_workers_are_captured_and_the_verdict_says_their_updates_race(hogwild):
+    code, output, out = hogwild
+    assert code == 0, output
+    for side in ("ref", "actual"):
+        run = read_run(out / side)
+        assert [len(rank.losses) for rank in run.ranks] == [6, 6]
+        assert all(rank.manifest.extra["model"] == {"class": "Net", "parameters": 387, "shared_memory": True}
+                   for rank in run.ranks)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["reason"].startswith("PASS: on each of the 2 ranks, loss within ")
+    assert "update one model's parameters in shared memory without locks (hogwild): their updates race" in \
+        summary["reason"]
+    assert summary["first_divergent"] is None  # never an op, least of all one of the main process's test pass
+    assert "data read by each rank (run time): each of the port's 2 ranks read the samples the original's rank read" \
+        in " ".join(summary["notes"])
+
+
+def test_a_hogwild_port_whose_workers_shuffle_alike_fails_on_the_data_they_read(tmp_path):
+    port = tmp_path / "hogwild_npu.py"
+    port.write_text(HOGWILD.read_text().replace("torch.manual_seed(1 + rank)", "torch.manual_seed(1)"))
+    code, output = verify(HOGWILD, port, "--steps", "4", "--calibration-runs", "0", "-q", "-o", tmp_path / "out")
+    assert code == 1, output
+    reason = json.loads((tmp_path / "out" / "summary.json").read_text())["reason"]
+    assert reason.startswith("FAIL: rank 1 read"), reason

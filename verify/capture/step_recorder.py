@@ -459,6 +459,9 @@ class StepRecorder:
 
 def _model_record(module: torch.nn.Module) -> dict[str, Any]:
     """manifest.extra[MODEL_KEY]: the model's class and parameter count (inside its wrappers), as the adaptation
-    report names it."""
+    report names it, and whether its parameters are in shared memory (processes that update them without locks:
+    hogwild)."""
     module = unwrapped(module)
-    return {"class": type(module).__name__, "parameters": sum(parameter.numel() for parameter in module.parameters())}
+    parameters = list(module.parameters())
+    return {"class": type(module).__name__, "parameters": sum(parameter.numel() for parameter in parameters),
+            "shared_memory": any(parameter.is_shared() for parameter in parameters)}
