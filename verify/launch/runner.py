@@ -356,12 +356,12 @@ _MENTIONS_DEVICES = re.compile(r"\b(gpus?|cuda|npus?|devices?|accelerators?)\b",
 
 
 def _last_output_words(log: Path) -> str:
-    """What a script that ended without a step said last (it may say why), and --devices where it speaks of
-    devices."""
+    """What a script that ended without a step said last (it may say why; "" where it said nothing), and --devices
+    where it speaks of devices."""
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
              if line.strip() and not line.startswith(_EMULATION_BANNER)][-_LAST_LINES:]
     if not lines:
-        return "; it printed nothing"
+        return ""
     words = f"; its last output: {' | '.join(repr(line) for line in lines)}"
     if any(_MENTIONS_DEVICES.search(line) for line in lines):
         words += " (it speaks of devices: --devices N presents N emulated devices)"
