@@ -83,11 +83,11 @@ def quiet(help: str = "Do not echo the script's output.") -> Any:
     return Annotated[bool, typer.Option("--quiet", "-q", help=help)]
 
 
-def command_line(context: typer.Context, program: str = "verify") -> list[str]:
-    """The running command as a person would type it again (for a report): `program`, the command's arguments, each
-    option that differs from its default, then `--` and the script's arguments, as the parser read them. The pair,
-    which a person types without its command's name, is `program` alone."""
-    words, script_args = [program] if context.info_name == "pair" else [program, context.info_name], []
+def command_line(context: typer.Context, command_typed: bool = True) -> list[str]:
+    """The running command as a person would type it again (for a report): `verify`, the command's name where it is
+    typed (the pair's is not), its arguments, each option that differs from its default, then `--` and the script's
+    arguments, as the parser read them."""
+    words, script_args = ["verify", context.info_name] if command_typed else ["verify"], []
     for param in context.command.params:
         value = context.params.get(param.name)
         if param.name == "script_args":
@@ -98,8 +98,9 @@ def command_line(context: typer.Context, program: str = "verify") -> list[str]:
             words.append(_word(value))
         elif isinstance(value, bool):
             words.append(param.opts[0] if value else param.secondary_opts[0])
-        else:
-            words += [param.opts[0], _word(value)]
+        else:  # an option given several times (--op-mapping) once per value
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                words += [param.opts[0], _word(item)]
     return words + (["--", *script_args] if script_args else [])
 
 

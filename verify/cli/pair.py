@@ -370,7 +370,7 @@ def pair(
     nothing (a reference that could not run, both sides stopped before their first step); 130/143/129 stopped by
     SIGINT/SIGTERM/SIGHUP (the side running is stopped, status interrupted).
     """
-    command = tuple(command_line(context))
+    command = tuple(command_line(context, command_typed=False))  # `verify ORIGINAL PORTED`: no `pair`
     out = out or run_folders.default_pair_dir(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
                          exact_emulation=exact_emulation, timeout=timeout, nproc_per_node=nproc_per_node or 0,
