@@ -90,7 +90,8 @@ def test_a_pair_of_scripts_that_spawn_at_a_fixed_port_runs_the_reference_and_its
 
 def test_each_rank_starts_from_its_own_seed_so_a_port_without_ddp_fails_on_its_gradients(tmp_path):
     """verify seeded every rank alike: a script that seeds nothing drew the same data on each rank, so ranks that
-    never all-reduced agreed all the same and a port without DDP passed. Each rank now gets the run's seed + its rank."""
+    never all-reduced agreed all the same and a port without DDP passed. Each rank now gets the run's seed + its
+    rank."""
     script = SCRIPTS / "spawn_unseeded.py"
     port = tmp_path / "spawn_unseeded_npu.py"
     port.write_text(script.read_text().replace('sys.argv[1:] != ["no-ddp"]', "False"))
