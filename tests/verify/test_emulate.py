@@ -290,6 +290,6 @@ def test_the_emulations_on_the_cpu_present_one_device_a_rank(tmp_path):
 
 
 def test_child_env_tells_the_emulations_how_many_devices_to_present():
-    assert devices.child_env("emulated-npu", "cpu", ranks=4)[devices.DEVICE_COUNT_VAR] == "4"
-    assert devices.child_env("emulated-cuda", "cpu", ranks=2)[devices.DEVICE_COUNT_VAR] == "2"
+    assert devices.child_env("emulated-npu", "cpu", device_count=4)[devices.DEVICE_COUNT_VAR] == "4"
+    assert devices.child_env("emulated-cuda", "cpu", device_count=2)[devices.DEVICE_COUNT_VAR] == "2"
     assert devices.child_env("emulated-cuda", "cpu")[devices.DEVICE_COUNT_VAR] == "1"

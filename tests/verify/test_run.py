@@ -122,7 +122,8 @@ def test_script_ending_early(tmp_path, args, status, steps_done, message):
 def test_no_steps(tmp_path):
     manifest = run(tmp_path, "no_steps.py").manifest
     assert manifest.status == Status.NO_STEPS.value
-    assert manifest.message == "the script ended without a step: no module's forward ran and no optimizer stepped"
+    assert manifest.message == ("the script ended without a step: no module's forward ran and no optimizer stepped; "
+                                "its last output: 'sum: 45'")  # what the script said last (issue 37)
 
 
 def test_a_model_that_ran_without_an_optimizer_step_is_told_so(tmp_path):

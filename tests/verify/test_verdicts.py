@@ -426,6 +426,10 @@ def test_an_inference_pair_names_its_outputs_and_writes_an_adaptation_report(tmp
     for heading in ("Model and source", "Hardware", "Software", "Run", "Accuracy", "Criterion", "Verdict"):
         assert f"## {heading}\n" in report
     assert "EMULATED NPU (a test double on cpu)" in report and "(emulator: not a device figure)" in report
+    # issue 37: fit to publish: no absolute path, the model named and counted, the command that made it
+    assert str(tmp_path) not in report and str(SCRIPTS) not in report and "/tmp" not in report
+    assert "| Port | `classify_npu.py` |" in report and "| `Classifier` | 26,148 |" in report
+    assert "## Command\n\n```\nverify " in report and "--adaptation-report" in report
     again = CliRunner().invoke(app, ["report", str(out), "--adaptation-report"])
     assert again.exit_code == 0 and (out / "adaptation.md").read_text() == report
 

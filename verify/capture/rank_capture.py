@@ -10,12 +10,13 @@ import contextlib
 import functools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from verify.record import run_folders
 from verify.record.schema import LAST_COLLECTIVE, RunManifest
@@ -91,3 +92,18 @@ class LastCollective:
         self.count += 1
         record = json.dumps({"step": step, "op": op, "module": module, "count": self.count}).encode()
         os.pwrite(self._fd, record[: self.SIZE].ljust(self.SIZE), 0)
+
+
+class CollectiveWatch(TorchDispatchMode):
+    """A rank's collectives where no op capture sees them (--dump off): each c10d op goes to `on_collective` with the
+    step, as the capture hands it (module unknown: ""), so that a hang still names the collective; every op passes
+    untouched."""
+
+    def __init__(self, on_collective: Callable[[int, str, str], None], step: Callable[[], int]) -> None:
+        super().__init__()
+        self.on_collective, self.step = on_collective, step
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d":
+            self.on_collective(self.step(), str(func._overloadpacket), "")
+        return func(*args, **(kwargs or {}))

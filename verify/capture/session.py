@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
+import multiprocessing.process
 import os
 import platform
 import random
@@ -23,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from verify.devices import setup as device_setup
 from verify import devices
@@ -97,9 +100,10 @@ def _script_traceback(error: BaseException, script: str) -> str:
     return "".join(report.format())
 
 
-def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCapture | None,
+def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispatchMode | None,
                 body: Callable[[], Any]) -> None:
-    """Runs `body` (the script as `python SCRIPT ARGS` would; in a rank the script spawned, its function), and sets
+    """Runs `body` (the script as `python SCRIPT ARGS` would; in a rank the script spawned, its function) under the
+    outermost mode that watches its ops (the op capture; with --dump off in a rank, the collective watch), and sets
     the manifest's status, message and exit code."""
     sys.argv = [manifest.script, *manifest.argv]
     sys.path.insert(0, str(Path(manifest.script).parent))  # as `python SCRIPT` does (the bootstrap runs with -P)
@@ -119,8 +123,8 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, capture: OpCaptur
                                                          manifest.autocast_follow))
         stack.enter_context(precision_scopes.recorded(device.autocast_device_type, manifest.autocast_scopes))
         stack.enter_context(perturbation.perturbed(manifest.perturbation))  # below the capture: it records the result
-        if capture is not None:
-            stack.enter_context(capture)
+        if watch is not None:
+            stack.enter_context(watch)
         try:
             body()
             recorder.end_open_step()
@@ -201,18 +205,24 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         manifest.verify_error = manifest.message = reason
         write_manifest(run_dir, manifest)
         return Status.CRASHED
-    _seed_everything(manifest.seed)
+    # Each rank its own seed, as each process of a real run starts from its own random state (a script that does
+    # not seed draws another model and other data on each rank); rank 0, and a single process, the run's seed.
+    _seed_everything(manifest.seed + manifest.rank)
     _share_cores(manifest.threads)
     writer = RunWriter(run_dir)
     batch = StatBatch()
     capture = _make_capture(manifest, writer, batch)
     recorder = StepRecorder(manifest, run_dir, writer, capture, batch)
     recorder.install()
+    last_collective = rank_capture.LastCollective(run_dir).called
+    watch: TorchDispatchMode | None = capture
     if capture is not None:
-        capture.on_collective = rank_capture.LastCollective(run_dir).called
+        capture.on_collective = last_collective
+    elif manifest.world_size > 1:  # --dump off: no capture sees a rank's collectives, which a hang is named by
+        watch = rank_capture.CollectiveWatch(last_collective, lambda: recorder.steps_done)
     with environment_record.recorded(manifest), rank_capture.process_group_recorded(manifest):
         write_manifest(run_dir, manifest)
-        _run_script(manifest, recorder, capture, body)
+        _run_script(manifest, recorder, watch, body)
     recorder.discard_partial_step()
     if capture is not None and capture.saver is not None and capture.saver.budget_exhausted:
         manifest.extra["tensor_cap_reached"] = True
@@ -230,46 +240,91 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
 
 
 class CapturedRank:
-    """What torch.multiprocessing.spawn runs in each process it starts, in place of the script's function: that
-    function under verify's capture, writing into the rank's folder. Pickled to the spawned process as the function
-    itself is, by reference (the script is re-imported there as __mp_main__)."""
+    """What a process the script starts runs in place of the script's function (torch.multiprocessing.spawn's, a
+    multiprocessing.Process's target): that function under verify's capture, writing into the rank's folder. Pickled
+    to a spawned process as the function itself is, by reference (the script is re-imported there as __mp_main__);
+    a forked one calls it directly. `rank` None: the rank is the function's first argument (spawn's process index)."""
 
-    def __init__(self, fn: Callable[..., Any], run_dir: Path, nprocs: int) -> None:
-        self.fn, self.run_dir, self.nprocs = fn, str(run_dir), nprocs
+    def __init__(self, fn: Callable[..., Any], run_dir: Path, world_size: int, rank: int | None = None) -> None:
+        self.fn, self.run_dir, self.world_size, self.rank = fn, str(run_dir), world_size, rank
         self.spawner = os.getpid()  # the script's process, with which each rank dies
 
-    def __call__(self, index: int, *args: Any) -> None:
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
         die_with_parent(self.spawner)
         run_dir = Path(self.run_dir)
-        folder, manifest = rank_capture.open_rank_dir(run_dir, read_manifest(run_dir), index, self.nprocs)
-        status = instrumented(folder, manifest, lambda: self.fn(index, *args))
+        rank = args[0] if self.rank is None else self.rank
+        folder, manifest = rank_capture.open_rank_dir(run_dir, read_manifest(run_dir), rank, self.world_size)
+        status = instrumented(folder, manifest, lambda: self.fn(*args, **kwargs))
         sys.stdout.flush()
         sys.stderr.flush()
         # As the bootstrap ends: the script's leftover threads (a process group's) must not keep the rank alive.
         os._exit(0 if status in (Status.OK, Status.SHORT) else 1)
 
 
+def _the_scripts(fn: Any, script_dir: Path) -> bool:
+    """Whether `fn` is the script's own code (its file in the script's folder), not a library's: a DataLoader
+    worker's loop and torch.multiprocessing.spawn's own wrapper start processes too, and are not ranks."""
+    code = getattr(inspect.unwrap(getattr(fn, "func", fn)), "__code__", None)
+    return code is not None and Path(code.co_filename).resolve().is_relative_to(script_dir)
+
+
+class _RankStarts:
+    """The processes the script starts as ranks, in the order it starts them: refused in a rank --nproc-per-node
+    launched (N times as many) and beyond the ranks the machine holds (VerifyError: exit 2)."""
+
+    def __init__(self, run_dir: Path, manifest: RunManifest) -> None:
+        self.run_dir, self.manifest, self.started = run_dir, manifest, 0
+        self.spawner = os.getpid()  # a rank forked from the script inherits the hooks: its own processes are not ranks
+
+    def allow(self, count: int, how: str) -> None:
+        starts = f"the script starts {self.started + count} ranks of its own ({how})"
+        if self.manifest.nproc_per_node:
+            raise VerifyError(f"{starts} in each of the {self.manifest.nproc_per_node} ranks --nproc-per-node "
+                              "launched: run it without --nproc-per-node (--devices N presents N devices), and verify "
+                              "captures each rank it starts")
+        if self.manifest.rank_limit and self.started + count > self.manifest.rank_limit:
+            raise VerifyError(f"{starts}, more than the {self.manifest.rank_limit} this machine holds (its cores and "
+                              "free memory): ask the script for fewer, or add --force to start them anyway")
+        self.started += count
+
+    def spawned(self, fn: Callable[..., Any], nprocs: int) -> CapturedRank:
+        if self.started:  # its ranks' folders are taken: the steps asked for were those of its first ranks
+            raise StopRun(Status.OK, f"verify captured the {self.started} ranks the script started first and stopped "
+                                     "it where it starts more (torch.multiprocessing.spawn)")
+        self.allow(nprocs, "torch.multiprocessing.spawn")
+        return CapturedRank(fn, self.run_dir, nprocs)
+
+    def process(self, target: Callable[..., Any]) -> CapturedRank:
+        self.allow(1, "multiprocessing.Process")
+        return CapturedRank(target, self.run_dir, world_size=0, rank=self.started - 1)
+
+
 @contextlib.contextmanager
 def spawned_ranks_captured(run_dir: Path, manifest: RunManifest) -> Iterator[None]:
-    """Ranks the script starts with torch.multiprocessing.spawn (or start_processes) run its function under the
-    capture, each into its folder of the run directory, without any option. Refused (VerifyError: exit 2) in a rank
-    verify launched (--nproc-per-node N would make N times as many), and beyond the ranks the machine holds."""
-    module = importlib.import_module("torch.multiprocessing.spawn")  # torch.multiprocessing.spawn is the function
-    original = module.start_processes
+    """Processes the script starts to run its own code (torch.multiprocessing.spawn or start_processes, a
+    multiprocessing.Process of any start method: fork, spawn, forkserver) run that code under the capture, each into
+    its folder of the run directory (rankK/, K: spawn's process index, else the order they start in), without any
+    option; --devices N presents the devices they ask for. A spawn after the first ends the script: the ranks ran the
+    steps asked for."""
+    spawn_module = importlib.import_module("torch.multiprocessing.spawn")  # torch.multiprocessing.spawn: a function
+    original_spawn, original_start = spawn_module.start_processes, multiprocessing.process.BaseProcess.start
+    ranks, script_dir = _RankStarts(run_dir, manifest), Path(manifest.script).resolve().parent
 
-    @functools.wraps(original)
+    @functools.wraps(original_spawn)
     def start_processes(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, *rest: Any, **kwargs: Any) -> Any:
-        spawns = f"the script starts {nprocs} ranks of its own (torch.multiprocessing.spawn)"
-        if manifest.nproc_per_node:
-            raise VerifyError(f"{spawns} in each of the {manifest.nproc_per_node} ranks --nproc-per-node launched: "
-                              "run it without --nproc-per-node, and verify captures each rank it spawns")
-        if manifest.rank_limit and nprocs > manifest.rank_limit:
-            raise VerifyError(f"{spawns}, more than the {manifest.rank_limit} this machine holds (its cores and free "
-                              "memory): ask the script for fewer, or add --force to start them anyway")
-        return original(CapturedRank(fn, run_dir, nprocs), args, nprocs, *rest, **kwargs)
+        return original_spawn(ranks.spawned(fn, nprocs), args, nprocs, *rest, **kwargs)
 
-    module.start_processes = torch.multiprocessing.start_processes = start_processes
+    @functools.wraps(original_start)
+    def start(process: multiprocessing.process.BaseProcess) -> None:
+        target = getattr(process, "_target", None)
+        if target is not None and os.getpid() == ranks.spawner and _the_scripts(target, script_dir):
+            process._target = ranks.process(target)
+        original_start(process)
+
+    spawn_module.start_processes = torch.multiprocessing.start_processes = start_processes
+    multiprocessing.process.BaseProcess.start = start
     try:
         yield
     finally:
-        module.start_processes = torch.multiprocessing.start_processes = original
+        spawn_module.start_processes = torch.multiprocessing.start_processes = original_spawn
+        multiprocessing.process.BaseProcess.start = original_start

@@ -35,8 +35,8 @@ from torch.utils._pytree import tree_flatten
 from verify.capture.ops import sample_columns, step_columns, tensors_in
 from verify.capture.module_scopes import unwrapped
 from verify.capture.tensor_stats import Handle, has_readable_data, host_array, summarize
-from verify.record.schema import (GRAD_STATISTIC_NAMES, GRADS_DIR, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR, STAT_COLUMNS,
-                                   LossScalerPlan, RunManifest, Status, step_file)
+from verify.record.schema import (GRAD_STATISTIC_NAMES, GRADS_DIR, MODEL_KEY, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR,
+                                   STAT_COLUMNS, LossScalerPlan, RunManifest, Status, step_file)
 from verify.capture.loss_scaler_twin import LossScalerTwin, script_scaler
 from verify.record.store import RunWriter, write_manifest
 
@@ -294,6 +294,7 @@ class StepRecorder:
         if self._root_depth == 0 and self.enabled:
             if not any(ref() is module for ref in self._roots):
                 self._roots.append(weakref.ref(module))
+                self.manifest.extra.setdefault(MODEL_KEY, _model_record(module))
             if self._step_open and self._roots[0]() is module:
                 self.end_open_step()
             if self.capture is not None:
@@ -455,3 +456,13 @@ class StepRecorder:
         self.batch.fetch()
         if self.capture is not None:
             self.capture.discard_step(self.steps_done)
+
+
+def _model_record(module: torch.nn.Module) -> dict[str, Any]:
+    """manifest.extra[MODEL_KEY]: the model's class and parameter count (inside its wrappers), as the adaptation
+    report names it, and whether its parameters are in shared memory (processes that update them without locks:
+    hogwild)."""
+    module = unwrapped(module)
+    parameters = list(module.parameters())
+    return {"class": type(module).__name__, "parameters": sum(parameter.numel() for parameter in parameters),
+            "shared_memory": any(parameter.is_shared() for parameter in parameters)}

@@ -97,6 +97,7 @@ def run(
     nproc_per_node: options.nproc_per_node(
         "Run the script as N ranks through torch.distributed.run (each writes RUNDIR/rankK/); without it, as one "
         "process.") = None,
+    emulated_devices: options.emulated_devices() = None,
     force: options.force() = False,
     out: options.out("Run directory (default: verify-runs/SCRIPT-DEVICE-TIME-RANDOM).") = None,
     quiet: options.quiet() = False,
@@ -111,7 +112,7 @@ def run(
         steps=steps, seed=seed, device=device.value, emulate_on=emulate_on.value, dump=dump, ops=ops,
         no_dropout=no_dropout, align_random=not no_align_random, exact_emulation=exact_emulation,
         autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb, nproc_per_node=nproc_per_node or 0,
-        force=force,
+        devices=emulated_devices or 0, force=force,
     )
     exit_with(lambda: _run(script, list(script_args or []), options, out, quiet), f"run {script}", out)
 

@@ -14,7 +14,7 @@ import contextlib
 import json
 import warnings
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -29,6 +29,7 @@ from verify.compare.op_catalogue import read_catalogue
 from verify.compare.precision_policy import CompareOptions
 from verify.report.terminal import print_run, print_saved_summary, print_summary
 import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
+from verify.cli.options import command_line
 from verify.cli.exits import exit_with
 from verify.errors import EXIT_ERROR, EXIT_OK, VerifyFailure
 from verify.record.store import Run, read_run
@@ -95,6 +96,7 @@ def read_calibrations(ref_run: Path) -> list[Run]:
 
 
 def compare(
+    context: typer.Context,
     ref_run: Annotated[Path, typer.Argument(help="The reference run directory (or msprobe dump).")],
     actual_run: Annotated[Path, typer.Argument(help="The ported run directory (or msprobe dump).")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the reports here.")] = None,
@@ -106,13 +108,14 @@ def compare(
     op_mapping: OpMappingOption = None,
 ) -> None:
     """Compare two runs offline: verdict, first divergent operator, advice. Exit 0 PASS, 1 FAIL, 2 error."""
+    command = tuple(command_line(context))
     exit_with(lambda: _compare(ref_run, actual_run, out, compare_options(loss_rtol, op_mapping), max_rows,
-                               adaptation_report),
+                               adaptation_report, command),
               f"compare {ref_run} with {actual_run}", out)
 
 
 def _compare(ref_run: Path, actual_run: Path, out: Path | None, options: CompareOptions, max_rows: int,
-             adaptation_report: bool) -> int:
+             adaptation_report: bool, command: tuple[str, ...]) -> int:
     if adaptation_report and out is None:
         raise VerifyFailure("--adaptation-report writes adaptation.md into the -o folder: give one")
     with adaptation_or_why_not(adaptation_report):
@@ -120,7 +123,7 @@ def _compare(ref_run: Path, actual_run: Path, out: Path | None, options: Compare
     print_summary(result, stdout, max_rows=max_rows)  # the verdict first: the report files take their time after it
     if adaptation_report:
         out.mkdir(parents=True, exist_ok=True)
-        stderr.print(f"wrote {write_adaptation(result, out)}")
+        stderr.print(f"wrote {write_adaptation(result, out, list(command), str(Path.cwd()))}")
     written = reports.write_reports(result, out, checklist=reports.find_checklist(ref_run, actual_run, out)) \
         if out else []
     for path in written:
@@ -129,26 +132,25 @@ def _compare(ref_run: Path, actual_run: Path, out: Path | None, options: Compare
 
 
 def report(
+    context: typer.Context,
     run_or_result: Annotated[Path, typer.Argument(help="A run directory, or a folder written by `compare -o`.")],
     adaptation_report: Annotated[bool, typer.Option(
         "--adaptation-report", help="Write adaptation.md into a pair's folder (its ref/ and actual/ compared).")] = (
         False),
 ) -> None:
     """Print a run's manifest and loss curve, or re-print a comparison's summary from its summary.json."""
-    exit_with(lambda: _report(run_or_result, adaptation_report), f"report on {run_or_result}")
+    command = tuple(command_line(context))
+    exit_with(lambda: _report(run_or_result, adaptation_report, command), f"report on {run_or_result}")
 
 
-def _report(run_or_result: Path, adaptation_report: bool = False) -> int:
+def _report(run_or_result: Path, adaptation_report: bool, command: tuple[str, ...]) -> int:
     if adaptation_report:
-        return _adaptation_of_pair(run_or_result)
+        return _adaptation_of_pair(run_or_result, command)
     summary_file = run_or_result / reports.SUMMARY_JSON
     if not summary_file.is_file():
         print_run(read_side(run_or_result), stdout)
         return EXIT_OK
-    try:
-        summary = json.loads(summary_file.read_text(encoding="utf-8"))
-    except ValueError as error:
-        raise VerifyFailure(f"{summary_file} is not valid JSON: {error}") from None
+    summary = _read_json(summary_file)
     if not isinstance(summary, dict):
         raise VerifyFailure(f"{summary_file} is not a comparison's summary: it holds a JSON {type(summary).__name__}, "
                             "not the object `verify compare -o` writes")
@@ -156,7 +158,14 @@ def _report(run_or_result: Path, adaptation_report: bool = False) -> int:
     return int(summary.get("exit_code", EXIT_ERROR))
 
 
-def _adaptation_of_pair(folder: Path) -> int:
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise VerifyFailure(f"{path} is not valid JSON: {error}") from None
+
+
+def _adaptation_of_pair(folder: Path, command: tuple[str, ...]) -> int:
     """adaptation.md for a pair's folder (verify ORIGINAL PORTED -o FOLDER), from its two runs compared again."""
     sides = [folder / run_folders.REF, folder / run_folders.ACTUAL]
     if not all(side.is_dir() for side in sides):
@@ -164,7 +173,10 @@ def _adaptation_of_pair(folder: Path) -> int:
                             f"{run_folders.ACTUAL}/ run directories")
     with adaptation_or_why_not(True):
         result = compare_runs(*map(read_side, sides), calibrations=read_calibrations(sides[0]))
-    stderr.print(f"wrote {write_adaptation(result, folder)}")
+    made_by = {"command": list(command), "ran_in": str(Path.cwd())}
+    if (summary := folder / reports.SUMMARY_JSON).is_file():  # the pair's own command: the report says the same
+        made_by |= {key: value for key, value in _read_json(summary).get("pair", {}).items() if key in made_by}
+    stderr.print(f"wrote {write_adaptation(result, folder, **made_by)}")
     return result.verdict.exit_code
 
 

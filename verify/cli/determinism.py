@@ -15,7 +15,7 @@ from rich.table import Table
 
 from verify.report import writers as reports
 from verify.checklist_items import TITLES, Status as ChecklistStatus
-from verify.compare.runs import ComparisonResult, compare_runs
+from verify.compare.runs import RANK_COLUMN, ComparisonResult, compare_runs
 from verify.compare.precision_policy import CompareOptions
 from verify import devices
 from verify.record import run_folders
@@ -32,10 +32,12 @@ DIFFERING_OPS_SHOWN = 15
 
 
 def differing_ops(result: ComparisonResult) -> pd.DataFrame:
-    """The ops whose results differ between the two runs, in execution order (the first is the first divergent one)."""
+    """The ops whose results differ between the two runs, in execution order (the first is the first divergent one);
+    of several ranks, rank by rank."""
     ops = result.ops
     differing = ops.loc[(ops["passed"] == False)]  # noqa: E712 (nullable boolean: NA rows are unmatched)
-    columns = ["step", "phase", "module", "ref_op", "io", "ref_dtype", "ref_seq", "judged_by"]
+    columns = [*([RANK_COLUMN] if RANK_COLUMN in ops.columns else []), "step", "phase", "module", "ref_op", "io",
+               "ref_dtype", "ref_seq", "judged_by"]
     return differing[columns].rename(columns={"ref_op": "op", "ref_dtype": "dtype", "ref_seq": "seq"}).astype(
         {"phase": str, "module": str, "op": str, "io": str, "dtype": str, "judged_by": str}).reset_index(drop=True)
 
@@ -46,7 +48,7 @@ def determinism_record(result: ComparisonResult, differing: pd.DataFrame, determ
     summary = result.summary()
     manifest = result.ref.manifest
     evidence = [result.verdict.reason.replace("PASS: ", "").replace("FAIL: ", "")]
-    evidence += [f"step {row.step} {row.phase} {row.module or 'top level'}: {row.op} {row.io}"
+    evidence += [f"{_rank_words(row)}step {row.step} {row.phase} {row.module or 'top level'}: {row.op} {row.io}"
                  for row in differing.head(DIFFERING_OPS_SHOWN).itertuples()]
     action = "" if deterministic else (
         "Make the original constant before comparing a port with it: seed every generator, "
@@ -65,6 +67,11 @@ def determinism_record(result: ComparisonResult, differing: pd.DataFrame, determ
     }
 
 
+def _rank_words(row: Any) -> str:
+    """'rank 1: ' before a differing op of several ranks' runs."""
+    return f"rank {getattr(row, RANK_COLUMN)}: " if hasattr(row, RANK_COLUMN) else ""
+
+
 def print_determinism(result: ComparisonResult, differing: pd.DataFrame, deterministic: bool) -> None:
     if result.ref.manifest.emulated:
         stdout.print(f"[bold black on yellow] {result.ref.manifest.title} [/]")
@@ -81,7 +88,8 @@ def print_determinism(result: ComparisonResult, differing: pd.DataFrame, determi
         for column in ("step", "phase", "module", "op", "io", "dtype"):
             table.add_column(column)
         for row in differing.head(DIFFERING_OPS_SHOWN).itertuples():
-            table.add_row(str(row.step), row.phase, row.module or "(top level)", row.op, row.io, row.dtype)
+            table.add_row(str(row.step), row.phase, _rank_words(row) + (row.module or "(top level)"), row.op, row.io,
+                          row.dtype)
         stdout.print(table)
     for note in result.notes:
         stdout.print(f"[dim]note: {escape(shown(note))}[/]")
@@ -96,6 +104,10 @@ def determinism(
     dump: options.dump("md5: bit-exact per op; stats: equal within the dtype tolerances.") = DumpMode.MD5,
     no_dropout: options.no_dropout() = False,
     timeout: options.timeout("Kill a run after this many seconds.") = None,
+    nproc_per_node: options.nproc_per_node(
+        "Run the script as N ranks through torch.distributed.run, each rank compared with its twin; without it, as "
+        "one process.") = None,
+    emulated_devices: options.emulated_devices() = None,
     force: options.force() = False,
     out: options.out("Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside SCRIPT).") = (
         None),
@@ -108,7 +120,8 @@ def determinism(
     migrate) beside the usual reports.
     """
     options = RunOptions(steps=steps, seed=seed, device=device.value, dump=dump, no_dropout=no_dropout,
-                         timeout=timeout, force=force)
+                         timeout=timeout, nproc_per_node=nproc_per_node or 0, devices=emulated_devices or 0,
+                         force=force)
     out = out or run_folders.default_pair_dir(script)
     exit_with(lambda: _determinism(script, list(script_args or []), options, out, quiet),
               f"check whether {script} is deterministic", out)

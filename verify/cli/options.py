@@ -9,6 +9,7 @@ the parameter.
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -70,6 +71,13 @@ def nproc_per_node(help: str) -> Any:
     return Annotated[Optional[int], typer.Option("--nproc-per-node", min=1, help=help, show_default=False)]
 
 
+def emulated_devices(help: str = (
+        "Each emulated device presents N devices, all computing on the CPU (device_count(), set_device(i), cuda:i/"
+        "npu:i), for a script that checks for N GPUs and starts its own ranks (mp.spawn, mp.Process), each captured "
+        "into RUNDIR/rankK/. Default: one, or one a rank --nproc-per-node launches.")) -> Any:
+    return Annotated[Optional[int], typer.Option("--devices", min=1, help=help, show_default=False)]
+
+
 def out(help: str) -> Any:
     return Annotated[Optional[Path], typer.Option("--out", "-o", help=help)]
 
@@ -96,3 +104,28 @@ def ops(help: str) -> Any:
 
 def tensor_cap_mb(help: str) -> Any:
     return Annotated[float, typer.Option("--tensor-cap-mb", min=0, help=help)]
+
+
+def command_line(context: typer.Context, command_typed: bool = True) -> list[str]:
+    """The running command as a person would type it again (for a report): `verify`, the command's name where it is
+    typed (the pair's is not), its arguments, each option that differs from its default, then `--` and the script's
+    arguments, as the parser read them."""
+    words, script_args = ["verify", context.info_name] if command_typed else ["verify"], []
+    for param in context.command.params:
+        value = context.params.get(param.name)
+        if param.name == "script_args":
+            script_args = [str(arg) for arg in value or ()]
+        elif value is None or value == () or value == param.default:
+            continue
+        elif param.param_type_name == "argument":
+            words.append(_word(value))
+        elif isinstance(value, bool):
+            words.append(param.opts[0] if value else param.secondary_opts[0])
+        else:  # an option given several times (--op-mapping) once per value
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                words += [param.opts[0], _word(item)]
+    return words + (["--", *script_args] if script_args else [])
+
+
+def _word(value: Any) -> str:
+    return str(value.value if isinstance(value, Enum) else value)

@@ -39,6 +39,7 @@ from verify.cli.compare_cmd import OpMappingOption, adaptation_or_why_not, compa
 from verify import devices
 from verify.record import run_folders
 import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
+from verify.cli.options import command_line
 from verify.cli.exits import exit_with
 from verify.launch.runner import RunOptions, check_options
 from verify.cli.side_runs import RUN_ENDED_WELL, SideRun, SideRunner, side_runner, stderr, stdout, write_reports
@@ -113,6 +114,7 @@ class PairPlan:
     compare: CompareOptions = CompareOptions()  # --loss-rtol, --op-mapping
     adaptation: bool = False  # --adaptation-report
     calibration_runs: int = 1  # --calibration-runs: the reference again under another rounding, measuring its noise
+    command: tuple[str, ...] = ()  # the command line, as the adaptation report gives it (options.command_line)
 
 
 @dataclass
@@ -141,18 +143,26 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
         calibrations = [read_side(folder) for folder in run_folders.calibration_dirs(plan.ref_run)]
         return PairRuns(actual, read_side(plan.ref_run), "off", port_amp, calibrations=calibrations)
     imposed = _AUTOCAST_FLAGS.get(port_amp, "off") if plan.match_amp else "off"
-    ref, *followers = sides.run_together(_reference_runs(plan, actual, imposed, port_amp))
+    ref, *followers = _run_reference(sides, actual, _reference_runs(plan, actual, imposed, port_amp))
     unmatched = _crashed_under_autocast(ref, actual) if imposed != "off" else ""
     if unmatched:
         _discard(followers)  # they measured a comparison under an autocast the reference cannot run
         ref.root.rename(plan.out / run_folders.REF_UNDER_AUTOCAST)
         imposed = "off"
-        ref, *followers = sides.run_together(_reference_runs(plan, actual, imposed, port_amp))
+        ref, *followers = _run_reference(sides, actual, _reference_runs(plan, actual, imposed, port_amp))
     ref_fp32 = followers.pop() if plan.amp_effect and imposed != "off" else None
     # a calibration measures the noise of a comparison that will be made: not after a side that did not run well
     if ref.manifest.status not in RUN_ENDED_WELL:
         followers = _discard(followers)
     return PairRuns(actual, ref, imposed, port_amp, ref_fp32, unmatched, followers)
+
+
+def _run_reference(sides: SideRunner, actual: Run, runs: list[SideRun]) -> list[Run]:
+    """The reference's runs at once; one after the other where the script starts its own ranks (as the port's run
+    did), which may meet at an address of their own (a fixed MASTER_PORT): two runs at once would join one group."""
+    if actual.ranks and not actual.manifest.nproc_per_node:
+        return [sides.run(side.label, side.script, side.args, side.options, side.run_dir) for side in runs]
+    return sides.run_together(runs)
 
 
 def _reference_runs(plan: PairPlan, actual: Run, imposed: str, port_amp: str) -> list[SideRun]:
@@ -239,10 +249,11 @@ def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
                      f"{amp_effect['reason']}[/]")
     # migrate writes its checklist into <port>_report/ beside the port (its default report folder).
     migrate_reports = plan.ported.with_name(plan.ported.stem + REPORT_SUFFIX)
+    made_by = {"command": list(plan.command), "ran_in": str(Path.cwd())}  # adaptation.md, made again, says the same
     if plan.adaptation:
-        write_adaptation(result, plan.out)
+        write_adaptation(result, plan.out, **made_by)
     write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
-                  summary={"pair": how | {"amp_effect": amp_effect}})
+                  summary={"pair": how | {"amp_effect": amp_effect} | made_by})
     if effect is not None:
         write_reports(effect, plan.out / run_folders.AMP_EFFECT)
     stderr.print(f"reports in {plan.out}")
@@ -307,6 +318,7 @@ def _amp_effect(effect: ComparisonResult) -> dict[str, Any]:
 
 
 def pair(
+    context: typer.Context,
     original: Annotated[Path, typer.Argument(help="The original GPU script (the reference).", show_default=False)],
     ported: Annotated[Optional[Path], typer.Argument(
         help="The ported script (default: <stem>_npu.py beside ORIGINAL).", show_default=False)] = None,
@@ -330,6 +342,7 @@ def pair(
     nproc_per_node: options.nproc_per_node(
         "Run each side as N ranks through torch.distributed.run, compared rank by rank; without it, as one "
         "process.") = None,
+    emulated_devices: options.emulated_devices() = None,
     force: options.force() = False,
     loss_rtol: options.loss_rtol("Relative loss tolerance per step (default 0.01; 0.05 for fp32 against AMP).") = None,
     match_amp: Annotated[bool, typer.Option(
@@ -356,19 +369,20 @@ def pair(
     nothing (a reference that could not run, both sides stopped before their first step); 130/143/129 stopped by
     SIGINT/SIGTERM/SIGHUP (the side running is stopped, status interrupted).
     """
+    command = tuple(command_line(context, command_typed=False))  # `verify ORIGINAL PORTED`: no `pair`
     out = out or run_folders.default_pair_dir(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
                          exact_emulation=exact_emulation, timeout=timeout, nproc_per_node=nproc_per_node or 0,
-                         force=force)
+                         devices=emulated_devices or 0, force=force)
     exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value,
                             compare_options(loss_rtol, op_mapping), match_amp, amp_effect, ref_run, out, quiet,
-                            adaptation_report, calibration_runs),
+                            adaptation_report, calibration_runs, command),
               f"verify {original} against {ported or default_port(original)}", out)
 
 
 def _pair(original: Path, ported: Path | None, script_args: list[str] | None, options: RunOptions, device_ref: str,
           device_actual: str, compare: CompareOptions, match_amp: bool, amp_effect: bool, ref_run: Path | None,
-          out: Path, quiet: bool, adaptation: bool, calibration_runs: int) -> int:
+          out: Path, quiet: bool, adaptation: bool, calibration_runs: int, command: tuple[str, ...]) -> int:
     ported = ported or default_port(original)
     for role, script in (("ORIGINAL", original), ("PORTED", ported)):
         if not script.is_file():
@@ -378,7 +392,8 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
     check_options(options)
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
-                    match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation, calibration_runs)
+                    match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation, calibration_runs,
+                    command)
     with adaptation_or_why_not(adaptation):
         with side_runner(quiet, runs_at_once(plan)) as sides:
             runs = run_sides(plan, sides)

@@ -13,7 +13,7 @@ import pandas as pd
 from verify.compare.findings import FAILING, Finding, FindingCode
 from verify.compare.sharding import sharding
 from verify.record.store import Run
-from verify.record.schema import UPDATE_OP
+from verify.record.schema import MODEL_KEY, UPDATE_OP
 
 # Ranks of one side after an all-reduce hold the same bytes; a relative difference past this is no rounding.
 RANKS_AGREE_RTOL = 1e-5
@@ -22,6 +22,17 @@ RANKS_AGREE_RTOL = 1e-5
 def ranks_of(run: Run) -> list[Run]:
     """A run's ranks; a single process is its own only rank."""
     return run.ranks or [run]
+
+
+def racy_updates(run: Run) -> str:
+    """Why the ranks' updates race ("" where they do not): processes that train one model in shared memory without
+    locks (hogwild), whose records then differ from run to run by design."""
+    shared = [rank for rank in ranks_of(run) if rank.manifest.extra.get(MODEL_KEY, {}).get("shared_memory")]
+    if len(shared) < 2:
+        return ""
+    return (f"the script's {len(shared)} processes update one model's parameters in shared memory without locks "
+            "(hogwild): their updates race and differ from run to run by design, so neither operators nor gradients "
+            "are judged")
 
 
 def _norms(run: Run) -> pd.DataFrame:

@@ -25,10 +25,14 @@ from verify.compare.findings import FAILING, Finding, FindingCode, Verdict, coll
 from verify.compare.op_catalogue import BUILT_IN, RANDOM, OpCatalogue
 from verify.compare.op_verdicts import carried_noise_of, first_divergent_op, op_metrics, unscaled_backward
 from verify.compare.precision_policy import CompareOptions, PrecisionPolicy, precision_policy
-from verify.compare.rank_compare import findings_across_ranks, ranks_of, worst_rank
+from verify.compare.rank_compare import findings_across_ranks, racy_updates, ranks_of, worst_rank
 from verify.record.store import Run
 from verify.devices import title
 from verify.record.schema import DumpMode, Status
+
+
+# The op table of several ranks: each row's rank, its first column (absent for two single processes).
+RANK_COLUMN = "rank"
 
 
 @dataclass
@@ -38,7 +42,7 @@ class ComparisonResult:
     ref: Run
     actual: Run
     loss: LossComparison
-    ops: pd.DataFrame  # align_ops + metrics + tolerance + passed
+    ops: pd.DataFrame  # align_ops + metrics + tolerance + passed; several ranks: every rank's rows (RANK_COLUMN)
     first_divergent: dict[str, Any] | None
     hparams: pd.DataFrame  # differences only: step, group, name, ref_value, actual_value, message
     grads: pd.DataFrame  # step, param, ref_norm, actual_norm, rel_diff, passed
@@ -48,8 +52,9 @@ class ComparisonResult:
     notes: list[str]
     outputs_summary: dict[str, Any] = field(default_factory=dict)  # curves.summarize_outputs: inference only
     ops_not_compared: str = ""  # why no operator was compared (compare._ops_not_compared), "" when they were
-    # Runs of several ranks: their numbers, the rank whose comparison this is, each rank's verdict and the sharding
-    # evidence (verify/compare/rank_compare.py); empty for two single processes.
+    # Runs of several ranks: their numbers, the rank whose comparison this is (shown_rank: its findings, its first
+    # divergent op; `ops` holds every rank's), each rank's verdict and the sharding evidence
+    # (verify/compare/rank_compare.py); empty for two single processes.
     ranks: dict[str, Any] = field(default_factory=dict)
     op_catalogue: OpCatalogue = BUILT_IN  # what the comparison knew of ops (the advice reads it too)
 
@@ -218,25 +223,30 @@ def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions
     calibration runs, whose differences from it are the envelope each record is judged against (envelope.py); None
     where none could be (a run compared with itself, as `verify determinism` does)."""
     if ref.ranks or actual.ranks:
-        return _compare_ranks(ref, actual, options)
+        return _compare_ranks(ref, actual, options, calibrations)
     return _compare_processes(ref, actual, options, calibrations)
 
 
-def _compare_ranks(ref: Run, actual: Run, options: CompareOptions) -> ComparisonResult:
-    """Each pair of ranks compared as two processes; the findings across ranks first (the data each rank read, the
-    ranks' agreement), then the worst rank's, named. That rank's comparison is what the reports show."""
+def _compare_ranks(ref: Run, actual: Run, options: CompareOptions,
+                   calibrations: Sequence[Run] | None) -> ComparisonResult:
+    """Each pair of ranks compared as two processes, each against the same rank of the calibration runs; the findings
+    across ranks first (the data each rank read, the ranks' agreement), then the worst rank's, named. That rank's
+    comparison is what the reports show. Ranks whose updates race (hogwild) are judged on what does not race."""
     ended, shared_ending = how_runs_ended(ref, actual)
     ended = [finding for finding in ended if finding.code is FindingCode.RUN_FAILED]
     across, evidence = findings_across_ranks(ref, actual)
     across = ended + across  # the port's run as a whole: the rank that ended it, the collective the others were in
+    racy = racy_updates(ref) or racy_updates(actual)
     pairs = zip(ranks_of(ref), ranks_of(actual))
     if shared_ending:  # both runs ended alike: each rank by the run's ending, not by how the launcher's teardown hit it
         pairs = ((_ended_as(mine, ref), _ended_as(theirs, actual)) for mine, theirs in pairs)
-    results = [_compare_processes(mine, theirs, options) for mine, theirs in pairs]
+    results = [_compare_processes(mine, theirs, options, _same_rank(calibrations, rank), racy)
+               for rank, (mine, theirs) in enumerate(pairs)]
     worst = worst_rank([(result.verdict.passed, result.findings) for result in results],
                        actual.manifest.extra.get("cause_rank", 0))
     verdicts = [rank_result.verdict.reason for rank_result in results]
     result = results[worst]
+    result.ops = _every_rank(results)
     result.findings = across + [replace(finding, message=f"rank {worst}: {finding.message}",
                                         detail={**finding.detail, "rank": worst}) for finding in result.findings]
     failing = [finding for finding in across if finding.code in FAILING]
@@ -265,16 +275,31 @@ def _ended_as(rank: Run, run: Run) -> Run:
     return replace(rank, manifest=replace(rank.manifest, **run_ending))
 
 
+def _same_rank(calibrations: Sequence[Run] | None, rank: int) -> list[Run] | None:
+    """The calibration runs' records of `rank` (None: no calibration was asked for)."""
+    if calibrations is None:
+        return None
+    return [ranks_of(run)[rank] for run in calibrations if rank < len(ranks_of(run))]
+
+
+def _every_rank(results: list[ComparisonResult]) -> pd.DataFrame:
+    """Each rank's op rows, in rank order, with the rank as the first column."""
+    ops = pd.concat([result.ops.assign(**{RANK_COLUMN: rank}) for rank, result in enumerate(results)],
+                    ignore_index=True)
+    return ops[[RANK_COLUMN, *(column for column in ops.columns if column != RANK_COLUMN)]]
+
+
 def _compare_processes(ref: Run, actual: Run, options: CompareOptions,
-                       calibrations: Sequence[Run] | None = None) -> ComparisonResult:
-    """Two processes: two single-process runs, or a rank of each."""
+                       calibrations: Sequence[Run] | None = None, racy: str = "") -> ComparisonResult:
+    """Two processes: two single-process runs, or a rank of each. `racy`: why their operators and gradients cannot
+    be judged (processes updating shared parameters without locks), "" where they can."""
     ended, shared_ending = how_runs_ended(ref, actual)
     notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual),
              *_one_sided_notes(ref, actual), *_random_notes(ref, actual), *_emulation_notes(ref, actual)]
     if shared_ending:
         notes.append(shared_ending)
     policy = precision_policy(ref, actual, options)
-    ops_not_compared = _ops_not_compared(ref, actual)
+    ops_not_compared = racy or _ops_not_compared(ref, actual)
     sides = (ref.ops.iloc[:0], actual.ops.iloc[:0]) if ops_not_compared else (
         unscaled_backward(ref), unscaled_backward(actual))
     catalogue = options.op_catalogue
@@ -289,6 +314,7 @@ def _compare_processes(ref: Run, actual: Run, options: CompareOptions,
     hparams = compare_hparams(ref, actual)
     carried = carried_noise_of(table) if measured is None else None  # the envelope measures it where it exists
     grads = compare_grads(ref, actual, policy.loss_rtol, carried, measured)
+    grads = grads.iloc[:0] if racy else grads  # each gradient is of parameters the other processes moved meanwhile
     outputs = compare_outputs(ref, actual, policy, notes)
     overflow = compare_overflow(ref, actual, measured)
     notes += _overflow_noise_notes(overflow)

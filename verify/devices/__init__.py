@@ -217,14 +217,14 @@ def emulation_env(on: str = EmulateOn.CPU.value) -> dict[str, str]:
     }
 
 
-# -- each device's child environment, given --emulate-on and the rank count -----------------------------------------
+# -- each device's child environment, given --emulate-on and the devices it presents ---------------------------------
 
 
-def _cuda_hidden(emulate_on: str, ranks: int) -> dict[str, str]:
+def _cuda_hidden(emulate_on: str, count: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ""}
 
 
-def _real_npu_checked(emulate_on: str, ranks: int) -> dict[str, str]:
+def _real_npu_checked(emulate_on: str, count: int) -> dict[str, str]:
     probe = probe_torch_npu()
     if not probe.available:
         raise EmulationError(f"--device {Device.NPU.value}: torch_npu does not work here ({probe.reason}); "
@@ -232,18 +232,19 @@ def _real_npu_checked(emulate_on: str, ranks: int) -> dict[str, str]:
     return {}
 
 
-def _one_device_a_rank(emulate_on: str, ranks: int) -> dict[str, str]:
-    """An emulation on the CPU presents one device a rank, so that a script's `set_device(local_rank)` and
-    `device_count()` answer as on a node with that many devices (`auto` may become EMULATED CUDA in the child)."""
-    return {DEVICE_COUNT_VAR: str(ranks)}
+def _emulated_devices(emulate_on: str, count: int) -> dict[str, str]:
+    """An emulation on the CPU presents `count` devices (--devices, else one a rank), all of them the CPU, so that a
+    script's `device_count()`, `set_device(i)` and tensors on `cuda:i` answer as on a node with that many devices
+    (`auto` may become EMULATED CUDA in the child)."""
+    return {DEVICE_COUNT_VAR: str(count)}
 
 
-def _stand_in_npu(emulate_on: str, ranks: int) -> dict[str, str]:
-    return emulation_env(emulate_on) | _one_device_a_rank(emulate_on, ranks)
+def _stand_in_npu(emulate_on: str, count: int) -> dict[str, str]:
+    return emulation_env(emulate_on) | _emulated_devices(emulate_on, count)
 
 
-def _stand_in_cuda_on_cpu(emulate_on: str, ranks: int) -> dict[str, str]:
-    return {"CUDA_VISIBLE_DEVICES": "", EMULATE_ON_VAR: EmulateOn.CPU.value} | _one_device_a_rank(emulate_on, ranks)
+def _stand_in_cuda_on_cpu(emulate_on: str, count: int) -> dict[str, str]:
+    return {"CUDA_VISIBLE_DEVICES": "", EMULATE_ON_VAR: EmulateOn.CPU.value} | _emulated_devices(emulate_on, count)
 
 
 # -- the table --------------------------------------------------------------------------------------------------------
@@ -256,7 +257,7 @@ class DeviceRow:
     device: Device
     family: Device  # the real device it is or stands in for: its autocast and precision switches are that one's
     title: str  # how every manifest, terminal line and report names it; {on}: where its emulation computes
-    child_env: Callable[[str, int], dict[str, str]]  # its child's variables, from --emulate-on and the rank count
+    child_env: Callable[[str, int], dict[str, str]]  # its child's variables, from --emulate-on and the device count
     set_up: str  # the function of verify/devices/setup.py that sets it up inside the child (which imports torch)
     reduced_fp32: ReducedFp32 | None = None  # the fp32 mode the environment record reads its switches of
     emulated: bool = False  # a test double: its title says EMULATED, its manifest says where it computed
@@ -274,10 +275,10 @@ class DeviceRow:
 
 
 DEVICE_TABLE: dict[str, DeviceRow] = {row.device.value: row for row in (
-    DeviceRow(Device.AUTO, Device.AUTO, "auto", _one_device_a_rank, "set_up_auto"),
+    DeviceRow(Device.AUTO, Device.AUTO, "auto", _emulated_devices, "set_up_auto"),
     DeviceRow(Device.CPU, Device.CPU, "cpu", _cuda_hidden, "set_up_cpu", cuda_casts_under_autocast=True,
               exact_emulation_recorded=False),
-    DeviceRow(Device.CUDA, Device.CUDA, "cuda", _one_device_a_rank, "set_up_cuda", TF32),
+    DeviceRow(Device.CUDA, Device.CUDA, "cuda", _emulated_devices, "set_up_cuda", TF32),
     DeviceRow(Device.EMULATED_CUDA, Device.CUDA, "EMULATED CUDA (on {on})", _stand_in_cuda_on_cpu,
               "set_up_emulated_cuda", TF32, emulated=True, emulates_on=EmulateOn.CPU),
     DeviceRow(Device.NPU, Device.NPU, "npu", _real_npu_checked, "set_up_npu", HF32),
@@ -307,8 +308,8 @@ def emulated_on(device: str, emulate_on: str) -> str:
     return known.emulates_on.value if known.emulates_on else emulate_on
 
 
-def child_env(device: str, emulate_on: str, ranks: int = 1, exact_emulation: bool = False) -> dict[str, str]:
-    """What a child's environment needs for `device`, run as `ranks` processes, its emulation computing exactly as the
-    CPU does or with its device's modelled numerics. Raises EmulationError where it cannot run here."""
+def child_env(device: str, emulate_on: str, device_count: int = 1, exact_emulation: bool = False) -> dict[str, str]:
+    """What a child's environment needs for `device`, its emulation presenting `device_count` devices and computing
+    exactly as the CPU does or with its device's modelled numerics. Raises EmulationError where it cannot run here."""
     exact = {EXACT_EMULATION_VAR: "1"} if exact_emulation else {}
-    return {**row(device).child_env(emulate_on, ranks), **exact}
+    return {**row(device).child_env(emulate_on, device_count), **exact}

@@ -128,8 +128,14 @@ class RunOptions:
     loss_scaler_plan: LossScalerPlan | None = None  # a reference following the port's GradScaler
     perturbation: dict[str, Any] = field(default_factory=dict)  # a calibration run (manifest.perturbation)
     nproc_per_node: int = 0  # ranks launched through torch.distributed.run (0: the script as one process)
+    devices: int = 0  # devices each emulation presents (--devices; 0: one a rank, for ranks the script spawns too)
     force: bool = False  # start more ranks than the machine holds (rank_limit())
     threads: int = 0  # the run's share of the cores (core_share()), split among its ranks; 0: torch's default
+
+    @property
+    def device_count(self) -> int:
+        """The devices an emulation presents: --devices, else one a rank --nproc-per-node launches."""
+        return self.devices or max(1, self.nproc_per_node)
 
     @property
     def timeout_s(self) -> float | None:
@@ -143,7 +149,7 @@ def _device_and_env(script: Path, options: RunOptions) -> tuple[str, dict[str, s
     """The device to record and the environment the child needs for it (verify.devices decides both)."""
     device = devices.for_script(script, options.device)
     try:
-        return device, devices.child_env(device, options.emulate_on, ranks=max(1, options.nproc_per_node),
+        return device, devices.child_env(device, options.emulate_on, device_count=options.device_count,
                                          exact_emulation=options.exact_emulation)
     except EmulationError as error:
         raise VerifyError(str(error)) from None
@@ -167,6 +173,8 @@ def check_options(options: RunOptions) -> None:
         raise VerifyError(f"--seed must be between 0 and {2**32 - 1}")
     if options.nproc_per_node < 0:
         raise VerifyError("--nproc-per-node must be at least 1")
+    if options.devices < 0:
+        raise VerifyError("--devices must be at least 1")
     if options.timeout is not None and options.timeout < 0:
         raise VerifyError("--timeout must be 0 (none) or more seconds")
     limit, why = rank_limit()
@@ -213,6 +221,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         rank_limit=0 if options.force else rank_limit()[0],
         world_size=max(1, options.nproc_per_node),
         threads=max(1, options.threads // max(1, options.nproc_per_node)) if options.threads else 0,
+        extra={"devices": options.devices} if options.devices else {},
     )
 
 
@@ -341,9 +350,30 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
         cause = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
         manifest.message = f"the process {cause} before verify could record how it ended"
     manifest.finished_at = manifest.finished_at or now_iso()
+    if manifest.status == Status.NO_STEPS.value:
+        manifest.message += _last_output_words(run_dir / LOG)
     if folders := run_folders.rank_dirs(run_dir):
         manifest = _finalise_ranks(manifest, folders, ending, timeout, stopped)
     write_manifest(run_dir, manifest)
+
+
+_LAST_LINES = 3
+_EMULATION_BANNER = "npu-port: "  # what an emulation prints when it starts (verify/devices/emulated): not the script
+# Output that speaks of devices: a script that found fewer than it wants may have stopped for it (--devices N).
+_MENTIONS_DEVICES = re.compile(r"\b(gpus?|cuda|npus?|devices?|accelerators?)\b", re.IGNORECASE)
+
+
+def _last_output_words(log: Path) -> str:
+    """What a script that ended without a step said last (it may say why; "" where it said nothing), and --devices
+    where it speaks of devices."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
+             if line.strip() and not line.startswith(_EMULATION_BANNER)][-_LAST_LINES:]
+    if not lines:
+        return ""
+    words = f"; its last output: {' | '.join(repr(line) for line in lines)}"
+    if any(_MENTIONS_DEVICES.search(line) for line in lines):
+        words += " (it speaks of devices: --devices N presents N emulated devices)"
+    return words
 
 
 def _finalise_ranks(run: RunManifest, folders: list[Path], ending: str, timeout: float | None,

@@ -62,6 +62,10 @@ TABLE_FILE = "steps.arrows"
 LOG = "output.log"
 # a rank's last collective call, rewritten in place (verify/capture/rank_capture.py)
 LAST_COLLECTIVE = "last-collective.json"
+# manifest.extra: the model the script trained or ran, {"class": its class's name, "parameters": how many it holds,
+# "shared_memory": whether its parameters are in shared memory (hogwild's workers update them without locks)}: the
+# first outermost module that ran forward (inside DataParallel, DistributedDataParallel or torch.compile, the module)
+MODEL_KEY = "model"
 
 
 def step_file(step: int, suffix: str) -> str:

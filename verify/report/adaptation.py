@@ -1,13 +1,16 @@
 """adaptation.md: the adaptation report that people who port a model to Ascend publish with it (on its hub page),
-made from a comparison: the script and model, each side's device as recorded (an emulated device named as emulated,
-never passed off as hardware), the software versions, the run status, the time per step, the accuracy table
-(inference: the outputs' cosine, max and mean absolute error, top-1 and top-5 agreement; training: the loss at each
-step and the first divergence), the criterion and the verdict. Plain Markdown; its figures are summary.json's. No
-torch.
+made from a comparison: the scripts (paths relative to the folder verify ran in: the report is published, and a home
+directory is nobody's business), the model (its class and parameter count), the command line that made it, each
+side's device as recorded (an emulated device named as emulated, never passed off as hardware), the software
+versions, the run status, the time per step, the accuracy table (inference: the outputs' cosine, max and mean
+absolute error, top-1 and top-5 agreement; training: the loss at each step and the first divergence), the criterion
+and the verdict. Plain Markdown; its figures are summary.json's. No torch.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import statistics
 from pathlib import Path
 from typing import Any
@@ -16,26 +19,30 @@ from verify.compare.metrics import OUTPUT_METRICS
 from verify.compare.runs import ComparisonResult
 from verify.devices import title
 from verify.record.environment import ENVIRONMENT_KEY
+from verify.record.schema import MODEL_KEY
 from verify.record.store import Run
 
 ADAPTATION_MD = "adaptation.md"
 _VERSIONS = ("python", "torch", "torch_npu", "cann")
 
 
-def write_adaptation(result: ComparisonResult, out: Path) -> Path:
+def write_adaptation(result: ComparisonResult, out: Path, command: list[str], ran_in: str) -> Path:
+    """adaptation.md in `out`, for the comparison that `command` (its words) made in the folder `ran_in`."""
     path = out / ADAPTATION_MD
-    path.write_text(adaptation_markdown(result), encoding="utf-8")
+    path.write_text(adaptation_markdown(result, command, Path(ran_in)), encoding="utf-8")
     return path
 
 
-def adaptation_markdown(result: ComparisonResult) -> str:
+def adaptation_markdown(result: ComparisonResult, command: list[str], ran_in: Path) -> str:
     summary = result.summary()
     sides = (("Reference", result.ref), ("Port", result.actual))
     sections = [
         f"# Adaptation report: {Path(result.actual.manifest.script).name}",
-        _section("Model and source", _table(["", "script", "sha256", "arguments"], [
-            [side, f"`{run.manifest.script}`", run.manifest.script_sha256[:12], f"`{' '.join(run.manifest.argv)}`"]
+        _section("Model and source", _table(["", "script", "sha256", "arguments", "model", "parameters"], [
+            [side, f"`{_public(run.manifest.script, ran_in)}`", run.manifest.script_sha256[:12],
+             f"`{shlex.join(_public(arg, ran_in) for arg in run.manifest.argv)}`", *_model(run)]
             for side, run in sides])),
+        _section("Command", f"```\n{shlex.join(_public(word, ran_in) for word in command)}\n```"),
         _section("Hardware", _table(["", "device", "name", "emulated"], [
             [side, title(run.manifest.device, run.manifest.emulated_on), run.manifest.device_name or "-",
              "yes: a test double, not the device" if run.manifest.emulated else "no"] for side, run in sides])),
@@ -50,6 +57,21 @@ def adaptation_markdown(result: ComparisonResult) -> str:
                             f"Comparison: {summary['comparison']}."),
     ]
     return "\n\n".join(sections) + "\n"
+
+
+def _public(word: str, ran_in: Path) -> str:
+    """A path as the report may publish it: relative to the folder verify ran in, else its name alone (never a home
+    directory). Other words as they are."""
+    if not os.path.isabs(word):
+        return word
+    path = Path(word)
+    return str(path.relative_to(ran_in)) if path.is_relative_to(ran_in) else path.name
+
+
+def _model(run: Run) -> list[str]:
+    """The model's class and its parameter count, as the run recorded them (manifest.extra[MODEL_KEY])."""
+    model = run.manifest.extra.get(MODEL_KEY)
+    return [f"`{model['class']}`", f"{model['parameters']:,}"] if model else ["-", "-"]
 
 
 def _section(heading: str, body: str) -> str:

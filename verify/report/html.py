@@ -16,7 +16,8 @@ from verify.record import environment
 from verify.report.advice import Advice
 from verify.compare.metrics import OUTPUT_METRICS
 from verify.compare.runs import ComparisonResult
-from verify.report.tables import cell_text, diverging_rows, emulation, emulation_banners, reading_columns
+from verify.report.tables import (cell_text, diverging_rows, emulation, emulation_banners, reading_columns,
+                                   shown_rank_first)
 from verify.record.schema import shown, shown_json
 
 HTML_MAX_OP_ROWS = 200
@@ -113,11 +114,11 @@ def _checklist_section(items: list[dict[str, Any]] | None) -> str:
 def _ops_section(result: ComparisonResult) -> str:
     if result.ops_not_compared:
         return _section("Operators", f"<p>Not compared: {html.escape(result.ops_not_compared)}.</p>")
-    rows = diverging_rows(result, HTML_MAX_OP_ROWS)
+    rows = diverging_rows(shown_rank_first(result), HTML_MAX_OP_ROWS)
     counts = ", ".join(f"{status}: {count}" for status, count in result.status_counts().items())
     if rows.empty:
         return _section("Operators", f"<p>{counts}. Every matched op is within tolerance.</p>")
-    shown = rows.reindex(columns=reading_columns())
+    shown = rows.reindex(columns=reading_columns(rows))
     classes = np.where((rows["passed"] == False).fillna(False), "failed", rows["status"])  # noqa: E712
     return _section("Operators past tolerance or unmatched",
                     f"<p>{counts}. First {len(rows)} rows; every row is in ops.csv and ops.parquet.</p>"

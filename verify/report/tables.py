@@ -14,7 +14,7 @@ import pandas as pd
 
 from verify.compare.align import MATCHED_STATUSES, AlignStatus
 from verify.compare.metrics import TENSOR_METRICS
-from verify.compare.runs import ComparisonResult
+from verify.compare.runs import RANK_COLUMN, ComparisonResult
 from verify.devices import title
 from verify.record.schema import OP_COLUMNS, OP_KEY_PARTS, OP_SHARED_COLUMNS, OP_SIDE_COLUMNS, STAT_COLUMNS
 from verify.record.store import Run, op_keys
@@ -39,10 +39,16 @@ def both_sides(columns: list[str]) -> list[str]:
 def op_report_columns(ops: pd.DataFrame) -> list[str]:
     side_columns = [c for c in OP_SIDE_COLUMNS if c not in (*_LEADING_SIDE_COLUMNS, *_TRAILING_SIDE_COLUMNS)]
     metric_columns = [c for c in ops.columns if not c.startswith(("ref_", "actual_"))
-                      and c not in (*OP_SHARED_COLUMNS, *_VERDICT_COLUMNS, "note")]
-    return [*OP_SHARED_COLUMNS, *_VERDICT_COLUMNS, *both_sides(_LEADING_SIDE_COLUMNS), "stats_error", "tolerance",
+                      and c not in (RANK_COLUMN, *OP_SHARED_COLUMNS, *_VERDICT_COLUMNS, "note")]
+    return [*_rank(ops), *OP_SHARED_COLUMNS, *_VERDICT_COLUMNS, *both_sides(_LEADING_SIDE_COLUMNS), "stats_error",
+            "tolerance",
             *both_sides(side_columns), *(c for c in metric_columns if c not in ("stats_error", "tolerance")),
             *both_sides(_TRAILING_SIDE_COLUMNS), "note"]
+
+
+def _rank(ops: pd.DataFrame) -> list[str]:
+    """The rank column, where the table holds several ranks' rows."""
+    return [RANK_COLUMN] if RANK_COLUMN in ops.columns else []
 
 
 def op_report_frame(result: ComparisonResult) -> pd.DataFrame:
@@ -62,11 +68,11 @@ def _op_keys(ops: pd.DataFrame, side: str) -> pd.Series:
 # --- what a person reads -----------------------------------------------------------------------------------------
 
 
-def reading_columns() -> list[str]:
+def reading_columns(ops: pd.DataFrame) -> list[str]:
     """The columns of an op row a person reads (html, xlsx): where, what, the verdict, each side's statistics."""
     statistics = [c for c in STAT_COLUMNS if OP_COLUMNS[c] == "float64"]
-    return ["step", "phase", "module", "ref_op", "actual_op", "io", "status", "passed", "ref_dtype", "actual_dtype",
-            "stats_error", "tolerance", *both_sides(statistics),
+    return [*_rank(ops), "step", "phase", "module", "ref_op", "actual_op", "io", "status", "passed", "ref_dtype",
+            "actual_dtype", "stats_error", "tolerance", *both_sides(statistics),
             *(metric.name for metric in TENSOR_METRICS if metric.in_op_tables), "ref_seq", "actual_seq", "note"]
 
 
@@ -81,12 +87,43 @@ def unmatched(ops: pd.DataFrame) -> pd.DataFrame:
     return one_sided.iloc[np.argsort(one_sided["note"].notna().to_numpy(), kind="stable")]
 
 
-def diverging_rows(result: ComparisonResult, limit: int) -> pd.DataFrame:
+def diverging_rows(ops: pd.DataFrame, limit: int) -> pd.DataFrame:
     """Rows past tolerance, in execution order, then unmatched rows without an expected-one-side note."""
-    failing = past_tolerance(result.ops)
-    unexpected = unmatched(result.ops)
+    failing = past_tolerance(ops)
+    unexpected = unmatched(ops)
     unexpected = unexpected.loc[unexpected["note"].isna()]
     return pd.concat([failing.head(limit), unexpected.head(max(0, limit - len(failing)))])
+
+
+def shown_rank(result: ComparisonResult) -> int | None:
+    """The rank whose comparison the verdict, findings and first divergent op are (None: two single processes)."""
+    return result.ranks.get("shown_rank") if RANK_COLUMN in result.ops.columns else None
+
+
+def shown_rank_ops(result: ComparisonResult) -> pd.DataFrame:
+    """The op rows of the rank the verdict names (every row, for two single processes)."""
+    rank = shown_rank(result)
+    return result.ops if rank is None else result.ops.loc[result.ops[RANK_COLUMN] == rank]
+
+
+def shown_rank_first(result: ComparisonResult) -> pd.DataFrame:
+    """Every op row, the rank the verdict names first, then the others in rank order."""
+    rank = shown_rank(result)
+    if rank is None:
+        return result.ops
+    return result.ops.iloc[np.argsort((result.ops[RANK_COLUMN] != rank).to_numpy(), kind="stable")]
+
+
+def other_ranks_line(result: ComparisonResult) -> str:
+    """Where the other ranks' op rows are, with the rows past tolerance of each rank ("" for single processes)."""
+    rank = shown_rank(result)
+    if rank is None or result.ops.empty:
+        return ""
+    failed = (result.ops["passed"] == False).to_numpy(dtype=bool, na_value=False)  # noqa: E712
+    counts = result.ops.assign(failed=failed).groupby(RANK_COLUMN)["failed"].sum()
+    per_rank = ", ".join(f"rank {other} {int(count)}" for other, count in counts.items())
+    return (f"rank {rank}'s ops shown; every rank's rows are in ops.csv, ops.parquet, ops.xlsx and report.html (column "
+            f"{RANK_COLUMN}); past tolerance: {per_rank}")
 
 
 def error_ratio(ops: pd.DataFrame) -> pd.Series:
@@ -105,11 +142,12 @@ def module_totals(ops: pd.DataFrame) -> pd.DataFrame:
     the first step where it broke its tolerance; the modules with the most rows past tolerance first."""
     failed = (ops["passed"] == False).to_numpy(dtype=bool, na_value=False)  # noqa: E712
     rows = pd.DataFrame({
+        **({RANK_COLUMN: ops[RANK_COLUMN]} if RANK_COLUMN in ops.columns else {}),
         "module": ops["module"].astype("string").replace("", "(top level)"), "phase": ops["phase"],
         "records": 1, "past_tolerance": failed, "unmatched": ops["status"].isin(ONE_SIDED_STATUSES),
         ERROR_RATIO: error_ratio(ops),
         "first_step_past_tolerance": ops["step"].where(failed)})
-    totals = rows.groupby(["module", "phase"], sort=False, observed=True).agg(
+    totals = rows.groupby([*_rank(ops), "module", "phase"], sort=False, observed=True).agg(
         {"records": "sum", "past_tolerance": "sum", "unmatched": "sum", ERROR_RATIO: "max",
          "first_step_past_tolerance": "min"}).reset_index()
     totals["first_step_past_tolerance"] = totals["first_step_past_tolerance"].astype("Int64")

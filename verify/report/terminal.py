@@ -14,7 +14,8 @@ from rich.table import Table
 
 from verify.report.advice import advise
 from verify.compare.runs import ComparisonResult
-from verify.report.tables import cell_text, diverging_rows, emulation_banners, loss_line, ops_line
+from verify.report.tables import (cell_text, diverging_rows, emulation_banners, loss_line, ops_line,
+                                   other_ranks_line, shown_rank_ops)
 from verify.record.schema import shown
 from verify.record.store import Run
 
@@ -32,9 +33,11 @@ def print_summary(result: ComparisonResult, console: Console, max_rows: int = 10
     if loss := loss_line(result):
         console.print(f"loss: {loss}")
     console.print(f"ops: {ops_line(result)}")
+    if ranks := other_ranks_line(result):
+        console.print(f"ranks: {ranks}")
     if result.first_divergent:
         console.print(_divergence_table(result.first_divergent))
-    rows = diverging_rows(result, max_rows)
+    rows = diverging_rows(shown_rank_ops(result), max_rows)
     if len(rows):
         table = Table(title="ops past tolerance or unmatched", title_justify="left")
         for column in _DIVERGING_COLUMNS:

@@ -54,7 +54,7 @@ class Sheet:
 
 
 def op_sheets(result: ComparisonResult) -> list[Sheet]:
-    ops, columns = result.ops, reading_columns()
+    ops, columns = result.ops, reading_columns(result.ops)
     after_tolerance = columns.index("tolerance") + 1
     with_ratio = [*columns[:after_tolerance], ERROR_RATIO, *columns[after_tolerance:]]
     return [Sheet("past tolerance", past_tolerance(ops)[columns], "passed is false"),

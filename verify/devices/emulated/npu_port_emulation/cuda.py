@@ -66,7 +66,8 @@ _installed: list[object] = []  # what must stay alive: the autocast policy's reg
 
 
 def install() -> None:
-    """Makes this process's torch see one CUDA GPU that computes on the CPU. Once per process."""
+    """Makes this process's torch see the CUDA GPUs verify presents (target.device_count()), all computing on the CPU.
+    Once per process."""
     if _installed:
         return
     if TARGET != "cpu":

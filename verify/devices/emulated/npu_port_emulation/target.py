@@ -38,14 +38,14 @@ if TARGET == "cuda" and not torch.cuda.is_available():
 _cuda_device_count = torch.cuda.device_count
 
 
-# On the cpu target, as many devices as verify launches ranks (one a rank: `set_device(local_rank)` works); all of
-# them are the CPU.
+# On the cpu target, as many devices as verify presents (--devices N, else one a rank it launches: `set_device(i)`
+# works); all of them are the CPU.
 _CPU_DEVICES = max(1, int(os.environ.get(DEVICE_COUNT_VAR) or 1))
 
 
 def device_count() -> int:
-    """The CPU emulation has one device per rank verify launched (one by default); the CUDA emulation has one NPU per
-    visible GPU."""
+    """The CPU emulation has the devices verify presents (one by default); the CUDA emulation has one NPU per visible
+    GPU."""
     return _CPU_DEVICES if TARGET == "cpu" else _cuda_device_count()
 
 
