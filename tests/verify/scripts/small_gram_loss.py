@@ -2,7 +2,7 @@
 below fp16's normal range (6e-5) when `migrate`'s AMP101 runs that line under float16 autocast, where the matrix
 product rounds to fp16's subnormals. Issue 34: a divergence made on a line migrate rewrote."""
 import torch
-import torch.nn as nn
+from torch import nn
 
 
 def main():
