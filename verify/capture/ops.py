@@ -265,7 +265,7 @@ class OpCapture:
                 call = self._call(_OPTIMIZER, name, UPDATE_OP, source)
                 # its inputs: the recorded backward (or unscale) call that wrote the gradient it applied
                 call.inputs = self.producers([parameter.grad]) if parameter.grad is not None else ""
-                self.record(call, "out", [parameter.detach()])
+                self.record(call, "out", [parameter])  # under no_grad: its statistics' copies track no gradient
 
     def note_outputs(self, output: Any) -> None:
         """An outermost module's outputs: what a later outermost module (a loss) receives of them is computed, not
