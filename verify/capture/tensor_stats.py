@@ -402,7 +402,10 @@ class _PendingCopies:
         batch.before_fetch(self.reduce)
 
     def _keep(self, key: Any, copy: torch.Tensor, stats: PendingStats) -> None:
-        copies, owners = self._copies.setdefault(key, ([], []))
+        kept = self._copies.get(key)
+        if kept is None:  # not setdefault: its default would be two new lists at every call
+            kept = self._copies[key] = ([], [])
+        copies, owners = kept
         copies.append(copy)
         owners.append(stats)
         self._elements += stats.numel
