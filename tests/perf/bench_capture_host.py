@@ -1,22 +1,26 @@
 """Host (Python) cost of the capture per recorded call, measured on the CPU where kernels cost next to nothing.
 
-    PYTHONPATH=. python tests/perf/bench_capture_host.py [--rounds 5] [--models cnn gpt]
+    PYTHONPATH=. python tests/perf/bench_capture_host.py [--rounds 5] [--models mlp cnn gpt]
 
 On a GPU the device runs asynchronously, so whatever the capture does in Python per recorded call is on the
 critical path of the step: bench_capture_gpu.py measures the step times there. This measures that Python cost
-without a GPU: the models of bench_capture_gpu.py at tiny sizes (batch 1, widths of a few units, so that each op's
-kernel costs a few microseconds), captured as bench_capture_gpu.py's BootstrapLikeCapture captures them but with the
+without a GPU: an MLP, and the models of bench_capture_gpu.py at tiny sizes (batch 1, widths of a few units, so
+that each op's kernel costs a few microseconds), captured as bench_capture_gpu.py's BootstrapLikeCapture captures them but with the
 CPU tensors sent the device's way (StatBatch(device_path_on_cpu=True): copies kept and reduced together at the ship,
 no C extension), inside the keyed random streams every run enters (verify/capture/random_streams.py, itself a
 dispatch mode), each call's line named. One torch thread; CPU seconds of the process; blocks of steps interleaved
-between the variants, medians compared. Printed per model: the plain step, then each variant's step and its cost
+between the variants, the least block of each compared (the neighbours on a shared machine only ever add time). Printed per model: the plain step, then each variant's step and its cost
 per recorded call (its step minus the plain one, over the calls the capture recorded per step): the keyed streams
 alone, the capture alone, and both, as a run has them.
 
-Measured on the 2-core development machine (shared, so +-10%), before and after issue 34b's cuts to the per-call
-Python work:
-    cnn  before: capture 168 us/call, both 190 us/call    after: see the commit that made them
-    gpt  before: capture 123 us/call, both 139 us/call
+Measured on the shared 2-core development machine (torch 2.13 CPU), this file run against the capture before and
+after issue 34b's cuts, alternated twice (least of 5 blocks each; the neighbours move single figures by +-20%), us
+per recorded call:
+            capture alone        capture and keyed streams (as a run)
+    mlp     38, 42 -> 40, 38     66, 77 -> 55, 50
+    cnn     66, 56 -> 57, 52     99, 99 -> 66, 67
+    gpt     71, 54 -> 79, 55    130, 105 -> 97, 81
+The cut is the keyed streams' mode no longer seeing the device path's own ops (tensor_stats.BelowDispatchModes).
 """
 
 from __future__ import annotations
