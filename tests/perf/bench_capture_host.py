@@ -5,11 +5,12 @@
 On a GPU the device runs asynchronously, so whatever the capture does in Python per recorded call is on the
 critical path of the step: bench_capture_gpu.py measures the step times there. This measures that Python cost
 without a GPU: an MLP, and the models of bench_capture_gpu.py at tiny sizes (batch 1, widths of a few units, so
-that each op's kernel costs a few microseconds), captured as bench_capture_gpu.py's BootstrapLikeCapture captures them but with the
-CPU tensors sent the device's way (StatBatch(device_path_on_cpu=True): copies kept and reduced together at the ship,
+that each op's kernel costs a few microseconds), captured as bench_capture_gpu.py's BootstrapLikeCapture captures them but with
+the CPU tensors sent the device's way (StatBatch(device_path_on_cpu=True): copies kept and reduced together at the ship,
 no C extension), inside the keyed random streams every run enters (verify/capture/random_streams.py, itself a
-dispatch mode), each call's line named. One torch thread; CPU seconds of the process; blocks of steps interleaved
-between the variants, the least block of each compared (the neighbours on a shared machine only ever add time). Printed per model: the plain step, then each variant's step and its cost
+dispatch mode), each call's line named. One torch thread; CPU seconds of the process; blocks of steps
+interleaved between the variants, the least block of each compared (the neighbours on a shared machine only ever
+add time). Printed per model: the plain step, then each variant's step and its cost
 per recorded call (its step minus the plain one, over the calls the capture recorded per step): the keyed streams
 alone, the capture alone, and both, as a run has them.
 
