@@ -2,17 +2,17 @@
 
     PYTHONPATH=. python tests/perf/bench_capture_host.py [--rounds 5] [--models mlp cnn gpt]
 
-On a GPU the device runs asynchronously, so whatever the capture does in Python per recorded call is on the
-critical path of the step: bench_capture_gpu.py measures the step times there. This measures that Python cost
-without a GPU: an MLP, and the models of bench_capture_gpu.py at tiny sizes (batch 1, widths of a few units, so
-that each op's kernel costs a few microseconds), captured as bench_capture_gpu.py's BootstrapLikeCapture captures them but with
-the CPU tensors sent the device's way (StatBatch(device_path_on_cpu=True): copies kept and reduced together at the ship,
+On a GPU the device runs asynchronously, so whatever the capture does in Python per recorded call is on the critical
+path of the step: bench_capture_gpu.py measures the step times there. This measures that Python cost without a GPU:
+an MLP, and the models of bench_capture_gpu.py at tiny sizes (batch 1, widths of a few units, so that each op's
+kernel costs a few microseconds), captured as bench_capture_gpu.py's BootstrapLikeCapture captures them but with the
+CPU tensors sent the device's way (StatBatch(device_path_on_cpu=True): copies kept and reduced together at the ship,
 no C extension), inside the keyed random streams every run enters (verify/capture/random_streams.py, itself a
-dispatch mode), each call's line named. One torch thread; CPU seconds of the process; blocks of steps
-interleaved between the variants, the least block of each compared (the neighbours on a shared machine only ever
-add time). Printed per model: the plain step, then each variant's step and its cost
-per recorded call (its step minus the plain one, over the calls the capture recorded per step): the keyed streams
-alone, the capture alone, and both, as a run has them.
+dispatch mode), each call's line named. One torch thread; CPU seconds of the process; blocks of steps interleaved
+between the variants, the least block of each compared (the neighbours on a shared machine only ever add time).
+Printed per model: the plain step, then each variant's step and its cost per recorded call (its step minus the plain
+one, over the calls the capture recorded per step): the keyed streams alone, the capture alone, and both, as a run
+has them.
 
 Measured on the shared 2-core development machine (torch 2.13 CPU), this file run against the capture before and
 after issue 34b's cuts, alternated twice (least of 5 blocks each; the neighbours move single figures by +-20%), us
