@@ -13,6 +13,7 @@ with the reason.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -21,10 +22,11 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 from migrate import hyperparams
 from migrate.facts import FileFacts
 from migrate.types import FileResult, FileStatus
-from rules import Action, AmpPolicy, Finding, Settings, Severity, all_rules
+from rules import Action, AmpPolicy, Finding, Mode, Settings, Severity, all_rules
 from verify.checklist_items import TITLES, Status
 
 if TYPE_CHECKING:
+    from migrate.project import Project, ProjectImport
     from rules import PortRule
 
 
@@ -57,6 +59,7 @@ class _Inputs:
     rules: Sequence[type[PortRule]]
     verify_command: str
     original_script: str
+    project: Project | None
     facts: list[tuple[str, FileFacts]] = field(default_factory=list)  # of the files whose facts were read
     unread: list[str] = field(default_factory=list)  # why a file, or its facts, could not be read
     rules_run: set[str] = field(default_factory=set)
@@ -105,10 +108,14 @@ def build(
     rules: Sequence[type[PortRule]],
     verify_command: str,
     original_script: str,
+    project: Project | None = None,
 ) -> list[Item]:
     """Every checklist item with its status, evidence and what to do. `verify_command` compares the original with
-    the port; `original_script` is the original's path, which `verify determinism` runs alone."""
-    inputs = _Inputs(results, settings, rules, verify_command, original_script)
+    the port; `original_script` is the original's path, which `verify determinism` runs alone. Of the files of a
+    `project` ported by name, only those an entry point reaches give evidence: the others never run."""
+    if project is not None:
+        results = [r for r in results if project.counts(r.source)]
+    inputs = _Inputs(results, settings, rules, verify_command, original_script, project)
     read = [r for r in results if r.facts is not None]
     # Evidence about the port points into the ported file, whose line numbers the facts carry.
     inputs.facts = [(r.target or r.source, r.facts) for r in read if r.facts.readable]
@@ -207,11 +214,25 @@ def _port_complete(inputs: _Inputs) -> Item:
         return _without_torch("C3")
     imports = inputs.ported("npu_import")
     open_findings = [f for f in inputs.open_findings("C3") if f.severity is Severity.ERROR]
-    if imports and not open_findings:
+    left_out = _left_out(inputs)
+    if imports and not open_findings and not left_out:
         evidence = [*map(str, imports), *map(str, inputs.ported("process_group"))]
         return _item("C3", Status.PASSED, evidence, f"Confirm that the port runs: `{inputs.verify_command}`.")
-    evidence = _finding_evidence(open_findings) or ["no file imports torch_npu"]
-    return _item("C3", Status.FAILED, evidence, "Port what the errors name; see the findings' suggestions.")
+    not_ported = [f"{found}, which this call did not port: its cuda calls stay" for found in left_out]
+    evidence = [*_finding_evidence(open_findings), *not_ported] or ["no file imports torch_npu"]
+    action = "Port what the errors name; see the findings' suggestions."
+    if left_out:
+        folders = dict.fromkeys(shlex.quote(os.path.dirname(found.shown_file) or ".") + "/" for found in left_out)
+        action = f"Port the files it names in the same call, or the folder: `migrate {' '.join(folders)}`. " + action
+    return _item("C3", Status.FAILED, evidence, action)
+
+
+def _left_out(inputs: _Inputs) -> list[ProjectImport]:
+    """In explicit mode, the imports of project files the call did not port, in the files an entry point runs: their
+    cuda calls stay. (In transfer mode transfer_to_npu patches them at run time; IMP004 warns of them.)"""
+    if inputs.project is None or inputs.settings.mode is not Mode.EXPLICIT:
+        return []
+    return inputs.project.left_out()
 
 
 def _loss_scaling(inputs: _Inputs) -> Item:

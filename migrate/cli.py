@@ -23,6 +23,7 @@ from rich.table import Table
 
 from migrate import __version__, checklist, collector, ownership
 from migrate.files import Job, PlanError, default_report_dir, plan, run_jobs, shown_path
+from migrate.project import Project
 from migrate.report import Summary, finding_text, write_reports
 from migrate.types import FileResult, FileStatus
 from rules import Action, AmpPolicy, Mode, RuleError, Settings, Severity, all_rules, rule_by_code, select_rules
@@ -105,14 +106,22 @@ def migrate(
         rules = select_rules(_codes(select), _codes(ignore))
         settings = Settings(mode=mode, unsafe_fixes=unsafe_fixes, amp=amp, seed=seed, deterministic=deterministic)
         writes = not (diff or check)
-        planned = plan(paths, settings, out=out, in_place=in_place, write=writes, suffix=suffix,
-                       report_dir=report_dir)
+        if writes and out is None and not in_place:
+            ownership.refuse_ports(paths, suffix, report_dir)
+        # The report folder of several files is the first's: its report.md names the others' earlier ports.
         directory = report_dir or _default_report_dir(paths[0], out, in_place, suffix)
+        left_out: list[str] = []
+        planned = plan(paths, settings, out=out, in_place=in_place, write=writes, suffix=suffix,
+                       report_dir=directory, left_out=left_out)
+        project = Project.read(paths, planned)
+        planned = project.settle(planned)
         planned = _guard_edits(planned, rules, directory, force, quiet)
     except (PlanError, RuleError) as error:
         for line in str(error).splitlines():  # one error, one line
             stderr.print(f"[red]error:[/] {escape(line)}")
         raise typer.Exit(ExitCode.ERROR) from None
+    for line in left_out if not quiet else ():
+        stderr.print(f"[yellow]left out:[/] {escape(line)}")
     results = _run(planned, rules, jobs or os.cpu_count() or 1, quiet)
     for result in results:  # first: what follows (diffs, checklist, summary) is about the files that were read
         if result.error:
@@ -123,8 +132,8 @@ def migrate(
     report = None
     # A run that read no file has nothing to report on: no report folder, no checklist.
     if writes and any(result.status is not FileStatus.ERROR for result in results):
-        original, ported = _first_port(results)
-        items = checklist.build(results, settings, rules, _verify_command(original, ported), original)
+        original, ported = _first_port(results, project)
+        items = checklist.build(results, settings, rules, _verify_command(original, ported), original, project)
         try:
             report = write_reports(results, directory, f"npu-port migrate report ({mode.value} mode)", items)[0]
             ownership.write_record(directory, planned, results)
@@ -215,10 +224,12 @@ def _plural(count: int, word: str, words: str = "") -> str:
     return f"{count} {word if count == 1 else words or word + 's'}"
 
 
-def _first_port(results: list[FileResult]) -> tuple[str, str]:
-    """The original and ported paths of the first ported script, which the checklist's commands name (placeholders
-    when nothing was ported)."""
-    ported = next((r for r in results if r.facts is not None and r.target), None)
+def _first_port(results: list[FileResult], project: Project) -> tuple[str, str]:
+    """The original and ported paths of the first ported script, an entry point of the project where the files
+    named are one, which the checklist's commands name (placeholders when nothing was ported)."""
+    ported_files = [r for r in results if r.facts is not None and r.target]
+    entries = [r for r in ported_files if project.is_entry(r.source)]
+    ported = next(iter(entries or ported_files), None)
     return (ported.source, ported.target) if ported else ("ORIGINAL", "PORTED")
 
 

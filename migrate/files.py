@@ -70,9 +70,12 @@ def plan(
     write: bool = True,
     suffix: str = PORT_SUFFIX,
     report_dir: Path | None = None,
+    left_out: list[str] | None = None,
 ) -> list[Job]:
     """Decide, for every input path, what is read and where it is written; PlanError before anything is written
-    where an output would replace a file of the user's."""
+    where an output would replace a file of the user's. What a
+    folder's walk leaves out that the user may look for (an earlier port, a symlinked folder) is appended to
+    `left_out`, a line each."""
     if out is not None and in_place:
         raise PlanError("--out and --in-place exclude each other")
     if out is not None and len(paths) > 1:
@@ -86,7 +89,8 @@ def plan(
             _refuse_overwrite(path, target_root, in_place)
             if write and out is None and not in_place:
                 _refuse_user_output(path, target_root, report_dir)
-            jobs.extend(replace(job, write=write) for job in _plan_folder(path, target_root, settings))
+            folder_jobs = _plan_folder(path, target_root, settings, left_out if left_out is not None else [])
+            jobs.extend(replace(job, write=write) for job in folder_jobs)
         else:
             target = path if in_place else _file_target(path, out, suffix)
             _refuse_overwrite(path, target, in_place)
@@ -136,46 +140,66 @@ def _file_target(path: Path, out: Path | None, suffix: str) -> Path:
     return out / path.name if out.is_dir() or out.suffix != ".py" else out
 
 
-def _plan_folder(root: Path, target_root: Path, settings: Settings) -> Iterator[Job]:
+def _plan_folder(root: Path, target_root: Path, settings: Settings, left_out: list[str]) -> Iterator[Job]:
     in_place = target_root.resolve() == root.resolve()
-    for source in _walk(root, skip=None if in_place else target_root.resolve()):
+    for source in _walk(root, None if in_place else target_root.resolve(), left_out):
         target = target_root / source.relative_to(root)
         if source.suffix == ".py":
-            own = replace(settings, is_entry=_has_main_guard(source), line_length=configured_line_length(source))
+            own = replace(settings, is_entry=has_main_guard(source), line_length=configured_line_length(source))
             yield Job(source, target, port=True, settings=own, mirror=not in_place)
         elif not in_place:
             yield Job(source, target, port=False, settings=settings)
 
 
-def _walk(root: Path, skip: Path | None) -> Iterator[Path]:
+def _walk(root: Path, skip: Path | None, left_out: list[str]) -> Iterator[Path]:
     """Files under root in a stable order, without migrate's own outputs from earlier runs.
 
-    Symlinked folders are not followed (no loops), dangling links are left out, and so are hidden and tool folders,
-    the output folder itself, report folders (NAME_npu_report/) and the ports of earlier runs (NAME_npu.py beside
-    its NAME.py and its NAME_npu_report/; without the report folder it is the user's own file, and is kept).
+    Left out: hidden and tool folders, the output folder itself, report folders (NAME_npu_report/), dangling links,
+    and, each named in `left_out`, the ports of earlier runs (NAME_npu.py or FOLDER_npu/ with its report folder
+    beside it; without one it is the user's own, and is kept) and symlinked folders: not followed, as they may lead
+    out of the folder (a port would copy what is not the project's) or into a loop; their targets are ported apart.
     """
     for folder, dirs, files in os.walk(root, followlinks=False):
-        dirs[:] = sorted(
-            d
-            for d in dirs
-            if d not in SKIPPED_DIRS
-            and not d.startswith(".")
-            and not d.endswith((".egg-info", PORT_SUFFIX + REPORT_SUFFIX))
-            and (skip is None or (Path(folder) / d).resolve() != skip)
-        )
+        kept = []
+        for name in sorted(dirs):
+            path = Path(folder) / name
+            tool = (name in SKIPPED_DIRS or name.startswith(".")
+                    or name.endswith((".egg-info", PORT_SUFFIX + REPORT_SUFFIX)))
+            if tool or (skip is not None and path.resolve() == skip):
+                continue
+            if path.is_symlink():
+                left_out.append(f"{shown_path(path)}: a symbolic link to a folder, not followed (it may lead out of "
+                                f"the folder or into a loop): port {shown_path(path.resolve())} on its own if needed")
+            elif _is_port_in_folder(path, dirs):
+                left_out.append(f"{shown_path(path)}: an earlier port (its report folder is beside it), not ported "
+                                "again")
+            else:
+                kept.append(name)
+        dirs[:] = kept
         for name in sorted(files):
             path = Path(folder) / name
-            if path.is_file() and not _is_earlier_output(path, files):  # a dangling link is not a file
+            if not path.is_file():  # a dangling link is not a file
+                continue
+            if _is_port_in_folder(path, files):
+                left_out.append(f"{shown_path(path)}: an earlier port (its report folder is beside it), not ported "
+                                "again")
+            else:
                 yield path
 
 
-def _is_earlier_output(path: Path, siblings: Sequence[str]) -> bool:
-    stem = path.stem.removesuffix(PORT_SUFFIX)
-    return (path.suffix == ".py" and stem != path.stem and f"{stem}{path.suffix}" in siblings
-            and default_report_dir(path).is_dir())
+def _is_port_in_folder(path: Path, siblings: Sequence[str]) -> bool:
+    """NAME_npu.py beside NAME.py, or FOLDER_npu/ beside FOLDER/, with its report folder beside it."""
+    if path.is_dir():
+        name, extension = path.name, ""
+    elif path.suffix == ".py":
+        name, extension = path.stem, path.suffix
+    else:
+        return False
+    original = name.removesuffix(PORT_SUFFIX)
+    return original != name and original + extension in siblings and default_report_dir(path).is_dir()
 
 
-def _has_main_guard(path: Path) -> bool:
+def has_main_guard(path: Path) -> bool:
     try:
         return b"__main__" in path.read_bytes()
     except OSError:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from migrate.files import Job, fresh_output, sha256, shown_path, write_atomic
+from migrate.files import Job, PlanError, default_report_dir, fresh_output, sha256, shown_path, write_atomic
 from migrate.types import FileResult
 
 if TYPE_CHECKING:
@@ -59,6 +59,31 @@ def edits(jobs: Sequence[Job], rules: Sequence[type[PortRule]], report_dir: Path
         if fresh is not None and fresh != current:
             found.append(Edit(job, recorded is not None, _changed_lines(current, fresh), backup_path(job.target)))
     return found
+
+
+def refuse_ports(paths: Sequence[Path], suffix: str, report_dir: Path | None) -> None:
+    """PlanError where a path asked for is a port migrate wrote: porting it again would write NAME_npu_npu.py and a
+    report of a report. Its original is what to port again (an edited port is guarded by edits() above)."""
+    for path in paths:
+        why = _written_by_migrate(path, suffix, report_dir) if path.is_file() else ""
+        if why:
+            raise PlanError(f"{shown_path(path)} is a port migrate wrote ({why}): nothing was written; port its "
+                            "original instead (a port you edited is kept unless --force), or name an output with -o")
+
+
+def _written_by_migrate(path: Path, suffix: str, report_dir: Path | None) -> str:
+    """Why `path` is one of migrate's outputs ("" if it is not): a record of what was written that names it
+    (--report-dir's, the report folder beside it, or that of one of its folders: a folder's port), or, for a port
+    written before migrate kept records, its name (NAME_npu.py) and the report folder beside it."""
+    beside = default_report_dir(path)
+    folders = [report_dir] if report_dir is not None else []
+    folders += [beside, *(default_report_dir(folder) for folder in Path(os.path.abspath(path)).parents if folder.name)]
+    for folder in folders:
+        if _key(path, folder) in read_record(folder):
+            return f"{shown_path(folder / WRITTEN_JSON)} records it"
+    if path.stem.endswith(suffix) and beside.is_dir():
+        return f"{shown_path(beside.name)}/ is beside it"
+    return ""
 
 
 def keeping_backups(jobs: Sequence[Job], found: Sequence[Edit]) -> list[Job]:

@@ -223,3 +223,47 @@ def test_check_and_diff_read_an_edited_port_without_refusing(tmp_path):
     assert migrate(original).exit_code == 0
     edited(tmp_path / "again_npu.py")
     assert migrate(original, "--check").exit_code == 1  # writes nothing: nothing to refuse
+
+
+def test_porting_a_port_again_is_refused_in_one_line_and_writes_nothing(tmp_path):
+    """Issue 36: `migrate again_npu.py` wrote again_npu_npu_report/, a report of a report."""
+    assert migrate(write(tmp_path / "again.py", SCRIPT)).exit_code == 0
+    before = sorted(path.name for path in tmp_path.iterdir())
+    port = tmp_path / "again_npu.py"
+    result = migrate(port)
+    assert result.exit_code == 2
+    assert result.stderr.replace("\n", "") == (
+        f"error: {port} is a port migrate wrote ({tmp_path / 'again_npu_report' / 'written.json'} records it): nothing "
+        "was written; port its original instead (a port you edited is kept unless --force), or name an output with -o")
+    assert sorted(path.name for path in tmp_path.iterdir()) == before  # no again_npu_npu_report/
+    (tmp_path / "again_npu_report" / "written.json").unlink()  # a port from before migrate kept its record
+    assert "again_npu_report/ is beside it" in migrate(port).stderr.replace("\n", "")
+    assert migrate(port, "--check").exit_code == 0  # reading a port is no port of it: nothing left to port
+
+
+def test_a_file_of_a_folders_port_is_refused_as_a_port(tmp_path):
+    write(tmp_path / "src" / "train.py", SCRIPT)
+    assert migrate(tmp_path / "src").exit_code == 0
+    result = migrate(tmp_path / "src_npu" / "train.py")
+    assert result.exit_code == 2 and "src_npu_report/written.json records it" in result.stderr.replace("\n", "")
+    assert not (tmp_path / "src_npu" / "train_npu.py").exists()
+
+
+def test_a_folder_port_names_the_ports_and_symlinked_folders_it_leaves_out(tmp_path):
+    write(tmp_path / "proj" / "train.py", SCRIPT)
+    write(tmp_path / "proj" / "lib" / "layers.py", SCRIPT)
+    write(tmp_path / "outside" / "data.py", SCRIPT)
+    assert migrate(tmp_path / "proj" / "train.py").exit_code == 0  # proj/train_npu.py and its report
+    assert migrate(tmp_path / "proj" / "lib").exit_code == 0  # proj/lib_npu/ and its report
+    (tmp_path / "proj" / "linked").symlink_to(tmp_path / "outside", target_is_directory=True)
+    result = migrate(tmp_path / "proj")
+    assert result.exit_code == 0, result.stderr
+    left_out = [line for line in result.stderr.replace("\n ", " ").splitlines() if line.startswith("left out:")]
+    assert left_out == [
+        f"left out: {tmp_path / 'proj' / 'lib_npu'}: an earlier port (its report folder is beside it), not ported "
+        "again",
+        f"left out: {tmp_path / 'proj' / 'linked'}: a symbolic link to a folder, not followed (it may lead out of the "
+        f"folder or into a loop): port {tmp_path / 'outside'} on its own if needed",
+        f"left out: {tmp_path / 'proj' / 'train_npu.py'}: an earlier port (its report folder is beside it), not ported "
+        "again"]
+    assert sorted(path.name for path in (tmp_path / "proj_npu").iterdir()) == ["lib", "train.py"]

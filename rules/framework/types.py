@@ -54,6 +54,11 @@ class Settings:
     seed: int | None = None
     deterministic: bool = False
     line_length: int | None = None  # the project's configured line length; None: the file's own (rules.line_limit)
+    # Files ported in one call with a suffix (migrate/project.py): each import of another of them, as this file writes
+    # it (`model`, `pkg.model`, `.model`), with its port's name (`model_npu`, ...); and each import of a file of the
+    # project that the call left out, with that file's path.
+    ported_modules: tuple[tuple[str, str], ...] = ()
+    unported_modules: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -715,6 +715,31 @@ def test_both_sides_stopping_alike_are_judged_on_the_steps_they_made(tmp_path):
     assert "both scripts ended by themselves after 2 of 3 steps; judged on those 2" in both_short.notes
 
 
+def gloo_crash(folder: str, script: str, port: int, line: int) -> dict:
+    """The crash a rank whose peer died records: gloo's message names a port that changes with every launch."""
+    return dict(status="crashed", exit_code=1, script=f"/{folder}/{script}", message="RuntimeError (after 2 steps)",
+                traceback=("Traceback (most recent call last):\n"
+                           f'  File "/{folder}/{script}", line {line}, in <module>\n'
+                           '    loss.backward()\n  File "/usr/lib/torch/_tensor.py", line 581, in backward\n'
+                           "RuntimeError: [/__w/gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:"
+                           f"{port}. Check the logs of the remote worker (pid {port + 7}, 0x7f{port}).\n"))
+
+
+def test_one_crash_is_the_same_error_whatever_its_port_numbers_paths_and_lines(tmp_path):
+    """Issue 36 item 6: the same crash under torch's launcher FAILed (exit 2) because gloo's message names a port;
+    crashes are the same by their type, the script's frames (file, function) and their message with what varies from
+    launch to launch masked. A port's lines move (migrate adds imports), so line numbers are not compared either."""
+    ref = stopped_run(tmp_path / "ref", 2, **gloo_crash("tmp/a", "train.py", 3725, 30))
+    actual = stopped_run(tmp_path / "actual", 2, **gloo_crash("tmp/b", "train_npu.py", 6794, 33))
+    same = compare_runs(read_side(ref), read_side(actual))
+    assert same.verdict.passed and "with the same error, RuntimeError: [/__w/gloo/pair.cc:553]" in same.verdict.reason
+    other = gloo_crash("tmp/b", "train_npu.py", 6794, 33)
+    other["traceback"] = other["traceback"].replace("in <module>", "in evaluate")  # raised elsewhere in the script
+    elsewhere = stopped_run(tmp_path / "elsewhere", 2, **other)
+    result = compare_command(ref, elsewhere)
+    assert result.exit_code == 2 and "the reference crashed after 2 of 3 steps" in result.stderr
+
+
 def test_scripts_ending_by_themselves_after_different_steps_fail_naming_the_difference(tmp_path):
     ref = stopped_run(tmp_path / "ref", 2, status="short", message="the script ended by itself after 2 of 3 steps")
     result = compare_runs(read_side(ref), read_side(write_run(tmp_path / "actual")))

@@ -2,7 +2,9 @@
 side (bytes flipped, blocks overwritten, files truncated, manifest fields retyped, files removed), each judged as
 `verify compare` judges it. Every outcome must be exit 2 with one line, or a verdict on what was written; never a
 crash, a hang, or a verdict (PASS or FAIL) on damaged evidence (issue 36): every table the side holds (losses,
-hparams, ops, grads) read as written, or the damage is exit 2.
+hparams, ops, grads) read as written, or the damage is exit 2 naming the damaged table. Beside the random mutations,
+each table (outputs too, of an inference run) deleted, overwritten with random bytes or cut in half is exit 2 naming
+it, in `verify compare` and `verify report`.
 
 The run directories are written once, synthetically (verify.record.store's writer, as test_compare does), not by
 training. Only the Arrow streams carry checksums: a digit changed in a CSV cell or in the manifest reads as another
@@ -26,10 +28,12 @@ import pytest
 from typer import Typer
 from typer.testing import CliRunner
 
-from test_compare import trace_ops, with_noise, write_run
+import numpy as np
+import pandas as pd
+from test_compare import grads, hparams, losses, trace_ops, with_noise, write_run
 from verify.cli import compare_cmd as compare_cli
 from verify.cli.compare_cmd import read_side
-from verify.record.schema import MANIFEST
+from verify.record.schema import MANIFEST, OUTPUT_COLUMNS
 from verify.errors import EXIT_ERROR, VerifyFailure
 
 SEED = 22
@@ -133,7 +137,7 @@ def test_a_damaged_run_directory_is_one_error_line_or_judged_on_what_was_written
             read_as = _read_as(side)
             if read_as not in judged or not read_as:  # a new read, or none (exit 2): through the command itself
                 result = runner.invoke(app, ["compare", str(ref), str(side)])
-                judged[read_as] = _judge(where, result, side, baseline)
+                judged[read_as] = _judge(where, mutation, result, side, baseline)
         outcomes[judged[read_as]] += 1
         shutil.rmtree(side)
     cpu = time.process_time() - cpu_started
@@ -174,7 +178,12 @@ def _read_as(side: Path) -> str:
     return digest.hexdigest()
 
 
-def _judge(where: str, result, side: Path, baseline) -> str:
+def _named(file: str, error: str) -> bool:
+    """Whether an error line names a table's file (ops/steps.arrows) or, where the whole folder went, the folder."""
+    return file in error or f"{file.split('/')[0]}/" in error
+
+
+def _judge(where: str, mutation: Mutation, result, side: Path, baseline) -> str:
     """The outcome of `verify compare` on a damaged side; an assertion names the case where it is not allowed."""
     crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
     assert not crashed, f"{where}: {result.exception!r}\n{result.output}"
@@ -183,6 +192,8 @@ def _judge(where: str, result, side: Path, baseline) -> str:
         lines = result.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), f"{where}: {result.output}"
         assert "verify's own error" not in lines[0], f"{where}: {lines[0]}"
+        if mutation.file != MANIFEST:  # a table's damage names the table (a manifest's may show elsewhere first)
+            assert _named(mutation.file, lines[0]), f"{where}: {lines[0]}"
         return "exit 2"
     # A verdict: what the comparison read of the checksummed tables is what was written, and every row of the CSVs.
     run = read_side(side)
@@ -194,3 +205,58 @@ def _judge(where: str, result, side: Path, baseline) -> str:
     same = all(getattr(run, table).astype(str).equals(getattr(baseline, table).astype(str))
                for table in ("losses", "hparams"))
     return "verdict, tables intact" if same else "verdict, a CSV number changed"
+
+
+def inference_side(root: Path) -> Path:
+    """An inference run of one step: its outputs table and the output's tensor."""
+    logits = np.random.default_rng(5).normal(size=(8, 10)).astype(np.float32)
+    outputs = pd.DataFrame([dict(step=0, output="out0", dtype="float32", shape="8x10", numel=80,
+                                 min=float(logits.min()), max=float(logits.max()), mean=float(logits.mean()),
+                                 l2_norm=float(np.linalg.norm(logits)), nan_count=0, inf_count=0,
+                                 tensor_file="outputs/step-000000-out0.npy")]).astype(OUTPUT_COLUMNS)
+    return write_run(root, ops=trace_ops(steps=1), loss=losses().iloc[:0], hparam=hparams().iloc[:0],
+                     grad=grads().iloc[:0], outputs=outputs, arrays={"outputs/step-000000-out0.npy": logits},
+                     inference=True, steps_requested=1, steps_completed=1)
+
+
+def _random_bytes(path: Path) -> None:
+    path.write_bytes(random.Random(36).randbytes(max(64, path.stat().st_size)))
+
+
+def _half(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGES = {"deleted": Path.unlink, "random bytes": _random_bytes, "cut in half": _half}
+TABLE_FILES = [("training", name) for name in FILES if name != MANIFEST] + [("inference", "outputs/steps.arrows")]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize(("kind", "table"), TABLE_FILES)
+def test_every_table_damaged_or_deleted_is_exit_2_naming_it(tmp_path, kind, table, damage):
+    """Issue 36 items 2 and 5, issue 37 item 3: each table a run folder holds (losses, hyperparameters, op records,
+    gradients, inference outputs), deleted, overwritten or cut, is exit 2 naming the file, never PASS or FAIL; `verify
+    report` reads it the same way."""
+    write = inference_side if kind == "inference" else write_run
+    ref, side = write(tmp_path / "ref"), write(tmp_path / "actual")
+    assert CliRunner().invoke(app, ["compare", str(ref), str(side)]).exit_code == 0  # intact: judged
+    DAMAGES[damage](side / table)
+    for command in (["compare", str(ref), str(side)], ["report", str(side)]):
+        result = CliRunner().invoke(app, command)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == EXIT_ERROR and len(lines) == 1, (command, result.output)
+        assert lines[0].startswith("error: ") and _named(table, lines[0]), lines[0]
+
+
+def test_ops_promised_by_the_dump_mode_and_missing_are_damage_and_dump_off_is_judged_on_losses(tmp_path):
+    """Issue 37 item 3: a side recorded with --dump stats whose ops/ is gone is damaged (it passed before issue 36);
+    a side recorded with --dump off has no ops to promise, and is compared on its losses."""
+    ref = write_run(tmp_path / "ref")
+    stats = write_run(tmp_path / "stats")
+    shutil.rmtree(stats / "ops")
+    result = CliRunner().invoke(app, ["compare", str(ref), str(stats)])
+    assert result.exit_code == EXIT_ERROR and "ops/steps.arrows has no operator records" in result.output
+    assert "recorded with --dump stats" in result.output.replace("\n", "")
+    off = write_run(tmp_path / "off", ops=trace_ops().iloc[:0], dump_mode="off")
+    judged = CliRunner().invoke(app, ["compare", str(ref), str(off)])
+    assert judged.exit_code == 0 and "PASS: loss within" in judged.output, judged.output

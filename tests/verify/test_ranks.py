@@ -159,6 +159,18 @@ def test_a_rank_that_crashes_is_named_first_and_nothing_survives(tmp_path):
     assert processes_naming(out.resolve()) == []
 
 
+def test_the_same_crash_on_both_sides_is_the_same_error_under_the_launcher_too(tmp_path):
+    """Issue 36 item 6: rank 1 crashes on both sides and rank 0 then fails in gloo, whose message names a port that
+    differs between the sides: one behaviour, judged on the steps made, as in one process (exit 2 before)."""
+    port = tmp_path / "ddp_rank_fails_npu.py"
+    port.write_text(FAILS.read_text())
+    code, output, summary = verify(FAILS, port, "--nproc-per-node", "2", "--steps", "5", "--timeout", "120", "-q",
+                                   "-o", tmp_path / "pair", "--", "crash")
+    assert code == 0, output
+    assert "with the same error, RuntimeError: rank 1 fails on purpose" in summary["reason"]
+    assert processes_naming((tmp_path / "pair").resolve()) == []
+
+
 def test_a_port_whose_rank_hangs_fails_naming_the_rank_and_the_collective(tmp_path):
     port = tmp_path / "ddp_rank_fails_npu.py"
     port.write_text(FAILS.read_text().replace("MODE = sys.argv[1]", 'MODE = "hang"'))

@@ -1,10 +1,11 @@
 """The emulated `transfer_to_npu` follows the real one: every name the real torch_npu's transfer_to_npu.py patches
 is patched by the emulation, or named in its docstring as not reproduced.
 
-The real module is read statically from the torch_npu wheel (pip downloads it, about 44 MB; nothing of it is
-imported or installed): the names it assigns in `_init()` and the helpers it calls, and those its `_device_wrapper`
-wraps. The emulation is asked dynamically, in a child process as verify runs it: which of those names does importing
-it change."""
+The real module is read statically from the wheel of the torch_npu that matches the installed torch, as an Ascend
+user pairs them (pip downloads it, 10 to 50 MB; nothing of it is imported or installed): the names it assigns in
+`_init()` and the helpers it calls, and those its `_device_wrapper` wraps. The emulation is asked dynamically, on the
+installed torch, in a child process as verify runs it: which of those names does importing it change. Each torch CI
+proves (.ci/run) so checks the transfer_to_npu of its own torch_npu."""
 
 import ast
 import json
@@ -16,11 +17,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from verify import devices
 
-TORCH_NPU = "torch_npu==2.14.0"  # the newest at the time of writing; a newer one is checked by bumping this
 MODULE = "torch_npu/contrib/transfer_to_npu.py"
+# torch_npu before 2.7.1 has manylinux2014 wheels only; pip takes the --platform tags it is given literally
+PLATFORMS = ("--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64")
 EMULATED = devices.STAND_IN_DIR / "torch_npu" / "contrib" / "transfer_to_npu.py"
 
 _CHANGED_BY_IMPORT = """
@@ -33,25 +36,42 @@ def resolve(name):
     for part in name.split(".")[1:]:
         value = getattr(value, part, None)
     return value
-before = {name: id(resolve(name)) for name in names}
+def identity(name):  # a class counts as patched where its __init__ is (torch_npu 2.4 wraps torch.autocast itself)
+    value = resolve(name)
+    return id(value), id(value.__init__) if isinstance(value, type) else None
+before = {name: identity(name) for name in names}
 import torch_npu
 from torch_npu.contrib import transfer_to_npu
-print(json.dumps(sorted(name for name in names if id(resolve(name)) != before[name])))
+print(json.dumps(sorted(name for name in names if identity(name) != before[name])))
 """
+
+
+def matching_torch_npu(torch_version: str) -> list[str]:
+    """The torch_npu releases an Ascend user pairs with this torch, best first: those made for its exact version
+    (torch_npu 2.9.0.post9 for torch 2.9.0), then the newest of its minor series (torch_npu 2.4.0.post4 for torch
+    2.4.1, which has none of its own)."""
+    major, minor, patch = torch_version.split("+")[0].split(".")[:3]
+    return [f"torch_npu=={major}.{minor}.{patch}.*", f"torch_npu=={major}.{minor}.*"]
+
+
+def test_the_matching_torch_npu_is_the_one_made_for_this_torch_else_its_minor_series():
+    assert matching_torch_npu("2.9.0+cu128") == ["torch_npu==2.9.0.*", "torch_npu==2.9.*"]
+    assert matching_torch_npu("2.14.1") == ["torch_npu==2.14.1.*", "torch_npu==2.14.*"]
 
 
 @pytest.fixture(scope="module")
 def real_module(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("torch_npu")
-    download = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
-         "--implementation", "cp", "--platform", "manylinux_2_28_x86_64", "-d", str(folder), TORCH_NPU],
-        capture_output=True, text=True)
-    wheels = list(folder.glob("torch_npu-*.whl"))
-    if download.returncode != 0 or not wheels:
-        pytest.skip(f"the {TORCH_NPU} wheel could not be downloaded here: {download.stderr.strip()[-200:]}")
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        return wheel.read(MODULE).decode()
+    for requirement in matching_torch_npu(torch.__version__):
+        download = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+             "3.11", "--implementation", "cp", *PLATFORMS, "-d", str(folder), requirement],
+            capture_output=True, text=True, check=False)
+        if wheels := list(folder.glob("torch_npu-*.whl")):
+            print(f"checked against {wheels[0].name} (torch {torch.__version__})")
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                return wheel.read(MODULE).decode()
+    pytest.skip(f"no torch_npu for torch {torch.__version__} could be downloaded: {download.stderr.strip()[-200:]}")
 
 
 def patched_names(source: str) -> set[str]:

@@ -49,6 +49,28 @@ def test_a_seed_the_child_cannot_take_is_refused_before_anything_runs(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+TINY = str(SCRIPTS / "tiny_train.py")
+OPTIONS_OUT_OF_RANGE = [
+    (["run", TINY], "--steps", "0"), (["run", TINY], "--timeout", "-1"), (["run", TINY], "--timeout", "nan"),
+    (["run", TINY], "--nproc-per-node", "0"), (["run", TINY], "--nproc-per-node", "100000"),
+    (["run", TINY], "--tensor-cap-mb", "-1"), (["run", TINY], "--ops", "conv[("),
+    (["pair", TINY, TINY], "--loss-rtol", "-1"), (["pair", TINY, TINY], "--loss-rtol", "nan"),
+    (["pair", TINY, TINY], "--calibration-runs", "-1"), (["pair", TINY, TINY], "--calibration-runs", "9"),
+    (["pair", TINY, TINY], "--nproc-per-node", "100000"), (["pair", TINY, TINY], "--steps", "0"),
+    (["determinism", TINY], "--steps", "0"), (["determinism", TINY], "--timeout", "-5"),
+    (["compare", "ref", "actual"], "--loss-rtol", "-0.1"), (["compare", "ref", "actual"], "--max-rows", "-1"),
+]
+
+
+@pytest.mark.parametrize(("command", "option", "value"), OPTIONS_OUT_OF_RANGE)
+def test_an_option_out_of_its_range_is_refused_naming_it_before_anything_runs(tmp_path, command, option, value):
+    """Issue 36 item 5: every option with a range is checked before a run starts or a folder is claimed: exit 2 naming
+    the option, never the script's crash or a verdict (--nproc-per-node 100000 is past this machine's rank limit)."""
+    result = verify(*command, option, value, "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2 and option in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_runner_refuses_a_seed_the_child_cannot_take(tmp_path):
     from verify.errors import VerifyError
     from verify.launch.runner import RunOptions, run_script
@@ -121,3 +143,25 @@ def test_without_its_dependencies_verify_says_so_on_one_line_with_exit_2(tmp_pat
                           text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("verify: error: typer is not installed for ")
+
+
+@pytest.mark.parametrize("content", ["[]", "3", '"PASS"'])
+def test_report_on_a_summary_that_is_not_an_object_is_one_line_exit_2(tmp_path, content):
+    """Issue 36 item 7: `verify report` on a summary.json of `[]` raised AttributeError (a traceback file in /tmp)."""
+    (tmp_path / "summary.json").write_text(content)
+    result = verify("report", str(tmp_path))
+    assert result.exit_code == 2
+    assert result.output.replace("\n", "") == (
+        f"error: {tmp_path / 'summary.json'} is not a comparison's summary: it holds a JSON "
+        f"{type(eval(content)).__name__}, not the object `verify compare -o` writes")
+
+
+def test_an_adaptation_report_asked_of_a_pair_that_proves_nothing_says_why_none_was_written(tmp_path):
+    """Issue 36 item 7: --adaptation-report on a pair that errors wrote nothing and said nothing about it."""
+    script = str(SCRIPTS / "needs_torchrun.py")  # stops before its first step without a launcher: nothing to compare
+    result = verify("pair", script, script, "-n", "2", "-q", "--adaptation-report", "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    error = result.output.replace("\n", "")
+    assert "error: both sides stopped before their first step" in error
+    assert error.endswith("; no adaptation.md was written: it reports a comparison, and none could be made")
+    assert not (tmp_path / "out" / "adaptation.md").exists()

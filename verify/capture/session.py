@@ -28,7 +28,7 @@ from verify.devices import setup as device_setup
 from verify import devices
 from verify.capture.ops import OpCapture, TensorSaver
 from verify.capture.tensor_stats import StatBatch
-from verify.capture import environment_record
+from verify.capture import environment_record, project_files
 from verify.capture import perturbation, precision_scopes
 from verify.capture import random_streams
 from verify.capture import rank_capture
@@ -222,6 +222,7 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         manifest.extra["device_statistics"] = statistics_path
     manifest.modelled_numerics = device_setup.modelled_numerics()
     manifest.half_precision = device_setup.half_precision()
+    manifest.project_files = project_files.imported(manifest.script)
     manifest.finished_at = now_iso()
     writer.close()
     write_manifest(run_dir, manifest)

@@ -153,6 +153,7 @@ class StepRecorder:
             return original(tensors, *args, **kwargs)
         self.training = True
         self.manifest.inference = False
+        self.manifest.backward_calls = (self.manifest.backward_calls or 0) + 1
         with self._own_work():
             if not self._losses:
                 self._check_gradients_reset()

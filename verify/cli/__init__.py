@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 from verify.record.schema import DumpMode, RunManifest, Status, shown
 from verify.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK
@@ -82,10 +82,8 @@ def run(
                            "EMULATED CUDA on the CPU).") = Device.AUTO,
     emulate_on: Annotated[EmulateOn, typer.Option(help="Where the emulated NPU computes.")] = EmulateOn.CPU,
     dump: options.dump("Per-op capture: statistics, +tensors, +md5 hashes, or none.") = DumpMode.STATS,
-    ops: Annotated[
-        Optional[str], typer.Option(help="Tensor mode: save tensors of ops whose 'phase/module/op' matches this regex.")
-    ] = None,
-    tensor_cap_mb: Annotated[float, typer.Option(min=0, help="Tensor mode: total size of saved tensors.")] = 512.0,
+    ops: options.ops("Tensor mode: save tensors of ops whose 'phase/module/op' matches this regex.") = None,
+    tensor_cap_mb: options.tensor_cap_mb("Tensor mode: total size of saved tensors.") = 512.0,
     no_dropout: options.no_dropout() = False,
     no_align_random: options.no_align_random(
         "Dropout masks from the device's own generator, not the keyed stream every device draws alike.") = False,

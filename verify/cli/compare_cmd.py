@@ -10,10 +10,11 @@ None of this imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -27,6 +28,7 @@ from verify.errors import CompareError
 from verify.compare.op_catalogue import read_catalogue
 from verify.compare.precision_policy import CompareOptions
 from verify.report.terminal import print_run, print_saved_summary, print_summary
+import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
 from verify.cli.exits import exit_with
 from verify.errors import EXIT_ERROR, EXIT_OK, VerifyFailure
 from verify.record.store import Run, read_run
@@ -46,6 +48,19 @@ def compare_options(loss_rtol: float | None, op_mapping: list[Path] | None) -> C
     """The comparison's options from the command line; VerifyFailure (exit 2) naming a bad mapping file."""
     return CompareOptions(loss_rtol=loss_rtol, op_catalogue=read_catalogue(op_mapping))
 
+
+
+@contextlib.contextmanager
+def adaptation_or_why_not(wanted: bool) -> Iterator[None]:
+    """Under --adaptation-report, verify's error (a comparison that could not be made, a damaged run) also says that
+    no adaptation.md was written, and why: it reports a comparison."""
+    try:
+        yield
+    except VerifyFailure as error:
+        if not wanted:
+            raise
+        raise VerifyFailure(f"{error}; no adaptation.md was written: it reports a comparison, and none could be "
+                            "made") from None
 
 
 def read_run_directory(root: Path) -> Run:
@@ -83,9 +98,9 @@ def compare(
     ref_run: Annotated[Path, typer.Argument(help="The reference run directory (or msprobe dump).")],
     actual_run: Annotated[Path, typer.Argument(help="The ported run directory (or msprobe dump).")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the reports here.")] = None,
-    loss_rtol: Annotated[Optional[float], typer.Option(
-        help="Relative loss tolerance per step (default 0.01; 0.05 for an fp32-vs-AMP pair).")] = None,
-    max_rows: Annotated[int, typer.Option(help="Divergent op rows shown on the terminal.")] = 10,
+    loss_rtol: options.loss_rtol("Relative loss tolerance per step (default 0.01; 0.05 for an fp32-vs-AMP pair).") = (
+        None),
+    max_rows: options.max_rows("Divergent op rows shown on the terminal.") = 10,
     adaptation_report: Annotated[bool, typer.Option(
         "--adaptation-report", help="Also write adaptation.md into OUT (needs -o).")] = False,
     op_mapping: OpMappingOption = None,
@@ -100,7 +115,8 @@ def _compare(ref_run: Path, actual_run: Path, out: Path | None, options: Compare
              adaptation_report: bool) -> int:
     if adaptation_report and out is None:
         raise VerifyFailure("--adaptation-report writes adaptation.md into the -o folder: give one")
-    result = compare_runs(read_side(ref_run), read_side(actual_run), options, read_calibrations(ref_run))
+    with adaptation_or_why_not(adaptation_report):
+        result = compare_runs(read_side(ref_run), read_side(actual_run), options, read_calibrations(ref_run))
     print_summary(result, stdout, max_rows=max_rows)  # the verdict first: the report files take their time after it
     if adaptation_report:
         out.mkdir(parents=True, exist_ok=True)
@@ -133,6 +149,9 @@ def _report(run_or_result: Path, adaptation_report: bool = False) -> int:
         summary = json.loads(summary_file.read_text(encoding="utf-8"))
     except ValueError as error:
         raise VerifyFailure(f"{summary_file} is not valid JSON: {error}") from None
+    if not isinstance(summary, dict):
+        raise VerifyFailure(f"{summary_file} is not a comparison's summary: it holds a JSON {type(summary).__name__}, "
+                            "not the object `verify compare -o` writes")
     print_saved_summary(summary, stdout)
     return int(summary.get("exit_code", EXIT_ERROR))
 
@@ -143,7 +162,8 @@ def _adaptation_of_pair(folder: Path) -> int:
     if not all(side.is_dir() for side in sides):
         raise VerifyFailure(f"{folder} is not a pair's folder: --adaptation-report needs its {run_folders.REF}/ and "
                             f"{run_folders.ACTUAL}/ run directories")
-    result = compare_runs(*map(read_side, sides), calibrations=read_calibrations(sides[0]))
+    with adaptation_or_why_not(True):
+        result = compare_runs(*map(read_side, sides), calibrations=read_calibrations(sides[0]))
     stderr.print(f"wrote {write_adaptation(result, folder)}")
     return result.verdict.exit_code
 

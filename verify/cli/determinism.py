@@ -21,7 +21,7 @@ from verify import devices
 from verify.record import run_folders
 import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
 from verify.cli.exits import exit_with
-from verify.launch.runner import RunOptions
+from verify.launch.runner import RunOptions, check_options
 from verify.cli.side_runs import RUN_ENDED_WELL, side_runner, stderr, stdout, write_reports
 from verify.errors import PairError
 from verify.record.schema import DumpMode, shown
@@ -117,6 +117,7 @@ def determinism(
 def _determinism(script: Path, args: list[str], options: RunOptions, out: Path, quiet: bool) -> int:
     if not script.is_file():
         raise PairError(f"{script}: no such script")
+    check_options(options)
     out = run_folders.claim(out)
     with side_runner(quiet) as sides:
         first, second = (sides.run(f"run {n}", script, args, options, out / run_folders.determinism_run(n))

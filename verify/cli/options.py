@@ -1,7 +1,10 @@
-"""The options that `verify run`, the pair (`verify ORIGINAL [PORTED]`) and `verify determinism` share, each spelt
-once: its flags, its type and its bounds. A command names the help that says what the option does there (to one run,
-to each side, to both runs), so `steps: options.steps("Optimizer steps to run.") = 20`; the default stays with the
-command, as Typer wants it beside the parameter.
+"""The options that `verify run`, the pair (`verify ORIGINAL [PORTED]`), `verify determinism` and `verify compare`
+share, and every option with a range, each spelt once: its flags, its type and its bounds, which Typer checks before
+anything runs (exit 2 naming the option). What depends on the machine or on other options (the rank limit, --ops's
+regex) is checked by `verify/launch/runner.py` `check_options()`, which each command calls before it claims a
+folder. A command names the help that says what the option does there (to one run, to each side, to both runs), so
+`steps: options.steps("Optimizer steps to run.") = 20`; the default stays with the command, as Typer wants it beside
+the parameter.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from verify.devices import Device
-from verify.launch.runner import RANK_MEMORY_GIB, TIMEOUT_PER_STEP_S, TIMEOUT_START_S
+from verify.launch.runner import MAX_CALIBRATION_RUNS, RANK_MEMORY_GIB, TIMEOUT_PER_STEP_S, TIMEOUT_START_S
 from verify.record.schema import DumpMode
 
 def script_args(help: str = "The script's own arguments, after `--`.") -> Any:
@@ -73,3 +76,23 @@ def out(help: str) -> Any:
 
 def quiet(help: str = "Do not echo the script's output.") -> Any:
     return Annotated[bool, typer.Option("--quiet", "-q", help=help)]
+
+
+def loss_rtol(help: str) -> Any:
+    return Annotated[Optional[float], typer.Option("--loss-rtol", min=0, help=help, show_default=False)]
+
+
+def calibration_runs(help: str) -> Any:
+    return Annotated[int, typer.Option("--calibration-runs", min=0, max=MAX_CALIBRATION_RUNS, help=help)]
+
+
+def max_rows(help: str) -> Any:
+    return Annotated[int, typer.Option("--max-rows", min=0, help=help)]
+
+
+def ops(help: str) -> Any:
+    return Annotated[Optional[str], typer.Option("--ops", help=help)]
+
+
+def tensor_cap_mb(help: str) -> Any:
+    return Annotated[float, typer.Option("--tensor-cap-mb", min=0, help=help)]

@@ -35,12 +35,12 @@ from verify.checklist_items import REPORT_SUFFIX, port_name
 from verify.compare.runs import ComparisonResult, compare_runs
 from verify.compare.precision_policy import CompareOptions, amp_dtype
 from verify.report.terminal import print_summary
-from verify.cli.compare_cmd import OpMappingOption, compare_options, read_side
+from verify.cli.compare_cmd import OpMappingOption, adaptation_or_why_not, compare_options, read_side
 from verify import devices
 from verify.record import run_folders
 import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
 from verify.cli.exits import exit_with
-from verify.launch.runner import RunOptions
+from verify.launch.runner import RunOptions, check_options
 from verify.cli.side_runs import RUN_ENDED_WELL, SideRun, SideRunner, side_runner, stderr, stdout, write_reports
 from verify.errors import PairError
 from verify.record.store import Run
@@ -331,8 +331,7 @@ def pair(
         "Run each side as N ranks through torch.distributed.run, compared rank by rank; without it, as one "
         "process.") = None,
     force: options.force() = False,
-    loss_rtol: Annotated[Optional[float], typer.Option(
-        help="Relative loss tolerance per step (default 0.01; 0.05 for fp32 against AMP).")] = None,
+    loss_rtol: options.loss_rtol("Relative loss tolerance per step (default 0.01; 0.05 for fp32 against AMP).") = None,
     match_amp: Annotated[bool, typer.Option(
         help="When the port computes in fp16/bf16, run the reference under the same autocast.")] = True,
     amp_effect: Annotated[bool, typer.Option(
@@ -347,9 +346,9 @@ def pair(
     adaptation_report: Annotated[bool, typer.Option(
         "--adaptation-report", help="Also write adaptation.md, the report published with a ported model.")] = False,
     op_mapping: OpMappingOption = None,
-    calibration_runs: Annotated[int, typer.Option(
-        min=0, help="Runs of the reference under another, equally valid rounding: the noise each record of the port "
-                    "is judged against (0: none, judged by fixed tolerances alone).")] = 1,
+    calibration_runs: options.calibration_runs(
+        "Runs of the reference under another, equally valid rounding: the noise each record of the port is judged "
+        "against (0: none, judged by fixed tolerances alone).") = 1,
 ) -> None:
     """Run ORIGINAL and PORTED for N steps each and compare them: `verify ORIGINAL [PORTED] [OPTIONS] [-- ARGS]`.
 
@@ -377,11 +376,13 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
     if amp_effect and (not match_amp or ref_run is not None):
         raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
+    check_options(options)
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
                     match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation, calibration_runs)
-    with side_runner(quiet, runs_at_once(plan)) as sides:
-        runs = run_sides(plan, sides)
-    return judge_pair(plan, runs)
+    with adaptation_or_why_not(adaptation):
+        with side_runner(quiet, runs_at_once(plan)) as sides:
+            runs = run_sides(plan, sides)
+        return judge_pair(plan, runs)
 
 
 # --- determinism (checklist C1) ------------------------------------------------------------------------------------

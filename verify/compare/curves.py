@@ -5,6 +5,7 @@ side only). Pure computation over runs; no torch."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +165,7 @@ def compare_outputs(ref: Run, actual: Run, policy: PrecisionPolicy, notes: list[
                 values[metric.name][row] = metric.function(ref_tensor, actual_tensor)
     for name, column in values.items():
         merged[name] = column
+    merged["top_k"] = [metrics.top_k(_classes(shape)) for shape in merged["ref_shape"]]
     by_tensor = ~np.isnan(values[metrics.COSINE.name])  # an undefined cosine (a zero output): judged by statistics
     tensor_ok = metrics.within_limits(metrics.OUTPUT_METRICS, values, limits.assign(**tolerances.OUTPUT_LIMITS))
     stats_ok = ~(merged["stats_error"].to_numpy() > limits["stats_rtol"].to_numpy())
@@ -171,7 +173,14 @@ def compare_outputs(ref: Run, actual: Run, policy: PrecisionPolicy, notes: list[
     return merged
 
 
-_OUTPUT_FIGURES = {metric.name: metric.worst for metric in metrics.OUTPUT_METRICS}  # each at its worst over the steps
+def _classes(shape: str) -> int:
+    """The scores a sample of an output has: its last dimension ("(8, 3)", "[8, 3]" -> 3); TOP_K where unknown."""
+    sizes = [int(size) for size in re.findall(r"\d+", str(shape))]
+    return sizes[-1] if sizes else metrics.TOP_K
+
+
+# each at its worst over the steps; top_k: the k of "top-5" (fewer where an output has fewer classes)
+_OUTPUT_FIGURES = {**{metric.name: metric.worst for metric in metrics.OUTPUT_METRICS}, "top_k": "min"}
 
 
 def summarize_outputs(outputs: pd.DataFrame, policy: PrecisionPolicy) -> dict[str, Any]:

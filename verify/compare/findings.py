@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -13,6 +14,8 @@ import pandas as pd
 from verify.record import environment
 from verify.compare.align import MATCHED_STATUSES
 from verify.compare.code_lines import CodeLines, Placement
+from verify.compare.crashes import crash_identity
+from verify.compare.metrics import TOP_K
 from verify.compare.op_catalogue import CARRIERS, CHANGED_BY_SETTING, OpCatalogue
 from verify.compare.curves import LossComparison
 from verify.compare.op_verdicts import op_label
@@ -20,6 +23,7 @@ from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
 from verify.record.schema import INPUT_OP, Phase, Status
 from verify.errors import CompareError
+from verify.checklist_items import port_name
 
 
 # How few matched ops make two runs look like different scripts rather than a port of one script.
@@ -30,6 +34,7 @@ LOW_MATCH_SHARE = 0.5
 
 class FindingCode(str, Enum):
     RUN_FAILED = "run_failed"
+    NO_BACKWARD = "no_backward"  # the port steps without ever calling backward(), the original trains
     STEPS_DIFFER = "steps_differ"  # both ran as far as they could, one of them fewer steps than the other
     HPARAM_MISMATCH = "hparam_mismatch"
     OVERFLOW = "overflow"
@@ -50,11 +55,15 @@ class FindingCode(str, Enum):
     RANKS_DIFFER = "ranks_differ"  # the sides ran other numbers of ranks
     SHARDING = "sharding"  # a rank of the port read other samples than the original's (verify/compare/sharding.py)
     RANKS_DISAGREE = "ranks_disagree"  # the port's ranks hold other gradients or parameters where the original's agree
+    # not failing by itself: a side ran an original module of the project where its port was beside it (or the
+    # reference a port): what ran is not the port migrate wrote
+    ORIGINAL_MODULE = "original_module"
 
 
 # Findings that fail the verdict, causes before symptoms: the one-line reason names the first that is present. The
 # first divergent operator comes before the loss it moves.
-FAILING = (FindingCode.RUN_FAILED, FindingCode.STEPS_DIFFER, FindingCode.RANKS_DIFFER, FindingCode.SHARDING,
+FAILING = (FindingCode.RUN_FAILED, FindingCode.NO_BACKWARD, FindingCode.STEPS_DIFFER, FindingCode.RANKS_DIFFER,
+           FindingCode.SHARDING,
            FindingCode.RANKS_DISAGREE, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
            FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES,
            FindingCode.NONDETERMINISM,
@@ -112,8 +121,9 @@ _ENDED_BY_ITSELF = (*_RAN_THROUGH, Status.SHORT.value)
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
 
 
-def _ending(run: Run) -> tuple[str, int, str]:
-    return run.manifest.status, run.manifest.steps_completed, _error(run)
+def _ending(run: Run) -> tuple[str, int, tuple]:
+    """How a run ended, equal for one behaviour whatever the launcher (verify/compare/crashes.py)."""
+    return run.manifest.status, run.manifest.steps_completed, crash_identity(run.manifest)
 
 
 def _error(run: Run) -> str:
@@ -127,6 +137,17 @@ def _error_words(run: Run) -> str:
     if any(error == f"KeyError: '{name}'" for name in TORCHRUN_VARIABLES):
         return f"{error}; the script expects a launcher such as torchrun"
     return error
+
+
+def _no_backward_findings(ref: Run, actual: Run) -> list[Finding]:
+    """A port that never calls backward() against a trainer that does: its steps compute no gradient, and the first
+    op that differs (the update's) would hide the cause."""
+    calls = ref.manifest.backward_calls, actual.manifest.backward_calls
+    if actual.manifest.steps_completed == 0 or calls[1] != 0 or not calls[0]:
+        return []
+    return [Finding(FindingCode.NO_BACKWARD, (
+        f"the port never calls backward(): it made {actual.manifest.steps_completed} step(s) without a gradient, where "
+        f"the original called backward() {calls[0]} time(s)"), {"side": "actual", "original_calls": calls[0]})]
 
 
 def _stop_words(run: Run) -> str:
@@ -182,6 +203,32 @@ def explaining(found: list[environment.Difference],
         elif difference.setting in CHANGED_BY_SETTING and not ops.isdisjoint(CHANGED_BY_SETTING[difference.setting]):
             explained.append(difference)
     return explained
+
+
+def _module_findings(ref: Run, actual: Run) -> list[Finding]:
+    """The port ran an original module of the project where that module's port is beside it (its imports name the
+    originals: the files were ported one by one), or the reference ran a port where its original is beside it. The
+    port's name is the original's with the suffix the scripts' names differ by (main.py, main_npu.py: _npu)."""
+    ref_script, port_script = Path(ref.manifest.script), Path(actual.manifest.script)
+    suffix = port_script.stem.removeprefix(ref_script.stem)
+    if suffix == port_script.stem or not suffix:
+        return []
+    findings = []
+    for name in actual.manifest.project_files:
+        original = port_script.parent / name
+        port = port_name(original, suffix)
+        if not original.stem.endswith(suffix) and port.is_file():
+            findings.append(Finding(FindingCode.ORIGINAL_MODULE, (
+                f"the port ran {name}, the original module, not its port {port.name}: its imports name the original"),
+                {"side": "actual", "file": name, "instead": port.name}))
+    for name in ref.manifest.project_files:
+        port = ref_script.parent / name
+        original = port.with_name(port.stem.removesuffix(suffix) + port.suffix)
+        if port.stem.endswith(suffix) and original.is_file():
+            findings.append(Finding(FindingCode.ORIGINAL_MODULE, (
+                f"the reference ran {name}, a port, not the original {original.name}"),
+                {"side": "ref", "file": name, "instead": original.name}))
+    return findings
 
 
 def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
@@ -404,9 +451,12 @@ def _output_finding(outputs: pd.DataFrame) -> list[Finding]:
 
 
 def output_figures(figures: Any) -> str:
-    """'cosine 0.999998, max abs 0.0012, mean abs 4e-05, top-1 100.00%, top-5 100.00%' of an output (or all)."""
+    """'cosine 0.999998, max abs 0.0012, mean abs 4e-05, top-1 100.00%, top-5 100.00%' of an output (or all); an
+    output of fewer than 5 classes has its top-k over all of them, named so: 'top-3 (all 3 classes) 100.00%'."""
+    k = int(figures.get("top_k", TOP_K))
+    top_k = "top-5" if k == TOP_K else f"top-{k} (all {k} classes)"
     return (f"cosine {figures['cosine']:.6f}, max abs {figures['max_abs_error']:.3g}, mean abs "
-            f"{figures['mean_abs_error']:.3g}, top-1 {figures['top1_agreement']:.2%}, top-5 "
+            f"{figures['mean_abs_error']:.3g}, top-1 {figures['top1_agreement']:.2%}, {top_k} "
             f"{figures['top5_agreement']:.2%}")
 
 
@@ -491,6 +541,8 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
     inputs = _input_findings(table)
     findings = [
         *ended,
+        *_module_findings(ref, actual),
+        *_no_backward_findings(ref, actual),
         *(Finding(FindingCode.HPARAM_MISMATCH, f"hyperparameter differs: {message}", {"name": name})
           for message, name in zip(hparams["message"], hparams["name"])),
         *_grads_reset_findings(ref, actual),

@@ -140,8 +140,17 @@ def top1_agreement(ref: np.ndarray, actual: np.ndarray) -> float:
     return topk_agreement(ref, actual, 1)
 
 
+TOP_K = 5
+
+
+def top_k(classes: int) -> int:
+    """The k of the "top-5" agreement of an output with `classes` scores a sample: 5, or all of them where fewer (top-5
+    of 3 classes is undefined; the reports name it top-3)."""
+    return min(TOP_K, classes)
+
+
 def top5_agreement(ref: np.ndarray, actual: np.ndarray) -> float:
-    return topk_agreement(ref, actual, 5)
+    return topk_agreement(ref, actual, top_k(ref.shape[-1]) if ref.ndim else TOP_K)
 
 
 # --- the metric tables ---------------------------------------------------------------------------------------------

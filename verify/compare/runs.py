@@ -28,7 +28,7 @@ from verify.compare.precision_policy import CompareOptions, PrecisionPolicy, pre
 from verify.compare.rank_compare import findings_across_ranks, ranks_of, worst_rank
 from verify.record.store import Run
 from verify.devices import title
-from verify.record.schema import DumpMode
+from verify.record.schema import DumpMode, Status
 
 
 @dataclass
@@ -225,10 +225,14 @@ def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions
 def _compare_ranks(ref: Run, actual: Run, options: CompareOptions) -> ComparisonResult:
     """Each pair of ranks compared as two processes; the findings across ranks first (the data each rank read, the
     ranks' agreement), then the worst rank's, named. That rank's comparison is what the reports show."""
-    ended = [finding for finding in how_runs_ended(ref, actual)[0] if finding.code is FindingCode.RUN_FAILED]
+    ended, shared_ending = how_runs_ended(ref, actual)
+    ended = [finding for finding in ended if finding.code is FindingCode.RUN_FAILED]
     across, evidence = findings_across_ranks(ref, actual)
     across = ended + across  # the port's run as a whole: the rank that ended it, the collective the others were in
-    results = [_compare_processes(mine, theirs, options) for mine, theirs in zip(ranks_of(ref), ranks_of(actual))]
+    pairs = zip(ranks_of(ref), ranks_of(actual))
+    if shared_ending:  # both runs ended alike: each rank by the run's ending, not by how the launcher's teardown hit it
+        pairs = ((_ended_as(mine, ref), _ended_as(theirs, actual)) for mine, theirs in pairs)
+    results = [_compare_processes(mine, theirs, options) for mine, theirs in pairs]
     worst = worst_rank([(result.verdict.passed, result.findings) for result in results],
                        actual.manifest.extra.get("cause_rank", 0))
     verdicts = [rank_result.verdict.reason for rank_result in results]
@@ -249,6 +253,16 @@ def _compare_ranks(ref: Run, actual: Run, options: CompareOptions) -> Comparison
     result.ref, result.actual = ref, actual
     result.ranks = {**evidence, "shown_rank": worst, "verdicts": verdicts}
     return result
+
+
+def _ended_as(rank: Run, run: Run) -> Run:
+    """A rank of a run that stopped, ending as the run did: the crash of the rank that caused it, where the others
+    only failed in a collective it never joined (gloo's error, which names a port of that launch: another text on
+    each side, and even another error as the peer's death is seen by a read or a write)."""
+    if rank.manifest.status not in (Status.CRASHED.value, Status.TIMEOUT.value):
+        return rank
+    run_ending = {name: getattr(run.manifest, name) for name in ("status", "message", "traceback")}
+    return replace(rank, manifest=replace(rank.manifest, **run_ending))
 
 
 def _compare_processes(ref: Run, actual: Run, options: CompareOptions,

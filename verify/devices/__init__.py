@@ -21,6 +21,8 @@ doubles in verify/devices/emulated: `emulation_env()` makes a child's `import to
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -100,6 +102,29 @@ if report["installed"]:
         report["error"] = (type(error).__name__ + ": " + str(error)).strip().splitlines()[0]
 print(json.dumps(report))
 """
+
+
+# The oldest torch the capture and the emulations run on (pyproject.toml's lower bound, which CI installs; a test
+# holds the three equal). torch 2.3 lacks what they are written in: the device-typed autocast state
+# (torch.get_autocast_dtype("cpu"), torch.is_autocast_enabled("cpu")), torch.get_device_module, torch.amp.custom_fwd.
+LOWEST_TORCH = (2, 4)
+
+
+def unsupported_torch(version: str | None = None) -> str:
+    """Why verify cannot run the torch of `version` (the installed one by default, read without importing it), in
+    one line; "" where it can. The parent asks before it starts a run, the child (setup.prepare) of the torch it
+    imported."""
+    if version is None:
+        try:
+            version = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:  # a torch without metadata: the child checks the one it imports
+            return "" if importlib.util.find_spec("torch") else f"torch is not installed for {sys.executable}"
+    release = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if release >= LOWEST_TORCH:
+        return ""
+    lowest = ".".join(map(str, LOWEST_TORCH))
+    return (f"torch {version} is older than the torch {lowest} verify runs on: install torch>={lowest} "
+            f"(on an Ascend machine, with the torch_npu made for it)")
 
 
 def imports_torch_npu(script: Path) -> bool:

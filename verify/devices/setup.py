@@ -20,7 +20,7 @@ from types import ModuleType
 
 import torch
 
-from verify.devices import EMULATE_ON_VAR, EMULATION_PACKAGE, STAND_IN_DIR, Device, EmulateOn, row
+from verify.devices import EMULATE_ON_VAR, EMULATION_PACKAGE, STAND_IN_DIR, Device, EmulateOn, row, unsupported_torch
 
 
 def load_emulation() -> ModuleType:
@@ -46,6 +46,8 @@ class Prepared:
 
 def prepare(device: str) -> Prepared:
     """Sets `device` up in this process with the set-up function its row of the device table names."""
+    if reason := unsupported_torch(torch.__version__):  # a child whose torch is not the one the parent read
+        raise RuntimeError(reason)
     return globals()[row(device).set_up]()
 
 

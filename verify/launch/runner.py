@@ -51,6 +51,9 @@ _PROGRESS_POLL_S = 0.5
 # not a measure: --timeout S sets another, --timeout 0 none.
 TIMEOUT_START_S, TIMEOUT_PER_STEP_S = 300.0, 30.0
 RANK_MEMORY_GIB = 0.5  # what a rank takes at least: torch and its process group, before any model
+# A pair's calibration runs go at once beside its reference, each a whole run: the envelope is a maximum over them,
+# which a few runs measure; more would only fill the machine.
+MAX_CALIBRATION_RUNS = 8
 
 
 def default_timeout(steps: int) -> float:
@@ -153,9 +156,11 @@ def _tool_version() -> str:
         return "0+unknown"
 
 
-def _check_inputs(script: Path, options: RunOptions) -> None:
-    if not script.is_file():
-        raise VerifyError(f"{script}: no such script")
+def check_options(options: RunOptions) -> None:
+    """VerifyError naming the option where a run could not be made with these options (the bounds the command line
+    checks too, for callers of run_script, and what depends on the machine); commands call it before anything runs."""
+    if reason := devices.unsupported_torch():
+        raise VerifyError(reason)
     if options.steps < 1:
         raise VerifyError("--steps must be at least 1")
     if not 0 <= options.seed < 2**32:  # the child's PYTHONHASHSEED: Python refuses any other
@@ -190,6 +195,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         emulated=devices.row(device).emulated,
         emulated_on=devices.emulated_on(device, options.emulate_on),
         seed=options.seed,
+        backward_calls=0,  # counted by the child's step recorder
         dump_mode=options.dump.value,
         ops_regex=options.ops or "",
         tensor_cap_mb=options.tensor_cap_mb if options.dump == DumpMode.TENSOR else 0.0,
@@ -230,7 +236,9 @@ def run_script(
     during the run, once the run is stopped and its manifest says so; run in another thread than the main one, it is
     stopped so by `stop_order`."""
     script = Path(script).resolve()
-    _check_inputs(script, options)
+    if not script.is_file():
+        raise VerifyError(f"{script}: no such script")
+    check_options(options)
     device, device_env = _device_and_env(script, options)
     run_dir = Path(run_dir) if run_dir is not None else run_folders.default_run_dir(script, device)
     run_folders.claim(run_dir)

@@ -202,6 +202,9 @@ class RunManifest:
     tool_version: str = ""
     script: str = ""  # absolute path of the script that ran
     script_sha256: str = ""
+    # The files under the script's folder the run imported (sys.modules at its end: the modules of the script's
+    # project it ran), each path relative to that folder with its sha256 (verify/capture/project_files.py).
+    project_files: dict[str, str] = field(default_factory=dict)
     argv: list[str] = field(default_factory=list)  # the script's own arguments
     cwd: str = ""
     python_version: str = ""
@@ -246,6 +249,9 @@ class RunManifest:
     # calls, run-length encoded: [["float16", 20], ["off", 5]].
     autocast_scopes: dict[str, list[list[Any]]] = field(default_factory=dict)
     inference: bool = False  # no optimizer: each forward of the outermost module is a step
+    # backward() calls the script made, each a row of losses.csv; None: a writer from before it was counted (losses
+    # promised for every step of a training run)
+    backward_calls: int | None = None
     steps_requested: int = 0
     steps_completed: int = 0
     status: str = Status.RUNNING.value

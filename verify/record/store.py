@@ -436,13 +436,13 @@ def _broken_promises(run_dir: Path, manifest: RunManifest, losses: pd.DataFrame,
                      tables: Mapping[str, pd.DataFrame], cut: bool) -> list[str]:
     """What the manifest promises that the readable files lack: for each step the run wrote (a run killed mid-write
     may have lost its last), its losses, op records, gradient table and hyperparameters (a training run with an
-    optimizer) and outputs (an inference)."""
+    optimizer) and outputs (an inference). A run whose script never called backward() promises no loss."""
     written = range(max(0, manifest.steps_completed - cut))
     if not written:
         return []
     steps = f"of the {len(written)} step(s) the manifest records as written"
     broken = []
-    if not manifest.inference and (missing := _missing(losses, written)):
+    if not manifest.inference and manifest.backward_calls != 0 and (missing := _missing(losses, written)):
         broken.append(f"{LOSSES} has no loss of step(s) {missing} {steps}")
     if manifest.dump_mode != DumpMode.OFF.value and (missing := _missing(tables[OPS_DIR], written)):
         broken.append(f"{OPS_DIR}/{TABLE_FILE} has no operator records of step(s) {missing} {steps} (it was "

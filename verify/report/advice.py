@@ -80,6 +80,10 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
     AdviceRule(FindingCode.RUN_FAILED, (
         "The {side} run ended '{status}': read the traceback in its manifest.json and its output.log. The comparison "
         "covers only the steps it recorded."), ("C3",)),
+    AdviceRule(FindingCode.NO_BACKWARD, (
+        "The port steps its optimizer without calling backward() (the original calls it {original_calls} time(s)): a "
+        "line lost or commented out in the port, or a loss.backward() moved under a condition the port never meets. "
+        "Restore it as in the original."), ("C3",)),
     AdviceRule(FindingCode.STEPS_DIFFER, (
         "The scripts' loops end after different numbers of steps (ref {ref_steps}, actual {actual_steps} of "
         "{steps_requested} asked for): the port reads another amount of data per epoch or runs other epochs. Make "
@@ -93,6 +97,10 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "torch.backends.cudnn.allow_tf32; HF32 on the NPU: torch.npu.matmul.allow_hf32 and torch.npu.conv.allow_hf32) "
         "and compare again: the operator findings below follow from it."), ("C3",),
         lambda finding: bool(finding.detail.get("explains"))),
+    AdviceRule(FindingCode.ORIGINAL_MODULE, (
+        "The {side} side ran {file} where {instead} belongs: the port must run the ports of the project's modules, "
+        "the reference their originals. Port the project's files in one call (`migrate main.py model.py ...`: the "
+        "ports import each other's ports) or its folder (`migrate FOLDER/`), then compare again."), ("C3",)),
     AdviceRule(FindingCode.DATA_ORDER, (
         "The first step's inputs already differ: make the data order identical. Seed the DataLoader (generator=, "
         "worker_init_fn), do not derive num_workers or shuffling from cpu/device counts, sort listdir/glob results "
