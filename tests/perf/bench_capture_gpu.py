@@ -135,19 +135,21 @@ class BootstrapLikeCapture:
     gradients recorded into one StatBatch, optimizer.step() recorded as its updated parameters, and at each step's end
     one ship of the statistics; a step is written when its copy has arrived, else at the end of the next step."""
 
-    def __init__(self, workload: Workload, out_dir: Path, fused: bool = True) -> None:
+    def __init__(self, workload: Workload, out_dir: Path, fused: bool = True, device_path_on_cpu: bool = False) -> None:
         """fused=False: large floating tensors reduced by torch's reductions, not the fused Triton kernels (the path
-        where triton is missing), to measure what the kernels save."""
+        where triton is missing), to measure what the kernels save. device_path_on_cpu: CPU tensors go the device's
+        way (StatBatch), to measure its host cost on the CPU (bench_capture_host.py). Each call's line is named, in
+        this folder's files, as a run names the script's."""
         from verify.capture.ops import OpCapture
         from verify.capture.tensor_stats import FusedReduction, StatBatch
         from verify.record.schema import DumpMode
         from verify.record.store import RunWriter
 
         self.workload = workload
-        self.batch = StatBatch()
+        self.batch = StatBatch(device_path_on_cpu=device_path_on_cpu)
         if not fused:
             self.batch.device_stats.fused = FusedReduction(devices=())
-        self.capture = OpCapture(DumpMode.STATS, self.batch)
+        self.capture = OpCapture(DumpMode.STATS, self.batch, user_files=Path(__file__).parent)
         out_dir.mkdir(parents=True, exist_ok=True)
         self.writer = RunWriter(out_dir)
         self.parameters = list(workload.model.named_parameters())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -469,3 +470,34 @@ def test_capture_on_the_device_path_does_not_change_the_losses():
             with capture.paused():
                 capture.take_step(index, batch.fetch())
     assert captured == plain
+
+
+def test_the_device_paths_own_ops_pass_no_mode_below_the_capture():
+    """A dispatch mode below the capture (the keyed random streams, a perturbation) sees the script's ops and none
+    of the statistics' copies and reductions, which would each pay its Python on an accelerator's critical path."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func._overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    def ops_seen(captured: bool) -> list[str]:
+        model, optimizer, step = _small_cnn_step()
+        batch = StatBatch(device_path_on_cpu=True)
+        capture = OpCapture(DumpMode.STATS, batch)
+        if captured:  # the updated parameters recorded, as the bootstrap's step hooks do
+            optimizer.register_step_pre_hook(lambda *_: capture.optimizer_step_begins())
+            optimizer.register_step_post_hook(lambda *_: capture.optimizer_step_ends(list(model.named_parameters())))
+        with Seen() as seen, capture if captured else contextlib.nullcontext():
+            step()
+            if captured:
+                with capture.paused():
+                    capture.take_step(0, batch.fetch())
+        return seen.ops
+
+    assert ops_seen(captured=True) == ops_seen(captured=False)

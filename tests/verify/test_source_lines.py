@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -20,15 +21,26 @@ from verify.cli.pair import route
 from verify.record.migration import read_port_lines
 
 SAMPLE = Path(__file__).parents[2] / "samples" / "mnist_cnn"
+SCRIPTS = Path(__file__).parent / "scripts"
 ARGS = ["--epochs", "1", "--batch-size", "64", "--train-size", "384", "--test-size", "200", "--log-interval", "1"]
 
 
-def _migrated(folder: Path) -> tuple[Path, Path]:
-    """The mnist sample and its port, written by the migrate command with its report folder beside the port."""
-    original = folder / "train_gpu.py"
-    shutil.copy(SAMPLE / "train_gpu.py", original)
+def _migrated(folder: Path, script: Path = SAMPLE / "train_gpu.py") -> tuple[Path, Path]:
+    """A script (the mnist sample) and its port, written by the migrate command with its report folder beside the
+    port."""
+    original = folder / script.name
+    shutil.copy(script, original)
     subprocess.run([sys.executable, "-m", "migrate", original.name], cwd=folder, check=True, capture_output=True)
-    return original, folder / "train_gpu_npu.py"
+    return original, folder / f"{original.stem}_npu.py"
+
+
+def _verify(original: Path, port: Path, out: Path, *options: str, args: Sequence[str] = ()) -> tuple[int, str]:
+    """`verify ORIGINAL PORT` over two steps, its exit code and its first line."""
+    argv = [str(original), str(port), "-n", "2", "-q", "--calibration-runs", "0", *options, "-o", str(out), "--",
+            *args]
+    result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads((out / "summary.json").read_text())["reason"]
 
 
 def _line_of(path: Path, text: str) -> int:
@@ -62,12 +74,10 @@ def test_a_changed_operator_is_named_with_the_ports_line_and_the_originals(tmp_p
     original, port = _migrated(tmp_path)
     port.write_text(port.read_text().replace("nn.ReLU()", "nn.GELU()", 1))
     out = tmp_path / "out"
-    argv = [str(original), str(port), "-n", "2", "-q", "--calibration-runs", "0", "-o", str(out), "--", *ARGS]
-    result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
-    summary = json.loads((out / "summary.json").read_text())
+    exit_code, reason = _verify(original, port, out, args=ARGS)
     forward = _line_of(port, "return F.log_softmax")  # the nn.Sequential's ops are made by the forward's line
-    assert result.exit_code == 1, result.output
-    assert summary["reason"].startswith(
+    assert exit_code == 1
+    assert reason.startswith(
         "FAIL: the port computes aten.gelu where the original computes aten.relu at "
         f"train_gpu_npu.py:{forward} (original train_gpu.py:{_line_of(original, 'return F.log_softmax')})")
     ops = pd.read_parquet(out / "ops.parquet")
@@ -75,3 +85,20 @@ def test_a_changed_operator_is_named_with_the_ports_line_and_the_originals(tmp_p
     assert set(backward["actual_source"]) == {f"train_gpu_npu.py:{forward}"}  # the forward line it differentiates
     html = (out / "report.html").read_text()
     assert 'href="#lines-' in html and 'id="lines-' in html and "self.classifier(self.features(x))" in html
+
+
+@pytest.mark.slow
+def test_a_divergence_made_on_a_line_migrate_rewrote_names_the_rule(tmp_path):
+    """An fp32 loss line that AMP101 puts under float16 autocast, where its matrix product falls below fp16's normal
+    range: compared with the fp32 original as it was written (--no-match-amp), the first line names that product,
+    its line in both scripts and the rule whose rewrite made it; the advice offers what to try."""
+    original, port = _migrated(tmp_path, SCRIPTS / "small_gram_loss.py")
+    out = tmp_path / "out"
+    exit_code, reason = _verify(original, port, out, "--no-match-amp")
+    loss_line = "loss = (output @ output.t()).mean()"
+    assert exit_code == 1
+    assert reason.startswith(
+        f"FAIL: first divergent operator: aten.mm (other, step 0, out0) at small_gram_loss_npu.py:"
+        f"{_line_of(port, loss_line)} (original small_gram_loss.py:{_line_of(original, loss_line)}), stats error ")
+    assert reason.endswith("that line is migrate's rewrite, AMP101: forward and loss run under float16 autocast")
+    assert "port again without that rule (migrate --ignore AMP101" in (out / "advice.txt").read_text()

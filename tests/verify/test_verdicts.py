@@ -154,6 +154,11 @@ def test_every_random_draw_is_aligned_the_lstms_dropout_included(tmp_path, align
     assert not any("left to each device's own generator" in note for note in summary["notes"]), summary["notes"]
 
 
+def _line_of(script: Path, text: str) -> int:
+    """The line of `script` where `text` is: where an op is made (a port's edits here keep its lines)."""
+    return next(number for number, line in enumerate(script.read_text().splitlines(), 1) if text in line)
+
+
 def test_a_gans_changed_generator_is_a_changed_op_not_different_data(tmp_path):
     """gan.py's port with the generator's ReLU made a GELU: the discriminator's batch differs at step 0, but the
     generator computed it (its recorded producers), so the gelu is named, never "the sides read different data"."""
@@ -163,8 +168,10 @@ def test_a_gans_changed_generator_is_a_changed_op_not_different_data(tmp_path):
     port.write_text(code.replace("nn.Linear(2, 8), nn.ReLU()", "nn.Linear(2, 8), nn.GELU()"))
     exit_code, summary, _ = verify(SCRIPTS / "gan.py", port, "-n", STEPS, "-q", "-o", tmp_path / "out")
     assert exit_code == 1 and "data_order" not in codes(summary), summary["reason"]
+    line = _line_of(SCRIPTS / "gan.py", "fake = generator(noise)")  # the generator's ops are made by its call
     assert summary["reason"].startswith(
-        "FAIL: the port computes aten.gelu where the original computes aten.relu (Sequential.1 forward, step 0)")
+        f"FAIL: the port computes aten.gelu where the original computes aten.relu at gan_npu.py:{line} (original "
+        f"gan.py:{line}), in Sequential.1 forward, step 0")
     first = summary["first_divergent"]
     assert (first["op"], first["actual_op"], first["step"]) == ("aten.relu", "aten.gelu", 0)
 
@@ -185,8 +192,11 @@ def test_a_changed_learning_rate_is_named_a_hyperparameter_difference(tmp_path, 
 def test_a_swapped_activation_is_named_first_as_a_changed_op(tmp_path, reference):
     exit_code, summary, out = against_reference(tmp_path, reference, "nn.ReLU()", "nn.GELU()")
     assert exit_code == 1
+    forward = "return self.out(self.act(self.hidden(x)))"
     assert summary["reason"].startswith(
-        "FAIL: the port computes aten.gelu where the original computes aten.relu (Net.act forward, step 0)")
+        "FAIL: the port computes aten.gelu where the original computes aten.relu at "
+        f"broken_npu.py:{_line_of(PORT, forward)} (original verdict_mlp.py:{_line_of(ORIGINAL, forward)}), in "
+        "Net.act forward, step 0")
     first = summary["first_divergent"]
     assert (first["op"], first["actual_op"], first["module"], first["phase"], first["step"]) == (
         "aten.relu", "aten.gelu", "Net.act", "forward", 0)

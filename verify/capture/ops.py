@@ -104,12 +104,18 @@ def _storage_address(tensor: torch.Tensor) -> int:
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
-    """Tensors of an op's outputs or arguments: a tensor, or a tuple/list of tensors (and of lists, for foreach)."""
+    """Tensors of an op's outputs or arguments: a tensor, or a tuple/list of tensors (and of lists, for foreach).
+    Called two or three times per recorded op: one loop, recursing only into nested lists."""
     if isinstance(value, torch.Tensor):
         return [value]
+    found: list[torch.Tensor] = []
     if isinstance(value, (tuple, list)):
-        return [tensor for item in value for tensor in tensors_in(item)]
-    return []
+        for item in value:
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            elif isinstance(item, (tuple, list)):
+                found += tensors_in(item)
+    return found
 
 
 def written_arguments(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
@@ -156,7 +162,9 @@ class _OpRecorder(TorchDispatchMode):
         if name is None:
             return func(*args, **kwargs)
         call = capture.begin_call(name)
-        arguments = tensors_in(args) + tensors_in(list(kwargs.values()))
+        arguments = tensors_in(args)
+        if kwargs:
+            arguments += tensors_in(tuple(kwargs.values()))
         call.inputs = capture.producers(arguments)
         if capture.with_inputs:
             capture.record(call, "in", arguments)
@@ -265,7 +273,7 @@ class OpCapture:
                 call = self._call(_OPTIMIZER, name, UPDATE_OP, source)
                 # its inputs: the recorded backward (or unscale) call that wrote the gradient it applied
                 call.inputs = self.producers([parameter.grad]) if parameter.grad is not None else ""
-                self.record(call, "out", [parameter.detach()])
+                self.record(call, "out", [parameter])  # under no_grad: its statistics' copies track no gradient
 
     def note_outputs(self, output: Any) -> None:
         """An outermost module's outputs: what a later outermost module (a loss) receives of them is computed, not

@@ -286,11 +286,16 @@ class KeyedDraws(TorchDispatchMode):
         super().__init__()
         self.stream = stream
         self._pid = os.getpid()
+        # Whether an op is tagged, per OpOverload: every op of the run passes here, and testing a tag costs ~1 us
+        # (pybind's enum comparison), a dict lookup a tenth of that.
+        self._seeded: dict[torch._ops.OpOverload, bool] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if (torch.Tag.nondeterministic_seeded not in func.tags or os.getpid() != self._pid
-                or not _draws(func, args, kwargs)):
+        seeded = self._seeded.get(func)
+        if seeded is None:
+            seeded = self._seeded[func] = torch.Tag.nondeterministic_seeded in func.tags
+        if not seeded or os.getpid() != self._pid or not _draws(func, args, kwargs):
             return func(*args, **kwargs)
         op = str(func._overloadpacket)
         given = _argument(func, args, kwargs, "generator")

@@ -53,9 +53,11 @@ class SourceLines:
     def here(self) -> str:
         """The innermost line of the user's files on the Python stack."""
         frame = sys._getframe(1)
-        while frame is not None:
+        files = self._files
+        while frame is not None:  # most frames are judged already: their entry is read here, not by a call
             code = frame.f_code
-            relative = self._relative(code)
+            entry = files.get(id(code))
+            relative = self._relative(code) if entry is None else entry[1]
             if relative is not None:
                 key = (id(code), frame.f_lineno)
                 line = self._lines.get(key)

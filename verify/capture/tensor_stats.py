@@ -37,6 +37,27 @@ _SHAPE_NAMES: dict[tuple[int, ...], str] = {}  # a training step makes the same 
 
 Handle = tuple[Any, int, int]
 
+_dispatch_modes, _pop_dispatch_mode = torch._C._len_torch_dispatch_stack, torch._C._pop_torch_dispatch_stack
+_push_dispatch_mode = torch._C._push_on_torch_dispatch_stack
+
+
+class BelowDispatchModes:
+    """The device path's own torch ops (copies, reductions, the step's ship) run below every TorchDispatchMode on the
+    stack: they compute statistics, which no mode of the run (the keyed random streams, a perturbation) is meant to
+    see or change, and each mode would add its Python to each of them, several microseconds of host time per op on
+    the critical path of an accelerator's step. Inside the op capture's own handler the stack holds the modes below
+    it. A class rather than a generator: it is entered once per recorded tensor, and costs a C call where the stack
+    is empty."""
+
+    __slots__ = ("_modes",)
+
+    def __enter__(self) -> None:
+        self._modes = [_pop_dispatch_mode(None) for _ in range(_dispatch_modes())]
+
+    def __exit__(self, *exc_info: object) -> None:
+        for mode in reversed(self._modes):
+            _push_dispatch_mode(mode)
+
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
@@ -97,6 +118,10 @@ class StatBatch:
     def ship(self) -> Shipment:
         """Starts the copy of everything added so far (one per device, the groups' bytes end to end) and starts
         the next batch. Queued on the device's current stream: call it where the step's work is queued."""
+        with BelowDispatchModes():
+            return self._ship()
+
+    def _ship(self) -> Shipment:
         for producer in self._producers:
             producer()
         groups, self._groups, self._sizes = self._groups, {}, {}
@@ -165,9 +190,10 @@ class Shipment:
         for _, done in self._copies.values():
             done.synchronize()
         values: dict[Any, list[float]] = {StatBatch._NUMBERS: self._numbers}
-        for key, (device, start, size) in self._places.items():
-            host = self._copies[device][0]
-            values[key] = host[start : start + size].clone().view(key[1]).tolist()  # clone: aligned for the view
+        with BelowDispatchModes():
+            for key, (device, start, size) in self._places.items():
+                host = self._copies[device][0]
+                values[key] = host[start : start + size].clone().view(key[1]).tolist()  # clone: aligned for the view
         return lambda handle: values[handle[0]][handle[1] : handle[1] + handle[2]]
 
 
@@ -311,11 +337,14 @@ def summarize(tensor: torch.Tensor, batch: StatBatch, small: SmallTensorStats | 
     stats = describe(tensor)
     if not has_statistics(tensor):
         return stats
+    if batch.keeps_on_device(tensor):
+        with BelowDispatchModes():
+            if _BY_TORCH:
+                queue_by_torch(tensor, stats, batch)
+            batch.device_stats.add(tensor, stats)
+        return stats
     if _BY_TORCH:
         queue_by_torch(tensor, stats, batch)
-    if batch.keeps_on_device(tensor):
-        batch.device_stats.add(tensor, stats)
-        return stats
     kind = native_kind(tensor)
     if kind is not None:
         summarize_natively(tensor, kind, stats)
@@ -373,7 +402,10 @@ class _PendingCopies:
         batch.before_fetch(self.reduce)
 
     def _keep(self, key: Any, copy: torch.Tensor, stats: PendingStats) -> None:
-        copies, owners = self._copies.setdefault(key, ([], []))
+        kept = self._copies.get(key)
+        if kept is None:  # not setdefault: its default would be two new lists at every call
+            kept = self._copies[key] = ([], [])
+        copies, owners = kept
         copies.append(copy)
         owners.append(stats)
         self._elements += stats.numel
@@ -413,7 +445,7 @@ class DeviceStats(_PendingCopies):
             self._reduce_now(tensor, stats)
             return
         accumulate = accumulation_dtype(tensor.dtype)
-        copy = tensor.to(accumulate, memory_format=torch.contiguous_format, copy=True).view(-1)
+        copy = tensor.to(accumulate, memory_format=torch.contiguous_format, copy=True)  # flattened at the reduce
         self._keep((tensor.device, accumulate), copy, stats)
 
     def _reduce_now(self, tensor: torch.Tensor, stats: PendingStats) -> None:
@@ -428,7 +460,7 @@ class DeviceStats(_PendingCopies):
         """Adds one row of statistics per copy to the batch, still on the device, and drops the copies."""
         for (device, _), (copies, owners) in self._take().items():
             lengths = _on_device([stats.numel for stats in owners], device)
-            rows = self._rows(torch.cat(copies), lengths)
+            rows = self._rows(torch._utils._flatten_dense_tensors(copies), lengths)  # one op for the lot's views
             key, offset = self._batch.add_rows(rows)
             width = rows.shape[1]
             for position, stats in enumerate(owners):

@@ -1,0 +1,168 @@
+"""Host (Python) cost of the capture per recorded call, measured on the CPU where kernels cost next to nothing.
+
+    PYTHONPATH=. python tests/perf/bench_capture_host.py [--rounds 5] [--models mlp cnn gpt]
+
+On a GPU the device runs asynchronously, so whatever the capture does in Python per recorded call is on the critical
+path of the step: bench_capture_gpu.py measures the step times there. This measures that Python cost without a GPU:
+an MLP, and the models of bench_capture_gpu.py at tiny sizes (batch 1, widths of a few units, so that each op's
+kernel costs a few microseconds), captured as bench_capture_gpu.py's BootstrapLikeCapture captures them but with the
+CPU tensors sent the device's way (StatBatch(device_path_on_cpu=True): copies kept and reduced together at the ship,
+no C extension), inside the keyed random streams every run enters (verify/capture/random_streams.py, itself a
+dispatch mode), each call's line named. One torch thread; CPU seconds of the process; blocks of steps interleaved
+between the variants, the least block of each compared (the neighbours on a shared machine only ever add time).
+Printed per model: the plain step, then each variant's step and its cost per recorded call (its step minus the plain
+one, over the calls the capture recorded per step): the keyed streams alone, the capture alone, and both, as a run
+has them.
+
+Measured on the shared 2-core development machine (torch 2.13 CPU), this file run against the capture before and
+after issue 34b's cuts, alternated twice (least of 5 blocks each; the neighbours move single figures by +-20%), us
+per recorded call:
+            capture alone        capture and keyed streams (as a run)
+    mlp     38, 42 -> 40, 38     66, 77 -> 55, 50
+    cnn     66, 56 -> 57, 52     99, 99 -> 66, 67
+    gpt     71, 54 -> 79, 55    130, 105 -> 97, 81
+The cut is the keyed streams' mode no longer seeing the device path's own ops (tensor_stats.BelowDispatchModes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))  # the benches beside this file
+from bench_capture import SmallCnn
+from bench_capture_gpu import BootstrapLikeCapture, Gpt, Workload, _workload
+
+STEPS_PER_BLOCK = {"mlp": 40, "cnn": 40, "gpt": 20}
+
+
+class TinyCnn(nn.Module):
+    """bench_capture.py's SmallCnn (convolutions, batch norm, pooling, dropout, linear layers) at widths of a few
+    units on 8x8 images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(4)
+        self.conv2 = nn.Conv2d(4, 8, 3, padding=1)
+        self.fc1 = nn.Linear(8 * 2 * 2, 16)
+        self.fc2 = nn.Linear(16, 10)
+        self.dropout = nn.Dropout(0.1)
+
+    forward = SmallCnn.forward
+
+
+def tiny_workload(name: str, seed: int = 0) -> Workload:
+    """Models of a few units' width, batch 1, on the CPU: each op's kernel costs a few microseconds."""
+    torch.manual_seed(seed)
+    if name == "mlp":
+        model = nn.Sequential(*(layer for _ in range(8) for layer in (nn.Linear(8, 8), nn.Tanh())), nn.Linear(8, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        return _workload(model, optimizer, torch.randn(1, 8), torch.randn(1, 1), F.mse_loss)
+    if name == "cnn":
+        model = TinyCnn()
+        inputs, targets = torch.randn(1, 3, 8, 8), torch.randint(0, 10, (1,))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        return _workload(model, optimizer, inputs, targets, F.cross_entropy)
+    if name == "gpt":
+        model = Gpt(vocab=64, width=16, layers=2, heads=2, length=8)
+        tokens = torch.randint(0, 64, (1, 9))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+
+        def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+        return _workload(model, optimizer, tokens[:, :-1], tokens[:, 1:], next_token_loss)
+    raise ValueError(f"unknown model {name!r}")
+
+
+def _keyed_streams() -> contextlib.AbstractContextManager:
+    from verify.capture import random_streams
+
+    return random_streams.keyed(0, lambda: 0, [])
+
+
+def plain_runner(workload: Workload, keyed: bool = False) -> Callable[[int], None]:
+    def run(steps: int) -> None:
+        with _keyed_streams() if keyed else contextlib.nullcontext():
+            for _ in range(steps):
+                workload.step()
+
+    return run
+
+
+def captured_runner(capture: BootstrapLikeCapture, keyed: bool) -> Callable[[int], None]:
+    def run(steps: int) -> None:
+        with _keyed_streams() if keyed else contextlib.nullcontext():
+            capture.run(steps)
+
+    return run
+
+
+def seconds_per_step(run: Callable[[int], None], steps: int) -> float:
+    started = time.process_time()
+    run(steps)
+    return (time.process_time() - started) / steps
+
+
+def calls_per_step(capture: BootstrapLikeCapture) -> int:
+    """The calls the capture records in one step (the op calls and the updated parameters)."""
+    rows = []
+    capture.capture.close_step = lambda step, close=capture.capture.close_step: rows.append(close(step)) or rows[-1]
+    try:
+        capture.run(1)
+    finally:
+        del capture.capture.close_step
+    return len({row.seq for row in rows[-1]})
+
+
+def bench(name: str, rounds: int, out_dir: Path) -> None:
+    capture, both = (BootstrapLikeCapture(tiny_workload(name), out_dir / name / variant, device_path_on_cpu=True)
+                     for variant in ("capture", "both"))
+    runners = {
+        "plain": plain_runner(tiny_workload(name)),
+        "keyed streams alone": plain_runner(tiny_workload(name), keyed=True),
+        "capture alone": captured_runner(capture, keyed=False),
+        "capture and keyed streams": captured_runner(both, keyed=True),
+    }
+    steps = STEPS_PER_BLOCK[name]
+    for run in runners.values():  # warm-up: lazy imports, the allocator, first-call caches
+        run(3)
+    samples: dict[str, list[float]] = {variant: [] for variant in runners}
+    for _ in range(rounds):
+        for variant, run in runners.items():
+            samples[variant].append(seconds_per_step(run, steps))
+    # the least of the interleaved blocks: on a shared machine the neighbours only ever add time
+    least = {variant: min(values) for variant, values in samples.items()}
+    calls = calls_per_step(capture)
+    plain = least.pop("plain")
+    print(f"{name}: {calls} recorded calls per step, least of {rounds} interleaved blocks of {steps} steps")
+    print(f"  plain step {plain * 1e6:10.0f} us")
+    for variant, seconds in least.items():
+        per_call = (seconds - plain) / calls
+        print(f"  {variant:26} {seconds * 1e6:10.0f} us/step  {per_call * 1e6:6.1f} us per recorded call")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timed blocks per variant")
+    parser.add_argument("--models", nargs="+", choices=list(STEPS_PER_BLOCK), default=list(STEPS_PER_BLOCK))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as out_dir:
+        for name in args.models:
+            bench(name, args.rounds, Path(out_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
