@@ -42,6 +42,10 @@ def broken(original: Path, old: str, new: str) -> None:
     port.write_text(code.replace(old, new))
 
 
+def _line_of(script: Path, text: str) -> int:
+    return next(number for number, line in enumerate(script.read_text().splitlines(), 1) if text in line)
+
+
 def pair(original: Path, out: str) -> tuple[int, dict]:
     return verify(original, "-n", STEPS, "--device-ref", "cuda", "-q", "-o", original.parent / out)
 
@@ -64,8 +68,11 @@ def test_a_changed_learning_rate_is_named_first(ported):
 def test_a_swapped_activation_is_the_first_divergent_operator(ported):
     broken(ported, "nn.ReLU()", "nn.GELU()")
     exit_code, summary = pair(ported, "act")
+    forward = "return self.out(self.act(self.hidden(x)))"
+    lines = [f"{name}:{_line_of(ported.with_name(name), forward)}" for name in ("train_npu.py", "train.py")]
     assert exit_code == 1 and summary["reason"].startswith(
-        "FAIL: the port computes aten.gelu where the original computes aten.relu (Net.act forward")
+        f"FAIL: the port computes aten.gelu where the original computes aten.relu at {lines[0]} (original "
+        f"{lines[1]}), in Net.act forward, step 0"), summary["reason"]
 
 
 def test_a_removed_zero_grad_is_named_first(ported):
