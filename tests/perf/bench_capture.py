@@ -36,13 +36,16 @@ TARGET_SHARE_OF_MSPROBE = 1 / 3
 
 
 class SmallCnn(nn.Module):
-    def __init__(self) -> None:
+    """Two convolutions of `widths` channels (batch norm, pooling), then linear layers through `hidden` units; `side`
+    is the feature maps' side after both poolings (a quarter of the images')."""
+
+    def __init__(self, widths: tuple[int, int] = (16, 32), hidden: int = 64, side: int = 8) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
-        self.bn1 = nn.BatchNorm2d(16)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 8 * 8, 64)
-        self.fc2 = nn.Linear(64, 10)
+        self.conv1 = nn.Conv2d(3, widths[0], 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        self.conv2 = nn.Conv2d(widths[0], widths[1], 3, padding=1)
+        self.fc1 = nn.Linear(widths[1] * side * side, hidden)
+        self.fc2 = nn.Linear(hidden, 10)
         self.dropout = nn.Dropout(0.1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

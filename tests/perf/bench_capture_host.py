@@ -45,22 +45,6 @@ from bench_capture_gpu import BootstrapLikeCapture, Gpt, Workload, _workload
 STEPS_PER_BLOCK = {"mlp": 40, "cnn": 40, "gpt": 20}
 
 
-class TinyCnn(nn.Module):
-    """bench_capture.py's SmallCnn (convolutions, batch norm, pooling, dropout, linear layers) at widths of a few
-    units on 8x8 images."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
-        self.bn1 = nn.BatchNorm2d(4)
-        self.conv2 = nn.Conv2d(4, 8, 3, padding=1)
-        self.fc1 = nn.Linear(8 * 2 * 2, 16)
-        self.fc2 = nn.Linear(16, 10)
-        self.dropout = nn.Dropout(0.1)
-
-    forward = SmallCnn.forward
-
-
 def tiny_workload(name: str, seed: int = 0) -> Workload:
     """Models of a few units' width, batch 1, on the CPU: each op's kernel costs a few microseconds."""
     torch.manual_seed(seed)
@@ -69,7 +53,7 @@ def tiny_workload(name: str, seed: int = 0) -> Workload:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         return _workload(model, optimizer, torch.randn(1, 8), torch.randn(1, 1), F.mse_loss)
     if name == "cnn":
-        model = TinyCnn()
+        model = SmallCnn(widths=(4, 8), hidden=16, side=2)  # widths of a few units on 8x8 images
         inputs, targets = torch.randn(1, 3, 8, 8), torch.randint(0, 10, (1,))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         return _workload(model, optimizer, inputs, targets, F.cross_entropy)
