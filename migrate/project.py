@@ -17,6 +17,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import libcst
+
+import rules
 from migrate.files import Job, decode, has_main_guard, shown_path
 from migrate.types import SourceError
 
@@ -56,7 +59,11 @@ class Project:
     @property
     def reachable(self) -> frozenset[Path]:
         """The named files an entry point runs: the entry points and what they import, transitively."""
-        seen, todo = set(self.entries), list(self.entries)
+        return self._reached_from(*self.entries)
+
+    def _reached_from(self, *starts: Path) -> frozenset[Path]:
+        """`starts` and the named files they import, transitively."""
+        seen, todo = set(starts), list(starts)
         while todo:
             importer = todo.pop()
             for found in self._imports_of(importer):
@@ -92,6 +99,7 @@ class Project:
         settings = replace(
             job.settings,
             is_entry=own in self.entries,
+            project_trains=own in self.entries and any(map(_trains, self._reached_from(own) - {own})),
             ported_modules=tuple((name, new) for name, new in ported.items() if new is not None),
             unported_modules=tuple(
                 dict.fromkeys((found.name, found.shown_file) for found in imports if found.file not in self.named)
@@ -168,3 +176,13 @@ def _resolve(importer: Path, name: str, roots: Sequence[Path]) -> Path | None:
         if file.is_file():
             return file.resolve()
     return None
+
+
+def _trains(source: Path) -> bool:
+    """Whether a project file trains (rules.trains: backward(), an optimizer step, a trainer's fit); an unreadable one
+    does not (its own port reports why)."""
+    try:
+        text = decode(source.read_bytes(), shown_path(source)).text
+        return rules.trains(libcst.parse_module(text), text)
+    except (OSError, libcst.ParserSyntaxError, SourceError):
+        return False

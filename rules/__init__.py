@@ -31,6 +31,7 @@ _PUBLIC = {
     "rules.framework.layout": ("line_limit", "reflow", "with_args"),
     "rules.framework.loops": (
         "backward_receivers", "is_innermost_training_loop", "is_optimizer", "method", "own_calls", "training_step",
+        "trains",
     ),
     "rules.framework.rule_set": ("RuleSet",),
     "rules.framework.tree": ("findall", "forget", "matches", "stored_attributes", "visit"),

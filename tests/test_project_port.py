@@ -151,3 +151,17 @@ def test_the_checklist_names_the_entry_point_whatever_the_order(project: Path):
     migrate(project, "model.py", "trainer.py", "data.py", "main.py")
     items = checklist(project, "model_npu_report")  # the report folder is the first file's, as for any call
     assert "`verify main.py main_npu.py -- ARGS`" in items["C5"]["action"]
+
+
+def test_an_entry_point_whose_training_is_in_an_imported_module_is_a_training_script(tmp_path: Path,
+                                                                                      monkeypatch: pytest.MonkeyPatch):
+    """pytorch/examples' mnist_hogwild shape: main.py only calls `train(...)` imported from train.py, which trains;
+    main.py was read as an inference script (no backward() of its own), and its training-only rules were skipped."""
+    (tmp_path / "main.py").write_text("import torch\nfrom train import train\n\nif __name__ == '__main__':\n"
+                                      "    train(torch.nn.Linear(4, 2).cuda())\n")
+    (tmp_path / "train.py").write_text(TRAINER.replace("def train(model, batches):", "def train(model, batches=()):"))
+    monkeypatch.chdir(tmp_path)
+    result = migrate(tmp_path, "main.py", "train.py")
+    assert "inference" not in result.output.lower()
+    assert "Inference scripts" not in (tmp_path / "main_npu_report" / "report.md").read_text()
+    assert "from train_npu import train\n" in (tmp_path / "main_npu.py").read_text()

@@ -93,8 +93,10 @@ class FileState:
         """Whether the file is read as an inference script: an entry script (named on the command line, or with a
         __main__ guard) that never trains (`trains` in rules/framework/loops.py). Training-only rules leave such a
         file alone, and only the random generators it uses are seeded. A project's other modules are never read so,
-        whatever they hold: their training loop may be in another file."""
-        return self.settings.is_entry and not trains(self.wrapper.module, self.source)
+        whatever they hold: their training loop may be in another file; nor is an entry point that imports a module of
+        its project that trains (`Settings.project_trains`)."""
+        return (self.settings.is_entry and not self.settings.project_trains
+                and not trains(self.wrapper.module, self.source))
 
     def position(self, node: cst.CSTNode) -> CodeRange:
         return self.positions[node]

@@ -50,6 +50,9 @@ class Settings:
     mode: Mode = Mode.TRANSFER
     unsafe_fixes: bool = False
     is_entry: bool = True  # named on the command line, or has a __main__ guard
+    # An entry point of a multi-file port whose project trains in a module it imports (main.py calling train.train()):
+    # it is never read as an inference script, whatever it holds itself.
+    project_trains: bool = False
     amp: AmpPolicy = AmpPolicy.FP16
     seed: int | None = None
     deterministic: bool = False
