@@ -22,9 +22,11 @@ from typer.testing import CliRunner
 from verify.cli import app
 from verify.cli.pair import route
 from verify.errors import EXIT_ERROR, EXIT_FAILED, Stopped
+from verify.launch import runner
 from verify.launch.runner import RunOptions, default_timeout, rank_limit
 from verify.record.run_folders import WRITER_LOCK, lead_dir
-from verify.record.store import RunDirError, read_manifest, read_run
+from verify.record.schema import LOSSES, RunManifest
+from verify.record.store import RunDirError, RunWriter, read_manifest, read_run, write_manifest
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LONG = ["--", "100000"]  # steps long_train.py trains: far more than a test waits for
@@ -156,6 +158,21 @@ def test_sigterm_stops_the_reference_and_its_calibration_running_together(tmp_pa
     assert read_manifest(out / "actual").status == "short" and locks_in(out) == []
     # every run of the pair computed with the same threads: its share of the cores, as two ran at once
     assert len({read_manifest(out / side).threads for side in ("actual", "ref", "calibration")}) == 1
+
+
+def test_a_step_written_before_its_count_is_counted_when_the_run_is_stopped(tmp_path):
+    """Regression (the test above, once in a full CI run): the child was killed after writing a step's losses and
+    before its manifest counted the step, so the interrupted run held 28 losses under 'steps_completed: 27'. The
+    runner, finalising a run stopped from outside, counts the steps whose losses were written whole."""
+    write_manifest(tmp_path, RunManifest(script="train.py", steps_requested=100, steps_completed=2,
+                                         status="running"))
+    writer = RunWriter(tmp_path)
+    writer.append_losses([(step, 0, 1.0, None, 3.5) for step in range(3)])
+    writer.close()
+    (tmp_path / LOSSES).open("a").write("3,0,0.")  # a row cut short: not a step written whole
+    runner._finalise(tmp_path, -signal.SIGTERM, "interrupted", None, 1.0, Stopped(signal.SIGTERM))
+    manifest = read_manifest(tmp_path)
+    assert (manifest.status, manifest.steps_completed) == ("interrupted", 3)
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ with --nproc-per-node or spawned by the script (the child checks manifest.rank_l
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import importlib.metadata
 import os
@@ -41,7 +42,8 @@ from typing import Any
 from verify import devices
 from verify.launch import process_tree, rank_outcome
 from verify.record import run_folders
-from verify.record.schema import AUTOCAST_DTYPES, LOG, DumpMode, LossScalerPlan, RunManifest, Status
+from verify.record.schema import (AUTOCAST_DTYPES, LOG, LOSS_COLUMNS, LOSSES, DumpMode, LossScalerPlan, RunManifest,
+                                  Status)
 from verify.errors import EmulationError, RunDirError, Stopped, VerifyError
 from verify.record.store import now_iso, read_last_collective, read_manifest, write_manifest
 
@@ -338,6 +340,8 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
     """Completes the manifest when the child could not: timed out, interrupted, killed, or dead before its end."""
     manifest = read_manifest(run_dir)
     manifest.wall_s = round(wall_s, 3)
+    if manifest.status == Status.RUNNING.value:  # stopped from outside: it may have died between a step and its count
+        manifest.steps_completed = max(manifest.steps_completed, _steps_with_losses(run_dir))
     done = f"{manifest.steps_completed} steps completed"
     if ending == "timeout":
         manifest.status, manifest.exit_code = Status.TIMEOUT.value, returncode
@@ -355,6 +359,17 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
     if folders := run_folders.rank_dirs(run_dir):
         manifest = _finalise_ranks(manifest, folders, ending, timeout, stopped)
     write_manifest(run_dir, manifest)
+
+
+def _steps_with_losses(run_dir: Path) -> int:
+    """How many steps losses.csv holds whole rows of: a child killed after writing a step's records and before its
+    manifest counted it recorded that step all the same."""
+    try:
+        with (run_dir / LOSSES).open(newline="") as file:
+            rows = list(csv.reader(file))[1:]
+    except (OSError, csv.Error):
+        return 0
+    return len({row[0] for row in rows if len(row) == len(LOSS_COLUMNS)})
 
 
 _LAST_LINES = 3
