@@ -85,7 +85,8 @@ class Project:
     def left_out(self) -> list[ProjectImport]:
         """The imports, in the files an entry point reaches, of project files that the call did not port."""
         reachable = self.reachable
-        return [found for found in self.imports if found.importer.resolve() in reachable and found.file not in self.named]
+        return [found for found in self.imports
+                if found.importer.resolve() in reachable and found.file not in self.named]
 
     def settle(self, jobs: Sequence[Job]) -> list[Job]:
         """The jobs with each named file's settings: whether it is an entry point (a module of the project is never
