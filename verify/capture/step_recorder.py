@@ -294,7 +294,10 @@ class StepRecorder:
         if self._root_depth == 0 and self.enabled:
             if not any(ref() is module for ref in self._roots):
                 self._roots.append(weakref.ref(module))
-                self.manifest.extra.setdefault(MODEL_KEY, _model_record(module))
+                # the model is the first outermost module with parameters: a dataset's transform (torchvision's
+                # Normalize is a module) may run first
+                if not self.manifest.extra.get(MODEL_KEY, {}).get("parameters"):
+                    self.manifest.extra[MODEL_KEY] = _model_record(module)
             if self._step_open and self._roots[0]() is module:
                 self.end_open_step()
             if self.capture is not None:

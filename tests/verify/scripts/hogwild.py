@@ -1,6 +1,7 @@
 """Hogwild training, as pytorch/examples' mnist_hogwild does it: one model in shared memory, trained by WORKERS
 multiprocessing.Process workers (spawn) that update its parameters without locks, each on its own shuffle of the
-data; then the main process tests it (an inference pass)."""
+data, normalised by a module without parameters first (torchvision's transforms.Normalize is a module, called
+before the model); then the main process tests it (an inference pass)."""
 
 import torch
 import torch.multiprocessing as mp
@@ -18,6 +19,13 @@ class Net(torch.nn.Module):
         return torch.log_softmax(self.out(torch.relu(self.hidden(x))), dim=1)
 
 
+class Normalize(torch.nn.Module):
+    """A transform that is a module, as torchvision's: the first outermost module each worker calls."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - x.mean()) / x.std()
+
+
 def dataset(seed: int) -> TensorDataset:
     generator = torch.Generator().manual_seed(seed)
     inputs = torch.randn(256, 8, generator=generator)
@@ -30,7 +38,7 @@ def train(rank: int, model: Net, data: TensorDataset) -> None:
     for _ in range(EPOCHS):
         for inputs, targets in DataLoader(data, batch_size=16, shuffle=True):
             optimizer.zero_grad()
-            torch.nn.functional.nll_loss(model(inputs), targets).backward()
+            torch.nn.functional.nll_loss(model(Normalize()(inputs)), targets).backward()
             optimizer.step()
 
 
