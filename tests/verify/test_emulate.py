@@ -293,3 +293,19 @@ def test_child_env_tells_the_emulations_how_many_devices_to_present():
     assert devices.child_env("emulated-npu", "cpu", device_count=4)[devices.DEVICE_COUNT_VAR] == "4"
     assert devices.child_env("emulated-cuda", "cpu", device_count=2)[devices.DEVICE_COUNT_VAR] == "2"
     assert devices.child_env("emulated-cuda", "cpu")[devices.DEVICE_COUNT_VAR] == "1"
+
+
+def test_the_npus_default_process_group_backend_is_hccl_as_torch_npu_registers_it(tmp_path):
+    """pytorch/examples' minGPT-ddp asks torch for the accelerator's default backend
+    (`get_default_backend_for_device(f"{torch.accelerator.current_accelerator()}:{rank}")`); on the emulated NPU
+    that raised 'Default backend not registered for device : npu:0', where torch_npu registers hccl for npu."""
+    result, _ = run_emulated("""
+        import json
+        import torch, torch_npu
+        import torch.distributed as dist
+        asked = getattr(dist, "get_default_backend_for_device", None)  # torch 2.6 and newer
+        print("RESULT " + json.dumps({"backend": asked and asked(torch.device("npu:0"))}))
+    """, tmp_path)
+    if result["backend"] is None:
+        pytest.skip("this torch has no get_default_backend_for_device (torch 2.6 and newer have)")
+    assert result["backend"] == "hccl"

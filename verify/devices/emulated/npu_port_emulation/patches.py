@@ -261,6 +261,9 @@ def install_distributed_patches(face: str) -> None:
     if face == "npu" and "hccl" not in dist.Backend.backend_list:
         dist.Backend.register_backend("hccl", _hccl_stand_in, devices=[target_device().split(":")[0]])
         dist.is_hccl_available = lambda: True
+    if face == "npu" and hasattr(dist.Backend, "default_device_backend_map"):
+        # as torch_npu registers hccl for its device: get_default_backend_for_device("npu:0") is "hccl"
+        dist.Backend.default_device_backend_map.setdefault("npu", "hccl")
     if face == "cuda":
         dist.is_nccl_available = lambda: True
     dist.init_process_group = _init_process_group(dist.init_process_group)
