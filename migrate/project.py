@@ -17,9 +17,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import libcst
-
-import rules
 from migrate.files import Job, decode, has_main_guard, shown_path
 from migrate.types import SourceError
 
@@ -181,7 +178,11 @@ def _resolve(importer: Path, name: str, roots: Sequence[Path]) -> Path | None:
 
 def _trains(source: Path) -> bool:
     """Whether a project file trains (rules.trains: backward(), an optimizer step, a trainer's fit); an unreadable one
-    does not (its own port reports why)."""
+    does not (its own port reports why). libcst is imported here: `migrate --help` and `--version` load nothing heavy."""
+    import libcst
+
+    import rules
+
     try:
         text = decode(source.read_bytes(), shown_path(source)).text
         return rules.trains(libcst.parse_module(text), text)

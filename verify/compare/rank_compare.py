@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from verify.compare.findings import FAILING, Finding, FindingCode
+from verify.compare.metrics import TINY
 from verify.compare.sharding import sharding
 from verify.record.store import Run
 from verify.record.schema import MODEL_KEY, UPDATE_OP
@@ -33,6 +35,19 @@ def racy_updates(run: Run) -> str:
     return (f"the script's {len(shared)} processes update one model's parameters in shared memory without locks "
             "(hogwild): their updates race and differ from run to run by design, so neither operators nor gradients "
             "are judged")
+
+
+def race_loss_rtol(run: Run) -> float:
+    """How far a racing worker's loss may move for the race alone: its step may come after any number of the other
+    workers' updates (they start apart, and run at their own pace), so its loss may lie anywhere on the path the
+    workers' losses take: the spread of the reference's losses over all its ranks and steps, relative to the
+    smallest."""
+    losses = pd.concat([pd.to_numeric(rank.losses["loss"], errors="coerce") for rank in ranks_of(run)]).to_numpy(
+        "float64")
+    losses = losses[np.isfinite(losses)]
+    if len(losses) < 2:
+        return 0.0
+    return float(np.ptp(losses) / max(np.abs(losses).min(), TINY))
 
 
 def _norms(run: Run) -> pd.DataFrame:

@@ -25,7 +25,7 @@ from verify.compare.findings import FAILING, Finding, FindingCode, Verdict, coll
 from verify.compare.op_catalogue import BUILT_IN, RANDOM, OpCatalogue
 from verify.compare.op_verdicts import carried_noise_of, first_divergent_op, op_metrics, unscaled_backward
 from verify.compare.precision_policy import CompareOptions, PrecisionPolicy, precision_policy
-from verify.compare.rank_compare import findings_across_ranks, racy_updates, ranks_of, worst_rank
+from verify.compare.rank_compare import findings_across_ranks, race_loss_rtol, racy_updates, ranks_of, worst_rank
 from verify.record.store import Run
 from verify.devices import title
 from verify.record.schema import DumpMode, Status
@@ -240,7 +240,8 @@ def _compare_ranks(ref: Run, actual: Run, options: CompareOptions,
     pairs = zip(ranks_of(ref), ranks_of(actual))
     if shared_ending:  # both runs ended alike: each rank by the run's ending, not by how the launcher's teardown hit it
         pairs = ((_ended_as(mine, ref), _ended_as(theirs, actual)) for mine, theirs in pairs)
-    results = [_compare_processes(mine, theirs, options, _same_rank(calibrations, rank), racy)
+    race_rtol = race_loss_rtol(ref) if racy else 0.0
+    results = [_compare_processes(mine, theirs, options, _same_rank(calibrations, rank), racy, race_rtol)
                for rank, (mine, theirs) in enumerate(pairs)]
     worst = worst_rank([(result.verdict.passed, result.findings) for result in results],
                        actual.manifest.extra.get("cause_rank", 0))
@@ -290,9 +291,11 @@ def _every_rank(results: list[ComparisonResult]) -> pd.DataFrame:
 
 
 def _compare_processes(ref: Run, actual: Run, options: CompareOptions,
-                       calibrations: Sequence[Run] | None = None, racy: str = "") -> ComparisonResult:
+                       calibrations: Sequence[Run] | None = None, racy: str = "",
+                       race_rtol: float = 0.0) -> ComparisonResult:
     """Two processes: two single-process runs, or a rank of each. `racy`: why their operators and gradients cannot
-    be judged (processes updating shared parameters without locks), "" where they can."""
+    be judged (processes updating shared parameters without locks), "" where they can; `race_rtol`: how far their
+    losses may move for the race alone (rank_compare.race_loss_rtol)."""
     ended, shared_ending = how_runs_ended(ref, actual)
     notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual),
              *_one_sided_notes(ref, actual), *_random_notes(ref, actual), *_emulation_notes(ref, actual)]
@@ -310,7 +313,10 @@ def _compare_processes(ref: Run, actual: Run, options: CompareOptions,
         notes.append(measured.describe() if measured else _unmeasured(calibrations))
     table = op_metrics(align_ops(*sides, catalogue), ref, actual, policy, notes, measured)
     first = first_divergent_op(table)
-    loss = compare_losses(ref, actual, policy.loss_rtol, measured)
+    loss = compare_losses(ref, actual, max(policy.loss_rtol, race_rtol), measured)
+    if race_rtol > policy.loss_rtol:
+        notes.append(f"losses judged within {race_rtol:.2%}: the spread of the reference's racing workers' losses "
+                     "over its steps, as a step may follow any number of the other workers' updates")
     hparams = compare_hparams(ref, actual)
     carried = carried_noise_of(table) if measured is None else None  # the envelope measures it where it exists
     grads = compare_grads(ref, actual, policy.loss_rtol, carried, measured)
