@@ -9,6 +9,7 @@ the parameter.
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -56,9 +57,16 @@ def exact_emulation(help: str) -> Any:
     return Annotated[bool, typer.Option("--exact-emulation", help=help)]
 
 
+def _a_number(value: float | None) -> float | None:
+    """NaN is no bound: the click of typer's lowest version lets it through min=0 (it compares False both ways)."""
+    if value is not None and math.isnan(value):
+        raise typer.BadParameter("nan is not a number of seconds or a tolerance")
+    return value
+
+
 def timeout(help: str) -> Any:
     return Annotated[Optional[float], typer.Option(
-        "--timeout", min=0, show_default=False,
+        "--timeout", min=0, show_default=False, callback=_a_number,
         help=f"{help} Default: {TIMEOUT_START_S:g} s + {TIMEOUT_PER_STEP_S:g} s a step asked; 0: none.")]
 
 
@@ -87,7 +95,8 @@ def quiet(help: str = "Do not echo the script's output.") -> Any:
 
 
 def loss_rtol(help: str) -> Any:
-    return Annotated[Optional[float], typer.Option("--loss-rtol", min=0, help=help, show_default=False)]
+    return Annotated[Optional[float], typer.Option("--loss-rtol", min=0, help=help, show_default=False,
+                                                   callback=_a_number)]
 
 
 def calibration_runs(help: str) -> Any:
