@@ -475,10 +475,11 @@ def test_capture_on_the_device_path_does_not_change_the_losses():
 def test_the_device_paths_own_ops_pass_no_mode_below_the_capture():
     """A dispatch mode below the capture (the keyed random streams, a perturbation) sees the script's ops and none
     of the statistics' copies and reductions, which would each pay its Python on an accelerator's critical path."""
-    if tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 5):
-        # measured in CI's torch 2.4.1 job: the modes below still see them there (the statistics are the same; only
-        # their host cost on an accelerator is higher, and a calibration's rounding reaches them, as before)
-        pytest.skip("torch 2.4 hands the capture's own ops to the modes below it")
+    if tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13):
+        # measured in CI's torch 2.4.1 and 2.9.0 jobs: the modes below still see them there (the statistics are the
+        # same; only their host cost on an accelerator is higher, and a calibration's rounding reaches them, as
+        # before); it holds on 2.13 and 2.14.1, and 2.10 to 2.12 were not tried
+        pytest.skip("torch before 2.13 hands the capture's own ops to the modes below it")
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Seen(TorchDispatchMode):
