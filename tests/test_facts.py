@@ -68,7 +68,10 @@ def test_a_sample_and_its_port_have_the_facts_of_a_full_walk(original, port):
 
 
 def test_every_sample_file_is_covered():
-    assert {path for case in SAMPLE_PORTS for path in case.values} == set(SAMPLES.glob("*/*.py"))
+    # train_gpu_npu.py is what the README's sample command writes beside its sample (ignored by git): a new user runs
+    # that command, then the tests, in the same checkout
+    bundled = {path for path in SAMPLES.glob("*/*.py") if path.name != "train_gpu_npu.py"}
+    assert {path for case in SAMPLE_PORTS for path in case.values} == bundled
 
 
 EXAMPLES = [
