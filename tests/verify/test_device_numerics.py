@@ -89,8 +89,9 @@ def _computed_here() -> dict[str, torch.Tensor]:
             "keepdim_mean": given["values"].mean(dim=None, keepdim=True)}
 
 
-def computed_on(device: str, exact: bool = False) -> dict[str, torch.Tensor]:
-    env = {**os.environ, **devices.child_env(device, devices.EmulateOn.CPU.value, exact_emulation=exact)}
+def computed_on(device: str, exact: bool = False, blocks: int = 0) -> dict[str, torch.Tensor]:
+    env = {**os.environ, **devices.child_env(device, devices.EmulateOn.CPU.value, exact_emulation=exact),
+           **({devices.BLOCKS_VAR: str(blocks)} if blocks else {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(devices.STAND_IN_DIR.parents[1])]))
     done = subprocess.run([sys.executable, "-c", PROBE, device], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -117,6 +118,15 @@ def test_each_face_sums_in_its_own_order_within_the_noise_of_the_cpu(faces, name
         assert torch.allclose(face, cpu, rtol=tolerance, atol=tolerance * cpu.abs().max().item())
 
 
+def test_a_face_summing_in_the_other_faces_order_computes_its_numbers(faces):
+    """A calibration run of the reference sums in the port's device's order (verify/cli/pair.py): EMULATED CUDA given
+    the emulated NPU's block count computes every modelled product and sum bit for bit as that NPU does."""
+    in_npu_order = computed_on("emulated-cuda", blocks=devices.row("emulated-npu").summation_blocks)
+    for name in ("mm", "linear", "half_mm", "sum", "mean", "conv", "conv_transpose"):
+        assert torch.equal(in_npu_order[name], faces["emulated-npu"][name]), name
+        assert not torch.equal(in_npu_order[name], faces["emulated-cuda"][name]), name
+
+
 def test_calls_a_face_leaves_alone_run_as_given_and_shapes_follow_keepdim(faces):
     cpu = on_the_cpu()
     for device in FACES:
@@ -141,12 +151,23 @@ def test_exact_emulation_computes_and_draws_as_the_cpu(device):
         assert torch.equal(exact[name], cpu[name].to(exact[name].dtype)), name
 
 
-def test_parent_and_stand_in_name_the_same_variables():
+def _stand_in_constants(*names: str) -> dict:
     tree = ast.parse((devices.STAND_IN_DIR / "npu_port_emulation" / "device_numerics.py").read_text())
-    assigned = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
-                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id in ("EXACT_VAR", "BLOCKS_VAR")}
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in names}
+
+
+def test_parent_and_stand_in_name_the_same_variables():
+    assigned = _stand_in_constants("EXACT_VAR", "BLOCKS_VAR")
     assert assigned == {"EXACT_VAR": devices.EXACT_EMULATION_VAR, "BLOCKS_VAR": devices.BLOCKS_VAR}
+
+
+def test_the_device_table_knows_each_faces_summation_order():
+    """A calibration run sums in the port's device's order by the table's count: it must be the stand-in's own."""
+    blocks = _stand_in_constants("CUDA_BLOCKS", "NPU_BLOCKS")
+    assert blocks == {"CUDA_BLOCKS": devices.row("emulated-cuda").summation_blocks,
+                      "NPU_BLOCKS": devices.row("emulated-npu").summation_blocks}
+    assert devices.CALIBRATION_BLOCKS not in blocks.values()
 
 
 # --- half precision as the devices compute it (half_precision.HALF_PRECISION) -----------------------------------

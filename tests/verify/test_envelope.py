@@ -11,6 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from verify.capture.perturbation import RandomRounding, perturbed
+from verify import devices
 from verify.cli import app
 from verify.cli.pair import route
 from verify.compare import tolerances
@@ -49,7 +50,7 @@ def test_random_rounding_keeps_whole_numbers_and_rounds_fp32_at_the_ports_half_p
 
 def test_random_rounding_is_reproducible_from_its_seed():
     def run(seed):
-        with perturbed({"seed": seed, "half": ""}):
+        with perturbed({"seed": seed, "half": ""}, order_set=False):
             return torch.linspace(0.1, 1.0, 100).exp()
     assert torch.equal(run(3), run(3)) and not torch.equal(run(3), run(4))
 
@@ -68,9 +69,18 @@ def test_a_faithful_pair_is_judged_against_the_references_own_noise(tmp_path):
     assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
     calibration = json.loads((out / CALIBRATION / "manifest.json").read_text())
     assert calibration["status"] == "ok" and calibration["perturbation"]["of"] == "ref"
-    assert any(note.startswith("judged against the reference's own noise") for note in summary["notes"])
+    # the reference summed as the port's emulated NPU sums, nothing else changed
+    assert calibration["perturbation"]["blocks"] == devices.row("emulated-npu").summation_blocks
+    assert calibration["perturbation"]["rounded"] is False
+    assert any(note.startswith("judged against the reference's own noise: one calibration run of the reference "
+                               "summed as the port's device sums") for note in summary["notes"])
     ops = pd.read_parquet(out / "ops.parquet")
-    assert ops["envelope"].max() > 0  # the reference moved under another rounding: its noise was measured
+    assert ops["envelope"].max() > 0  # the reference moved in another order: its noise was measured
+    # what separates the faithful port from its original is what that order does to it: each op record's difference
+    # is about its envelope (an fp16 sum whose cast the two faces' autocasts place apart, at most 2.2 of it measured
+    # on pytorch/examples' mnist_rnn), nowhere near the ENVELOPE_FACTOR it is judged by
+    judged = ops.loc[ops["passed"].notna() & (ops["stats_error"] > 0)]
+    assert (judged["stats_error"] <= 3 * judged["envelope"]).all()
     # `verify compare` finds the calibration beside the reference, as the pair left it
     result = CliRunner().invoke(app, ["compare", str(out / "ref"), str(out / "actual")])
     assert result.exit_code == 0 and "judged against the reference's own noise" in result.output

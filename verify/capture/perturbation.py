@@ -1,12 +1,22 @@
-"""The calibration run's perturbation: the reference computed once more under another, equally valid rounding, so
-that the comparison can measure how far the script's own numbers move when nothing but rounding changes (the
-reference's envelope, verify/compare/envelope.py).
+"""The calibration run's perturbation: the reference computed once more under another, equally valid summation order
+or rounding, so that the comparison can measure how far the script's own numbers move when nothing but that changes
+(the reference's envelope, verify/compare/envelope.py).
+
+On an emulated device a calibration sums in the order the plan names (verify.devices' BLOCKS_VAR, set by the runner):
+the first, the port's device's own order. Summation order alone is what separates a faithful port from its original
+on the emulators, and its effects are not all small: a result near zero (a ReLU's input, a cancelling sum) changes
+sign under another order, and the gradient it gates flips. Random rounding moves each result relative to its own
+value, so it never flips such a sign; measured on pytorch/examples' mnist_rnn ported to fp16, the bias gradient of the
+layer after a ReLU took the same flipped value (1232 against 1206) in the port, in the reference summed in three or
+four blocks, and in the reference at two threads, and the unflipped one in each of four rounding calibrations. So
+rounding is added only where the order cannot be set (a real device, --exact-emulation), where the plan asks for it
+(the further calibration runs), or where an fp32 reference must cover a half-precision port (`half`).
 
 Stochastic arithmetic's idea (Verificarlo's Monte Carlo arithmetic, Verrou's random rounding): every floating result
 an op computes is moved by a random fraction of its dtype's unit roundoff, up or down, so each rounding goes another
 way than in the reference. Where the port computes in half precision and the reference in fp32 (a pair judged fp32
 against AMP), the fp32 results are moved by the half dtype's unit roundoff: the port's precision is what the
-envelope must cover. On an emulated device the calibration also sums in another order (verify.devices' BLOCKS_VAR).
+envelope must cover.
 
 A dispatch mode entered below the op capture, so the capture records the perturbed values; it runs on any device
 (a real GPU included) and draws from a generator of its own, never the script's.
@@ -76,10 +86,17 @@ def _computes(func: Any, args: tuple) -> bool:
     return any(isinstance(arg, torch.Tensor) for arg in tree_flatten(args)[0])
 
 
+def rounds(plan: dict[str, Any], order_set: bool) -> bool:
+    """Whether a calibration run (manifest.perturbation: {"seed", "half", "blocks", "rounding"}) rounds at random:
+    where its plan asks, where it covers a half-precision port, or where its device does not sum in the plan's order
+    (`order_set`: an emulation with modelled numerics; plans written before "rounding" always rounded)."""
+    return bool(plan.get("rounding", True) or plan.get("half") or not order_set)
+
+
 @contextlib.contextmanager
-def perturbed(plan: dict[str, Any]) -> Iterator[None]:
-    """The calibration run's perturbation (manifest.perturbation: {"seed", "half"}); nothing for any other run."""
-    if not plan:
+def perturbed(plan: dict[str, Any], order_set: bool) -> Iterator[None]:
+    """The calibration run's random rounding where it `rounds`; nothing for any other run."""
+    if not plan or not rounds(plan, order_set):
         yield
         return
     with RandomRounding(int(plan["seed"]), _HALF.get(plan.get("half", ""))):

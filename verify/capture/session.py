@@ -122,7 +122,10 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
             stack.enter_context(precision_scopes.imposed(device.autocast_device_type, manifest.autocast,
                                                          manifest.autocast_follow))
         stack.enter_context(precision_scopes.recorded(device.autocast_device_type, manifest.autocast_scopes))
-        stack.enter_context(perturbation.perturbed(manifest.perturbation))  # below the capture: it records the result
+        order_set = bool(device.summation_blocks) and not manifest.exact_emulation
+        if manifest.perturbation:
+            manifest.perturbation["rounded"] = perturbation.rounds(manifest.perturbation, order_set)
+        stack.enter_context(perturbation.perturbed(manifest.perturbation, order_set))  # below the capture
         if watch is not None:
             stack.enter_context(watch)
         try:

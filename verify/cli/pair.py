@@ -172,22 +172,29 @@ def _reference_runs(plan: PairPlan, actual: Run, imposed: str, port_amp: str) ->
                       autocast_follow=actual.manifest.autocast_scopes, loss_scaler_plan=_scaler_twin(actual, imposed))
     runs = [SideRun("ref", plan.original, plan.args, options, plan.out / run_folders.REF)]
     if actual.manifest.status in RUN_ENDED_WELL:
-        runs += _calibration_runs(plan, options, "" if imposed != "off" else port_amp)
+        runs += _calibration_runs(plan, options, "" if imposed != "off" else port_amp,
+                                  devices.row(actual.manifest.device).summation_blocks)
     if plan.amp_effect and imposed != "off":
         runs.append(SideRun("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
                             plan.out / run_folders.REF_FP32))
     return runs
 
 
-def _calibration_runs(plan: PairPlan, options: RunOptions, half: str) -> list[SideRun]:
-    """The reference again, --calibration-runs times, each under another equally valid rounding and summation order
-    (verify/capture/perturbation.py): how far the script's own numbers move, which the comparison judges the port
-    against. Against an fp32 reference, a port computing in half precision is covered by rounding at its precision
+def _calibration_runs(plan: PairPlan, options: RunOptions, half: str, port_blocks: int) -> list[SideRun]:
+    """The reference again, --calibration-runs times (verify/capture/perturbation.py): how far the script's own
+    numbers move, which the comparison judges the port against. The first sums as the port's emulated device does
+    (`port_blocks`, its summation order), with no other change: what moving the script to that device alone does to
+    it, discrete flips included (a ReLU's sign, a cancelling sum), which random rounding does not reach. Each further
+    run, and the first where the port's order is not known (a real device), sums in another order under random
+    rounding. Against an fp32 reference, a port computing in half precision is covered by rounding at its precision
     (`half`)."""
+    def plan_of(number: int) -> dict:
+        in_port_order = number == 1 and port_blocks > 0
+        blocks = port_blocks if in_port_order else devices.CALIBRATION_BLOCKS + number - 1
+        return {"seed": plan.options.seed + number, "half": half, "of": run_folders.REF, "blocks": blocks,
+                "rounding": not in_port_order}
     return [SideRun(f"calibration {number}" if plan.calibration_runs > 1 else "calibration", plan.original,
-                    plan.args, replace(options, perturbation={
-                        "seed": plan.options.seed + number, "half": half, "of": run_folders.REF,
-                        "blocks": devices.CALIBRATION_BLOCKS + number - 1}),
+                    plan.args, replace(options, perturbation=plan_of(number)),
                     plan.out / run_folders.calibration_run(number))
             for number in range(1, plan.calibration_runs + 1)]
 

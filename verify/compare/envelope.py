@@ -1,9 +1,10 @@
 """The reference's own noise, measured: its envelope.
 
-A calibration run (verify/capture/perturbation.py) is the reference once more under another, equally valid rounding
-and summation order. How far each of its records moves from the reference's is what rounding alone does to this
-script: a cancelling sum, a normalisation's backward, Adam's sign-like first update or a GAN's chaotic loss move far,
-a plain matmul hardly at all. No constant tuned on one script can know that; the script's own calibration does.
+A calibration run (verify/capture/perturbation.py) is the reference once more in the summation order of the port's
+emulated device (or, where that order cannot be set, under another rounding and summation order). How far each of
+its records moves from the reference's is what that alone does to this script: a cancelling sum, a normalisation's
+backward, a ReLU's flipped sign, Adam's sign-like first update or a GAN's chaotic loss move far, a plain matmul hardly
+at all. No constant tuned on one script can know that; the script's own calibration does.
 
 Per record the envelope is the largest difference of the reference from any of its calibration runs, measured as the
 port's difference is (metrics.stats_error for ops, relative differences for losses and gradient norms). An op's
@@ -40,12 +41,16 @@ class Envelope:
     losses: pd.Series  # (step, micro_step) -> relative loss difference
     grads: pd.Series  # (step, param) -> relative gradient norm difference
     overflows_apart: list[int]  # steps a calibration's fp16 gradients overflowed at and the reference's not, or back
+    in_port_order: int = 0  # of the runs, those summed in the port's device's order alone (perturbation.py)
 
     def describe(self) -> str:
         runs = "one calibration run" if self.runs == 1 else f"{self.runs} calibration runs"
-        return (f"judged against the reference's own noise: {runs} of the reference under another rounding and "
-                f"summation order; a record diverges past {tolerances.ENVELOPE_FACTOR:g} times the reference's "
-                "difference from itself, and never within its dtype's fixed tolerance")
+        how = ("summed as the port's device sums" if self.in_port_order == self.runs
+               else "under another rounding and summation order" if not self.in_port_order
+               else f"{self.in_port_order} summed as the port's device sums, the others under another rounding")
+        return (f"judged against the reference's own noise: {runs} of the reference {how}; a record diverges past "
+                f"{tolerances.ENVELOPE_FACTOR:g} times the reference's difference from itself, and never within its "
+                "dtype's fixed tolerance")
 
 
 def measure(ref: Run, calibrations: Sequence[Run], unscaled: Callable[[Run], pd.DataFrame]) -> Envelope | None:
@@ -58,7 +63,8 @@ def measure(ref: Run, calibrations: Sequence[Run], unscaled: Callable[[Run], pd.
     losses = [_loss_differences(ref, run) for run in calibrations]
     grads = [_grad_differences(ref, run) for run in calibrations]
     apart = sorted(set().union(*(_overflowed(ref) ^ _overflowed(run) for run in calibrations)))
-    return Envelope(len(calibrations), ops, _largest(losses), _largest(grads), apart)
+    in_port_order = sum(run.manifest.perturbation.get("rounded") is False for run in calibrations)
+    return Envelope(len(calibrations), ops, _largest(losses), _largest(grads), apart, in_port_order)
 
 
 def _overflowed(run: Run) -> set[int]:

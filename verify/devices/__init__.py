@@ -78,7 +78,8 @@ EMULATE_ON_VAR = "NPU_PORT_EMULATE_ON"  # read by the stand-ins (verify/devices/
 # Set: the emulations compute as the CPU does, without the devices' modelled numerics (device_numerics.py there).
 EXACT_EMULATION_VAR = "NPU_PORT_EXACT_EMULATION"
 # How many partial sums an emulated device's modelled matrix products and sums add (device_numerics.BLOCKS_VAR): set
-# for a calibration run only, to another count than either face's own (2 and 3).
+# for a calibration run only, to the port's device's count (DeviceRow.summation_blocks) or, where that cannot be
+# taken, to another count than either face's own (2 and 3).
 BLOCKS_VAR = "NPU_PORT_BLOCKS"
 CALIBRATION_BLOCKS = 4
 DEVICE_COUNT_VAR = "NPU_PORT_EMULATED_DEVICES"  # how many devices an emulation on the CPU presents (target.py too)
@@ -266,6 +267,10 @@ class DeviceRow:
     # Whether its manifest records --exact-emulation: not on the CPU, which nothing emulates (the child picks what
     # `auto` becomes, so it and the real devices record what was asked).
     exact_emulation_recorded: bool = True
+    # How many partial sums its emulation's modelled products and sums add (device_numerics.py's CUDA_BLOCKS and
+    # NPU_BLOCKS): the order a calibration run of the reference takes to sum as the port's device does. 0: a real
+    # device, whose order verify cannot set.
+    summation_blocks: int = 0
 
     @property
     def autocast_device_type(self) -> str:
@@ -280,10 +285,10 @@ DEVICE_TABLE: dict[str, DeviceRow] = {row.device.value: row for row in (
               exact_emulation_recorded=False),
     DeviceRow(Device.CUDA, Device.CUDA, "cuda", _emulated_devices, "set_up_cuda", TF32),
     DeviceRow(Device.EMULATED_CUDA, Device.CUDA, "EMULATED CUDA (on {on})", _stand_in_cuda_on_cpu,
-              "set_up_emulated_cuda", TF32, emulated=True, emulates_on=EmulateOn.CPU),
+              "set_up_emulated_cuda", TF32, emulated=True, emulates_on=EmulateOn.CPU, summation_blocks=2),
     DeviceRow(Device.NPU, Device.NPU, "npu", _real_npu_checked, "set_up_npu", HF32),
     DeviceRow(Device.EMULATED_NPU, Device.NPU, "EMULATED NPU (a test double on {on})", _stand_in_npu,
-              "set_up_emulated_npu", HF32, emulated=True),
+              "set_up_emulated_npu", HF32, emulated=True, summation_blocks=3),
 )}
 DEVICES = tuple(DEVICE_TABLE)
 

@@ -239,7 +239,8 @@ class RunManifest:
     # inputs (verify/devices/emulated/npu_port_emulation/half_precision.py), "computed": {aten op: how, for each of its
     # ops this run computed from half inputs}}; empty on a real device or a plain CPU run.
     half_precision: dict[str, Any] = field(default_factory=dict)
-    # A calibration run of the reference (verify/capture/perturbation.py): {"seed", "half", "blocks", "of": the
+    # A calibration run of the reference (verify/capture/perturbation.py): {"seed", "half", "blocks": the summation
+    # order asked, "rounding": whether random rounding was asked, "rounded": whether it was done, "of": the
     # reference's run folder name}; empty for every other run.
     perturbation: dict[str, Any] = field(default_factory=dict)
     # The threads torch computed with (intra-op and inter-op), as verify gave them: every run of a pair or of
