@@ -203,6 +203,18 @@ def test_a_swapped_activation_is_named_first_as_a_changed_op(tmp_path, reference
     assert any("aten.gelu where the original computes aten.relu" in text for text in summary["advice"])
 
 
+def test_layers_called_through_forward_under_the_ports_autocast_and_grad_scaler_pass(tmp_path):
+    """Regression: pytorch/examples' mnist_forward_forward calls its layers through .forward(), never as modules, each
+    with its own optimizer. Its fp16 port was read as fp32 (no module's forward computed in half precision), so the
+    reference ran without the port's autocast and loss scale, and every backward op computed from forward values
+    alone (log1p's 1 + x) differed by the scale, 65536; under the same autocast, the loss-scaler twin unscaled no
+    gradient (it knew the parameters of outermost modules only) and Adam's steps differed by its epsilon."""
+    exit_code, summary, _ = verify(SCRIPTS / "layers_by_forward.py", SCRIPTS / "layers_by_forward_npu.py", "-q",
+                                   "-o", tmp_path / "out")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    assert summary["comparison"].startswith("same-AMP policy (float16"), summary["comparison"]
+
+
 def test_fp16_without_loss_scaling_overflows_and_is_told_to_scale(tmp_path):
     """A port that trains in pure fp16 (no autocast, no GradScaler): its sum-reduced loss overflows. The reference
     runs under fp16 autocast, which keeps the loss in fp32, so the overflow is the port's alone."""

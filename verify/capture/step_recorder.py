@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import os
 import time
@@ -86,6 +87,7 @@ class StepRecorder:
         self.model_forwards = 0  # forwards of an outermost module: what a run without a step did run
         self._optimizer_index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._optimizer_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimizer the script made
         self._roots: list[weakref.ref] = []
         self._root_depth = 0
         self._step_open = False  # without an optimizer: a step began with a forward and ends at the next one
@@ -147,6 +149,7 @@ class StepRecorder:
     def _optimizer_init(self, original, optimizer, *args, **kwargs) -> None:
         self.optimizers_created += 1
         original(optimizer, *args, **kwargs)
+        self._optimizers.add(optimizer)
 
     def _backward(self, original, tensors, *args, **kwargs):
         if self._in_backward or not self.enabled:  # Tensor.backward calls torch.autograd.backward
@@ -172,8 +175,14 @@ class StepRecorder:
         return (self.twin is not None and self.twin.scaling and isinstance(tensors, torch.Tensor)
                 and tensors.numel() == 1 and not scaled_by_script and not args and kwargs.get("gradient") is None)
 
-    def _root_parameters(self) -> list[Any]:
-        return list({id(p): p for ref in self._roots if ref() is not None for p in ref().parameters()}.values())
+    def _trained_parameters(self) -> list[Any]:
+        """The parameters of the outermost modules and of every optimizer the script made: a model whose layers the
+        script calls through .forward(), never as modules (pytorch/examples' mnist_forward_forward), has no outermost
+        module, and its optimizers hold its parameters."""
+        modules = (p for ref in self._roots if ref() is not None for p in ref().parameters())
+        optimized = (p for optimizer in list(self._optimizers) for group in optimizer.param_groups
+                     for p in group["params"])
+        return list({id(p): p for p in itertools.chain(modules, optimized)}.values())
 
     def _scaled_backward(self, original, loss, *args, **kwargs):
         """Backward of loss * the twin's scale, then the gradients unscaled (LossScalerTwin). Gradients held from
@@ -182,7 +191,7 @@ class StepRecorder:
         optimizer step has seen since their last backward stay as they are: the port's GradScaler unscaled them in
         place at that step, skipped or not, and its next backward adds scaled gradients to them."""
         scale = self.twin.scale_at(self.steps_done, len(self._losses) - 1)  # this backward's loss is recorded
-        parameters = [parameter for parameter in self._root_parameters() if parameter.grad is not None]
+        parameters = [parameter for parameter in self._trained_parameters() if parameter.grad is not None]
         with self._own_work():
             seen = {id(p): (p.grad, p.grad._version) for p in parameters if id(p) in self._unscaled_by_port}
             held = [p.grad for p in parameters if id(p) not in seen]
@@ -194,14 +203,14 @@ class StepRecorder:
         with self._own_work():
             untouched = {key for key, (grad, version) in seen.items() if _same_gradient(key, grad, version, parameters)}
             self._unscaled_by_port = untouched  # a gradient backward wrote is scaled again, in the port as here
-            self.twin.unscale_([p.grad for p in self._root_parameters()
+            self.twin.unscale_([p.grad for p in self._trained_parameters()
                                 if p.grad is not None and id(p) not in untouched])
         return result
 
     def _check_gradients_reset(self) -> None:
         """At a step's first backward(), gradients left from an earlier step mean nothing reset them in between (read
         when the step ends, with the step's other statistics: no sync here)."""
-        gradients = [p.grad for p in self._root_parameters() if p.grad is not None]
+        gradients = [p.grad for p in self._trained_parameters() if p.grad is not None]
         if gradients:
             norms = torch._foreach_norm(gradients)
             device = norms[0].device

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from verify.compare import tolerances
-from verify.compare.op_catalogue import BUILT_IN, OpCatalogue
+from verify.compare.op_catalogue import BUILT_IN, CARRIERS, OpCatalogue
 from verify.record.store import Run
 from verify.record.schema import AUTOCAST_DTYPES, HALF_DTYPES
 
@@ -32,14 +32,20 @@ class PrecisionPolicy:
 
 
 def amp_dtype(run: Run) -> str:
-    """The half dtype a run computed its forward in: the autocast it was given, else what its ops show."""
+    """The half dtype a run computed its forward in: the autocast it was given, else what its ops show: its modules'
+    forwards, or where they computed none in half precision, what it computed outside any module's forward (a model
+    whose layers the script calls through .forward(), never as modules: pytorch/examples' mnist_forward_forward; a
+    cast alone, data stored in half precision, is not a computation)."""
     imposed = AUTOCAST_DTYPES.get(run.manifest.autocast, run.manifest.autocast if run.manifest.autocast in HALF_DTYPES
                                   else "")
     if imposed:
         return imposed
-    forward = run.ops.loc[run.ops["phase"] == "forward", "dtype"]
-    seen = forward[forward.isin(HALF_DTYPES)]
-    return str(seen.mode().iloc[0]) if len(seen) else ""
+    for phases in (["forward"], ["other"]):
+        half = run.ops.loc[run.ops["phase"].isin(phases) & ~run.ops["op"].isin(list(CARRIERS)), "dtype"]
+        seen = half[half.isin(HALF_DTYPES)]
+        if len(seen):
+            return str(seen.mode().iloc[0])
+    return ""
 
 
 def precision_policy(ref: Run, actual: Run, options: CompareOptions) -> PrecisionPolicy:
