@@ -685,6 +685,23 @@ def test_a_reference_that_crashes_is_an_error_not_a_verdict(tmp_path):
         "as torchrun; a reference that cannot run proves nothing")
 
 
+def test_an_error_of_many_lines_is_named_by_its_first(tmp_path):
+    """Regression: pytorch/examples' time_sequence_prediction on torch 2.6+ stops in torch.load, whose message ends,
+    lines later, with a pointer to documentation: that line alone named neither the exception nor the cause."""
+    traceback = ('Traceback (most recent call last):\n  File "train.py", line 47, in <module>\n'
+                 "    data = torch.load('traindata.pt')\n           ^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+                 "_pickle.UnpicklingError: Weights only load failed. This file can still be loaded.\n"
+                 "\t(1) Re-running `torch.load` with `weights_only` set to `False` will likely succeed.\n\n"
+                 "Check the documentation of torch.load to learn more.\n")
+    ref, actual = (stopped_run(tmp_path / side, 0, status="crashed", exit_code=1, traceback=traceback,
+                               message="UnpicklingError: Weights only load failed. (after 0 steps)")
+                   for side in ("ref", "actual"))
+    result = compare_command(ref, actual)
+    assert result.exit_code == 2 and result.stderr.startswith(
+        "error: both sides stopped before their first step: _pickle.UnpicklingError: Weights only load failed. This "
+        "file can still be loaded. (runs: "), result.stderr
+
+
 def test_both_sides_stopping_before_their_first_step_is_an_error_naming_each_error(tmp_path):
     ref, actual = (stopped_run(tmp_path / side, 0, **LAUNCHER_CRASH) for side in ("ref", "actual"))
     result = compare_command(ref, actual)

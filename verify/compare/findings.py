@@ -127,9 +127,17 @@ def _ending(run: Run) -> tuple[str, int, tuple]:
 
 
 def _error(run: Run) -> str:
-    """What stopped a run: the exception (the traceback's last line), else the manifest's message."""
+    """What stopped a run: the exception's first line (its type and the start of its message: a message of many
+    lines, torch.load's refusal of a pickled numpy array, ends with a pointer to documentation), else the manifest's
+    message."""
     manifest = run.manifest
-    return (manifest.traceback.strip().splitlines() or [manifest.message or manifest.status])[-1]
+    lines = manifest.traceback.strip().splitlines()
+    if not lines:
+        return manifest.message or manifest.status
+    last_frame = max((index for index, line in enumerate(lines) if line.startswith(("  File ", "Traceback ("))),
+                     default=-1)
+    after = [line for line in lines[last_frame + 1:] if not line.startswith("    ")]  # past the frame's code lines
+    return after[0] if after else lines[-1]
 
 
 def _error_words(run: Run) -> str:
