@@ -1,6 +1,7 @@
 """Scripts that start their own ranks (issue 37): --devices N presents N emulated devices, and every process the
-script starts to run its own code (torch.multiprocessing.spawn, multiprocessing.Process of any start method) is
-captured into its rank folder. A script that stops for want of devices says so in the error.
+script starts to run its own code (torch.multiprocessing.spawn, multiprocessing.Process of any start method, with a
+target or a subclass's run()) is captured into its rank folder. A script that stops for want of devices says so in
+the error.
 """
 
 from __future__ import annotations
@@ -62,6 +63,19 @@ def test_every_process_the_script_starts_is_captured_whatever_its_start_method(t
     losses = [list(rank.losses["loss"]) for rank in run.ranks]
     assert [len(rank_losses) for rank_losses in losses] == [3, 3] and losses[0] != losses[1]  # seeded by rank
     assert json.loads((tmp_path / "run" / "rank1" / "manifest.json").read_text())["status"] == "ok"
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_process_subclass_that_overrides_run_is_captured_in_every_rank(tmp_path, start_method):
+    """`class Worker(mp.Process): def run(self)` has no target: verify captured only the main process, which
+    trains nothing (no steps)."""
+    code, output = verify("run", SCRIPTS / "process_subclass.py", "--devices", "2", "--steps", "3", "-q", "-o",
+                          tmp_path / "run", "--", start_method)
+    assert code == 0, output
+    run = read_run(tmp_path / "run")
+    assert [(rank.manifest.rank, rank.manifest.world_size, len(rank.losses)) for rank in run.ranks] == [
+        (0, 2, 3), (1, 2, 3)]
+    assert run.ranks[0].manifest.process_group["backend"] == "gloo"
 
 
 def test_dataloader_workers_are_not_ranks(tmp_path):

@@ -241,9 +241,10 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
 
 class CapturedRank:
     """What a process the script starts runs in place of the script's function (torch.multiprocessing.spawn's, a
-    multiprocessing.Process's target): that function under verify's capture, writing into the rank's folder. Pickled
-    to a spawned process as the function itself is, by reference (the script is re-imported there as __mp_main__);
-    a forked one calls it directly. `rank` None: the rank is the function's first argument (spawn's process index)."""
+    multiprocessing.Process's run(): its target's, or its subclass's own): that function under verify's capture,
+    writing into the rank's folder. Pickled to a spawned process as the function itself is, by reference (the script
+    is re-imported there as __mp_main__); a forked one calls it directly. `rank` None: the rank is the function's first
+    argument (spawn's process index)."""
 
     def __init__(self, fn: Callable[..., Any], run_dir: Path, world_size: int, rank: int | None = None) -> None:
         self.fn, self.run_dir, self.world_size, self.rank = fn, str(run_dir), world_size, rank
@@ -266,6 +267,13 @@ def _the_scripts(fn: Any, script_dir: Path) -> bool:
     worker's loop and torch.multiprocessing.spawn's own wrapper start processes too, and are not ranks."""
     code = getattr(inspect.unwrap(getattr(fn, "func", fn)), "__code__", None)
     return code is not None and Path(code.co_filename).resolve().is_relative_to(script_dir)
+
+
+def _code_run(process: multiprocessing.process.BaseProcess) -> Any:
+    """The code a started process runs: its class's own run() (`class Worker(mp.Process): def run(self)`), else its
+    target."""
+    run = type(process).run
+    return getattr(process, "_target", None) if run is multiprocessing.process.BaseProcess.run else run
 
 
 class _RankStarts:
@@ -294,15 +302,16 @@ class _RankStarts:
         self.allow(nprocs, "torch.multiprocessing.spawn")
         return CapturedRank(fn, self.run_dir, nprocs)
 
-    def process(self, target: Callable[..., Any]) -> CapturedRank:
+    def process(self, run: Callable[[], Any]) -> CapturedRank:
         self.allow(1, "multiprocessing.Process")
-        return CapturedRank(target, self.run_dir, world_size=0, rank=self.started - 1)
+        return CapturedRank(run, self.run_dir, world_size=0, rank=self.started - 1)
 
 
 @contextlib.contextmanager
 def spawned_ranks_captured(run_dir: Path, manifest: RunManifest) -> Iterator[None]:
     """Processes the script starts to run its own code (torch.multiprocessing.spawn or start_processes, a
-    multiprocessing.Process of any start method: fork, spawn, forkserver) run that code under the capture, each into
+    multiprocessing.Process of any start method, fork, spawn or forkserver, with a target of the script's or a run() of
+    its subclass's) run that code under the capture, each into
     its folder of the run directory (rankK/, K: spawn's process index, else the order they start in), without any
     option; --devices N presents the devices they ask for. A spawn after the first ends the script: the ranks ran the
     steps asked for."""
@@ -316,9 +325,9 @@ def spawned_ranks_captured(run_dir: Path, manifest: RunManifest) -> Iterator[Non
 
     @functools.wraps(original_start)
     def start(process: multiprocessing.process.BaseProcess) -> None:
-        target = getattr(process, "_target", None)
-        if target is not None and os.getpid() == ranks.spawner and _the_scripts(target, script_dir):
-            process._target = ranks.process(target)
+        if os.getpid() == ranks.spawner and _the_scripts(_code_run(process), script_dir):
+            # the instance's run() is what the process calls (a forked one directly, a spawned one unpickled)
+            process.run = ranks.process(functools.partial(type(process).run, process))
         original_start(process)
 
     spawn_module.start_processes = torch.multiprocessing.start_processes = start_processes
