@@ -1,7 +1,7 @@
 """Scripts that start their own ranks (issue 37): --devices N presents N emulated devices, and every process the
 script starts to run its own code (torch.multiprocessing.spawn, multiprocessing.Process of any start method, with a
-target or a subclass's run()) is captured into its rank folder. A script that stops for want of devices says so in
-the error.
+target or a subclass's run(), torch.distributed.elastic's launches) is captured into its rank folder. A script that
+stops for want of devices says so in the error.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import typer
 from typer.testing import CliRunner
 
 from verify.cli import app
+from verify.capture.session import _script_and_argv
 from verify.cli.pair import route
+from verify.errors import VerifyError
 from verify.record.run_folders import calibration_dirs, rank_dirs
 from verify.record.store import read_run
 
@@ -76,6 +78,27 @@ def test_a_process_subclass_that_overrides_run_is_captured_in_every_rank(tmp_pat
     assert [(rank.manifest.rank, rank.manifest.world_size, len(rank.losses)) for rank in run.ranks] == [
         (0, 2, 3), (1, 2, 3)]
     assert run.ranks[0].manifest.process_group["backend"] == "gloo"
+
+
+@pytest.mark.parametrize("launch", ["launch", "run"])
+def test_ranks_an_elastic_launch_in_the_script_starts_are_captured_in_every_rank(tmp_path, launch):
+    """elastic_launch on a function of the script, torch.distributed.run.main on the script itself: verify captured
+    only the launching process. Two of the script's three steps: a function's rank that verify stops returns, for
+    elastic's agent waits for its return value (it waited until the run's timeout)."""
+    code, output = verify("run", SCRIPTS / "elastic_launch.py", "--devices", "2", "--steps", "2", "-q", "-o",
+                          tmp_path / "run", "--", launch)
+    assert code == 0, output
+    run = read_run(tmp_path / "run")
+    assert run.manifest.status == "ok", run.manifest.message
+    assert [(rank.manifest.rank, rank.manifest.world_size, len(rank.losses)) for rank in run.ranks] == [
+        (0, 2, 2), (1, 2, 2)]
+
+
+def test_an_elastic_launch_of_a_module_is_refused_naming_what_verify_captures():
+    with pytest.raises(VerifyError, match="launches ranks that run 'python -u -m trainer': verify captures ranks"):
+        _script_and_argv("python", ("-u", "-m", "trainer"))
+    assert _script_and_argv("/usr/bin/python3", ("-u", "train.py", "--lr", 1)) == [
+        str(Path("train.py").resolve()), "--lr", "1"]
 
 
 def test_dataloader_workers_are_not_ranks(tmp_path):
