@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,6 +139,20 @@ def test_each_rank_starts_from_its_own_seed_so_a_port_without_ddp_fails_on_its_g
     reason = json.loads((tmp_path / "out" / "summary.json").read_text())["reason"]
     assert reason.startswith("FAIL: the port's rank 1 holds another gradient"), reason
     assert "the port does not all-reduce its gradients" in reason
+
+
+@pytest.mark.parametrize(("seeding", "same_masks"), [("per-rank", False), ("alike", True)])
+def test_the_keyed_dropout_masks_follow_the_scripts_seeding_per_rank(tmp_path, seeding, same_masks):
+    """The keyed streams were keyed by the run's seed alone: ranks the script seeded torch.manual_seed(seed + rank)
+    dropped the same units on every rank under verify, and other units without it. They follow the script's seed."""
+    script = SCRIPTS / "rank_dropout.py"
+    subprocess.run([sys.executable, script, seeding, tmp_path / "plain.json"], check=True, capture_output=True)
+    code, output = verify("run", script, "--steps", "3", "-q", "-o", tmp_path / "run", "--", seeding,
+                          tmp_path / "verify.json")
+    assert code == 0, output
+    for run in ("plain", "verify"):
+        assert json.loads((tmp_path / f"{run}.json").read_text())["same_masks"] is same_masks, run
+    assert read_run(tmp_path / "run").ranks[1].manifest.random_keyed_by_tag
 
 
 HOGWILD = SCRIPTS / "hogwild.py"

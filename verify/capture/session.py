@@ -111,8 +111,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
         if manifest.no_dropout:
             stack.enter_context(random_streams.dropout_disabled())
         elif manifest.align_random:
-            stack.enter_context(random_streams.keyed(manifest.seed, lambda: recorder.steps_done,
-                                                     manifest.random_not_aligned))
+            stack.enter_context(random_streams.keyed(lambda: recorder.steps_done, manifest.random_not_aligned))
             manifest.random_keyed_by_tag = True
         device = devices.row(manifest.device)
         if manifest.autocast:
