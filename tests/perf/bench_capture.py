@@ -110,7 +110,7 @@ def ours_runner(out_dir: Path, native: bool = True) -> Callable[[int], None]:
     def run(steps: int) -> None:
         verify.capture.tensor_stats.native_stats = extension if native else None
         try:
-            with random_streams.keyed(0, lambda: steps_done[0], []), capture:  # the order of a run (session.py)
+            with random_streams.keyed(lambda: steps_done[0], []), capture:  # the order of a run (session.py)
                 for _ in range(steps):
                     step()
                     index = next(counter)

@@ -72,7 +72,7 @@ def tiny_workload(name: str, seed: int = 0) -> Workload:
 def _keyed_streams() -> contextlib.AbstractContextManager:
     from verify.capture import random_streams
 
-    return random_streams.keyed(0, lambda: 0, [])
+    return random_streams.keyed(lambda: 0, [])
 
 
 def plain_runner(workload: Workload, keyed: bool = False) -> Callable[[int], None]:

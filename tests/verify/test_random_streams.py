@@ -23,10 +23,10 @@ class TwoDropouts(nn.Module):
 
 
 def outputs(seed: int, step: int, draws_before: int) -> tuple[torch.Tensor, torch.Tensor]:
-    torch.manual_seed(draws_before)  # another side: another generator state
-    torch.rand(draws_before)
+    torch.manual_seed(seed)  # the script's seed: the stream's
+    torch.rand(draws_before)  # another side: another generator state
     not_aligned = []
-    with random_streams.keyed(seed, lambda: step, not_aligned):
+    with random_streams.keyed(lambda: step, not_aligned):
         first, second = TwoDropouts()(torch.ones(4, 3, 5, 5))
     assert not_aligned == []
     return first, second
@@ -45,7 +45,7 @@ def test_masks_differ_by_step_by_module_and_by_seed():
 
 
 def test_dropout_in_eval_mode_leaves_the_input_and_the_functions_are_restored():
-    with random_streams.keyed(1, lambda: 0, []):
+    with random_streams.keyed(lambda: 0, []):
         assert torch.equal(nn.functional.dropout(torch.ones(3), 0.5, training=False), torch.ones(3))
     assert nn.functional.dropout.__name__ == "dropout" and nn.functional.dropout.__module__ == "torch.nn.functional"
 
@@ -57,14 +57,14 @@ def test_attention_dropout_is_keyed_and_without_dropout_it_is_the_kernels_own():
     results = []
     for draws_before in (0, 9):
         torch.rand(draws_before)
-        with random_streams.keyed(1, lambda: 0, []):
+        with random_streams.keyed(lambda: 0, []):
             results.append(nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask,
                                                                       dropout_p=0.3))
             plain = nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
     assert torch.equal(results[0], results[1])
     expected = nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
     assert torch.equal(plain, expected)
-    with random_streams.keyed(1, lambda: 0, []):  # no dropout kept: the math path equals the kernel
+    with random_streams.keyed(lambda: 0, []):  # no dropout kept: the math path equals the kernel
         reference = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=1e-12)
     assert torch.allclose(reference, expected, atol=1e-6)
 
@@ -161,13 +161,14 @@ class Step(nn.Module):
         return self.draw()
 
 
-def drawn(draw, seed: int, host_seed: int, device_seed: int) -> torch.Tensor:
-    """`draw` in a step under the keyed stream of `seed`, with the host's generator and an emulated device's own
-    generator (device_numerics.py, below the keyed stream as in a run) seeded otherwise."""
-    torch.manual_seed(host_seed)
+def drawn(draw, seed: int, host_draws: int, device_seed: int) -> torch.Tensor:
+    """`draw` in a step under the keyed stream of the script's `seed`, with the host's generator in another state
+    (`host_draws` drawn) and an emulated device's own generator (device_numerics.py, below the keyed stream as in a
+    run) seeded otherwise."""
+    torch.manual_seed(seed)
+    torch.rand(host_draws)
     not_aligned = []
-    with DeviceNumerics(2, torch.Generator().manual_seed(device_seed)), random_streams.keyed(seed, lambda: 0,
-                                                                                            not_aligned):
+    with DeviceNumerics(2, torch.Generator().manual_seed(device_seed)), random_streams.keyed(lambda: 0, not_aligned):
         result = Step(draw)()
     assert not_aligned == []
     return result
@@ -191,14 +192,14 @@ def test_a_seeded_random_op_draws_from_the_keyed_stream_whatever_the_generators_
     if not hasattr(torch.ops.aten, op.removeprefix("aten.")):
         pytest.skip(f"torch {torch.__version__} has no {op}")
     draw = DRAWS[op]
-    result = drawn(draw, seed=1, host_seed=0, device_seed=0)
-    assert torch.equal(result, drawn(draw, seed=1, host_seed=5, device_seed=9))
-    assert not torch.equal(result, drawn(draw, seed=2, host_seed=0, device_seed=0))  # the key is what it draws from
+    result = drawn(draw, seed=1, host_draws=0, device_seed=0)
+    assert torch.equal(result, drawn(draw, seed=1, host_draws=5, device_seed=9))
+    assert not torch.equal(result, drawn(draw, seed=2, host_draws=0, device_seed=0))  # the key is what it draws from
 
 
 def test_a_tagged_op_that_cannot_be_keyed_is_named_with_its_reason():
     not_aligned = []
-    with random_streams.keyed(1, lambda: 0, not_aligned), pytest.raises(NotImplementedError):
+    with random_streams.keyed(lambda: 0, not_aligned), pytest.raises(NotImplementedError):
         Step(lambda: torch._fused_dropout(_X, 0.5))()  # CUDA's kernel: none on the CPU
     assert not_aligned == [f"aten._fused_dropout in Step ({random_streams.NOT_KEYED['aten._fused_dropout']})"]
 
@@ -207,7 +208,7 @@ def test_setup_draws_are_the_hosts_as_in_a_plain_run_and_a_scripts_own_generator
     torch.manual_seed(3)
     plain = torch.randn(4), nn.Linear(3, 2).weight, torch.randn(4, generator=torch.Generator().manual_seed(8))
     torch.manual_seed(3)
-    with random_streams.keyed(1, lambda: 0, []):
+    with random_streams.keyed(lambda: 0, []):
         keyed = (torch.randn(4), nn.Linear(3, 2).weight,  # before the first module call
                  Step(lambda: torch.randn(4, generator=torch.Generator().manual_seed(8)))())
     assert all(torch.equal(a, b) for a, b in zip(plain, keyed))

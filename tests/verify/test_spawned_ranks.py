@@ -1,12 +1,15 @@
 """Scripts that start their own ranks (issue 37): --devices N presents N emulated devices, and every process the
-script starts to run its own code (torch.multiprocessing.spawn, multiprocessing.Process of any start method) is
-captured into its rank folder. A script that stops for want of devices says so in the error.
+script starts to run its own code (torch.multiprocessing.spawn, multiprocessing.Process of any start method, with a
+target or a subclass's run(), torch.distributed.elastic's launches) is captured into its rank folder. A script that
+stops for want of devices says so in the error.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,9 @@ import typer
 from typer.testing import CliRunner
 
 from verify.cli import app
+from verify.capture.session import _script_and_argv
 from verify.cli.pair import route
+from verify.errors import VerifyError
 from verify.record.run_folders import calibration_dirs, rank_dirs
 from verify.record.store import read_run
 
@@ -64,6 +69,40 @@ def test_every_process_the_script_starts_is_captured_whatever_its_start_method(t
     assert json.loads((tmp_path / "run" / "rank1" / "manifest.json").read_text())["status"] == "ok"
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_process_subclass_that_overrides_run_is_captured_in_every_rank(tmp_path, start_method):
+    """`class Worker(mp.Process): def run(self)` has no target: verify captured only the main process, which
+    trains nothing (no steps)."""
+    code, output = verify("run", SCRIPTS / "process_subclass.py", "--devices", "2", "--steps", "3", "-q", "-o",
+                          tmp_path / "run", "--", start_method)
+    assert code == 0, output
+    run = read_run(tmp_path / "run")
+    assert [(rank.manifest.rank, rank.manifest.world_size, len(rank.losses)) for rank in run.ranks] == [
+        (0, 2, 3), (1, 2, 3)]
+    assert run.ranks[0].manifest.process_group["backend"] == "gloo"
+
+
+@pytest.mark.parametrize("launch", ["launch", "run"])
+def test_ranks_an_elastic_launch_in_the_script_starts_are_captured_in_every_rank(tmp_path, launch):
+    """elastic_launch on a function of the script, torch.distributed.run.main on the script itself: verify captured
+    only the launching process. Two of the script's three steps: a function's rank that verify stops returns, for
+    elastic's agent waits for its return value (it waited until the run's timeout)."""
+    code, output = verify("run", SCRIPTS / "elastic_launch.py", "--devices", "2", "--steps", "2", "-q", "-o",
+                          tmp_path / "run", "--", launch)
+    assert code == 0, output
+    run = read_run(tmp_path / "run")
+    assert run.manifest.status == "ok", run.manifest.message
+    assert [(rank.manifest.rank, rank.manifest.world_size, len(rank.losses)) for rank in run.ranks] == [
+        (0, 2, 2), (1, 2, 2)]
+
+
+def test_an_elastic_launch_of_a_module_is_refused_naming_what_verify_captures():
+    with pytest.raises(VerifyError, match="launches ranks that run 'python -u -m trainer': verify captures ranks"):
+        _script_and_argv("python", ("-u", "-m", "trainer"))
+    assert _script_and_argv("/usr/bin/python3", ("-u", "train.py", "--lr", 1)) == [
+        str(Path("train.py").resolve()), "--lr", "1"]
+
+
 def test_dataloader_workers_are_not_ranks(tmp_path):
     code, output = verify("run", SCRIPTS / "dataloader_workers.py", "--steps", "2", "-q", "-o", tmp_path / "run")
     assert code == 0, output
@@ -100,6 +139,20 @@ def test_each_rank_starts_from_its_own_seed_so_a_port_without_ddp_fails_on_its_g
     reason = json.loads((tmp_path / "out" / "summary.json").read_text())["reason"]
     assert reason.startswith("FAIL: the port's rank 1 holds another gradient"), reason
     assert "the port does not all-reduce its gradients" in reason
+
+
+@pytest.mark.parametrize(("seeding", "same_masks"), [("per-rank", False), ("alike", True)])
+def test_the_keyed_dropout_masks_follow_the_scripts_seeding_per_rank(tmp_path, seeding, same_masks):
+    """The keyed streams were keyed by the run's seed alone: ranks the script seeded torch.manual_seed(seed + rank)
+    dropped the same units on every rank under verify, and other units without it. They follow the script's seed."""
+    script = SCRIPTS / "rank_dropout.py"
+    subprocess.run([sys.executable, script, seeding, tmp_path / "plain.json"], check=True, capture_output=True)
+    code, output = verify("run", script, "--steps", "3", "-q", "-o", tmp_path / "run", "--", seeding,
+                          tmp_path / "verify.json")
+    assert code == 0, output
+    for run in ("plain", "verify"):
+        assert json.loads((tmp_path / f"{run}.json").read_text())["same_masks"] is same_masks, run
+    assert read_run(tmp_path / "run").ranks[1].manifest.random_keyed_by_tag
 
 
 HOGWILD = SCRIPTS / "hogwild.py"

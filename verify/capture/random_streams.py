@@ -6,8 +6,9 @@ hardware every op after a random draw differs between the sides, whatever the po
 default; `--no-align-random` leaves each device its own), every op torch tags `nondeterministic_seeded` (bernoulli_,
 normal_, uniform_, randn_like, multinomial, native_dropout, rrelu's noise, the dropout an nn.LSTM draws between its
 layers on the CPU, ...) draws on the CPU, below the other dispatch modes (an emulated device's own generator among
-them), from the CPU generator seeded by a key of the run's seed, the step, the innermost module path, the op, its
-sizes and the call's number in that step and module; its result goes to the tensor's device. Draws then match on any
+them), from the CPU generator seeded by a key of the script's seed (the host generator's, as the script last set
+it: per rank where the script seeds each rank its own), the step, the innermost module path, the op, its sizes and the
+call's number in that step and module; its result goes to the tensor's device. Draws then match on any
 two devices, and stay matched where one side makes more or fewer random calls elsewhere. Before the first module call
 (a model's initial weights, data made before training) an op draws from the host's generator as it stands, as in a
 plain run: on both sides the host's generator is seeded alike. An op given a generator of the script's own draws from
@@ -81,11 +82,13 @@ NOT_KEYED = {
 
 
 class KeyedStream(ModuleCalls):
-    """CPU generators keyed by (seed, step, innermost module path, kind of draw, call number)."""
+    """CPU generators keyed by (the script's seed, step, innermost module path, kind of draw, call number). The seed
+    is the host generator's as the script last set it (torch.initial_seed(): verify's seed + the rank where the script
+    sets none), so that the streams follow the script's seeding: ranks it seeds alike draw alike, ranks it seeds each
+    its own (torch.manual_seed(seed + rank)) draw each their own, as on the devices."""
 
-    def __init__(self, seed: int, step: Callable[[], int], not_aligned: list[str]) -> None:
+    def __init__(self, step: Callable[[], int], not_aligned: list[str]) -> None:
         super().__init__()
-        self.seed = seed
         self.step = step
         self.not_aligned = not_aligned  # manifest: the random draws left to each device's generator
         self._paths = [""]
@@ -108,7 +111,8 @@ class KeyedStream(ModuleCalls):
         every device, whatever else a side drew, of other kinds or elsewhere."""
         step, path = self.step(), self.path
         number = self._calls[step, path, kind] = self._calls.get((step, path, kind), -1) + 1
-        key = hashlib.blake2b(f"{self.seed}/{step}/{path}/{kind}{number}".encode(), digest_size=8).digest()
+        seed = torch.initial_seed()  # a keyed draw seeds the host's generator only inside fork_rng, which restores it
+        key = hashlib.blake2b(f"{seed}/{step}/{path}/{kind}{number}".encode(), digest_size=8).digest()
         return int.from_bytes(key, "little") >> 1
 
     def generator(self, kind: str = "") -> torch.Generator:
@@ -310,11 +314,11 @@ class KeyedDraws(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def keyed(seed: int, step: Callable[[], int], not_aligned: list[str]) -> Iterator[None]:
+def keyed(step: Callable[[], int], not_aligned: list[str]) -> Iterator[None]:
     """Random draws from the keyed stream while inside; what stays unaligned is appended to `not_aligned`."""
     originals = {name: getattr(F, name) for name in (*KEYED_DROPOUTS, ATTENTION)}
     factories = {name: getattr(torch, name) for name in KEYED_FACTORIES}
-    with KeyedStream(seed, step, not_aligned) as stream, KeyedDraws(stream):
+    with KeyedStream(step, not_aligned) as stream, KeyedDraws(stream):
         for name, spatial in KEYED_DROPOUTS.items():
             setattr(F, name, _keyed_dropout(stream, originals[name], spatial))
         F.scaled_dot_product_attention = _keyed_attention(stream, originals[ATTENTION])

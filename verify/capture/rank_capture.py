@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +26,17 @@ from verify.record.store import write_manifest
 # The process group classes torch's backends run as, by the name a person knows them by.
 _BACKEND_CLASSES = {"ProcessGroupGloo": "gloo", "ProcessGroupNCCL": "nccl", "ProcessGroupHCCL": "hccl",
                     "ProcessGroupMPI": "mpi", "ProcessGroupUCC": "ucc"}
+
+
+RANK_ROLE = "--rank"  # the bootstrap's argument that makes it a rank a launcher started (RANK in its environment)
+
+
+def rank_command(run_dir: Path, *script_and_argv: str) -> list[str]:
+    """The command a launcher starts a rank with (torch.distributed.run for --nproc-per-node, or an elastic launch in
+    the script): the bootstrap as a rank of `run_dir`, dying with this process, running the run's script or, where
+    given, `script_and_argv` (the script the elastic launch runs, and its arguments)."""
+    return [sys.executable, "-P", "-m", "verify.capture.bootstrap", str(run_dir), str(os.getpid()), RANK_ROLE,
+            *script_and_argv]
 
 
 def launched_rank() -> int | None:

@@ -111,8 +111,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
         if manifest.no_dropout:
             stack.enter_context(random_streams.dropout_disabled())
         elif manifest.align_random:
-            stack.enter_context(random_streams.keyed(manifest.seed, lambda: recorder.steps_done,
-                                                     manifest.random_not_aligned))
+            stack.enter_context(random_streams.keyed(lambda: recorder.steps_done, manifest.random_not_aligned))
             manifest.random_keyed_by_tag = True
         device = devices.row(manifest.device)
         if manifest.autocast:
@@ -244,9 +243,10 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
 
 class CapturedRank:
     """What a process the script starts runs in place of the script's function (torch.multiprocessing.spawn's, a
-    multiprocessing.Process's target): that function under verify's capture, writing into the rank's folder. Pickled
-    to a spawned process as the function itself is, by reference (the script is re-imported there as __mp_main__);
-    a forked one calls it directly. `rank` None: the rank is the function's first argument (spawn's process index)."""
+    multiprocessing.Process's run(): its target's, or its subclass's own): that function under verify's capture,
+    writing into the rank's folder. Pickled to a spawned process as the function itself is, by reference (the script
+    is re-imported there as __mp_main__); a forked one calls it directly. `rank` None: the rank is the function's first
+    argument (spawn's process index)."""
 
     def __init__(self, fn: Callable[..., Any], run_dir: Path, world_size: int, rank: int | None = None) -> None:
         self.fn, self.run_dir, self.world_size, self.rank = fn, str(run_dir), world_size, rank
@@ -255,13 +255,33 @@ class CapturedRank:
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         die_with_parent(self.spawner)
         run_dir = Path(self.run_dir)
-        rank = args[0] if self.rank is None else self.rank
-        folder, manifest = rank_capture.open_rank_dir(run_dir, read_manifest(run_dir), rank, self.world_size)
+        folder, manifest = rank_capture.open_rank_dir(run_dir, read_manifest(run_dir), self._rank(args),
+                                                      self.world_size)
         status = instrumented(folder, manifest, lambda: self.fn(*args, **kwargs))
         sys.stdout.flush()
         sys.stderr.flush()
+        self._end(status)
+
+    def _rank(self, args: tuple) -> int:
+        return args[0] if self.rank is None else self.rank
+
+    def _end(self, status: Status) -> None:
         # As the bootstrap ends: the script's leftover threads (a process group's) must not keep the rank alive.
         os._exit(0 if status in (Status.OK, Status.SHORT) else 1)
+
+
+class ElasticRank(CapturedRank):
+    """A rank that torch.distributed.elastic starts on a function of the script: its rank in RANK, as in a rank
+    torch's launcher starts. One that ran its steps returns, for elastic's own wrapper around it must hand the agent a
+    return value (the agent waits forever for a rank that ends its process first); one that failed exits 1, which the
+    agent reads as a failed worker."""
+
+    def _rank(self, args: tuple) -> int:
+        return rank_capture.launched_rank()
+
+    def _end(self, status: Status) -> None:
+        if status not in (Status.OK, Status.SHORT):
+            super()._end(status)
 
 
 def _the_scripts(fn: Any, script_dir: Path) -> bool:
@@ -269,6 +289,13 @@ def _the_scripts(fn: Any, script_dir: Path) -> bool:
     worker's loop and torch.multiprocessing.spawn's own wrapper start processes too, and are not ranks."""
     code = getattr(inspect.unwrap(getattr(fn, "func", fn)), "__code__", None)
     return code is not None and Path(code.co_filename).resolve().is_relative_to(script_dir)
+
+
+def _code_run(process: multiprocessing.process.BaseProcess) -> Any:
+    """The code a started process runs: its class's own run() (`class Worker(mp.Process): def run(self)`), else its
+    target."""
+    run = type(process).run
+    return getattr(process, "_target", None) if run is multiprocessing.process.BaseProcess.run else run
 
 
 class _RankStarts:
@@ -290,44 +317,91 @@ class _RankStarts:
                               "free memory): ask the script for fewer, or add --force to start them anyway")
         self.started += count
 
-    def spawned(self, fn: Callable[..., Any], nprocs: int) -> CapturedRank:
-        if self.started:  # its ranks' folders are taken: the steps asked for were those of its first ranks
+    def _launched(self, count: int, how: str) -> None:
+        """Ranks started together (a spawn, an elastic launch): a second launch ends the script, for its ranks'
+        folders are taken: the steps asked for were those of its first ranks."""
+        if self.started:
             raise StopRun(Status.OK, f"verify captured the {self.started} ranks the script started first and stopped "
-                                     "it where it starts more (torch.multiprocessing.spawn)")
-        self.allow(nprocs, "torch.multiprocessing.spawn")
+                                     f"it where it starts more ({how})")
+        self.allow(count, how)
+
+    def spawned(self, fn: Callable[..., Any], nprocs: int) -> CapturedRank:
+        self._launched(nprocs, "torch.multiprocessing.spawn")
         return CapturedRank(fn, self.run_dir, nprocs)
 
-    def process(self, target: Callable[..., Any]) -> CapturedRank:
+    def process(self, run: Callable[[], Any]) -> CapturedRank:
         self.allow(1, "multiprocessing.Process")
-        return CapturedRank(target, self.run_dir, world_size=0, rank=self.started - 1)
+        return CapturedRank(run, self.run_dir, world_size=0, rank=self.started - 1)
+
+    def elastic(self, entrypoint: Callable[..., Any] | str, args: dict[int, tuple]) -> tuple[Any, dict[int, tuple]]:
+        """An elastic launch's entrypoint and each rank's arguments, run under the capture: a function of the script
+        as an ElasticRank; a command that runs a Python script as the bootstrap running it as a rank, as the ranks
+        --nproc-per-node launches are."""
+        if callable(entrypoint):
+            self._launched(len(args), "torch.distributed.elastic")
+            return ElasticRank(entrypoint, self.run_dir, len(args)), args
+        commands = {rank: rank_capture.rank_command(self.run_dir, *_script_and_argv(entrypoint, rank_args))
+                    for rank, rank_args in args.items()}
+        self._launched(len(args), "torch.distributed.elastic")
+        return sys.executable, {rank: tuple(command[1:]) for rank, command in commands.items()}
+
+
+def _script_and_argv(command: str, args: tuple) -> list[str]:
+    """The Python script that an elastic launch's command runs, and its arguments: `python [-u ...] SCRIPT ARGS`
+    (torch.distributed.run), or `SCRIPT ARGS` (its --no-python). Another command (a module, a binary) is refused."""
+    args = tuple(map(str, args))
+    if Path(command).name.startswith("python"):
+        flags = next((index for index, arg in enumerate(args) if not arg.startswith("-")), len(args))
+        if "-m" not in args[:flags] and "-c" not in args[:flags] and flags < len(args):
+            return [str(Path(args[flags]).resolve()), *args[flags + 1:]]
+    elif command.endswith(".py"):
+        return [str(Path(command).resolve()), *args]
+    raise VerifyError(f"the script launches ranks that run {' '.join((command, *args))!r}: verify captures ranks "
+                      "that run a function of the script or a Python script (python SCRIPT ARGS)")
 
 
 @contextlib.contextmanager
 def spawned_ranks_captured(run_dir: Path, manifest: RunManifest) -> Iterator[None]:
-    """Processes the script starts to run its own code (torch.multiprocessing.spawn or start_processes, a
-    multiprocessing.Process of any start method: fork, spawn, forkserver) run that code under the capture, each into
-    its folder of the run directory (rankK/, K: spawn's process index, else the order they start in), without any
-    option; --devices N presents the devices they ask for. A spawn after the first ends the script: the ranks ran the
-    steps asked for."""
+    """Processes the script starts to run its own code (torch.multiprocessing.spawn or start_processes; a
+    multiprocessing.Process of any start method, fork, spawn or forkserver, with a target of the script's or a run() of
+    its subclass's; torch.distributed.elastic's launches, elastic_launch or torch.distributed.run called in the script,
+    on a function or a script) run that code under the capture, each into its folder of the run directory (rankK/, K:
+    spawn's process index or the launched rank, else the order they start in), without any option; --devices N
+    presents the devices they ask for. A launch after the first ends the script: the ranks ran the steps asked for."""
     spawn_module = importlib.import_module("torch.multiprocessing.spawn")  # torch.multiprocessing.spawn: a function
     original_spawn, original_start = spawn_module.start_processes, multiprocessing.process.BaseProcess.start
+    # elastic's agent (elastic_launch, torch.distributed.run) calls the name it imported from elastic.multiprocessing
+    elastic_processes = importlib.import_module("torch.distributed.elastic.multiprocessing")
+    elastic_agent = importlib.import_module("torch.distributed.elastic.agent.server.local_elastic_agent")
+    original_elastic = elastic_processes.start_processes
     ranks, script_dir = _RankStarts(run_dir, manifest), Path(manifest.script).resolve().parent
 
     @functools.wraps(original_spawn)
     def start_processes(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, *rest: Any, **kwargs: Any) -> Any:
-        return original_spawn(ranks.spawned(fn, nprocs), args, nprocs, *rest, **kwargs)
+        if _the_scripts(fn, script_dir):
+            fn = ranks.spawned(fn, nprocs)
+        return original_spawn(fn, args, nprocs, *rest, **kwargs)
+
+    @functools.wraps(original_elastic)
+    def start_elastic(name: str, entrypoint: Callable[..., Any] | str, args: dict[int, tuple], *rest: Any,
+                      **kwargs: Any) -> Any:
+        if isinstance(entrypoint, str) or _the_scripts(entrypoint, script_dir):
+            entrypoint, args = ranks.elastic(entrypoint, args)
+        return original_elastic(name, entrypoint, args, *rest, **kwargs)
 
     @functools.wraps(original_start)
     def start(process: multiprocessing.process.BaseProcess) -> None:
-        target = getattr(process, "_target", None)
-        if target is not None and os.getpid() == ranks.spawner and _the_scripts(target, script_dir):
-            process._target = ranks.process(target)
+        if os.getpid() == ranks.spawner and _the_scripts(_code_run(process), script_dir):
+            # the instance's run() is what the process calls (a forked one directly, a spawned one unpickled)
+            process.run = ranks.process(functools.partial(type(process).run, process))
         original_start(process)
 
     spawn_module.start_processes = torch.multiprocessing.start_processes = start_processes
     multiprocessing.process.BaseProcess.start = start
+    elastic_processes.start_processes = elastic_agent.start_processes = start_elastic
     try:
         yield
     finally:
         spawn_module.start_processes = torch.multiprocessing.start_processes = original_spawn
         multiprocessing.process.BaseProcess.start = original_start
+        elastic_processes.start_processes = elastic_agent.start_processes = original_elastic
