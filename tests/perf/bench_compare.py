@@ -60,7 +60,7 @@ def synthetic_trace(records: int, steps: int, seed: int) -> pd.DataFrame:
     scale = rng.uniform(0.5, 2.0, len(frame))
     frame = frame.assign(dtype="float32", shape="64x128", numel=8192, min=-3 * scale, max=3 * scale,
                          mean=rng.normal(0, 0.1, len(frame)), l2_norm=64 * scale, nan_count=0, inf_count=0, md5="",
-                         tensor_file="", inputs=np.where(seq > 0, (seq - 1).astype(str), ""), source="")
+                         tensor_file="", inputs=np.where(seq > 0, (seq - 1).astype(str), ""), source="", attrs="")
     return frame[list(OP_COLUMNS)].astype(OP_COLUMNS)
 
 

@@ -26,7 +26,7 @@ def trace_ops() -> pd.DataFrame:
     rows = [dict(step=step, seq=seq, phase=phase, module=module, op=op, call_index=0, io="out0",
                  key=f"{step}/{phase}/{module}/{op}#0", dtype="float32", shape="4x4", numel=16, min=-1.0, max=1.0,
                  mean=0.1 * (seq + 1), l2_norm=2.0 + step, nan_count=0, inf_count=0, md5="", tensor_file="", inputs="",
-                 source="")
+                 source="", attrs="")
             for step in range(STEPS) for seq, (phase, module, op) in enumerate(TRACE)]
     return pd.DataFrame(rows).astype(OP_COLUMNS)
 

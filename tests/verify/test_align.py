@@ -19,7 +19,7 @@ def ops(calls: list[tuple[str, str]], step: int = 0, phase: str = "forward", sha
     """(module, op) calls in execution order, one out0 record each, statistics numbering the call."""
     frame = pd.DataFrame(calls, columns=["module", "op"]).assign(step=step, phase=phase, io="out0", dtype="float32",
                                                                   shape=shape, numel=16, nan_count=0, inf_count=0,
-                                                                  md5="", tensor_file="", inputs="", source="")
+                                                                  md5="", tensor_file="", inputs="", source="", attrs="")
     frame["seq"] = range(len(frame))
     frame["call_index"] = frame.groupby(["module", "op"]).cumcount()
     frame["key"] = [f"{step}/{phase}/{module}/{op}#{index}" for module, op, index in

@@ -68,7 +68,7 @@ def trace_ops(steps: int = STEPS, trace=TRACE, seed: int = 0) -> pd.DataFrame:
                              shape="x".join(map(str, shape)), numel=numel, min=-3 * spread, max=3 * spread,
                              mean=rng.normal(0, 0.1), l2_norm=spread * np.sqrt(numel), nan_count=0, inf_count=0,
                              md5="", tensor_file="", inputs=str(seq - 1) if seq else "",  # a sequential model
-                             source=""))
+                             source="", attrs=""))
     return pd.DataFrame(rows).astype(OP_COLUMNS)
 
 

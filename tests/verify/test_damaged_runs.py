@@ -9,6 +9,7 @@ import random
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -77,6 +78,21 @@ def test_a_side_recorded_with_dump_stats_without_its_ops_folder_is_damaged(pair)
     line = one_error_line(verify("compare", *pair))
     assert ("ops/steps.arrows has no operator records of step(s) 0, 1, 2 of the 3 step(s) the manifest records as "
             "written (it was recorded with --dump stats)") in line
+
+
+def test_an_end_of_stream_mark_among_a_tables_records_is_damage(pair):
+    """Regression (the fuzz test, its cases drawn anew): zeros over a gradient table's second step read as the end of
+    its stream, and the steps after it were silently lost, the rest judged."""
+    table = pair[1] / "grads" / "steps.arrows"
+    with pa.OSFile(str(table)) as source:
+        reader = pa.ipc.open_stream(source)
+        reader.read_next_batch()
+        second = source.tell()
+    data = bytearray(table.read_bytes())
+    data[second:second + 8] = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow's end-of-stream mark
+    table.write_bytes(bytes(data))
+    line = one_error_line(verify("compare", *pair))
+    assert "grads/steps.arrows" in line and "an end-of-stream mark among its records" in line, line
 
 
 def test_losses_of_a_step_removed_from_a_run_that_ended_whole_are_damage(pair):

@@ -215,6 +215,20 @@ def test_layers_called_through_forward_under_the_ports_autocast_and_grad_scaler_
     assert summary["comparison"].startswith("same-AMP policy (float16"), summary["comparison"]
 
 
+def test_a_changed_layer_setting_is_named_though_its_numbers_stay_within_the_noise(tmp_path):
+    """GELU's tanh approximation moves its outputs less than the devices' noise here (nanoGPT's MLP ported with
+    approximate="tanh" passed on its numbers): the op's recorded settings name it."""
+    original, port = tmp_path / "gelu.py", tmp_path / "gelu_npu.py"
+    original.write_text(ORIGINAL.read_text().replace("nn.ReLU()", "nn.GELU()"))
+    port.write_text(PORT.read_text().replace("nn.ReLU()", 'nn.GELU(approximate="tanh")'))
+    exit_code, summary, _ = verify(original, port, "-n", 2, "-q", "-o", tmp_path / "out")
+    assert exit_code == 1
+    assert summary["reason"].startswith("FAIL: the port computes aten.gelu(approximate='tanh') where the original "
+                                        "computes aten.gelu() at gelu_npu.py:"), summary["reason"]
+    changed = finding(summary, "op_changed")["detail"]
+    assert (changed["attrs"], changed["actual_attrs"], changed["module"]) == ("", "approximate='tanh'", "Net.act")
+
+
 def test_fp16_without_loss_scaling_overflows_and_is_told_to_scale(tmp_path):
     """A port that trains in pure fp16 (no autocast, no GradScaler): its sum-reduced loss overflows. The reference
     runs under fp16 autocast, which keeps the loss in fp32, so the overflow is the port's alone."""

@@ -30,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
 
 from verify.capture.module_scopes import ModuleScopes, leaves
+from verify.capture.op_attributes import attributes
 from verify.capture.source_lines import SourceLines
 from verify.capture.tensor_stats import (Handle, PendingStats, SmallTensorStats, StatBatch, dtype_name,
                                          has_readable_data, has_statistics, host_array, md5_of, sample_fingerprints,
@@ -54,7 +55,7 @@ _DEAD = lambda: None  # noqa: E731  (a weak reference whose tensor is gone)
 
 
 _ROW_COLUMNS = ("seq", "phase", "module", "op", "call_index", "io", "md5", "tensor_file", "inputs",
-               "source")
+               "source", "attrs")
 _PENDING_COLUMNS = ("dtype", "shape", "numel")
 _ROW_FIELDS, _PENDING_FIELDS = operator.attrgetter(*_ROW_COLUMNS), operator.attrgetter(*_PENDING_COLUMNS)
 
@@ -72,6 +73,7 @@ class OpRow:
     tensor_file: str = ""
     inputs: str = ""  # the seqs of the recorded calls whose outputs this call read
     source: str = ""  # the user's line that made the call ("train.py:55"; backward: the forward line it differentiates)
+    attrs: str = ""  # a forward call's settings besides its tensors ("approximate='tanh'"; op_attributes.py)
 
 
 class TensorSaver:
@@ -166,6 +168,8 @@ class _OpRecorder(TorchDispatchMode):
         if kwargs:
             arguments += tensors_in(tuple(kwargs.values()))
         call.inputs = capture.producers(arguments)
+        if call.phase == _FORWARD:  # a changed layer shows in its forward; a backward follows from it
+            call.attrs = attributes(func, args, kwargs)
         if capture.with_inputs:
             capture.record(call, "in", arguments)
         out = func(*args, **kwargs)
@@ -193,6 +197,7 @@ class _Call:
     save_tensors: bool
     source: str
     inputs: str = ""
+    attrs: str = ""  # a forward call's settings besides its tensors (verify/capture/op_attributes.py)
 
 
 class OpCapture:
@@ -348,7 +353,8 @@ class OpCapture:
             return
         for position, tensor in enumerate(tensors):
             row = OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"{io}{position}",
-                        summarize(tensor, self.batch, self.small_tensors), inputs=call.inputs, source=call.source)
+                        summarize(tensor, self.batch, self.small_tensors), inputs=call.inputs, source=call.source,
+                        attrs=call.attrs)
             if self.dump == DumpMode.MD5:
                 row.md5 = md5_of(tensor)
             if call.save_tensors:

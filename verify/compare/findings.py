@@ -9,6 +9,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from verify.record import environment
@@ -372,33 +373,50 @@ def _lines_detail(placed: Placement | None) -> dict[str, Any]:
 
 
 def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue, lines: CodeLines) -> list[Finding]:
-    """The first forward record paired with another computation (gelu where the original calls relu): a changed
-    layer or function, which every numeric difference after it may follow from. Forward only: a backward is derived
-    from its forward, and devices decompose backward ops differently (a GPU's native_dropout_backward is a plain mul
-    where the mask was made apart)."""
+    """The first forward record paired with another computation (gelu where the original calls relu) or with the
+    same op under other settings (ops.attrs: gelu's tanh approximation, a layer norm's epsilon): a changed layer or
+    function, which every numeric difference after it may follow from, and which the devices' noise may hide. Forward
+    only: a backward is derived from its forward, and devices decompose backward ops differently (a GPU's
+    native_dropout_backward is a plain mul where the mask was made apart)."""
     paired = table.loc[table["status"].isin(MATCHED_STATUSES) & (table["phase"] == "forward")
-                       & ~table["ref_op"].isin(list(CARRIERS))
-                       & (table["ref_op"].astype(str) != table["actual_op"].astype(str)), ["ref_op", "actual_op"]]
-    pairs = paired.astype(str).drop_duplicates()
-    changed = pairs.loc[[not catalogue.same_computation(op, other)
-                         for op, other in zip(pairs["ref_op"], pairs["actual_op"])]]
-    rows = paired.astype(str).merge(changed, on=["ref_op", "actual_op"]).set_axis(
-        paired.index[paired.astype(str).apply(tuple, axis=1).isin(set(changed.apply(tuple, axis=1)))])
-    if rows.empty:
+                       & ~table["ref_op"].isin(list(CARRIERS))]
+    ops = paired[["ref_op", "actual_op"]].astype(str)
+    pairs = ops.loc[ops["ref_op"] != ops["actual_op"]].drop_duplicates()
+    computing_apart = {(op, other) for op, other in zip(pairs["ref_op"], pairs["actual_op"])
+                       if not catalogue.same_computation(op, other)}
+    other_op = np.fromiter(((op, other) in computing_apart for op, other in zip(ops["ref_op"], ops["actual_op"])),
+                           bool, len(ops))
+    settings = _settings(paired, "ref"), _settings(paired, "actual")
+    other_settings = ((ops["ref_op"] == ops["actual_op"]).to_numpy() & settings[0].notna().to_numpy()
+                      & settings[1].notna().to_numpy() & (settings[0] != settings[1]).to_numpy(bool, na_value=False))
+    changed = paired.index[other_op | other_settings]
+    if changed.empty:
         return []
-    row = table.loc[rows.index[0]]
+    row = table.loc[changed[0]]
     detail = {"op": str(row["ref_op"]), "actual_op": str(row["actual_op"]), "module": str(row["module"]),
               "phase": str(row["phase"]), "step": int(row["step"]), "seq": int(row["ref_seq"])}
+    original, port = detail["op"], detail["actual_op"]
+    if original == port:
+        detail["attrs"], detail["actual_attrs"] = settings[0][changed[0]], settings[1][changed[0]]
+        original, port = f"{original}({detail['attrs']})", f"{port}({detail['actual_attrs']})"
     where = f"{detail['module']} " if detail["module"] else ""
     placed = lines.place(row.get("ref_source"), row.get("actual_source"))
     if placed is None:
         return [Finding(FindingCode.OP_CHANGED, (
-            f"the port computes {detail['actual_op']} where the original computes {detail['op']} ({where}"
+            f"the port computes {port} where the original computes {original} ({where}"
             f"{detail['phase']}, step {detail['step']}): a changed operator"), detail)]
     return [Finding(FindingCode.OP_CHANGED, (
-        f"the port computes {detail['actual_op']} where the original computes {detail['op']}{placed.words}, in "
+        f"the port computes {port} where the original computes {original}{placed.words}, in "
         f"{where}{detail['phase']}, step {detail['step']}: a changed operator{placed.origin_words}"),
         {**detail, **_lines_detail(placed)})]
+
+
+def _settings(table: pd.DataFrame, side: str) -> pd.Series:
+    """A side's ops.attrs of each row as strings, missing where its run recorded none (schema before 4, msprobe)."""
+    column = f"{side}_attrs"
+    if column not in table:
+        return pd.Series(pd.NA, index=table.index, dtype="string")
+    return table[column].astype("string")
 
 
 def _hparams_behind(op: dict[str, Any], hparams: pd.DataFrame) -> list[str]:

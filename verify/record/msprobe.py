@@ -192,7 +192,7 @@ def _rows(step: int, dump_file: Path, root: Path, skipped: list[str]) -> list[tu
                 "numel": int(np.prod(shape)) if shape else 1, **_statistics(tensor), "md5": str(tensor.get("md5") or ""),
                 "tensor_file": _tensor_file(tensor, dump_file.parent, root, skipped),
                 # msprobe records no data flow; its stack.json (each api's Python stack) is not read for the source
-                "inputs": pd.NA, "source": pd.NA}))
+                "inputs": pd.NA, "source": pd.NA, "attrs": pd.NA}))
     return rows
 
 

@@ -48,7 +48,9 @@ from verify.devices import title
 from verify.errors import ManifestError
 from verify.record.statistics import STATISTIC_COLUMNS
 
-SCHEMA_VERSION = 3  # 2: ops.inputs (the data flow between recorded calls); 3: ops.source (the user's line)
+# 2: ops.inputs (the data flow between recorded calls); 3: ops.source (the user's line); 4: ops.attrs (a forward
+# call's settings)
+SCHEMA_VERSION = 4
 
 MANIFEST = "manifest.json"
 LOSSES = "losses.csv"
@@ -139,6 +141,10 @@ OP_COLUMNS: dict[str, str] = {
     # folder; verify/capture/source_lines.py); a backward op's is the forward line whose graph it differentiates, an
     # update's the optimizer.step() line, "" where no user line made it. Schema version 3; older runs read as missing.
     "source": "string",
+    # A forward call's settings besides its tensors that differ from its schema's defaults ("approximate='tanh'",
+    # "eps=1e-06"; verify/capture/op_attributes.py), "" for none and for every other phase. Schema version 4; older
+    # runs read as missing.
+    "attrs": "string",
 }
 
 # The op key: the parts that identify an op call on every machine, each preceded by its separator.

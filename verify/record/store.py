@@ -274,7 +274,10 @@ def _complete_batches(path: Path, folder: str, reading: _Reading) -> list[pa.Rec
                 offset = source.tell()
                 try:
                     batch, metadata = reader.read_next_batch_with_custom_metadata()
-                except StopIteration:
+                except StopIteration:  # an end-of-stream mark: the writer's last bytes, or zeros written over records
+                    if (end := source.tell()) < (size := source.size()):
+                        reading.damage.append(_damaged(name, batches, offset, (
+                            f"its stream ends at byte {end} of {size}: an end-of-stream mark among its records")))
                     return batches
                 if damage := _damage(batch, metadata, checksummed):
                     reading.damage.append(_damaged(name, batches, offset, damage))
