@@ -64,8 +64,11 @@ def verify(*args) -> tuple[int, dict, Path]:
 
 
 @pytest.mark.slow
-def test_a_faithful_pair_is_judged_against_the_references_own_noise(tmp_path):
-    exit_code, summary, out = verify(ORIGINAL, PORT, "-n", 3, "-q", "-o", tmp_path / "out")
+@pytest.mark.parametrize("device_ref", ["auto", "cpu"], ids=["emulated-cuda", "real-cpu"])
+def test_a_faithful_pair_is_judged_against_the_references_own_noise(tmp_path, device_ref):
+    """The reference's calibration sums as the port's emulated NPU sums, on an emulated device (its face reads the
+    order) and on a real one (a mode below the capture sums so; a CUDA GPU does as the CPU)."""
+    exit_code, summary, out = verify(ORIGINAL, PORT, "-n", 3, "--device-ref", device_ref, "-q", "-o", tmp_path / "out")
     assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
     calibration = json.loads((out / CALIBRATION / "manifest.json").read_text())
     assert calibration["status"] == "ok" and calibration["perturbation"]["of"] == "ref"

@@ -87,6 +87,20 @@ def _cuda_autocast_casts_on_cpu() -> Iterator[None]:
     del library  # unregisters them
 
 
+def _summation_order_set(stack: contextlib.ExitStack, manifest: RunManifest, device: devices.DeviceRow) -> bool:
+    """Whether this run sums in the order its calibration plan names (manifest.perturbation["blocks"]): an emulated
+    face reads it from its environment (devices.BLOCKS_VAR), except under --exact-emulation; on a real device (the
+    CPU, a CUDA GPU) a mode entered here below the capture sums so, where the plan asks for no rounding (the port's
+    own order: random rounding never flips a sign, which another order does)."""
+    plan = manifest.perturbation
+    if device.summation_blocks:
+        return not manifest.exact_emulation
+    if device.emulated or not plan or plan.get("rounding", True):
+        return False
+    stack.enter_context(device_setup.summed_in_blocks(int(plan["blocks"])))
+    return True
+
+
 def _script_traceback(error: BaseException, script: str) -> str:
     """The traceback from the script's first frame on, without verify's own frames (runpy, the bootstrap, the
     capture hooks and torch's dispatch-mode plumbing that a failing call passed through): noise to the user."""
@@ -121,7 +135,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
             stack.enter_context(precision_scopes.imposed(device.autocast_device_type, manifest.autocast,
                                                          manifest.autocast_follow))
         stack.enter_context(precision_scopes.recorded(device.autocast_device_type, manifest.autocast_scopes))
-        order_set = bool(device.summation_blocks) and not manifest.exact_emulation
+        order_set = _summation_order_set(stack, manifest, device)
         if manifest.perturbation:
             manifest.perturbation["rounded"] = perturbation.rounds(manifest.perturbation, order_set)
         stack.enter_context(perturbation.perturbed(manifest.perturbation, order_set))  # below the capture

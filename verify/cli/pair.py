@@ -172,8 +172,8 @@ def _reference_runs(plan: PairPlan, actual: Run, imposed: str, port_amp: str) ->
                       autocast_follow=actual.manifest.autocast_scopes, loss_scaler_plan=_scaler_twin(actual, imposed))
     runs = [SideRun("ref", plan.original, plan.args, options, plan.out / run_folders.REF)]
     if actual.manifest.status in RUN_ENDED_WELL:
-        runs += _calibration_runs(plan, options, "" if imposed != "off" else port_amp,
-                                  devices.row(actual.manifest.device).summation_blocks)
+        port_blocks = 0 if actual.manifest.exact_emulation else devices.row(actual.manifest.device).summation_blocks
+        runs += _calibration_runs(plan, options, "" if imposed != "off" else port_amp, port_blocks)
     if plan.amp_effect and imposed != "off":
         runs.append(SideRun("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
                             plan.out / run_folders.REF_FP32))

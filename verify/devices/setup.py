@@ -106,6 +106,12 @@ def half_precision_as_devices() -> contextlib.AbstractContextManager:
     return importlib.import_module(f"{load_emulation().__name__}.device_numerics").half_precision_as_devices()
 
 
+def summed_in_blocks(blocks: int) -> contextlib.AbstractContextManager:
+    """A calibration run of a reference on a real device sums its products and sums in `blocks` partial results, as
+    the port's emulated device does (device_numerics.summed_in_blocks): a dispatch mode to enter below the capture."""
+    return importlib.import_module(f"{load_emulation().__name__}.device_numerics").summed_in_blocks(blocks)
+
+
 def modelled_numerics() -> list[str]:
     """What this process's emulation modelled of its device's numerics (device_numerics.MODELLED), for the manifest;
     none on a real device, the CPU, or in exact mode."""

@@ -304,6 +304,13 @@ def install(face: str, generator: OwnGenerator | None) -> None:
     _installed.append(mode)
 
 
+def summed_in_blocks(blocks: int) -> DeviceNumerics:
+    """For a calibration run of a reference on a real device (the CPU, a CUDA GPU): its modelled products and sums
+    computed as `blocks` partial results, as an emulated face with that count sums on the same kernels; its random
+    draws stay its own. A dispatch mode to enter below the capture."""
+    return DeviceNumerics(blocks, None)
+
+
 def half_precision_as_devices() -> DeviceNumerics:
     """For a CPU reference under an imposed autocast: half precision computed as the devices compute it (the table),
     in the CPU's order; a dispatch mode to enter below the capture."""
