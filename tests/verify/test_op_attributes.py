@@ -40,9 +40,15 @@ def test_a_setting_other_than_the_default_is_written_and_a_default_is_not():
 def test_where_and_in_which_precision_an_op_computes_is_no_setting():
     x = torch.randn(4, 8)
     assert settings_of(lambda: x.sum(dim=0, dtype=torch.float64))["sum"] == "dim=[0]"  # the dtype reads as an int
-    assert settings_of(lambda: torch._softmax(x, -1, False))["_softmax"] == "dim=-1"  # half_to_float follows autocast
+    assert settings_of(lambda: torch._softmax(x, -1, False))["_softmax"] == "dim=1"  # half_to_float follows autocast
 
 
 def test_a_float_setting_is_written_to_six_significant_digits():
     x = torch.randn(2, 3, 4)
     assert settings_of(lambda: nn.GroupNorm(1, 3, eps=1.0 / 3.0)(x))["native_group_norm"].endswith("eps=0.333333")
+
+
+def test_a_dimension_counted_from_the_back_is_the_same_setting():
+    x = torch.randn(4, 8)
+    assert settings_of(lambda: F.log_softmax(x, dim=-1))["_log_softmax"] == "dim=1"
+    assert settings_of(lambda: x.sum(dim=(-2, -1)))["sum"] == "dim=[0, 1]"

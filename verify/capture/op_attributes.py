@@ -62,8 +62,25 @@ def attributes(func: Any, args: tuple, kwargs: dict) -> str:
     for position, name, default in settings:
         value = args[position] if position < len(args) else kwargs.get(name, default)
         if value is not default and not _equal(value, default):
+            if name in _DIMENSIONS:
+                value = _counted_from_the_front(value, args)
             written.append(f"{name}={_text(value)}")
     return ", ".join(written)
+
+
+# Arguments that name dimensions of the op's first tensor: dim=-1 and dim=1 of a 2-d tensor are the same setting.
+_DIMENSIONS = frozenset({"dim", "dim0", "dim1", "start_dim", "end_dim"})
+
+
+def _counted_from_the_front(value: Any, args: tuple) -> Any:
+    rank = args[0].dim() if args and isinstance(args[0], torch.Tensor) else 0
+    if not rank:
+        return value
+    if isinstance(value, int):
+        return value % rank
+    if isinstance(value, (list, tuple)) and all(isinstance(item, int) for item in value):
+        return [item % rank for item in value]
+    return value
 
 
 def _equal(value: Any, default: Any) -> bool:
