@@ -97,8 +97,11 @@ def test_a_divergence_made_on_a_line_migrate_rewrote_names_the_rule(tmp_path):
     exit_code, reason = _verify(original, port, out, "--no-match-amp")
     loss_line = "loss = (output @ output.t()).mean()"
     assert exit_code == 1
-    assert reason.startswith(
-        f"FAIL: first divergent operator: aten.mm (other, step 0, out0) at small_gram_loss_npu.py:"
-        f"{_line_of(port, loss_line)} (original small_gram_loss.py:{_line_of(original, loss_line)}), stats error ")
+    # the product rounds to fp16's subnormals and its mean to zero: which of the two passes its tolerance first
+    # depends on the random features (the keyed streams follow the script's seed)
+    assert reason.startswith(tuple(
+        f"FAIL: first divergent operator: {op} (other, step 0, out0) at small_gram_loss_npu.py:"
+        f"{_line_of(port, loss_line)} (original small_gram_loss.py:{_line_of(original, loss_line)}), "
+        for op in ("aten.mm", "aten.mean"))), reason
     assert reason.endswith("that line is migrate's rewrite, AMP101: forward and loss run under float16 autocast")
     assert "port again without that rule (migrate --ignore AMP101" in (out / "advice.txt").read_text()
