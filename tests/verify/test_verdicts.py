@@ -474,6 +474,15 @@ def test_a_port_updating_its_parameters_by_hand_with_another_rate_fails_with_its
     assert {"report.html", "ops.xlsx", "advice.txt"} <= {path.name for path in out.iterdir()}
 
 
+def test_a_script_updating_by_hand_then_evaluating_is_judged_on_its_training(tmp_path):
+    """Regression (pytorch/examples word_language_model at --steps 40: its data ends at step 20, then it evaluates):
+    the forwards after the last backward count as steps without a loss, which read as a damaged run (exit 2)."""
+    exit_code, summary, _ = verify(SCRIPTS / "manual_update.py", SCRIPTS / "manual_update.py", "-n", 20, "-q",
+                                   "-o", tmp_path / "out")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    assert summary["reason"].startswith("PASS: loss within 1.00% at all 6 steps"), summary["reason"]
+
+
 def test_an_inference_pair_names_its_outputs_and_writes_an_adaptation_report(tmp_path):
     """Issue 24: a classifier's inference script (no optimizer, top-5 printed) against its port: the verdict names the
     outputs' figures, summary.json holds them with the criterion, and adaptation.md has every section."""

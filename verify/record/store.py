@@ -445,7 +445,8 @@ def _broken_promises(run_dir: Path, manifest: RunManifest, losses: pd.DataFrame,
         return []
     steps = f"of the {len(written)} step(s) the manifest records as written"
     broken = []
-    if not manifest.inference and manifest.backward_calls != 0 and (missing := _missing(losses, written)):
+    if not manifest.inference and manifest.backward_calls != 0 and (
+            missing := _missing(losses, written if len(hparams) else _up_to_the_last_loss(losses, written))):
         broken.append(f"{LOSSES} has no loss of step(s) {missing} {steps}")
     if manifest.dump_mode != DumpMode.OFF.value and (missing := _missing(tables[OPS_DIR], written)):
         broken.append(f"{OPS_DIR}/{TABLE_FILE} has no operator records of step(s) {missing} {steps} (it was "
@@ -476,6 +477,14 @@ def _uneven_hparams(hparams: pd.DataFrame) -> list[str]:
         if group == "" and classless:
             return [f"{HPARAMS}: optimizer {optimizer} has no class at step(s) {_shown_steps(sorted(classless))}"]
     return []
+
+
+def _up_to_the_last_loss(losses: pd.DataFrame, written: range) -> range:
+    """The steps that promise a loss where no optimizer steps (the forwards count the steps: a script updating its
+    weights by hand): those up to its last backward. Its forwards after it (pytorch/examples' word_language_model
+    evaluates once its data ends) are steps without a loss."""
+    last = int(losses["step"].max()) if len(losses) else -1
+    return range(min(len(written), last + 1))
 
 
 def _missing(table: pd.DataFrame, steps: range) -> str:
