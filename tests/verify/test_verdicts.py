@@ -18,7 +18,7 @@ from migrate import Settings, migrate_source
 from verify.compare import tolerances
 from verify.cli import app
 from verify.cli.determinism import DETERMINISM_JSON
-from verify.cli.pair import route
+from verify.cli.pair import route, runs_with_its_reference
 from verify.record.run_folders import AMP_EFFECT
 from verify.launch.runner import RunOptions, run_script
 
@@ -227,6 +227,35 @@ def test_a_changed_layer_setting_is_named_though_its_numbers_stay_within_the_noi
                                         "computes aten.gelu() at gelu_npu.py:"), summary["reason"]
     changed = finding(summary, "op_changed")["detail"]
     assert (changed["attrs"], changed["actual_attrs"], changed["module"]) == ("", "approximate='tanh'", "Net.act")
+
+
+def test_a_port_that_sets_nothing_of_its_reference_runs_at_once_with_it(tmp_path):
+    """An fp32 port starting no ranks: its reference and calibration run do not wait for it (issue 32's pair time)."""
+    assert runs_with_its_reference(PORT, RunOptions(), None)
+    assert not runs_with_its_reference(SCRIPTS / "layers_by_forward_npu.py", RunOptions(), None)  # autocast
+    assert not runs_with_its_reference(PORT, RunOptions(nproc_per_node=2), None)
+    exit_code, summary, out = verify(ORIGINAL, PORT, "-n", 2, "-q", "-o", tmp_path / "out")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    started = {side: json.loads((out / side / "manifest.json").read_text())["started_at"] for side in ("ref", "actual")}
+    losses = pd.read_csv(out / "actual" / "losses.csv")
+    ended = pd.Timestamp(started["actual"]) + pd.Timedelta(milliseconds=float(losses["wall_ms"].sum()))
+    assert pd.Timestamp(started["ref"]) < ended  # the reference started before the port's last step ended
+
+
+def test_a_port_whose_autocast_hides_in_a_module_is_followed_after_all(tmp_path):
+    """A port whose text shows no autocast runs at once with its reference; where it computed in half precision after
+    all (in a module it imports), the reference runs again after it, under its autocast and loss scales."""
+    (tmp_path / "amp_layers.py").write_text(
+        "import torch\n\n\ndef half_forward(layer, x):\n"
+        "    with torch.autocast(device_type='npu', dtype=torch.float16):\n        return layer(x)\n")
+    port = tmp_path / "verdict_mlp_npu.py"
+    imported = "import torch_npu\nfrom amp_layers import half_forward\n"
+    port.write_text(PORT.read_text().replace("import torch_npu\n", imported, 1)
+                    .replace("F.mse_loss(model(x), y", "F.mse_loss(half_forward(model, x).float(), y"))
+    assert "half_forward(model, x)" in port.read_text() and runs_with_its_reference(port, RunOptions(), None)
+    exit_code, summary, _ = verify(ORIGINAL, port, "-n", 2, "-q", "-o", tmp_path / "out")
+    assert summary["comparison"].startswith("same-AMP policy (float16"), summary["comparison"]
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
 
 
 def test_fp16_without_loss_scaling_overflows_and_is_told_to_scale(tmp_path):

@@ -21,6 +21,7 @@ with the same wider tolerances.
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -115,6 +116,9 @@ class PairPlan:
     adaptation: bool = False  # --adaptation-report
     calibration_runs: int = 1  # --calibration-runs: the reference again under another rounding, measuring its noise
     command: tuple[str, ...] = ()  # the command line, as the adaptation report gives it (options.command_line)
+    # The port runs at once with its reference and calibration runs: its text shows no half precision, loss scaling or
+    # ranks of its own, so it sets nothing of the reference's (runs_with_its_reference)
+    together: bool = False
 
 
 @dataclass
@@ -129,15 +133,39 @@ class PairRuns:
 
 
 def runs_at_once(plan: PairPlan) -> int:
-    """The most runs the pair makes together: the reference, its calibration runs and its fp32 run."""
-    return 1 if plan.ref_run is not None else 1 + plan.calibration_runs + plan.amp_effect
+    """The most runs the pair makes together: the reference, its calibration runs and its fp32 run, and the port
+    where it runs with them."""
+    return 1 if plan.ref_run is not None else 1 + plan.calibration_runs + plan.amp_effect + plan.together
+
+
+# What in a port's text may set its reference's runs: half precision and loss scaling (the reference follows its
+# autocast and scales), ranks it starts itself (two runs at once would meet at one address).
+_SETS_THE_REFERENCE = re.compile(r"autocast|GradScaler|\.half\(|float16|bfloat16|\bamp\b|spawn|Process\b|"
+                                 r"init_process_group|elastic|distributed\.run|torchrun")
+
+
+def runs_with_its_reference(ported: Path, options: RunOptions, ref_run: Path | None) -> bool:
+    """Whether the port can run at once with its reference: nothing in its text sets the reference's runs, and verify
+    starts no ranks. A port that sets them after all (in a module its text imports) is run first, and its reference
+    again after it (run_sides)."""
+    return (ref_run is None and not options.nproc_per_node
+            and not _SETS_THE_REFERENCE.search(ported.read_text(errors="replace")))
 
 
 def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
     """The port first: its precision decides the reference's autocast, imposed where the port computed under it, and
-    its loss scales the reference's. Then the reference and the runs that follow it, at once."""
-    actual = sides.run("actual", plan.ported, plan.args, replace(plan.options, device=plan.device_actual),
-                       plan.out / run_folders.ACTUAL)
+    its loss scales the reference's. Then the reference and the runs that follow it, at once. A port that sets none of
+    that (plan.together) runs at once with them."""
+    if plan.together:
+        actual, ref, *followers = sides.run_together([_port_run(plan), *_reference_runs(plan, None, "off", "")])
+        if not amp_dtype(actual) and not actual.manifest.loss_scaler and not actual.ranks:
+            if actual.manifest.status not in RUN_ENDED_WELL or ref.manifest.status not in RUN_ENDED_WELL:
+                followers = _discard(followers)
+            return PairRuns(actual, ref, "off", "", calibrations=followers)
+        _discard([ref, *followers])  # the port set what its reference follows: they run again, after it
+    else:
+        side = _port_run(plan)
+        actual = sides.run(side.label, side.script, side.args, side.options, side.run_dir)
     port_amp = amp_dtype(actual)
     if plan.ref_run is not None:
         calibrations = [read_side(folder) for folder in run_folders.calibration_dirs(plan.ref_run)]
@@ -165,14 +193,21 @@ def _run_reference(sides: SideRunner, actual: Run, runs: list[SideRun]) -> list[
     return sides.run_together(runs)
 
 
-def _reference_runs(plan: PairPlan, actual: Run, imposed: str, port_amp: str) -> list[SideRun]:
+def _port_run(plan: PairPlan) -> SideRun:
+    return SideRun("actual", plan.ported, plan.args, replace(plan.options, device=plan.device_actual),
+                   plan.out / run_folders.ACTUAL)
+
+
+def _reference_runs(plan: PairPlan, actual: Run | None, imposed: str, port_amp: str) -> list[SideRun]:
     """The reference, its calibration runs and, for --amp-effect, its fp32 run; only the reference after a port that
-    did not run well (its crash decides the comparison: no noise to measure)."""
+    did not run well (its crash decides the comparison: no noise to measure). Without the port's run (`actual` None:
+    they run at once with it) the reference follows nothing of it."""
     options = replace(plan.options, device=plan.device_ref, autocast=imposed,
-                      autocast_follow=actual.manifest.autocast_scopes, loss_scaler_plan=_scaler_twin(actual, imposed))
+                      autocast_follow=actual.manifest.autocast_scopes if actual else {},
+                      loss_scaler_plan=_scaler_twin(actual, imposed) if actual else None)
     runs = [SideRun("ref", plan.original, plan.args, options, plan.out / run_folders.REF)]
-    if actual.manifest.status in RUN_ENDED_WELL:
-        port_blocks = 0 if actual.manifest.exact_emulation else devices.row(actual.manifest.device).summation_blocks
+    if actual is None or actual.manifest.status in RUN_ENDED_WELL:
+        port_blocks = 0 if plan.options.exact_emulation else devices.row(plan.device_actual).summation_blocks
         runs += _calibration_runs(plan, options, "" if imposed != "off" else port_amp, port_blocks)
     if plan.amp_effect and imposed != "off":
         runs.append(SideRun("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
@@ -400,7 +435,7 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
     check_options(options)
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
                     match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation, calibration_runs,
-                    command)
+                    command, runs_with_its_reference(ported, options, ref_run))
     with adaptation_or_why_not(adaptation):
         with side_runner(quiet, runs_at_once(plan)) as sides:
             runs = run_sides(plan, sides)
