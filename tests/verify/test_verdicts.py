@@ -203,14 +203,22 @@ def test_a_swapped_activation_is_named_first_as_a_changed_op(tmp_path, reference
     assert any("aten.gelu where the original computes aten.relu" in text for text in summary["advice"])
 
 
+def _migrated(original: Path, folder: Path) -> Path:
+    """`migrate ORIGINAL`'s port of a test script, in `folder`."""
+    port = folder / f"{original.stem}_npu.py"
+    port.write_text(migrate_source(original.read_text(), original.name, Settings(is_entry=True)).code)
+    return port
+
+
 def test_layers_called_through_forward_under_the_ports_autocast_and_grad_scaler_pass(tmp_path):
     """Regression: pytorch/examples' mnist_forward_forward calls its layers through .forward(), never as modules, each
     with its own optimizer. Its fp16 port was read as fp32 (no module's forward computed in half precision), so the
     reference ran without the port's autocast and loss scale, and every backward op computed from forward values
     alone (log1p's 1 + x) differed by the scale, 65536; under the same autocast, the loss-scaler twin unscaled no
     gradient (it knew the parameters of outermost modules only) and Adam's steps differed by its epsilon."""
-    exit_code, summary, _ = verify(SCRIPTS / "layers_by_forward.py", SCRIPTS / "layers_by_forward_npu.py", "-q",
-                                   "-o", tmp_path / "out")
+    port = _migrated(SCRIPTS / "layers_by_forward.py", tmp_path)
+    assert "torch.autocast(" in port.read_text() and "scaler.step(self.opt)" in port.read_text()
+    exit_code, summary, _ = verify(SCRIPTS / "layers_by_forward.py", port, "-q", "-o", tmp_path / "out")
     assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
     assert summary["comparison"].startswith("same-AMP policy (float16"), summary["comparison"]
 
@@ -232,7 +240,7 @@ def test_a_changed_layer_setting_is_named_though_its_numbers_stay_within_the_noi
 def test_a_port_that_sets_nothing_of_its_reference_runs_at_once_with_it(tmp_path):
     """An fp32 port starting no ranks: its reference and calibration run do not wait for it (issue 32's pair time)."""
     assert runs_with_its_reference(PORT, RunOptions(), None)
-    assert not runs_with_its_reference(SCRIPTS / "layers_by_forward_npu.py", RunOptions(), None)  # autocast
+    assert not runs_with_its_reference(_migrated(SCRIPTS / "layers_by_forward.py", tmp_path), RunOptions(), None)
     assert not runs_with_its_reference(PORT, RunOptions(nproc_per_node=2), None)
     exit_code, summary, out = verify(ORIGINAL, PORT, "-n", 2, "-q", "-o", tmp_path / "out")
     assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]

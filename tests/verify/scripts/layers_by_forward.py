@@ -1,6 +1,6 @@
 """A model whose layers train one by one, each called through .forward() and never as a module, each with its own
-optimizer (the layer-local training of forward-forward networks): verify sees no outermost module. The port,
-layers_by_forward_npu.py, trains it under float16 autocast with one GradScaler, as migrate ports it."""
+optimizer (the layer-local training of forward-forward networks): verify sees no outermost module. Its port, as
+migrate writes it, trains it under float16 autocast with one GradScaler."""
 
 import torch
 import torch.nn as nn
