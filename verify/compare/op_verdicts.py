@@ -69,7 +69,7 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     # Casts and copies carry values, they compute none: what they carry is judged at the ops that use it (their n-th
     # call on one side need not be the n-th on the other), so they are neither passed nor failed themselves.
     carried = table["ref_op"].isin(list(CARRIERS)).to_numpy(dtype=bool, na_value=False)
-    judged = matched & ~_scaler_overflow(table, ref, actual) & ~carried & ~_process_bookkeeping(table)
+    judged = matched & ~_scaler_overflow(table, ref, actual, measured) & ~carried & ~_process_bookkeeping(table)
     table["passed"] = pd.arrays.BooleanArray(passed & judged, ~judged)  # unmatched rows: NA, neither pass nor fail
     return table
 
@@ -97,12 +97,17 @@ def _indices_of_agreeing_values(table: pd.DataFrame, matched: np.ndarray, passed
     return matched & exact & values_agree[call]
 
 
-def _scaler_overflow(table: pd.DataFrame, ref: Run, actual: Run) -> np.ndarray:
+def _scaler_overflow(table: pd.DataFrame, ref: Run, actual: Run, measured: Envelope | None) -> np.ndarray:
     """Backward rows of a skipped step holding inf/nan on either side: dynamic loss scaling at work (compared by
-    compare_overflow, skip for skip), not values to judge. An fp32 reference never overflows where its AMP port does."""
+    compare_overflow, skip for skip), not values to judge. An fp32 reference never overflows where its AMP port does.
+    Where the reference's calibration overflowed at other steps than the reference, rounding decides where gradients
+    overflow at these scales, and a backward row's inf/nan at any step is that too (a GAN's generator backward
+    overflows in the discriminator's gradients, which no optimizer of that step applies and no scaler skips)."""
     nonfinite = np.logical_or.reduce(
         [_has(table, f"{side}_{count}") for side in ("ref", "actual") for count in _NONFINITE_COUNTS])
     backward = (table["phase"] == "backward").to_numpy()
+    if measured is not None and measured.overflows_apart:
+        return nonfinite & backward
     return nonfinite & backward & table["step"].isin(skipped_steps(ref, actual)).to_numpy()
 
 

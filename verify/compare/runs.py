@@ -193,12 +193,18 @@ def _why_no_ops(run: Run) -> str:
 
 
 def _overflow_noise_notes(overflow: dict[str, Any]) -> list[str]:
-    if not overflow["skips_within_noise"]:
-        return []
-    skipped = ", ".join(str(skip["step"]) for skip in overflow["skips_within_noise"])
-    apart = ", ".join(map(str, overflow["calibration_overflows_apart"]))
-    return [f"updates skipped on one side only (step {skipped}) are within the script's noise: under the same scales "
-            f"the reference's calibration run overflowed at other steps than the reference ({apart})"]
+    notes = []
+    apart = ", ".join(map(str, overflow.get("calibration_overflows_apart", [])))
+    if overflow["skips_within_noise"]:
+        skipped = ", ".join(str(skip["step"]) for skip in overflow["skips_within_noise"])
+        notes.append(f"updates skipped on one side only (step {skipped}) are within the script's noise: under the same "
+                     f"scales the reference's calibration run overflowed at other steps than the reference ({apart})")
+    if overflow.get("firsts_within_noise"):
+        firsts = "; ".join(f"{side} step {first['step']} ({first['op']}, {first['module'] or 'top level'})"
+                           for side in ("ref", "actual") if (first := overflow[f"{side}_first"]))
+        notes.append(f"the first gradient overflows outside a skipped update differ ({firsts}) within the script's "
+                     f"noise: the reference's calibration run overflowed at other steps than the reference ({apart})")
+    return notes
 
 
 def _unmeasured(calibrations: Sequence[Run]) -> str:
