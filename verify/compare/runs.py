@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from verify.compare import envelope
+from verify.compare.envelope import Envelope
 from verify.record import environment
 from verify.compare.align import AlignStatus, align_ops
 from verify.compare.code_lines import CodeLines
@@ -207,6 +208,20 @@ def _overflow_noise_notes(overflow: dict[str, Any]) -> list[str]:
     return notes
 
 
+def _chaotic_notes(measured: Envelope | None, loss_rtol: float) -> list[str]:
+    """Where the reference's own loss moves past the loss tolerance: from that step on, the script's noise (a GAN, a
+    loss scaler skipping other steps) covers what the port does, and the verdict judges those steps by little."""
+    if measured is None or measured.losses.empty:
+        return []
+    past = measured.losses[measured.losses > loss_rtol]
+    if past.empty:
+        return []
+    step = int(past.index.get_level_values("step").min())
+    return [f"from step {step} on, the reference differs from itself by more than the loss tolerance {loss_rtol:.2%} "
+            f"(up to {measured.losses.max():.2%}): the script's own noise covers what the port does there, so those "
+            f"steps judge the port by little; the steps before {step} judge it closely (--steps {step} keeps only them)"]
+
+
 def _unmeasured(calibrations: Sequence[Run]) -> str:
     """Why the comparison fell back to fixed tolerances: the note every report shows."""
     why = (f"its {len(calibrations)} calibration run(s) did not end well" if calibrations
@@ -317,6 +332,7 @@ def _compare_processes(ref: Run, actual: Run, options: CompareOptions,
                                 unscaled_backward)
     if calibrations is not None:
         notes.append(measured.describe() if measured else _unmeasured(calibrations))
+    notes += _chaotic_notes(measured, policy.loss_rtol)
     table = op_metrics(align_ops(*sides, catalogue), ref, actual, policy, notes, measured)
     first = first_divergent_op(table)
     loss = compare_losses(ref, actual, max(policy.loss_rtol, race_rtol), measured)
