@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from verify.cli import compare_cmd as compare_cli
 from verify.report.advice import advise
 from verify.compare import metrics
+from verify.compare.crashes import crash_identity
 from verify.compare.runs import compare_runs
 from verify.errors import CompareError
 from verify.report.writers import write_reports
@@ -700,6 +701,7 @@ def test_an_error_of_many_lines_is_named_by_its_first(tmp_path):
     assert result.exit_code == 2 and result.stderr.startswith(
         "error: both sides stopped before their first step: _pickle.UnpicklingError: Weights only load failed. This "
         "file can still be loaded. (runs: "), result.stderr
+    assert crash_identity(read_side(ref).manifest)[0] == "_pickle.UnpicklingError"  # its type, not its last line's
 
 
 def test_both_sides_stopping_before_their_first_step_is_an_error_naming_each_error(tmp_path):

@@ -27,7 +27,7 @@ _SETTING_TYPES = frozenset({"int", "bool", "str", "float", "number"})
 _NOT_A_SETTING = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format", "non_blocking", "copy",
                             "half_to_float"})
 
-# Per overload: (position, name, default) of each argument that may hold a setting; None where it has none.
+# Per overload: (position, name, default) of each argument that may hold a setting (empty where none may).
 _SETTINGS: dict[Any, tuple[tuple[int, str, Any], ...]] = {}
 
 

@@ -2,15 +2,17 @@
 or rounding, so that the comparison can measure how far the script's own numbers move when nothing but that changes
 (the reference's envelope, verify/compare/envelope.py).
 
-On an emulated device a calibration sums in the order the plan names (verify.devices' BLOCKS_VAR, set by the runner):
-the first, the port's device's own order. Summation order alone is what separates a faithful port from its original
+A calibration sums in the order the plan names: the first, the port's emulated device's own order (an emulated face
+reads it from verify.devices' BLOCKS_VAR, set by the runner; on a real CPU or GPU, verify/capture/session.py enters a
+mode that sums so). Summation order alone is what separates a faithful port from its original
 on the emulators, and its effects are not all small: a result near zero (a ReLU's input, a cancelling sum) changes
 sign under another order, and the gradient it gates flips. Random rounding moves each result relative to its own
 value, so it never flips such a sign; measured on pytorch/examples' mnist_rnn ported to fp16, the bias gradient of the
 layer after a ReLU took the same flipped value (1232 against 1206) in the port, in the reference summed in three or
 four blocks, and in the reference at two threads, and the unflipped one in each of four rounding calibrations. So
-rounding is added only where the order cannot be set (a real device, --exact-emulation), where the plan asks for it
-(the further calibration runs), or where an fp32 reference must cover a half-precision port (`half`).
+rounding is added only where the order cannot be set (--exact-emulation), where the plan asks for it (the further
+calibration runs, and the first where the port's order is not modelled), or where an fp32 reference must cover a
+half-precision port (`half`).
 
 Stochastic arithmetic's idea (Verificarlo's Monte Carlo arithmetic, Verrou's random rounding): every floating result
 an op computes is moved by a random fraction of its dtype's unit roundoff, up or down, so each rounding goes another
@@ -89,7 +91,7 @@ def _computes(func: Any, args: tuple) -> bool:
 def rounds(plan: dict[str, Any], order_set: bool) -> bool:
     """Whether a calibration run (manifest.perturbation: {"seed", "half", "blocks", "rounding"}) rounds at random:
     where its plan asks, where it covers a half-precision port, or where its device does not sum in the plan's order
-    (`order_set`: an emulation with modelled numerics; plans written before "rounding" always rounded)."""
+    (`order_set`: session._summation_order_set; plans written before "rounding" always rounded)."""
     return bool(plan.get("rounding", True) or plan.get("half") or not order_set)
 
 

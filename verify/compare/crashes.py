@@ -25,14 +25,29 @@ ENTRY_SCRIPT = "<script>"  # the script that ran, whichever its name on each sid
 def crash_identity(manifest: RunManifest) -> tuple:
     """(exception type, ((file, function) of each frame in the script's folder), masked message); a run that recorded
     no traceback (a timeout, a launcher's failure) is known by its status and masked message alone."""
-    blocks = manifest.traceback.strip().split("Traceback (most recent call last):")
-    last = blocks[-1].strip().splitlines()  # the exception that escaped, not those it was raised while handling
+    last = _last_block(manifest.traceback)
     if not last:
         return manifest.status, (), _masked(manifest.message or manifest.status)
-    exception = _EXCEPTION.match(last[-1])
+    text = "\n".join(escaped_exception(manifest.traceback))
+    exception = _EXCEPTION.match(text)
     kind = exception.group("type") if exception else ""
-    message = last[-1][exception.end():] if exception else last[-1]
+    message = text[exception.end():] if exception else text
     return kind, tuple(_script_frames(last, manifest)), _masked(message)
+
+
+def escaped_exception(traceback: str) -> list[str]:
+    """The lines of the exception that escaped, its type first and its message whole (torch.load's refusal of a
+    pickled numpy array runs over many lines and ends with a pointer to documentation): those after the last frame
+    of the traceback's last block, not its frames' code lines; [] without a traceback."""
+    lines = _last_block(traceback)
+    last_frame = max((index for index, line in enumerate(lines) if line.startswith("  File ")), default=-1)
+    return [line for line in lines[last_frame + 1:] if not line.startswith("    ")] or lines[-1:]
+
+
+def _last_block(traceback: str) -> list[str]:
+    """The lines of the exception that escaped, not of those it was raised while handling."""
+    block = traceback.split("Traceback (most recent call last):")[-1]
+    return [line for line in block.splitlines() if line.strip()]  # frames keep their indent: code lines are deeper
 
 
 def _script_frames(lines: list[str], manifest: RunManifest) -> list[tuple[str, str]]:

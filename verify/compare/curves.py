@@ -277,21 +277,21 @@ def compare_overflow(ref: Run, actual: Run, measured: Envelope | None = None) ->
     # Gradients overflowing at other steps is what the reference's own calibration did too: loss scaling at work
     # whose timing rounding decides (a GAN's generator backward through its discriminator overflows in the
     # discriminator's gradients, which no optimizer of that step applies, and no scaler skips).
-    by_noise = one_sided and _overflow_timing_is_noise(measured) and all(first["phase"] == "backward"
+    by_noise = one_sided and overflow_timing_is_noise(measured) and all(first["phase"] == "backward"
                                                                          for first in firsts)
     return {"ref_first": ref_first, "actual_first": actual_first, "one_sided": one_sided and not by_noise,
             "firsts_within_noise": by_noise, **_skips_by_noise(_one_sided_skips(ref, actual), measured),
             "ref_scale": _scale_trace(ref), "actual_scale": _scale_trace(actual)}
 
 
-def _overflow_timing_is_noise(measured: Envelope | None) -> bool:
+def overflow_timing_is_noise(measured: Envelope | None) -> bool:
     """The reference's calibration overflowed at other steps than the reference: rounding decides where fp16
     gradients overflow at these scales."""
     return measured is not None and bool(measured.overflows_apart)
 
 
 def _skips_by_noise(skips: list[dict[str, Any]], measured: Envelope | None) -> dict[str, Any]:
-    if not _overflow_timing_is_noise(measured):
+    if not overflow_timing_is_noise(measured):
         return {"one_sided_skips": skips, "skips_within_noise": []}
     return {"one_sided_skips": [], "skips_within_noise": skips, "calibration_overflows_apart": measured.overflows_apart}
 

@@ -15,7 +15,7 @@ import pandas as pd
 from verify.record import environment
 from verify.compare.align import MATCHED_STATUSES
 from verify.compare.code_lines import CodeLines, Placement
-from verify.compare.crashes import crash_identity
+from verify.compare.crashes import crash_identity, escaped_exception
 from verify.compare.metrics import TOP_K
 from verify.compare.op_catalogue import CARRIERS, CHANGED_BY_SETTING, OpCatalogue
 from verify.compare.curves import LossComparison
@@ -131,14 +131,8 @@ def _error(run: Run) -> str:
     """What stopped a run: the exception's first line (its type and the start of its message: a message of many
     lines, torch.load's refusal of a pickled numpy array, ends with a pointer to documentation), else the manifest's
     message."""
-    manifest = run.manifest
-    lines = manifest.traceback.strip().splitlines()
-    if not lines:
-        return manifest.message or manifest.status
-    last_frame = max((index for index, line in enumerate(lines) if line.startswith(("  File ", "Traceback ("))),
-                     default=-1)
-    after = [line for line in lines[last_frame + 1:] if not line.startswith("    ")]  # past the frame's code lines
-    return after[0] if after else lines[-1]
+    exception = escaped_exception(run.manifest.traceback)
+    return exception[0] if exception else run.manifest.message or run.manifest.status
 
 
 def _error_words(run: Run) -> str:

@@ -21,7 +21,7 @@ from verify.compare.envelope import Envelope
 from verify.compare import tolerances
 from verify.compare.align import MATCHED_STATUSES
 from verify.compare.op_catalogue import CARRIERS
-from verify.compare.curves import skipped_steps
+from verify.compare.curves import overflow_timing_is_noise, skipped_steps
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
 from verify.errors import RunDirError
@@ -106,7 +106,7 @@ def _scaler_overflow(table: pd.DataFrame, ref: Run, actual: Run, measured: Envel
     nonfinite = np.logical_or.reduce(
         [_has(table, f"{side}_{count}") for side in ("ref", "actual") for count in _NONFINITE_COUNTS])
     backward = (table["phase"] == "backward").to_numpy()
-    if measured is not None and measured.overflows_apart:
+    if overflow_timing_is_noise(measured):
         return nonfinite & backward
     return nonfinite & backward & table["step"].isin(skipped_steps(ref, actual)).to_numpy()
 
