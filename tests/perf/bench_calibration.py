@@ -1,9 +1,9 @@
 """The pair's wall time with the reference's calibration run (issue 31: the default, one more run of the reference
 under another rounding) and without it (--calibration-runs 0), on a bundled sample's faithful port; and the pair's
-wall time against its slowest side alone (`verify run` of the original, of the port: issue 32's target is 1.3x, which
-the pair's order bounds: an AMP port runs first, as its precision and loss scales set the reference's, and the
-reference and its calibration then run at once, each with its share of the cores; an fp32 port, `--amp off`, runs at
-once with them). Measured in one run, alternated, medians compared and printed as ratios. Whole commands in-process:
+wall time against its slowest side alone (`verify run` of the original, of the port: issue 32's target is 1.3x). The
+port, the reference and its calibration run at once, each with its share of the cores, the reference following the
+port's autocast and loss scales as it runs (an fp32 port with `--amp off`); three runs on a machine of two cores take
+at least 1.5x one of them alone. Measured in one run, alternated, medians compared and printed as ratios. Whole commands in-process:
 every run starts its own child process.
 
     python tests/perf/bench_calibration.py [--sample grad_accum_clip] [--rounds 3] [--amp fp16|bf16|off]
@@ -42,8 +42,7 @@ def timed_side_alone(sample: Path, folder: Path, side: int, amp: AmpPolicy) -> f
 
 
 def _scripts(sample: Path, folder: Path, amp: AmpPolicy) -> tuple[Path, Path]:
-    """The sample and its port, with migrate's mixed precision (`amp`): an fp32 port (off) runs at once with its
-    reference, an AMP port before it."""
+    """The sample and its port, with migrate's mixed precision (`amp`; off: an fp32 port)."""
     original, ported = folder / "train.py", folder / "train_npu.py"
     original.write_text((sample / "train_gpu.py").read_text())
     ported.write_text(migrate_source(original.read_text(), original.name,
@@ -67,7 +66,7 @@ def main() -> None:
     parser.add_argument("--sample", default="grad_accum_clip")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--amp", default=AmpPolicy.FP16.value, choices=[policy.value for policy in AmpPolicy],
-                        help="migrate's mixed precision for the port (off: an fp32 port, run at once with its reference)")
+                        help="migrate's mixed precision for the port (off: an fp32 port)")
     options = parser.parse_args()
     sample, amp = SAMPLES / options.sample, AmpPolicy(options.amp)
     walls: dict[str, list[float]] = {"without": [], "with": [], "slowest alone": []}

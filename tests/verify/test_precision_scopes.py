@@ -51,7 +51,7 @@ def test_a_reference_follows_the_ports_calls_and_its_loss_module_gets_float32():
     seen = {}
     loss_module = nn.BCELoss()
     loss_module.register_forward_pre_hook(lambda module, args: seen.update(loss_input=args[0].dtype))
-    with precision_scopes.imposed(CPU, "bf16", scopes):
+    with precision_scopes.imposed(CPU, "bf16", precision_scopes.following(scopes)):
         assert not torch.is_autocast_enabled(CPU)  # data preparation before the first module call
         out, loss, validation = original_step(Critic(), loss_module, torch.randn(3, 4), torch.rand(3, 1))
         assert not torch.is_autocast_enabled(CPU)  # the last outermost call (validation) was outside autocast
@@ -61,7 +61,7 @@ def test_a_reference_follows_the_ports_calls_and_its_loss_module_gets_float32():
 
 
 def test_without_a_record_the_autocast_covers_the_whole_script():
-    with precision_scopes.imposed(CPU, "bf16", {}):
+    with precision_scopes.imposed(CPU, "bf16", None):
         assert torch.is_autocast_enabled(CPU)
         out, _, validation = original_step(Critic(), nn.MSELoss(), torch.randn(3, 4), torch.rand(3, 1))
     assert (out.dtype, validation.dtype) == (torch.bfloat16, torch.bfloat16)

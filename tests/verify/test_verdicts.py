@@ -20,6 +20,7 @@ from verify.cli import app
 from verify.cli.determinism import DETERMINISM_JSON
 from verify.cli.pair import route, runs_with_its_reference
 from verify.record.run_folders import AMP_EFFECT
+from verify.record.store import read_run
 from verify.launch.runner import RunOptions, run_script
 
 pytestmark = pytest.mark.slow
@@ -237,17 +238,36 @@ def test_a_changed_layer_setting_is_named_though_its_numbers_stay_within_the_noi
     assert (changed["attrs"], changed["actual_attrs"], changed["module"]) == ("", "approximate='tanh'", "Net.act")
 
 
-def test_a_port_that_sets_nothing_of_its_reference_runs_at_once_with_it(tmp_path):
-    """An fp32 port starting no ranks: its reference and calibration run do not wait for it (issue 32's pair time)."""
+def test_a_port_runs_at_once_with_its_reference_which_follows_its_precision_as_it_runs(tmp_path):
+    """Issue 32's pair time: a port that starts no ranks runs at once with its reference and calibration run. Where
+    it gained autocast and a GradScaler (migrate's fp16), the reference follows them as the port writes them
+    (verify/capture/followed_port.py) and computes exactly what it computes after the port: an original whose text
+    names autocast (here a comment) is not followed so, and its reference runs again after the port."""
     assert runs_with_its_reference(PORT, RunOptions(), None)
-    assert not runs_with_its_reference(_migrated(SCRIPTS / "layers_by_forward.py", tmp_path), RunOptions(), None)
+    assert not runs_with_its_reference(SCRIPTS / "ddp_spawn.py", RunOptions(), None)
     assert not runs_with_its_reference(PORT, RunOptions(nproc_per_node=2), None)
-    exit_code, summary, out = verify(ORIGINAL, PORT, "-n", 2, "-q", "-o", tmp_path / "out")
+    port = _migrated(ORIGINAL, tmp_path)
+    assert "GradScaler" in port.read_text() and "torch.autocast(" in port.read_text()
+    exit_code, summary, out = verify(ORIGINAL, port, "-n", STEPS, "-q", "-o", tmp_path / "live")
     assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
-    started = {side: json.loads((out / side / "manifest.json").read_text())["started_at"] for side in ("ref", "actual")}
+    manifests = {side: json.loads((out / side / "manifest.json").read_text()) for side in ("ref", "actual")}
+    ref = manifests["ref"]
+    assert (ref["follows"], ref["autocast"], ref["loss_scaler"]["twin"]) == (str((out / "actual").resolve()), "fp16",
+                                                                             "scale")
     losses = pd.read_csv(out / "actual" / "losses.csv")
-    ended = pd.Timestamp(started["actual"]) + pd.Timedelta(milliseconds=float(losses["wall_ms"].sum()))
-    assert pd.Timestamp(started["ref"]) < ended  # the reference started before the port's last step ended
+    ended = pd.Timestamp(manifests["actual"]["started_at"]) + pd.Timedelta(milliseconds=float(losses["wall_ms"].sum()))
+    assert pd.Timestamp(ref["started_at"]) < ended  # the reference started before the port's last step ended
+    (tmp_path / "after").mkdir()
+    original = tmp_path / "after" / ORIGINAL.name
+    original.write_text(ORIGINAL.read_text() + "# trains in fp32: no torch.autocast\n")
+    exit_code, after_summary, after = verify(original, port, "-n", STEPS, "-q", "-o", tmp_path / "after" / "out")
+    assert json.loads((after / "ref" / "manifest.json").read_text())["follows"] == ""
+    assert (exit_code, after_summary["reason"]) == (0, summary["reason"])
+    for side in ("ref", "calibration"):
+        live, late = read_run(out / side), read_run(after / side)
+        pd.testing.assert_frame_equal(live.losses.drop(columns="wall_ms"), late.losses.drop(columns="wall_ms"))
+        numbers = live.ops.select_dtypes("number").columns
+        pd.testing.assert_frame_equal(live.ops[numbers], late.ops[numbers])
 
 
 def test_a_port_whose_autocast_hides_in_a_module_is_followed_after_all(tmp_path):

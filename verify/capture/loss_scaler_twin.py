@@ -4,6 +4,7 @@ own GradScaler is. Runs in verify's child process (bootstrap), inside the step r
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -30,8 +31,14 @@ class LossScalerTwin:
         self.scaling = scaling and bool(plan.scales)
         self.scale = plan.scales[min(plan.scales)] if self.scaling else 1.0
         self.overflowed: list[int] = []
-        self._last_recorded_step = max((step for step, _ in plan.scales or {}), default=-1)
+        self._last_recorded_step: float = _last_step(plan)
         self._steps_without_overflow = 0
+
+    def follow(self, plan: LossScalerPlan, port_running: bool) -> None:
+        """The port's GradScaler as recorded so far (followed_port): while the port runs, more steps are coming, so
+        the scale moves by itself only past the steps of a port that ended, as after a finished port."""
+        self.plan = plan
+        self._last_recorded_step = math.inf if port_running else _last_step(plan)
 
     def scale_at(self, step: int, micro_step: int) -> float:
         if self.plan.scales and (step, micro_step) in self.plan.scales:
@@ -69,6 +76,10 @@ class LossScalerTwin:
                 "followed": sorted({step for step, _ in self.plan.skipped}),
                 "overflowed": self.overflowed, "growth_factor": self.plan.growth_factor,
                 "backoff_factor": self.plan.backoff_factor, "growth_interval": self.plan.growth_interval}
+
+
+def _last_step(plan: LossScalerPlan) -> int:
+    return max((step for step, _ in plan.scales or {}), default=-1)
 
 
 def _by_device_and_dtype(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:

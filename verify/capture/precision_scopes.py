@@ -8,8 +8,8 @@ compute that loss under autocast, where it raises "unsafe to autocast": verify w
 - every run records, per module path (named as the op capture names them, verify/capture/ops.py `ModuleScopes.name`),
   the autocast each call of that module was entered under, in call order and run-length encoded:
   `manifest.autocast_scopes = {"Net": [["float16", 20], ["off", 5]], "BCELoss": [["off", 40]], ...}`.
-- a reference that follows a port (`manifest.autocast_follow`: the port's record; `manifest.autocast`: the dtype)
-  enters the n-th call of each module under the autocast of the port's n-th call of it, and restores the autocast
+- a reference that follows a port (`manifest.autocast_follow`: the port's record; `manifest.autocast`: the dtype;
+  or, run at once with the port, the port's record as it is written: verify/capture/followed_port.py) enters the n-th call of each module under the autocast of the port's n-th call of it, and restores the autocast
   around it when the call returns. A call of an outermost module (none other running) also sets the autocast of
   the script level from then on, where the port computes its loss after the model's forward under the same
   `with torch.autocast(...)`. A module entered outside autocast from inside it gets its half-precision inputs as
@@ -23,7 +23,7 @@ first one run outside autocast (data preparation: migrate never puts it under au
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,6 +34,9 @@ from verify.record.schema import AUTOCAST_DTYPES
 
 OFF = "off"
 _HALF = (torch.float16, torch.bfloat16)
+# What a reference follows: (module path, call number) -> the followed run's record of that module's calls, one that
+# holds that call unless the run ended before it (None: the run never called the module).
+Follow = Callable[[str, int], "list[list[Any]] | None"]
 
 
 def _state(device_type: str) -> str:
@@ -64,7 +67,7 @@ class FollowedScopes(ModuleCalls):
     """Enters each module call under the autocast of the followed run's call of the same number, restoring the
     autocast around it when the call returns; an outermost call sets the script level's too."""
 
-    def __init__(self, device_type: str, follow: dict[str, list[list[Any]]]) -> None:
+    def __init__(self, device_type: str, follow: Follow) -> None:
         super().__init__()
         self.device_type = device_type
         self.follow = follow
@@ -85,10 +88,10 @@ class FollowedScopes(ModuleCalls):
 
     def _followed_state(self, path: str) -> str | None:
         """The state of the followed run's call of `path` with this call's number (past its calls: its last)."""
-        runs = self.follow.get(path)
+        number = self._calls[path] = self._calls.get(path, -1) + 1
+        runs = self.follow(path, number)
         if not runs:
             return None
-        number = self._calls[path] = self._calls.get(path, -1) + 1
         for state, count in runs:
             if number < count:
                 return state
@@ -126,13 +129,18 @@ def recorded(device_type: str, scopes: dict[str, list[list[Any]]]) -> Iterator[N
         yield
 
 
+def following(record: dict[str, list[list[Any]]]) -> Follow | None:
+    """A finished run's autocast record (manifest.autocast_follow) to follow; None where it is empty."""
+    return (lambda path, number: record.get(path)) if record else None
+
+
 @contextlib.contextmanager
-def imposed(device_type: str, autocast_flag: str, follow: dict[str, list[list[Any]]]) -> Iterator[None]:
+def imposed(device_type: str, autocast_flag: str, follow: Follow | None) -> Iterator[None]:
     """The reference's autocast: the followed run's state at each module call, the script level off until the first
     outermost call (migrate puts data preparation outside autocast); without a run to follow, `autocast_flag` around
     the whole script."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(_autocast(device_type, OFF if follow else AUTOCAST_DTYPES[autocast_flag]))
-        if follow:
+        if follow is not None:
             stack.enter_context(FollowedScopes(device_type, follow))
         yield

@@ -128,12 +128,13 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
             stack.enter_context(random_streams.keyed(lambda: recorder.steps_done, manifest.random_not_aligned))
             manifest.random_keyed_by_tag = True
         device = devices.row(manifest.device)
-        if manifest.autocast:
+        if manifest.autocast or recorder.followed:
             if device.cuda_casts_under_autocast:
                 stack.enter_context(_cuda_autocast_casts_on_cpu())
                 manifest.extra["autocast_casts"] = "CUDA/NPU op lists (as the emulated NPU), not CPU autocast's own"
-            stack.enter_context(precision_scopes.imposed(device.autocast_device_type, manifest.autocast,
-                                                         manifest.autocast_follow))
+            follow = recorder.followed.scopes_of if recorder.followed else precision_scopes.following(
+                manifest.autocast_follow)
+            stack.enter_context(precision_scopes.imposed(device.autocast_device_type, manifest.autocast, follow))
         stack.enter_context(precision_scopes.recorded(device.autocast_device_type, manifest.autocast_scopes))
         order_set = _summation_order_set(stack, manifest, device)
         if manifest.perturbation:

@@ -39,6 +39,7 @@ from verify.capture.tensor_stats import Handle, has_readable_data, host_array, s
 from verify.record.schema import (GRAD_STATISTIC_NAMES, GRADS_DIR, MODEL_KEY, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR,
                                    STAT_COLUMNS, LossScalerPlan, RunManifest, Status, step_file)
 from verify.capture.loss_scaler_twin import LossScalerTwin, script_scaler
+from verify.capture.followed_port import followed
 from verify.record.store import RunWriter, write_manifest
 
 
@@ -95,6 +96,7 @@ class StepRecorder:
         self._last_scaled: tuple[Any, Any, float] | None = None  # (scaled loss, loss, scale) from GradScaler.scale
         plan = manifest.loss_scaler_plan  # a reference following the port's GradScaler
         self.twin = LossScalerTwin(LossScalerPlan.from_record(plan), bool(manifest.autocast)) if plan else None
+        self.followed = followed(manifest)  # the port this reference follows while both run; its twin comes from it
         self._carried_grads: Handle | None = None  # whether this step's first backward() found earlier gradients
         self._step_started = time.perf_counter()
         self._losses: list[tuple[int, Any, float | None, float]] = []
@@ -158,6 +160,7 @@ class StepRecorder:
         self.manifest.inference = False
         self.manifest.backward_calls = (self.manifest.backward_calls or 0) + 1
         with self._own_work():
+            self._follow_scaler()
             if not self._losses:
                 self._check_gradients_reset()
             self._record_loss(tensors)
@@ -168,6 +171,17 @@ class StepRecorder:
             return original(tensors, *args, **kwargs)
         finally:
             self._in_backward = False
+
+    def _follow_scaler(self) -> None:
+        """A reference run at once with its port: the twin of the port's GradScaler as far as this step (none while
+        the port has none; followed_port waits for the port to write the step)."""
+        if self.followed is None:
+            return
+        plan = self.followed.scaler_plan(self.steps_done, scaling=bool(self.manifest.autocast))
+        if plan is not None and self.twin is None:
+            self.twin = LossScalerTwin(plan, bool(self.manifest.autocast))
+        if plan is not None:
+            self.twin.follow(plan, not self.followed.ended)
 
     def _imposes_loss_scale(self, tensors, args, kwargs) -> bool:
         """The twin scales a loss the script does not scale itself (a scalar, no gradient given)."""
@@ -266,6 +280,7 @@ class StepRecorder:
         index = self._optimizer_index.setdefault(optimizer, len(self._optimizer_index))
         self._stepping = self._named_parameters(optimizer)
         with self._own_work():
+            self._follow_scaler()
             self._record_hparams(optimizer, index)
             self._record_grads()
             if self.twin is not None and self.twin.skips(self.steps_done, index, self._stepping_gradients()):

@@ -13,7 +13,10 @@ one script twice with the same pieces (verify/cli/determinism.py).
 Mixed precision on one side only: `migrate` usually gives the port an fp16 autocast that the original lacks. When
 the port's forward computes in fp16/bf16, the reference computes under the same autocast where the port does, module
 call by module call (verify/capture/precision_scopes.py; on the CPU with the emulated NPU's op casts), so the comparison
-isolates the port; a reference that still cannot run so runs as written, judged fp32 against AMP. `--amp-effect`
+isolates the port; a reference that still cannot run so runs as written, judged fp32 against AMP. A port that starts
+no ranks runs at once with its reference and calibration runs, which follow its autocast and GradScaler as the port
+writes them (verify/capture/followed_port.py); where that was not what they would have run after the port (the port
+computed in half precision without autocast, an original with its own autocast), they run again after it. `--amp-effect`
 also runs the reference in fp32 and compares it with the reference under autocast: the AMP effect alone, judged with
 the documented fp32-vs-AMP tolerances (verify/compare/tolerances.py). `--no-match-amp` compares fp32 with AMP directly,
 with the same wider tolerances.
@@ -45,7 +48,7 @@ from verify.cli.exits import exit_with
 from verify.launch.runner import RunOptions, check_options
 from verify.cli.side_runs import RUN_ENDED_WELL, SideRun, SideRunner, side_runner, stderr, stdout, write_reports
 from verify.errors import PairError
-from verify.record.store import Run
+from verify.record.store import Run, recorded_loss_scales
 from verify.record.schema import AUTOCAST_DTYPES, DumpMode, LossScalerPlan, Status
 
 PAIR_COMMAND = "pair"
@@ -116,9 +119,11 @@ class PairPlan:
     adaptation: bool = False  # --adaptation-report
     calibration_runs: int = 1  # --calibration-runs: the reference again under another rounding, measuring its noise
     command: tuple[str, ...] = ()  # the command line, as the adaptation report gives it (options.command_line)
-    # The port runs at once with its reference and calibration runs: its text shows no half precision, loss scaling or
-    # ranks of its own, so it sets nothing of the reference's (runs_with_its_reference)
+    # The port runs at once with its reference and calibration runs: its text starts no ranks of its own
+    # (runs_with_its_reference); the reference follows the port's precision as the port runs (`follows`) where the
+    # original's text computes in full precision, as the pair compares a port that gained mixed precision.
     together: bool = False
+    follows: bool = False
 
 
 @dataclass
@@ -138,31 +143,38 @@ def runs_at_once(plan: PairPlan) -> int:
     return 1 if plan.ref_run is not None else 1 + plan.calibration_runs + plan.amp_effect + plan.together
 
 
-# What in a port's text may set its reference's runs: half precision and loss scaling (the reference follows its
-# autocast and scales), ranks it starts itself (two runs at once would meet at one address).
-_SETS_THE_REFERENCE = re.compile(r"autocast|GradScaler|\.half\(|float16|bfloat16|\bamp\b|spawn|Process\b|"
-                                 r"init_process_group|elastic|distributed\.run|torchrun")
+# What in a script's text starts ranks (two runs at once would meet at one address), and computes in half precision.
+_STARTS_RANKS = re.compile(r"spawn|Process\b|init_process_group|elastic|distributed\.run|torchrun")
+_HALF_PRECISION = re.compile(r"autocast|GradScaler|\.half\(|float16|bfloat16|\bamp\b")
 
 
 def runs_with_its_reference(ported: Path, options: RunOptions, ref_run: Path | None) -> bool:
-    """Whether the port can run at once with its reference: nothing in its text sets the reference's runs, and verify
-    starts no ranks. A port that sets them after all (in a module its text imports) is run first, and its reference
-    again after it (run_sides)."""
+    """Whether the port can run at once with its reference: it starts no ranks, by its text and by verify. A port
+    that starts them after all (in a module its text imports) is run first, and its reference again after it
+    (run_sides)."""
     return (ref_run is None and not options.nproc_per_node
-            and not _SETS_THE_REFERENCE.search(ported.read_text(errors="replace")))
+            and not _STARTS_RANKS.search(ported.read_text(errors="replace")))
+
+
+def follows_its_port(original: Path, device_ref: str, match_amp: bool, together: bool) -> bool:
+    """Whether a reference running at once with its port follows the port's autocast and GradScaler as they run
+    (verify/capture/followed_port.py): the port's precision is matched, the original computes in full precision (one
+    with an autocast of its own runs as written where the port computes in fp32, which following would change), and
+    the reference is not the plain CPU (which computes half precision as the devices do only under an autocast it
+    knows of before it starts: an fp32 pair would pay for it)."""
+    on_cpu = device_ref == devices.Device.CPU.value
+    return together and match_amp and not on_cpu and not _HALF_PRECISION.search(original.read_text(errors="replace"))
 
 
 def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
     """The port first: its precision decides the reference's autocast, imposed where the port computed under it, and
-    its loss scales the reference's. Then the reference and the runs that follow it, at once. A port that sets none of
-    that (plan.together) runs at once with them."""
+    its loss scales the reference's. Then the reference and the runs that follow it, at once. A port that starts no
+    ranks (plan.together) runs at once with them, the reference following the port's precision as it runs
+    (plan.follows); where that reference did not run as it would have after the port (_as_after_the_port), it runs
+    again after it."""
+    early: list[Run] = []
     if plan.together:
-        actual, ref, *followers = sides.run_together([_port_run(plan), *_reference_runs(plan, None, "off", "")])
-        if not amp_dtype(actual) and not actual.manifest.loss_scaler and not actual.ranks:
-            if actual.manifest.status not in RUN_ENDED_WELL or ref.manifest.status not in RUN_ENDED_WELL:
-                followers = _discard(followers)
-            return PairRuns(actual, ref, "off", "", calibrations=followers)
-        _discard([ref, *followers])  # the port set what its reference follows: they run again, after it
+        actual, *early = sides.run_together([_port_run(plan), *_reference_runs(plan, None, "off", "")], led=True)
     else:
         side = _port_run(plan)
         actual = sides.run(side.label, side.script, side.args, side.options, side.run_dir)
@@ -171,7 +183,14 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
         calibrations = [read_side(folder) for folder in run_folders.calibration_dirs(plan.ref_run)]
         return PairRuns(actual, read_side(plan.ref_run), "off", port_amp, calibrations=calibrations)
     imposed = _AUTOCAST_FLAGS.get(port_amp, "off") if plan.match_amp else "off"
-    ref, *followers = _run_reference(sides, actual, _reference_runs(plan, actual, imposed, port_amp))
+    if early and _as_after_the_port(early, actual, imposed, port_amp):
+        ref, *followers = early
+        if plan.amp_effect and imposed != "off":
+            side = _fp32_reference_run(plan)
+            followers.append(sides.run(side.label, side.script, side.args, side.options, side.run_dir))
+    else:
+        _discard(early)
+        ref, *followers = _run_reference(sides, actual, _reference_runs(plan, actual, imposed, port_amp))
     unmatched = _crashed_under_autocast(ref, actual) if imposed != "off" else ""
     if unmatched:
         _discard(followers)  # they measured a comparison under an autocast the reference cannot run
@@ -180,9 +199,25 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
         ref, *followers = _run_reference(sides, actual, _reference_runs(plan, actual, imposed, port_amp))
     ref_fp32 = followers.pop() if plan.amp_effect and imposed != "off" else None
     # a calibration measures the noise of a comparison that will be made: not after a side that did not run well
-    if ref.manifest.status not in RUN_ENDED_WELL:
+    if actual.manifest.status not in RUN_ENDED_WELL or ref.manifest.status not in RUN_ENDED_WELL:
         followers = _discard(followers)
     return PairRuns(actual, ref, imposed, port_amp, ref_fp32, unmatched, followers)
+
+
+def _as_after_the_port(early: list[Run], actual: Run, imposed: str, port_amp: str) -> bool:
+    """Whether the reference and its calibration runs, run at once with the port, ran as they would have after it:
+    the port started no ranks, and the reference imposed the autocast the port's precision asks, with the twin of its
+    GradScaler where it had one (scaling under that autocast), and did not time out (it may have spent its time
+    waiting for the port); its calibration runs round at the port's half precision only against an fp32 reference."""
+    ref, *calibrations = early
+    twin = _scaler_twin(actual, imposed)
+    scaling = twin is not None and bool(twin.scales)
+    expected_twin = "" if twin is None else "scale" if scaling else "skip-only"
+    half = "" if imposed != "off" else port_amp
+    return (not actual.ranks and ref.manifest.status != Status.TIMEOUT.value
+            and ref.manifest.autocast == ("" if imposed == "off" else imposed)
+            and (ref.manifest.steps_completed == 0 or ref.manifest.loss_scaler.get("twin", "") == expected_twin)
+            and all(run.manifest.perturbation.get("half", "") == half for run in calibrations))
 
 
 def _run_reference(sides: SideRunner, actual: Run, runs: list[SideRun]) -> list[Run]:
@@ -201,18 +236,25 @@ def _port_run(plan: PairPlan) -> SideRun:
 def _reference_runs(plan: PairPlan, actual: Run | None, imposed: str, port_amp: str) -> list[SideRun]:
     """The reference, its calibration runs and, for --amp-effect, its fp32 run; only the reference after a port that
     did not run well (its crash decides the comparison: no noise to measure). Without the port's run (`actual` None:
-    they run at once with it) the reference follows nothing of it."""
+    they run at once with it) the reference follows the port as it runs where plan.follows, else nothing of it, and
+    its fp32 run waits for the port's precision (run_sides)."""
     options = replace(plan.options, device=plan.device_ref, autocast=imposed,
                       autocast_follow=actual.manifest.autocast_scopes if actual else {},
-                      loss_scaler_plan=_scaler_twin(actual, imposed) if actual else None)
+                      loss_scaler_plan=_scaler_twin(actual, imposed) if actual else None,
+                      follows=plan.out / run_folders.ACTUAL if actual is None and plan.follows else None)
     runs = [SideRun("ref", plan.original, plan.args, options, plan.out / run_folders.REF)]
     if actual is None or actual.manifest.status in RUN_ENDED_WELL:
         port_blocks = 0 if plan.options.exact_emulation else devices.row(plan.device_actual).summation_blocks
         runs += _calibration_runs(plan, options, "" if imposed != "off" else port_amp, port_blocks)
-    if plan.amp_effect and imposed != "off":
-        runs.append(SideRun("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
-                            plan.out / run_folders.REF_FP32))
+    if actual is not None and plan.amp_effect and imposed != "off":
+        runs.append(_fp32_reference_run(plan))
     return runs
+
+
+def _fp32_reference_run(plan: PairPlan) -> SideRun:
+    """--amp-effect: the reference as written, in fp32."""
+    return SideRun("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
+                   plan.out / run_folders.REF_FP32)
 
 
 def _calibration_runs(plan: PairPlan, options: RunOptions, half: str, port_blocks: int) -> list[SideRun]:
@@ -257,17 +299,10 @@ def _scaler_twin(actual: Run, imposed: str) -> LossScalerPlan | None:
     scaler = actual.manifest.loss_scaler
     if not scaler:
         return None
-    losses = actual.losses.assign(loss_scale=pd.to_numeric(actual.losses["loss_scale"], errors="coerce")).dropna(
-        subset=["loss_scale"])
     # Runs recorded before skipped_updates existed name only the step: every optimizer of it was skipped.
     skipped = scaler.get("skipped_updates", [[step, index] for step in actual.manifest.skipped_steps
                                              for index in range(_optimizers(actual))])
-    return LossScalerPlan(
-        skipped=[[int(step), int(index)] for step, index in skipped],
-        scales={(int(step), int(micro)): float(scale) for step, micro, scale in zip(
-            losses["step"], losses["micro_step"], losses["loss_scale"])} if imposed != "off" else None,
-        growth_factor=scaler["growth_factor"], backoff_factor=scaler["backoff_factor"],
-        growth_interval=scaler["growth_interval"])
+    return LossScalerPlan.of_port(scaler, skipped, recorded_loss_scales(actual.losses) if imposed != "off" else None)
 
 
 def _optimizers(run: Run) -> int:
@@ -433,9 +468,10 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
         raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
     check_options(options)
+    together = runs_with_its_reference(ported, options, ref_run)
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
                     match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation, calibration_runs,
-                    command, runs_with_its_reference(ported, options, ref_run))
+                    command, together, follows_its_port(original, device_ref, match_amp, together))
     with adaptation_or_why_not(adaptation):
         with side_runner(quiet, runs_at_once(plan)) as sides:
             runs = run_sides(plan, sides)

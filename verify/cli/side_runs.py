@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from verify.cli.compare_cmd import read_side
 from verify import devices
 from verify.launch.runner import RunOptions, StopOrder, core_share, run_script
 from verify.record.store import Run
-from verify.record.schema import Status
+from verify.record.schema import MANIFEST, Status
 from verify.errors import PairError, Stopped
 
 
@@ -71,14 +72,20 @@ class SideRunner:
                                                f"({run.manifest.status})")
         return run
 
-    def run_together(self, runs: list[SideRun]) -> list[Run]:
-        """The runs at once, each supervised by a thread of its own. A signal, which only this (the main) thread
-        receives, stops them all, each marked interrupted, and is raised once they are; an error of one is raised
-        once all have ended."""
+    def run_together(self, runs: list[SideRun], led: bool = False) -> list[Run]:
+        """The runs at once, each supervised by a thread of its own; `led`: the others start once the first has
+        written its manifest (a reference reads its port's run as it goes: verify/capture/followed_port.py), and not
+        where it could not start. A signal, which only this (the main) thread receives, stops them all, each marked
+        interrupted, and is raised once they are; an error of one is raised once all have ended."""
         order = StopOrder()
         with concurrent.futures.ThreadPoolExecutor(max(1, len(runs))) as pool:
-            futures = [pool.submit(self.run, side.label, side.script, side.args, side.options, side.run_dir, order)
-                       for side in runs]
+            def start(side: SideRun) -> concurrent.futures.Future:
+                return pool.submit(self.run, side.label, side.script, side.args, side.options, side.run_dir, order)
+            futures = [start(runs[0])]
+            if led:
+                _started(futures[0], runs[0].run_dir)
+            if not futures[0].done() or futures[0].exception() is None:
+                futures += [start(side) for side in runs[1:]]
             try:
                 while concurrent.futures.wait(futures, timeout=0.2).not_done:
                     pass
@@ -93,6 +100,12 @@ class SideRunner:
             if future.exception() is not None:
                 raise future.exception()
         return [future.result() for future in futures]
+
+
+def _started(run: concurrent.futures.Future, run_dir: Path) -> None:
+    """Waits until `run` has written its first manifest, or ended (it could not start)."""
+    while not (run_dir / MANIFEST).exists() and not run.done():
+        time.sleep(0.01)
 
 
 @contextlib.contextmanager

@@ -128,6 +128,7 @@ class RunOptions:
     tensor_cap_mb: float = 512.0
     extra_env: dict[str, str] = field(default_factory=dict)
     loss_scaler_plan: LossScalerPlan | None = None  # a reference following the port's GradScaler
+    follows: Path | None = None  # a reference run at once with its port: the port's run folder (manifest.follows)
     perturbation: dict[str, Any] = field(default_factory=dict)  # a calibration run (manifest.perturbation)
     nproc_per_node: int = 0  # ranks launched through torch.distributed.run (0: the script as one process)
     devices: int = 0  # devices each emulation presents (--devices; 0: one a rank, for ranks the script spawns too)
@@ -215,6 +216,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         autocast="" if options.autocast == "off" else options.autocast,
         autocast_follow=dict(options.autocast_follow) if options.autocast != "off" else {},
         loss_scaler_plan=options.loss_scaler_plan.to_record() if options.loss_scaler_plan else {},
+        follows=str(options.follows.resolve()) if options.follows else "",
         perturbation=dict(options.perturbation),
         steps_requested=options.steps,
         started_at=now_iso(),

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -256,6 +257,10 @@ class RunManifest:
     # A reference imposed the autocast where the port computed under it (verify/capture/precision_scopes.py): the port's
     # autocast_scopes; empty: around the whole script.
     autocast_follow: dict[str, list[list[Any]]] = field(default_factory=dict)
+    # A reference run at once with its port (verify/capture/followed_port.py): the port's run folder, whose autocast
+    # and GradScaler it follows as the port writes them; autocast, autocast_follow and loss_scaler then say what it
+    # followed. Empty: it follows a finished port's run, or none.
+    follows: str = ""
     # What this run computed under: module path -> the autocast ("float16", "bfloat16" or "off") of each of its
     # calls, run-length encoded: [["float16", 20], ["off", 5]].
     autocast_scopes: dict[str, list[list[Any]]] = field(default_factory=dict)
@@ -421,6 +426,17 @@ class LossScalerPlan:
         """As manifest.loss_scaler_plan keeps it (JSON: the scales as [step, micro_step, scale] rows)."""
         scales = None if self.scales is None else [[*key, scale] for key, scale in self.scales.items()]
         return asdict(self) | {"scales": scales}
+
+    @classmethod
+    def of_port(cls, scaler: dict[str, Any], skipped: Iterable[Sequence[int]],
+                scales: Iterable[tuple[int, int, float]] | None) -> "LossScalerPlan":
+        """The plan of a port's GradScaler (its manifest.loss_scaler), the updates it skipped ([step, optimizer]) and
+        the (step, micro_step, scale) of its backward() calls (store.recorded_loss_scales; None: skip-only)."""
+        return cls(skipped=[[int(step), int(index)] for step, index in skipped],
+                   scales=None if scales is None else {(int(step), int(micro)): float(scale)
+                                                       for step, micro, scale in scales},
+                   growth_factor=scaler["growth_factor"], backoff_factor=scaler["backoff_factor"],
+                   growth_interval=scaler["growth_interval"])
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> "LossScalerPlan":

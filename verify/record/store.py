@@ -379,6 +379,13 @@ def read_losses(run_dir: Path) -> pd.DataFrame:
     return _read_csv(Path(run_dir) / LOSSES, LOSS_COLUMNS, *_LOSS_NUMBERS, _Reading(cut=True))
 
 
+def recorded_loss_scales(losses: pd.DataFrame) -> list[tuple[int, int, float]]:
+    """(step, micro_step, scale) of each backward() a run's GradScaler scaled (losses.csv's loss_scale)."""
+    scales = pd.to_numeric(losses["loss_scale"], errors="coerce")
+    scaled = losses.assign(loss_scale=scales).dropna(subset=["loss_scale"])
+    return list(zip(scaled["step"], scaled["micro_step"], scaled["loss_scale"]))
+
+
 def read_run(run_dir: Path) -> Run:
     """Reads a run directory written by `verify run` (or one cut short by a crash), of one process or of several
     ranks (verify/record/run_folders.py). Problems become `Run.notes` and Python warnings; only a missing or corrupt
