@@ -33,7 +33,7 @@ from verify.capture.ops import OpCapture, TensorSaver
 from verify.capture.tensor_stats import StatBatch
 from verify.capture import environment_record, project_files
 from verify.capture import perturbation, precision_scopes
-from verify.capture import random_streams
+from verify.capture import listing_order, random_streams
 from verify.capture import rank_capture
 from verify.capture.lifetime import die_with_parent
 from verify.errors import VerifyError
@@ -122,6 +122,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
     sys.argv = [manifest.script, *manifest.argv]
     sys.path.insert(0, str(Path(manifest.script).parent))  # as `python SCRIPT` does (the bootstrap runs with -P)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(listing_order.sorted_listings(manifest.extra))
         if manifest.no_dropout:
             stack.enter_context(random_streams.dropout_disabled())
         elif manifest.align_random:
