@@ -19,6 +19,18 @@ def port_name(original: Path, suffix: str = PORT_SUFFIX) -> Path:
     return original.with_name(f"{original.stem}{suffix}{original.suffix}")
 
 
+def project_trees(original: Path, ported: Path) -> tuple[Path, Path] | None:
+    """The folders at which the paths of a script and of its port part, the folders below them the same: minGPT/ and
+    minGPT_npu/ for minGPT/projects/chargpt/chargpt.py and minGPT_npu/projects/chargpt/chargpt.py (`migrate minGPT`
+    ports the project as one tree, naming the port's after the original's). None for scripts in one folder or in
+    folders of other names."""
+    a, b = original.resolve().parent, ported.resolve().parent
+    while a != b and a.name == b.name and a.parent != a:
+        a, b = a.parent, b.parent
+    ported_tree = b.name.startswith(a.name) and b.name != a.name
+    return (a, b) if ported_tree and not (a.is_relative_to(b) or b.is_relative_to(a)) else None
+
+
 # migrate writes its reports into <port stem>_report/ beside the port, the checklist as checklist.json in it.
 REPORT_SUFFIX = "_report"
 CHECKLIST_JSON = "checklist.json"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,56 @@ def test_a_port_that_runs_an_original_module_is_named(project: Path):
     found = [finding for finding in summary["findings"] if finding["code"] == "original_module"]
     assert [finding["message"] for finding in found] == [
         "the port ran model.py, the original module, not its port model_npu.py: its imports name the original"]
+
+
+@pytest.fixture
+def trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project whose script imports its package from the project's root (minGPT's projects/chargpt/chargpt.py and
+    mingpt/), ported as one tree (`migrate proj` writes proj_npu/), run from the script's folder with PYTHONPATH
+    naming the original's root, as its README says to run it."""
+    (tmp_path / "proj" / "pkg").mkdir(parents=True)
+    (tmp_path / "proj" / "app").mkdir()
+    (tmp_path / "proj" / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "proj" / "pkg" / "model.py").write_text(MODEL)
+    (tmp_path / "proj" / "app" / "main.py").write_text(MAIN.replace("from model import", "from pkg.model import"))
+    monkeypatch.chdir(tmp_path)
+    port("proj")
+    monkeypatch.chdir(tmp_path / "proj" / "app")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "proj"),
+                                                                    os.environ.get("PYTHONPATH", "")])))
+    return tmp_path
+
+
+def tree_pair(folder: Path, out: str = "out") -> tuple[dict, dict, dict]:
+    argv = ["main.py", str(folder / "proj_npu" / "app" / "main.py"), "-q", "--calibration-runs", "0",
+            "-o", str(folder / out)]
+    result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
+    assert result.exit_code in (0, 1), result.output
+    read = lambda path: json.loads(path.read_text())  # noqa: E731
+    return (read(folder / out / "summary.json"), read(folder / out / "ref" / "manifest.json"),
+            read(folder / out / "actual" / "manifest.json"))
+
+
+def test_a_port_in_a_tree_of_its_own_imports_its_own_trees_modules_on_the_originals_pythonpath(trees: Path):
+    summary, ref, actual = tree_pair(trees)
+    assert (ref["project_root"], actual["project_root"]) == (str(trees), str(trees))
+    assert list(ref["project_files"]) == ["proj/pkg/__init__.py", "proj/pkg/model.py"]
+    assert list(actual["project_files"]) == ["proj_npu/pkg/__init__.py", "proj_npu/pkg/model.py"]
+    assert summary["verdict"] == "PASS" and not [f for f in summary["findings"] if f["code"] == "original_module"]
+    assert any(note.startswith(f"the port ran with PYTHONPATH={trees / 'proj_npu'}") for note in summary["notes"])
+
+
+def test_a_bug_in_the_ports_tree_is_named_at_its_file_and_a_module_of_the_originals_tree_is_named(trees: Path):
+    for tree, factor in (("proj", "1.0"), ("proj_npu", "2.0")):  # the same op, another constant in the port's tree
+        (trees / tree / "pkg" / "model.py").write_text(MODEL.replace("return self.layer(x)",
+                                                                     f"return self.layer(x).mul({factor})"))
+    summary, _, _ = tree_pair(trees)
+    assert summary["verdict"] == "FAIL" and "aten.mul (Net forward, step 0, out0) at proj_npu/pkg/model.py:10 " \
+        "(original proj/pkg/model.py:10)" in summary["reason"], summary["reason"]
+    main = trees / "proj_npu" / "app" / "main.py"
+    main.write_text(f"import sys\nsys.path.insert(0, {str(trees / 'proj')!r})\n" + main.read_text())
+    summary, _, actual = tree_pair(trees, "reaching")
+    assert list(actual["project_files"]) == ["proj/pkg/__init__.py", "proj/pkg/model.py"]
+    found = [finding["message"] for finding in summary["findings"] if finding["code"] == "original_module"]
+    assert ("the port ran proj/pkg/model.py, the original module, not its port proj_npu/pkg/model.py: it found it "
+            "first on its search path (PYTHONPATH, an installed package)") in found

@@ -208,7 +208,7 @@ def _make_capture(manifest: RunManifest, writer: RunWriter, batch: StatBatch) ->
     saver = None
     if dump == DumpMode.TENSOR:
         saver = TensorSaver(manifest.ops_regex or None, int(manifest.tensor_cap_mb * 2**20), writer.save_array)
-    return OpCapture(dump, batch, saver, Path(manifest.script).parent)
+    return OpCapture(dump, batch, saver, manifest.files_root)
 
 
 def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) -> Status:
@@ -250,7 +250,7 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         manifest.extra["device_statistics"] = statistics_path
     manifest.modelled_numerics = device_setup.modelled_numerics()
     manifest.half_precision = device_setup.half_precision()
-    manifest.project_files = project_files.imported(manifest.script)
+    manifest.project_files = project_files.imported(manifest.script, manifest.project_root)
     manifest.finished_at = now_iso()
     writer.close()
     write_manifest(run_dir, manifest)

@@ -24,6 +24,7 @@ with the same wider tolerances.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ import pandas as pd
 import typer
 
 from verify.report.adaptation import write_adaptation
-from verify.checklist_items import REPORT_SUFFIX, port_name
+from verify.checklist_items import REPORT_SUFFIX, port_name, project_trees
 from verify.compare.runs import ComparisonResult, compare_runs
 from verify.compare.precision_policy import CompareOptions, amp_dtype
 from verify.report.terminal import print_summary
@@ -45,7 +46,7 @@ from verify.record import run_folders
 import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
 from verify.cli.options import command_line
 from verify.cli.exits import exit_with
-from verify.launch.runner import RunOptions, check_options
+from verify.launch.runner import RunOptions, check_options, search_path
 from verify.cli.side_runs import RUN_ENDED_WELL, SideRun, SideRunner, side_runner, stderr, stdout, write_reports
 from verify.errors import PairError
 from verify.record.store import Run, recorded_loss_scales
@@ -124,6 +125,7 @@ class PairPlan:
     # original's text computes in full precision, as the pair compares a port that gained mixed precision.
     together: bool = False
     follows: bool = False
+    trees: tuple[Path, Path] | None = None  # the original's and the port's trees of one project (project_trees)
 
 
 @dataclass
@@ -160,10 +162,11 @@ def follows_its_port(original: Path, device_ref: str, match_amp: bool, together:
     """Whether a reference running at once with its port follows the port's autocast and GradScaler as they run
     (verify/capture/followed_port.py): the port's precision is matched, the original computes in full precision (one
     with an autocast of its own runs as written where the port computes in fp32, which following would change), and
-    the reference is not the plain CPU (which computes half precision as the devices do only under an autocast it
-    knows of before it starts: an fp32 pair would pay for it)."""
-    on_cpu = device_ref == devices.Device.CPU.value
-    return together and match_amp and not on_cpu and not _HALF_PRECISION.search(original.read_text(errors="replace"))
+    the reference is not one that takes the devices' autocast casts itself (the plain CPU: it computes half
+    precision as the devices do only under an autocast it knows of before it starts, and an fp32 pair would pay for
+    it)."""
+    casts = device_ref in devices.DEVICE_TABLE and devices.row(device_ref).cuda_casts_under_autocast
+    return together and match_amp and not casts and not _HALF_PRECISION.search(original.read_text(errors="replace"))
 
 
 def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
@@ -229,8 +232,19 @@ def _run_reference(sides: SideRunner, actual: Run, runs: list[SideRun]) -> list[
 
 
 def _port_run(plan: PairPlan) -> SideRun:
-    return SideRun("actual", plan.ported, plan.args, replace(plan.options, device=plan.device_actual),
-                   plan.out / run_folders.ACTUAL)
+    return SideRun("actual", plan.ported, plan.args, _in_its_tree(plan, replace(plan.options, device=plan.device_actual),
+                                                                  port=True), plan.out / run_folders.ACTUAL)
+
+
+def _in_its_tree(plan: PairPlan, options: RunOptions, port: bool) -> RunOptions:
+    """A side's options where the scripts lie in two trees of one project (`migrate minGPT` writes minGPT_npu/):
+    its files named from the folder holding both trees, and your PYTHONPATH's folders of the other tree taken in its
+    own (runner.search_path), so that each side imports its own tree's modules: a port run on the original's
+    PYTHONPATH would run the original's modules."""
+    if plan.trees is None:
+        return options
+    own, other = reversed(plan.trees) if port else plan.trees
+    return replace(options, project_root=Path(os.path.commonpath(plan.trees)), trees=(own, other))
 
 
 def _reference_runs(plan: PairPlan, actual: Run | None, imposed: str, port_amp: str) -> list[SideRun]:
@@ -238,7 +252,7 @@ def _reference_runs(plan: PairPlan, actual: Run | None, imposed: str, port_amp: 
     did not run well (its crash decides the comparison: no noise to measure). Without the port's run (`actual` None:
     they run at once with it) the reference follows the port as it runs where plan.follows, else nothing of it, and
     its fp32 run waits for the port's precision (run_sides)."""
-    options = replace(plan.options, device=plan.device_ref, autocast=imposed,
+    options = replace(_in_its_tree(plan, plan.options, port=False), device=plan.device_ref, autocast=imposed,
                       autocast_follow=actual.manifest.autocast_scopes if actual else {},
                       loss_scaler_plan=_scaler_twin(actual, imposed) if actual else None,
                       follows=plan.out / run_folders.ACTUAL if actual is None and plan.follows else None)
@@ -253,7 +267,8 @@ def _reference_runs(plan: PairPlan, actual: Run | None, imposed: str, port_amp: 
 
 def _fp32_reference_run(plan: PairPlan) -> SideRun:
     """--amp-effect: the reference as written, in fp32."""
-    return SideRun("ref fp32", plan.original, plan.args, replace(plan.options, device=plan.device_ref),
+    return SideRun("ref fp32", plan.original, plan.args,
+                   replace(_in_its_tree(plan, plan.options, port=False), device=plan.device_ref),
                    plan.out / run_folders.REF_FP32)
 
 
@@ -315,6 +330,7 @@ def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
     result = compare_runs(runs.ref, runs.actual, plan.compare, runs.calibrations)
     how = _comparison_made(plan, runs)
     result.notes.insert(0, how["description"])
+    result.notes += _search_path_notes(plan)
     if plan.amp_effect and runs.ref_fp32 is None:
         result.notes.append("--amp-effect: nothing to measure, the port computes in fp32")
     effect = compare_runs(runs.ref_fp32, runs.ref) if runs.ref_fp32 else None
@@ -335,6 +351,18 @@ def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
         write_reports(effect, plan.out / run_folders.AMP_EFFECT)
     stderr.print(f"reports in {plan.out}")
     return result.verdict.exit_code
+
+
+def _search_path_notes(plan: PairPlan) -> list[str]:
+    """What each side's PYTHONPATH was where it took your folders of the other tree in its own (_in_its_tree)."""
+    if plan.trees is None:
+        return []
+    yours = os.environ.get("PYTHONPATH", "")
+    original, port = plan.trees
+    return [f"{label} ran with PYTHONPATH={changed}: your PYTHONPATH's folders of {other} taken in {own}, so that it "
+            "imports its own tree's modules"
+            for label, own, other in (("the port", port, original), ("the reference", original, port))
+            if (changed := search_path(yours, own, other)) != yours]
 
 
 def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
@@ -471,7 +499,8 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
     together = runs_with_its_reference(ported, options, ref_run)
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
                     match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation, calibration_runs,
-                    command, together, follows_its_port(original, device_ref, match_amp, together))
+                    command, together, follows_its_port(original, device_ref, match_amp, together),
+                    project_trees(original, ported))
     with adaptation_or_why_not(adaptation):
         with side_runner(quiet, runs_at_once(plan)) as sides:
             runs = run_sides(plan, sides)

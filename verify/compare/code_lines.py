@@ -60,12 +60,13 @@ class CodeLines:
     """The two scripts of a comparison, read once: `place()` a pair of op records."""
 
     def __init__(self, ref: Run, actual: Run) -> None:
-        self._original_dir = Path(ref.manifest.script).parent if ref.manifest.script else None
+        self._original_dir = ref.manifest.files_root if ref.manifest.script else None
         self._port_script = Path(actual.manifest.script) if actual.manifest.script else None
+        self._port_dir, self._port_name = actual.manifest.files_root, actual.manifest.script_in_root
         self._port_lines: PortLines | None = None
         if self._port_script is not None and ref.manifest.script:
             self._port_lines = read_port_lines(Path(ref.manifest.script), self._port_script)
-        self._original_name = Path(ref.manifest.script).name
+        self._original_name = ref.manifest.script_in_root
         self._texts: dict[Path, list[str] | None] = {}
 
     def place(self, ref_source: Any, actual_source: Any) -> Placement | None:
@@ -81,7 +82,7 @@ class CodeLines:
             paired_by = "position"
         rewrites = [rewrite.text for rewrite in origin.rewrites] if origin else []
         codes = list(dict.fromkeys(rewrite.code for rewrite in origin.rewrites)) if origin else []
-        context = {"port": self._context(self._port_script.parent / port[0], port[1])}
+        context = {"port": self._context(self._port_dir / port[0], port[1])}
         if original is not None and self._original_dir is not None:
             context["original"] = self._context(self._original_dir / original[0], original[1])
         return Placement(f"{port[0]}:{port[1]}", f"{original[0]}:{original[1]}" if original else "", paired_by,
@@ -89,7 +90,7 @@ class CodeLines:
 
     def _origin(self, path: str, line: int) -> LineOrigin | None:
         """Migrate's record of the port script's line; None for another file or without migrate's report folder."""
-        if self._port_lines is None or path != self._port_script.name:
+        if self._port_lines is None or path != self._port_name:
             return None
         return self._port_lines.origin(line)
 

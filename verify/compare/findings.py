@@ -24,7 +24,7 @@ from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
 from verify.record.schema import INPUT_OP, Phase, Status
 from verify.errors import CompareError
-from verify.checklist_items import port_name
+from verify.checklist_items import port_name, project_trees
 
 
 # How few matched ops make two runs look like different scripts rather than a port of one script.
@@ -211,27 +211,51 @@ def explaining(found: list[environment.Difference],
 def _module_findings(ref: Run, actual: Run) -> list[Finding]:
     """The port ran an original module of the project where that module's port is beside it (its imports name the
     originals: the files were ported one by one), or the reference ran a port where its original is beside it. The
-    port's name is the original's with the suffix the scripts' names differ by (main.py, main_npu.py: _npu)."""
+    port's name is the original's with the suffix the scripts' names differ by (main.py, main_npu.py: _npu); where
+    the scripts lie in two trees of one project (minGPT/, minGPT_npu/), a module of the other tree is named so too."""
     ref_script, port_script = Path(ref.manifest.script), Path(actual.manifest.script)
+    findings = _tree_findings(ref, actual, project_trees(ref_script, port_script))
     suffix = port_script.stem.removeprefix(ref_script.stem)
     if suffix == port_script.stem or not suffix:
-        return []
-    findings = []
+        return findings
     for name in actual.manifest.project_files:
-        original = port_script.parent / name
+        original = actual.manifest.files_root / name
         port = port_name(original, suffix)
         if not original.stem.endswith(suffix) and port.is_file():
-            findings.append(Finding(FindingCode.ORIGINAL_MODULE, (
-                f"the port ran {name}, the original module, not its port {port.name}: its imports name the original"),
-                {"side": "actual", "file": name, "instead": port.name}))
+            findings.append(_other_module("actual", name, port.name, _NAMED_BY_IMPORTS))
     for name in ref.manifest.project_files:
-        port = ref_script.parent / name
+        port = ref.manifest.files_root / name
         original = port.with_name(port.stem.removesuffix(suffix) + port.suffix)
         if port.stem.endswith(suffix) and original.is_file():
-            findings.append(Finding(FindingCode.ORIGINAL_MODULE, (
-                f"the reference ran {name}, a port, not the original {original.name}"),
-                {"side": "ref", "file": name, "instead": original.name}))
+            findings.append(_other_module("ref", name, original.name, ""))
     return findings
+
+
+def _tree_findings(ref: Run, actual: Run, trees: tuple[Path, Path] | None) -> list[Finding]:
+    """Modules a side ran from the other side's tree where its own tree has them."""
+    if trees is None:
+        return []
+    findings = []
+    for side, run, own, other in (("ref", ref, *trees), ("actual", actual, *reversed(trees))):
+        for name in run.manifest.project_files:
+            path = (run.manifest.files_root / name).resolve()
+            instead = own / path.relative_to(other) if path.is_relative_to(other) else None
+            if instead is not None and instead.is_file():
+                shown = instead.relative_to(run.manifest.files_root) if instead.is_relative_to(
+                    run.manifest.files_root) else instead
+                findings.append(_other_module(side, name, shown.as_posix(), _FROM_THE_OTHER_TREE))
+    return findings
+
+
+_NAMED_BY_IMPORTS = "its imports name the original"
+_FROM_THE_OTHER_TREE = "it found it first on its search path (PYTHONPATH, an installed package)"
+
+
+def _other_module(side: str, name: str, instead: str, why: str) -> Finding:
+    message = (f"the port ran {name}, the original module, not its port {instead}" if side == "actual"
+               else f"the reference ran {name}, a port, not the original {instead}")
+    return Finding(FindingCode.ORIGINAL_MODULE, f"{message}: {why}" if why else message,
+                   {"side": side, "file": name, "instead": instead})
 
 
 def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:

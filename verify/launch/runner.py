@@ -129,6 +129,10 @@ class RunOptions:
     extra_env: dict[str, str] = field(default_factory=dict)
     loss_scaler_plan: LossScalerPlan | None = None  # a reference following the port's GradScaler
     follows: Path | None = None  # a reference run at once with its port: the port's run folder (manifest.follows)
+    project_root: Path | None = None  # the folder whose files the run's project_files name (None: the script's)
+    # A side of a pair of scripts in two trees of one project: (its own tree, the other); PYTHONPATH's folders of the
+    # other tree are taken in its own (search_path).
+    trees: tuple[Path, Path] | None = None
     perturbation: dict[str, Any] = field(default_factory=dict)  # a calibration run (manifest.perturbation)
     nproc_per_node: int = 0  # ranks launched through torch.distributed.run (0: the script as one process)
     devices: int = 0  # devices each emulation presents (--devices; 0: one a rank, for ranks the script spawns too)
@@ -217,6 +221,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         autocast_follow=dict(options.autocast_follow) if options.autocast != "off" else {},
         loss_scaler_plan=options.loss_scaler_plan.to_record() if options.loss_scaler_plan else {},
         follows=str(options.follows.resolve()) if options.follows else "",
+        project_root=str(options.project_root.resolve()) if options.project_root else "",
         perturbation=dict(options.perturbation),
         steps_requested=options.steps,
         started_at=now_iso(),
@@ -260,6 +265,8 @@ def run_script(
         write_manifest(run_dir, manifest)
         calibration = {devices.BLOCKS_VAR: str(options.perturbation["blocks"])} if options.perturbation else {}
         env = {**os.environ, **device_env, **calibration, **options.extra_env, "PYTHONHASHSEED": str(options.seed)}
+        if options.trees is not None and "PYTHONPATH" in env:
+            env["PYTHONPATH"] = search_path(env["PYTHONPATH"], *options.trees)
         env["PYTHONUNBUFFERED"] = "1"  # the script's output reaches output.log and the user as it is printed
         started = time.monotonic()
         returncode, ending, stopped = _supervise(
@@ -271,6 +278,16 @@ def run_script(
         stopped.runs.append(run_dir)
         raise stopped
     return run_dir
+
+
+def search_path(entries: str, own: Path, other: Path) -> str:
+    """A PYTHONPATH with each folder of the `other` tree taken in the `own` one, where that has it."""
+    def taken(entry: str) -> str:
+        path = Path(entry).resolve() if entry else None
+        if path is None or not path.is_relative_to(other) or not (own / path.relative_to(other)).is_dir():
+            return entry
+        return str(own / path.relative_to(other))
+    return os.pathsep.join(taken(entry) for entry in entries.split(os.pathsep))
 
 
 def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress,

@@ -43,6 +43,7 @@ import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from verify.devices import title
@@ -214,8 +215,10 @@ class RunManifest:
     script: str = ""  # absolute path of the script that ran
     script_sha256: str = ""
     # The files under the script's folder the run imported (sys.modules at its end: the modules of the script's
-    # project it ran), each path relative to that folder with its sha256 (verify/capture/project_files.py).
+    # project it ran), each path relative to that folder with its sha256 (verify/capture/project_files.py); under
+    # project_root instead where one is given (a pair of scripts in two trees of one project: the folder holding both).
     project_files: dict[str, str] = field(default_factory=dict)
+    project_root: str = ""
     argv: list[str] = field(default_factory=list)  # the script's own arguments
     cwd: str = ""
     python_version: str = ""
@@ -302,6 +305,18 @@ class RunManifest:
     rank_limit: int = 0
     process_group: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def files_root(self) -> Path:
+        """The folder the run's project_files and its ops' source lines are named from: project_root, else the
+        script's folder."""
+        return Path(self.project_root or Path(self.script).parent)
+
+    @property
+    def script_in_root(self) -> str:
+        """The script's path as its ops' source lines name it."""
+        return Path(self.script).relative_to(self.files_root).as_posix() if self.project_root else Path(
+            self.script).name
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
