@@ -38,6 +38,7 @@ class FollowedPort:
         self._read: tuple[int, int, int] | None = None  # the manifest file read (inode, mtime, size)
         self._plan_read: tuple[Any, int] | None = None  # what the last loss-scaler plan was made from
         self._plan: LossScalerPlan | None = None
+        self._written_steps = 0  # the port's steps known to be written whole
 
     @property
     def ended(self) -> bool:
@@ -55,7 +56,8 @@ class FollowedPort:
         port = self._waiting_for(lambda port: self._step_written(port, step))
         if not port.loss_scaler:
             return None
-        made_from = (self._read, os.stat(self.run_dir / LOSSES).st_size if scaling else 0)
+        losses = self.run_dir / LOSSES  # written once the port recorded a scale, as its manifest's loss_scaler
+        made_from = (self._read, losses.stat().st_size if scaling and losses.exists() else 0)
         if made_from != self._plan_read:
             scales = recorded_loss_scales(read_losses(self.run_dir)) if scaling else None
             self._plan = LossScalerPlan.of_port(port.loss_scaler, port.loss_scaler.get("skipped_updates", []), scales)
@@ -65,30 +67,36 @@ class FollowedPort:
     def _step_written(self, port: RunManifest, step: int) -> bool:
         """Whether the port's records of `step` are all written: a step's losses may be written at the end of the
         next one (step_recorder: statistics still on their way from a GPU), never later."""
-        if port.steps_completed > step + 1:
+        if step < self._written_steps or port.steps_completed > step + 1:
             return True
-        return port.steps_completed > step and bool((read_losses(self.run_dir)["step"] == step).any())
+        if port.steps_completed > step and bool((read_losses(self.run_dir)["step"] == step).any()):
+            self._written_steps = step + 1
+            return True
+        return False
 
     def _waiting_for(self, arrived: Callable[[RunManifest], bool]) -> RunManifest:
-        self._refresh()
+        """The port's manifest once `arrived` holds of it or the port ended; read again only while it does not (a
+        module call of a reference behind its port reads nothing)."""
         while self.port is None or not (self.ended or arrived(self.port)):
-            time.sleep(POLL_S)
-            self._refresh()
+            if not self._refresh():
+                time.sleep(POLL_S)
         return self.port
 
-    def _refresh(self) -> None:
+    def _refresh(self) -> bool:
+        """Reads the port's manifest where it changed; whether it did."""
         try:
             stat = os.stat(self.run_dir / MANIFEST)
         except FileNotFoundError:
-            return
+            return False
         read = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         if read == self._read:
-            return
+            return False
         self.port, self._read = read_manifest(self.run_dir), read
         self.own.autocast_follow = self.port.autocast_scopes
         if not self.own.autocast:
             self.own.autocast = next((_FLAGS[state] for runs in self.port.autocast_scopes.values()
                                       for state, _ in runs if state in _FLAGS), "")
+        return True
 
 
 def followed(own: RunManifest) -> FollowedPort | None:
