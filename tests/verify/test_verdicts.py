@@ -369,7 +369,8 @@ def migrated(tmp_path: Path, original: Path) -> Path:
 def test_steps_the_ports_grad_scaler_skips_are_followed_by_the_reference(tmp_path, match_amp):
     """verdict_mlp's sum-reduced loss overflows fp16 gradients at the GradScaler's first scales, so the port skips its
     first updates while the scale backs off. The reference's loss-scaler twin scales as the port did and skips the same
-    updates (no NaN of verify's making); in fp32 (--no-match-amp) it only skips them. Both are loss scaling at work."""
+    updates (no NaN of verify's making); in fp32 (--no-match-amp) too, where its scaling is exact and overflows nothing.
+    Both are loss scaling at work."""
     original = migrated(tmp_path, ORIGINAL)
     assert "GradScaler" in (tmp_path / "train_npu.py").read_text()
     exit_code, summary, out = verify(original, "-n", 4, "-q", "-o", tmp_path / "out",
@@ -377,7 +378,7 @@ def test_steps_the_ports_grad_scaler_skips_are_followed_by_the_reference(tmp_pat
     assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
     ref, actual = (json.loads((out / side / "manifest.json").read_text()) for side in ("ref", "actual"))
     assert actual["skipped_steps"] and ref["skipped_steps"] == actual["skipped_steps"]
-    assert ref["status"] == "ok" and ref["loss_scaler"]["twin"] == ("scale" if match_amp else "skip-only")
+    assert ref["status"] == "ok" and ref["loss_scaler"]["twin"] == "scale"
     assert ref["loss_scaler"]["followed"] == actual["skipped_steps"]
     assert not {"overflow", "scale_collapse"} & set(codes(summary))
     if match_amp:
@@ -561,3 +562,25 @@ def test_a_port_that_never_calls_backward_fails_naming_that(tmp_path):
     assert summary["reason"] == ("FAIL: the port never calls backward(): it made 3 step(s) without a gradient, where "
                                  "the original called backward() 3 time(s)")
     assert any("Restore it as in the original" in advice for advice in summary["advice"])
+
+
+def test_a_grad_scaler_over_fp32_compute_is_followed_exactly_by_an_fp32_reference(tmp_path):
+    """Regression: pytorch/examples' reinforce.py, as migrate ports it (autocast around the loss alone, computing
+    nothing in half precision, and a GradScaler), FAILed: its backward's masks and quotients of forward values
+    (Categorical.log_prob's) were divided by the port's loss scale alone, and the backward of GradScaler.scale's
+    product, which the reference lacked, shifted the pairing of the ops after it. The fp32 reference now plays the
+    port's scale (exact in fp32), and the backward of verify's and a GradScaler's own products is not recorded."""
+    original = SCRIPTS / "policy_gradient.py"
+    port = tmp_path / "policy_gradient_npu.py"
+    port.write_text(original.read_text()
+                    .replace("import torch\n", "import torch\nimport torch_npu\n", 1)
+                    .replace("torch.manual_seed(0)\n", "torch.manual_seed(0)\nscaler = torch.amp.GradScaler('npu')\n")
+                    .replace("    loss = torch.stack", "    with torch.autocast('npu', dtype=torch.float16):\n"
+                                                     "        loss = torch.stack")
+                    .replace("    loss.backward()\n    optimizer.step()\n",
+                             "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n"))
+    exit_code, summary, out = verify(original, port, "-n", 6, "-q", "-o", tmp_path / "out")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    assert summary["pair"]["mode"] == "as-written" and "loss was scaled" in summary["pair"]["description"]
+    ops = pd.read_parquet(out / "ops.parquet")
+    assert not ops.loc[ops["phase"] == "backward", "status"].isin(["only_actual", "only_ref"]).any()

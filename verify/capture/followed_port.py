@@ -50,17 +50,16 @@ class FollowedPort:
         port = self._waiting_for(lambda port: sum(count for _, count in port.autocast_scopes.get(path, ())) > number)
         return port.autocast_scopes.get(path)
 
-    def scaler_plan(self, step: int, scaling: bool) -> LossScalerPlan | None:
-        """The port's GradScaler as far as `step` once the port wrote that step or ended (None: the port has none);
-        with `scaling`, the scales its backward() used too (a reference under its autocast)."""
+    def scaler_plan(self, step: int) -> LossScalerPlan | None:
+        """The port's GradScaler as far as `step` once the port wrote that step or ended (None: the port has none)."""
         port = self._waiting_for(lambda port: self._step_written(port, step))
         if not port.loss_scaler:
             return None
         losses = self.run_dir / LOSSES  # written once the port recorded a scale, as its manifest's loss_scaler
-        made_from = (self._read, losses.stat().st_size if scaling and losses.exists() else 0)
+        made_from = (self._read, losses.stat().st_size if losses.exists() else 0)
         if made_from != self._plan_read:
-            scales = recorded_loss_scales(read_losses(self.run_dir)) if scaling else None
-            self._plan = LossScalerPlan.of_port(port.loss_scaler, port.loss_scaler.get("skipped_updates", []), scales)
+            self._plan = LossScalerPlan.of_port(port.loss_scaler, port.loss_scaler.get("skipped_updates", []),
+                                                recorded_loss_scales(read_losses(self.run_dir)))
             self._plan_read = made_from
         return self._plan
 

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from verify.capture.module_scopes import ModuleScopes, leaves
 from verify.capture.op_attributes import attributes
-from verify.capture.source_lines import SourceLines
+from verify.capture.source_lines import SourceLines, current_node, next_node_number
 from verify.capture.tensor_stats import (Handle, PendingStats, SmallTensorStats, StatBatch, dtype_name,
                                          has_readable_data, has_statistics, host_array, md5_of, sample_fingerprints,
                                          summarize)
@@ -161,7 +161,7 @@ class _OpRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         capture = self.capture
         name = self._name(func) if capture.recording else None
-        if name is None:
+        if name is None or (capture.own_nodes and capture.differentiating_own_work()):
             return func(*args, **kwargs)
         call = capture.begin_call(name)
         arguments = tensors_in(args)
@@ -221,6 +221,9 @@ class OpCapture:
         self.sources = SourceLines(user_files)  # user_files: the script's folder, whose lines the records name
         self.small_tensors = SmallTensorStats(batch)
         self.recording = True
+        # The autograd nodes verify's own work made while paused (GradScaler.scale's product, the loss-scaler twin's),
+        # as ranges of sequence numbers: their backward is not the model's either, and one side alone may have it.
+        self.own_nodes: list[tuple[int, int]] = []
         self.rows: list[OpRow] = []
         self.samples: list[tuple[str, int, str, str, str]] = []  # this step's (module, call_index, io, shape, hashes)
         self._computed: dict[int, weakref.ref] = {}  # note_outputs
@@ -254,11 +257,19 @@ class OpCapture:
         op that passes through it costs 10 to 20 us even when it records nothing."""
         previous, self.recording = self.recording, False
         ours = self._recorder is not None and _get_current_dispatch_mode() is self._recorder
+        first_node = next_node_number()
         try:
             with _pop_mode_temporarily() if ours else contextlib.nullcontext():
                 yield
         finally:
             self.recording = previous
+            if next_node_number() != first_node:
+                self.own_nodes.append((first_node, next_node_number()))
+
+    def differentiating_own_work(self) -> bool:
+        """Whether backward is differentiating a node made while paused (own_nodes)."""
+        node = current_node() if self.modules.in_backward() else None
+        return node is not None and any(first <= node._sequence_nr() < end for first, end in self.own_nodes)
 
     def optimizer_step_begins(self) -> None:
         """optimizer.step() starts. Its ops are not recorded one by one: they are a few elementwise ops per parameter
@@ -384,6 +395,7 @@ class OpCapture:
         self.small_tensors.discard()
         self._computed = {}
         self._writers = {}
+        self.own_nodes = []
         self.modules.release_leaf_hooks()
         self.sources.discard_step()
         self.rows = []

@@ -26,8 +26,8 @@ import torch
 import verify
 
 _VERIFY = os.path.dirname(verify.__file__) + os.sep
-_next_node_number = torch._C._autograd._get_sequence_nr
-_current_node = torch._C._current_autograd_node
+next_node_number = torch._C._autograd._get_sequence_nr
+current_node = torch._C._current_autograd_node
 
 
 class SourceLines:
@@ -39,7 +39,7 @@ class SourceLines:
         self._files: dict[int, tuple[CodeType, str | None]] = {}  # id(code) -> (code, path relative to root or None)
         self._lines: dict[tuple[int, int], str] = {}  # (id(code), line) -> "path:line"
         self._nodes: dict[int, str] = {}  # an autograd node's sequence number -> the forward line that made it
-        self._next_node = _next_node_number()
+        self._next_node = next_node_number()
 
     def _relative(self, code: CodeType) -> str | None:
         entry = self._files.get(id(code))
@@ -70,7 +70,7 @@ class SourceLines:
     def forward(self) -> str:
         """A forward call's line, filed under the autograd node it made, if it made one."""
         line = self.here()
-        number = _next_node_number()
+        number = next_node_number()
         if number != self._next_node:
             self._nodes[number - 1] = line
             self._next_node = number
@@ -78,7 +78,7 @@ class SourceLines:
 
     def backward(self) -> str:
         """A backward call's line: the forward line of the node it differentiates."""
-        node = _current_node()
+        node = current_node()
         line = self._nodes.get(node._sequence_nr()) if node is not None else None
         return self.here() if line is None else line
 

@@ -95,7 +95,7 @@ class StepRecorder:
         self._in_backward = False
         self._last_scaled: tuple[Any, Any, float] | None = None  # (scaled loss, loss, scale) from GradScaler.scale
         plan = manifest.loss_scaler_plan  # a reference following the port's GradScaler
-        self.twin = LossScalerTwin(LossScalerPlan.from_record(plan), bool(manifest.autocast)) if plan else None
+        self.twin = LossScalerTwin(LossScalerPlan.from_record(plan)) if plan else None
         self.followed = followed(manifest)  # the port this reference follows while both run; its twin comes from it
         self._carried_grads: Handle | None = None  # whether this step's first backward() found earlier gradients
         self._step_started = time.perf_counter()
@@ -177,9 +177,9 @@ class StepRecorder:
         the port has none; followed_port waits for the port to write the step)."""
         if self.followed is None:
             return
-        plan = self.followed.scaler_plan(self.steps_done, scaling=bool(self.manifest.autocast))
+        plan = self.followed.scaler_plan(self.steps_done)
         if plan is not None and self.twin is None:
-            self.twin = LossScalerTwin(plan, bool(self.manifest.autocast))
+            self.twin = LossScalerTwin(plan)
         if plan is not None:
             self.twin.follow(plan, not self.followed.ended)
 

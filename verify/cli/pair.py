@@ -210,12 +210,11 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
 def _as_after_the_port(early: list[Run], actual: Run, imposed: str, port_amp: str) -> bool:
     """Whether the reference and its calibration runs, run at once with the port, ran as they would have after it:
     the port started no ranks, and the reference imposed the autocast the port's precision asks, with the twin of its
-    GradScaler where it had one (scaling under that autocast), and did not time out (it may have spent its time
+    GradScaler where it had one, and did not time out (it may have spent its time
     waiting for the port); its calibration runs round at the port's half precision only against an fp32 reference."""
     ref, *calibrations = early
-    twin = _scaler_twin(actual, imposed)
-    scaling = twin is not None and bool(twin.scales)
-    expected_twin = "" if twin is None else "scale" if scaling else "skip-only"
+    twin = _scaler_twin(actual)
+    expected_twin = "" if twin is None else "scale" if twin.scales else "skip-only"
     half = "" if imposed != "off" else port_amp
     return (not actual.ranks and ref.manifest.status != Status.TIMEOUT.value
             and ref.manifest.autocast == ("" if imposed == "off" else imposed)
@@ -254,7 +253,7 @@ def _reference_runs(plan: PairPlan, actual: Run | None, imposed: str, port_amp: 
     its fp32 run waits for the port's precision (run_sides)."""
     options = replace(_in_its_tree(plan, plan.options, port=False), device=plan.device_ref, autocast=imposed,
                       autocast_follow=actual.manifest.autocast_scopes if actual else {},
-                      loss_scaler_plan=_scaler_twin(actual, imposed) if actual else None,
+                      loss_scaler_plan=_scaler_twin(actual) if actual else None,
                       follows=plan.out / run_folders.ACTUAL if actual is None and plan.follows else None)
     runs = [SideRun("ref", plan.original, plan.args, options, plan.out / run_folders.REF)]
     if actual is None or actual.manifest.status in RUN_ENDED_WELL:
@@ -306,18 +305,17 @@ def _crashed_under_autocast(ref: Run, actual: Run) -> str:
     return (ref.manifest.message.strip().splitlines() or [ref.manifest.status])[0]
 
 
-def _scaler_twin(actual: Run, imposed: str) -> LossScalerPlan | None:
-    """The loss-scaler twin the reference follows when the port trained under a GradScaler (bootstrap.LossScalerTwin):
-    under the port's autocast it scales as the port did, step by step, so that backward ops are comparable and fp16
-    gradients overflow alike; in fp32 it only skips the updates the port skipped. Without a GradScaler in the port,
-    nothing."""
+def _scaler_twin(actual: Run) -> LossScalerPlan | None:
+    """The loss-scaler twin the reference follows when the port trained under a GradScaler (LossScalerTwin): it
+    scales as the port did, step by step, so that backward ops are comparable and fp16 gradients overflow alike (in
+    fp32 exactly), and skips the updates the port skipped. Without a GradScaler in the port, nothing."""
     scaler = actual.manifest.loss_scaler
     if not scaler:
         return None
     # Runs recorded before skipped_updates existed name only the step: every optimizer of it was skipped.
     skipped = scaler.get("skipped_updates", [[step, index] for step in actual.manifest.skipped_steps
                                              for index in range(_optimizers(actual))])
-    return LossScalerPlan.of_port(scaler, skipped, recorded_loss_scales(actual.losses) if imposed != "off" else None)
+    return LossScalerPlan.of_port(scaler, skipped, recorded_loss_scales(actual.losses))
 
 
 def _optimizers(run: Run) -> int:
@@ -365,6 +363,15 @@ def _search_path_notes(plan: PairPlan) -> list[str]:
             if (changed := search_path(yours, own, other)) != yours]
 
 
+def _fp32_twin_words(twin: dict[str, Any]) -> str:
+    """What the loss-scaler twin of an fp32 reference did, in words."""
+    scaled = ("; the reference's loss was scaled as the port's GradScaler scaled it (exactly, in fp32)"
+              if twin.get("twin") == "scale" else "")
+    skipped = (f"; the updates the port's GradScaler skipped{_skipped_words(twin)} were skipped on the reference too, "
+               "so both trained on the same updates" if twin.get("followed") else "")
+    return scaled + skipped
+
+
 def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
     """Which comparison the pair made, for summary.json and the notes of every report."""
     twin = runs.ref.manifest.loss_scaler if "twin" in runs.ref.manifest.loss_scaler else {}
@@ -382,17 +389,15 @@ def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
         description = f"the reference is the given run {plan.ref_run}, compared as it is"
     elif runs.port_amp:
         mode = "amp-vs-fp32-unmatched" if runs.unmatched_amp else "amp-vs-fp32"
-        followed = (f"; the updates the port's GradScaler skipped{_skipped_words(twin)} were skipped on the reference "
-                    "too, so both trained on the same updates" if twin.get("followed") else "")
         why = (f"the reference could not run under the port's {_AUTOCAST_FLAGS[runs.port_amp]} autocast "
                f"({runs.unmatched_amp}; that run is kept in {run_folders.REF_UNDER_AUTOCAST}/), so it"
                if runs.unmatched_amp else "--no-match-amp: the reference")
         description = (f"{why} ran as written against a port computing in {runs.port_amp}; "
                        f"AMP noise and porting errors are judged together with the wider fp32-vs-AMP tolerances"
-                       f"{followed}")
+                       f"{_fp32_twin_words(twin)}")
     else:
         mode = "as-written"
-        description = "both scripts ran as written (the port computes in fp32)"
+        description = f"both scripts ran as written (the port computes in fp32){_fp32_twin_words(twin)}"
     return {"mode": mode, "description": description, "ref_autocast": "" if runs.imposed == "off" else runs.imposed}
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 from verify.compare import metrics
 from verify.compare import tolerances
 from verify.compare.envelope import Envelope, grad_scale, of_grads, of_losses
-from verify.compare.precision_policy import PrecisionPolicy
+from verify.compare.precision_policy import PrecisionPolicy, amp_dtype
 from verify.record.store import Run
 from verify.errors import RunDirError
 
@@ -247,9 +247,12 @@ def _longest_unskipped_run(steps: pd.Index, skipped: set[int]) -> int:
 
 
 def _one_sided_skips(ref: Run, actual: Run) -> list[dict[str, Any]]:
-    """Steps where, under the same loss scale, one side's gradients overflowed and the other's did not. A reference
-    that follows the port's scaler (the twin) skips the port's steps whatever happens, so its own overflows are in
-    manifest.loss_scaler["overflowed"]; a side with its own GradScaler overflowed exactly at its skipped steps."""
+    """Steps where, under the same loss scale and precision, one side's gradients overflowed and the other's did not.
+    A reference that follows the port's scaler (the twin) skips the port's steps whatever happens, so its own
+    overflows are in manifest.loss_scaler["overflowed"]; a side with its own GradScaler overflowed exactly at its
+    skipped steps. An fp32 side never overflows where an fp16 one does: not comparable."""
+    if amp_dtype(ref) != amp_dtype(actual):
+        return []
     common = set(ref.losses["step"]) & set(actual.losses["step"])
     scales = [pd.to_numeric(run.losses.groupby("step")["loss_scale"].first(), errors="coerce")
               for run in (ref, actual)]
@@ -257,7 +260,7 @@ def _one_sided_skips(ref: Run, actual: Run) -> list[dict[str, Any]]:
     differing = []
     for step in sorted(common & (overflowed[0] ^ overflowed[1])):
         ref_scale, actual_scale = scales[0].get(step, np.nan), scales[1].get(step, np.nan)
-        if np.isfinite(ref_scale) and ref_scale == actual_scale:  # an fp32 reference never overflows: not comparable
+        if np.isfinite(ref_scale) and ref_scale == actual_scale:
             differing.append({"step": int(step), "scale": float(ref_scale),
                               "side": "ref" if step in overflowed[0] else "actual"})
     return differing
