@@ -18,7 +18,7 @@ from migrate import Settings, migrate_source
 from verify.compare import tolerances
 from verify.cli import app
 from verify.cli.determinism import DETERMINISM_JSON
-from verify.cli.pair import route, runs_with_its_reference
+from verify.cli.pair import follows_its_port, route, runs_with_its_reference
 from verify.record.run_folders import AMP_EFFECT
 from verify.record.store import read_run
 from verify.launch.runner import RunOptions, run_script
@@ -242,7 +242,8 @@ def test_a_port_runs_at_once_with_its_reference_which_follows_its_precision_as_i
     """Issue 32's pair time: a port that starts no ranks runs at once with its reference and calibration run. Where
     it gained autocast and a GradScaler (migrate's fp16), the reference follows them as the port writes them
     (verify/capture/followed_port.py) and computes exactly what it computes after the port: an original whose text
-    names autocast (here a comment) is not followed so, and its reference runs again after the port."""
+    names autocast (here in a string: a comment says nothing) is not followed so, and its reference runs again after
+    the port. A comment that reads "Process" does not make the port start ranks."""
     assert runs_with_its_reference(PORT, RunOptions(), None)
     assert not runs_with_its_reference(SCRIPTS / "ddp_spawn.py", RunOptions(), None)
     assert not runs_with_its_reference(PORT, RunOptions(nproc_per_node=2), None)
@@ -260,6 +261,12 @@ def test_a_port_runs_at_once_with_its_reference_which_follows_its_precision_as_i
     (tmp_path / "after").mkdir()
     original = tmp_path / "after" / ORIGINAL.name
     original.write_text(ORIGINAL.read_text() + "# trains in fp32: no torch.autocast\n")
+    assert follows_its_port(ORIGINAL, "auto", True, True) and follows_its_port(original, "auto", True, True)
+    original.write_text(ORIGINAL.read_text() + 'PRECISION = "fp32, no torch.autocast"\n')
+    assert not follows_its_port(original, "auto", True, True)
+    commented = tmp_path / "commented_npu.py"
+    commented.write_text("# Process features\n" + PORT.read_text())
+    assert runs_with_its_reference(commented, RunOptions(), None)
     exit_code, after_summary, after = verify(original, port, "-n", STEPS, "-q", "-o", tmp_path / "after" / "out")
     assert json.loads((after / "ref" / "manifest.json").read_text())["follows"] == ""
     assert (exit_code, after_summary["reason"]) == (0, summary["reason"])

@@ -24,9 +24,11 @@ with the same wider tolerances.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
+import tokenize
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -150,12 +152,26 @@ _STARTS_RANKS = re.compile(r"spawn|Process\b|init_process_group|elastic|distribu
 _HALF_PRECISION = re.compile(r"autocast|GradScaler|\.half\(|float16|bfloat16|\bamp\b")
 
 
+def _code(script: Path) -> str:
+    """A script's text without its comments: a comment that reads "# Process features" starts no process."""
+    text = script.read_text(errors="replace")
+    lines = text.splitlines(keepends=True)
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                row, column = token.start
+                lines[row - 1] = lines[row - 1][:column] + "\n"
+    except (tokenize.TokenError, SyntaxError):
+        return text
+    return "".join(lines)
+
+
 def runs_with_its_reference(ported: Path, options: RunOptions, ref_run: Path | None) -> bool:
     """Whether the port can run at once with its reference: it starts no ranks, by its text and by verify. A port
     that starts them after all (in a module its text imports) is run first, and its reference again after it
     (run_sides)."""
     return (ref_run is None and not options.nproc_per_node
-            and not _STARTS_RANKS.search(ported.read_text(errors="replace")))
+            and not _STARTS_RANKS.search(_code(ported)))
 
 
 def follows_its_port(original: Path, device_ref: str, match_amp: bool, together: bool) -> bool:
@@ -166,7 +182,7 @@ def follows_its_port(original: Path, device_ref: str, match_amp: bool, together:
     precision as the devices do only under an autocast it knows of before it starts, and an fp32 pair would pay for
     it)."""
     casts = device_ref in devices.DEVICE_TABLE and devices.row(device_ref).cuda_casts_under_autocast
-    return together and match_amp and not casts and not _HALF_PRECISION.search(original.read_text(errors="replace"))
+    return together and match_amp and not casts and not _HALF_PRECISION.search(_code(original))
 
 
 def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
