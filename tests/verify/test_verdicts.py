@@ -591,3 +591,18 @@ def test_a_grad_scaler_over_fp32_compute_is_followed_exactly_by_an_fp32_referenc
     assert summary["pair"]["mode"] == "as-written" and "loss was scaled" in summary["pair"]["description"]
     ops = pd.read_parquet(out / "ops.parquet")
     assert not ops.loc[ops["phase"] == "backward", "status"].isin(["only_actual", "only_ref"]).any()
+
+
+def test_a_port_that_hangs_leaves_its_following_reference_to_run_to_its_end(tmp_path):
+    """The reference that follows a port as it runs waits where the port has not got there yet: a port that hangs
+    after two steps holds it until the port's timeout ends it. The reference then runs on, or, where its own timeout
+    came first while it waited, runs again after the port: its timeout is never the verdict."""
+    original = tmp_path / "steady.py"
+    original.write_text((SCRIPTS / "hang.py").read_text().split("print(")[0].replace("range(2)", "range(6)"))
+    port = tmp_path / "steady_npu.py"
+    port.write_text((SCRIPTS / "hang.py").read_text())
+    exit_code, summary, out = verify(original, port, "-n", 4, "--timeout", 15, "-q", "-o", tmp_path / "out")
+    manifests = {side: json.loads((out / side / "manifest.json").read_text()) for side in ("ref", "actual")}
+    assert manifests["actual"]["status"] == "timeout" and manifests["actual"]["steps_completed"] == 2
+    assert manifests["ref"]["status"] == "ok" and manifests["ref"]["steps_completed"] == 4
+    assert exit_code == 1 and "timed out" in summary["reason"], summary["reason"]
