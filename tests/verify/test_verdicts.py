@@ -606,3 +606,18 @@ def test_a_port_that_hangs_leaves_its_following_reference_to_run_to_its_end(tmp_
     assert manifests["actual"]["status"] == "timeout" and manifests["actual"]["steps_completed"] == 2
     assert manifests["ref"]["status"] == "ok" and manifests["ref"]["steps_completed"] == 4
     assert exit_code == 1 and "timed out" in summary["reason"], summary["reason"]
+
+
+def test_runs_going_together_build_torch_extensions_in_folders_of_their_own(tmp_path):
+    """Regression: the cuda_extension_model sample's pair crashed now and then ("bias_gelu_ext.so: cannot open shared
+    object file"): its reference, calibration run and port, going at once, built one extension in one folder, each
+    replacing the library the other was loading. Each run of a pair now builds in a folder of its own."""
+    record = f"import os\nopen({str(tmp_path / 'folders.txt')!r}, 'a').write(os.environ['TORCH_EXTENSIONS_DIR'] + '\\n')\n"
+    original, port = tmp_path / ORIGINAL.name, tmp_path / PORT.name
+    original.write_text(record + ORIGINAL.read_text())
+    port.write_text(record + PORT.read_text())
+    exit_code, summary, _ = verify(original, port, "-n", 2, "-q", "-o", tmp_path / "out")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    folders = sorted(Path(line).name for line in (tmp_path / "folders.txt").read_text().split())
+    assert [folder.split("-torch")[0] for folder in folders] == ["npu-port-actual", "npu-port-calibration",
+                                                                  "npu-port-ref"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import importlib.metadata
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -80,7 +82,8 @@ class SideRunner:
         order = StopOrder()
         with concurrent.futures.ThreadPoolExecutor(max(1, len(runs))) as pool:
             def start(side: SideRun) -> concurrent.futures.Future:
-                return pool.submit(self.run, side.label, side.script, side.args, side.options, side.run_dir, order)
+                return pool.submit(self.run, side.label, side.script, side.args, _own_extension_builds(side),
+                                   side.run_dir, order)
             futures = [start(runs[0])]
             if led:
                 _started(futures[0], runs[0].run_dir)
@@ -100,6 +103,22 @@ class SideRunner:
             if future.exception() is not None:
                 raise future.exception()
         return [future.result() for future in futures]
+
+
+def _own_extension_builds(side: SideRun) -> RunOptions:
+    """A run going with others builds the torch extensions its script compiles (torch.utils.cpp_extension's load,
+    load_inline) in a folder of its own: two builds of one extension in one folder at once replace each other's
+    library as the other loads it. The folder is kept across commands, one per run of a pair (ref, actual,
+    calibration) and torch version, so that each builds an extension once; under yours where TORCH_EXTENSIONS_DIR
+    is set."""
+    base = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_extensions")
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "unknown"
+    folder = os.path.join(base, f"npu-port-{side.run_dir.name}-torch{torch_version}")
+    return replace(side.options, extra_env={"TORCH_EXTENSIONS_DIR": folder, **side.options.extra_env})
 
 
 def _started(run: concurrent.futures.Future, run_dir: Path) -> None:
