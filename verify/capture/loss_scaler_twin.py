@@ -15,17 +15,18 @@ from verify.record.schema import LossScalerPlan
 class LossScalerTwin:
     """The port's GradScaler, played on a reference that has none (verify ORIGINAL PORTED, schema.LossScalerPlan).
 
-    Each backward() runs on the loss times the scale the port's backward() used at that step and micro-step (a GAN's scaler updates between its optimizers, so inside a step), and the fresh
-    gradients are unscaled right after with GradScaler's own kernel (torch._amp_foreach_non_finite_check_and_unscale_),
-    so the script's clipping and optimizer see true gradients, as after the port's unscale_(). An optimizer's update
-    is skipped where the port's GradScaler skipped that optimizer's, and wherever the gradients it is about to apply
-    hold inf/NaN (what GradScaler.step checks): an overflow must never reach the weights, or verify itself would make
-    the NaN it reports. A reference in fp32 is scaled too: a power of two scales every gradient exactly there, and
-    both sides' backward records then carry one scale, which the comparison divides out (a mask or a quotient that a
-    backward op computes from forward values alone carries none: divided by one side's scale only, it would read as
-    a difference). Skip-only (a plan without scales, from runs recorded before): nothing is scaled, and the port's
-    skipped updates are skipped. Skipping is done by clearing the gradients
-    before optimizer.step(): torch's optimizers leave a parameter without a gradient, and its state, untouched.
+    Each backward() runs on the loss times the scale the port's backward() used at that step and micro-step (a GAN's
+    scaler updates between its optimizers, so inside a step), and the fresh gradients are unscaled right after with
+    GradScaler's own kernel (torch._amp_foreach_non_finite_check_and_unscale_), so the script's clipping and optimizer
+    see true gradients, as after the port's unscale_(). An optimizer's update is skipped where the port's GradScaler
+    skipped that optimizer's, and wherever the gradients it is about to apply hold inf/NaN (what GradScaler.step
+    checks): an overflow must never reach the weights, or verify itself would make the NaN it reports. A reference in
+    fp32 is scaled too: a power of two scales every gradient exactly there, and both sides' backward records then carry
+    one scale, which the comparison divides out (a mask or a quotient that a backward op computes from forward values
+    alone carries none: divided by one side's scale only, it would read as a difference). Skip-only (a plan without
+    scales, from runs recorded before): nothing is scaled, and the port's skipped updates are skipped. Skipping is done
+    by clearing the gradients before optimizer.step(): torch's optimizers leave a parameter without a gradient, and its
+    state, untouched.
     """
 
     def __init__(self, plan: LossScalerPlan) -> None:

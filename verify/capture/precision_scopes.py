@@ -9,8 +9,9 @@ compute that loss under autocast, where it raises "unsafe to autocast": verify w
   the autocast each call of that module was entered under, in call order and run-length encoded:
   `manifest.autocast_scopes = {"Net": [["float16", 20], ["off", 5]], "BCELoss": [["off", 40]], ...}`.
 - a reference that follows a port (`manifest.autocast_follow`: the port's record; `manifest.autocast`: the dtype;
-  or, run at once with the port, the port's record as it is written: verify/capture/followed_port.py) enters the n-th call of each module under the autocast of the port's n-th call of it, and restores the autocast
-  around it when the call returns. A call of an outermost module (none other running) also sets the autocast of
+  or, run at once with the port, the port's record as it is written: verify/capture/followed_port.py) enters the
+  n-th call of each module under the autocast of the port's n-th call of it, and restores the autocast around it
+  when the call returns. A call of an outermost module (none other running) also sets the autocast of
   the script level from then on, where the port computes its loss after the model's forward under the same
   `with torch.autocast(...)`. A module entered outside autocast from inside it gets its half-precision inputs as
   float32, as the port's call got them. Calls past the port's recorded ones take its last state; modules the port

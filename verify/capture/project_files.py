@@ -10,11 +10,11 @@ from pathlib import Path
 _VERIFY = Path(__file__).resolve().parents[1]
 
 
-def imported(script: str, root: str = "") -> dict[str, str]:
-    """The Python files under `root` (by default `script`'s folder) that the run imported (sys.modules at its end),
-    the script itself, verify's own modules and installed packages (a virtual environment in the folder) left out:
-    each path relative to the folder, with its sha256."""
-    folder = Path(root).resolve() if root else Path(script).resolve().parent
+def imported(script: str, folder: Path) -> dict[str, str]:
+    """The Python files under `folder` (manifest.files_root) that the run imported (sys.modules at its end), the
+    script itself, verify's own modules and installed packages (a virtual environment in the folder) left out: each
+    path relative to the folder, with its sha256."""
+    folder = folder.resolve()
     found: dict[str, str] = {}
     for module in list(sys.modules.values()):
         name = getattr(module, "__file__", None)

@@ -250,7 +250,7 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         manifest.extra["device_statistics"] = statistics_path
     manifest.modelled_numerics = device_setup.modelled_numerics()
     manifest.half_precision = device_setup.half_precision()
-    manifest.project_files = project_files.imported(manifest.script, manifest.project_root)
+    manifest.project_files = project_files.imported(manifest.script, manifest.files_root)
     manifest.finished_at = now_iso()
     writer.close()
     write_manifest(run_dir, manifest)

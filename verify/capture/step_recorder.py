@@ -178,10 +178,11 @@ class StepRecorder:
         if self.followed is None:
             return
         plan = self.followed.scaler_plan(self.steps_done)
-        if plan is not None and self.twin is None:
+        if plan is None:
+            return
+        if self.twin is None:
             self.twin = LossScalerTwin(plan)
-        if plan is not None:
-            self.twin.follow(plan, not self.followed.ended)
+        self.twin.follow(plan, not self.followed.ended)
 
     def _imposes_loss_scale(self, tensors, args, kwargs) -> bool:
         """The twin scales a loss the script does not scale itself (a scalar, no gradient given)."""

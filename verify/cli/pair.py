@@ -16,10 +16,10 @@ call by module call (verify/capture/precision_scopes.py; on the CPU with the emu
 isolates the port; a reference that still cannot run so runs as written, judged fp32 against AMP. A port that starts
 no ranks runs at once with its reference and calibration runs, which follow its autocast and GradScaler as the port
 writes them (verify/capture/followed_port.py); where that was not what they would have run after the port (the port
-computed in half precision without autocast, an original with its own autocast), they run again after it. `--amp-effect`
-also runs the reference in fp32 and compares it with the reference under autocast: the AMP effect alone, judged with
-the documented fp32-vs-AMP tolerances (verify/compare/tolerances.py). `--no-match-amp` compares fp32 with AMP directly,
-with the same wider tolerances.
+computed in half precision without autocast, an original with its own autocast), they run again after it.
+`--amp-effect` also runs the reference in fp32 and compares it with the reference under autocast: the AMP effect
+alone, judged with the documented fp32-vs-AMP tolerances (verify/compare/tolerances.py). `--no-match-amp` compares
+fp32 with AMP directly, with the same wider tolerances.
 """
 
 from __future__ import annotations
@@ -195,8 +195,7 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
     if plan.together:
         actual, *early = sides.run_together([_port_run(plan), *_reference_runs(plan, None, "off", "")], led=True)
     else:
-        side = _port_run(plan)
-        actual = sides.run(side.label, side.script, side.args, side.options, side.run_dir)
+        actual = sides.run_side(_port_run(plan))
     port_amp = amp_dtype(actual)
     if plan.ref_run is not None:
         calibrations = [read_side(folder) for folder in run_folders.calibration_dirs(plan.ref_run)]
@@ -205,8 +204,7 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
     if early and _as_after_the_port(early, actual, imposed, port_amp):
         ref, *followers = early
         if plan.amp_effect and imposed != "off":
-            side = _fp32_reference_run(plan)
-            followers.append(sides.run(side.label, side.script, side.args, side.options, side.run_dir))
+            followers.append(sides.run_side(_fp32_reference_run(plan)))
     else:
         _discard(early)
         ref, *followers = _run_reference(sides, actual, _reference_runs(plan, actual, imposed, port_amp))
@@ -226,8 +224,8 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
 def _as_after_the_port(early: list[Run], actual: Run, imposed: str, port_amp: str) -> bool:
     """Whether the reference and its calibration runs, run at once with the port, ran as they would have after it:
     the port started no ranks, and the reference imposed the autocast the port's precision asks, with the twin of its
-    GradScaler where it had one, and did not time out (it may have spent its time
-    waiting for the port); its calibration runs round at the port's half precision only against an fp32 reference."""
+    GradScaler where it had one, and did not time out (it may have spent its time waiting for the port); its
+    calibration runs round at the port's half precision only against an fp32 reference."""
     ref, *calibrations = early
     twin = _scaler_twin(actual)
     expected_twin = "" if twin is None else "scale" if twin.scales else "skip-only"
@@ -242,13 +240,13 @@ def _run_reference(sides: SideRunner, actual: Run, runs: list[SideRun]) -> list[
     """The reference's runs at once; one after the other where the script starts its own ranks (as the port's run
     did), which may meet at an address of their own (a fixed MASTER_PORT): two runs at once would join one group."""
     if actual.ranks and not actual.manifest.nproc_per_node:
-        return [sides.run(side.label, side.script, side.args, side.options, side.run_dir) for side in runs]
+        return [sides.run_side(side) for side in runs]
     return sides.run_together(runs)
 
 
 def _port_run(plan: PairPlan) -> SideRun:
-    return SideRun("actual", plan.ported, plan.args, _in_its_tree(plan, replace(plan.options, device=plan.device_actual),
-                                                                  port=True), plan.out / run_folders.ACTUAL)
+    options = _in_its_tree(plan, replace(plan.options, device=plan.device_actual), port=True)
+    return SideRun("actual", plan.ported, plan.args, options, plan.out / run_folders.ACTUAL)
 
 
 def _in_its_tree(plan: PairPlan, options: RunOptions, port: bool) -> RunOptions:

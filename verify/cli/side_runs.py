@@ -74,6 +74,9 @@ class SideRunner:
                                                f"({run.manifest.status})")
         return run
 
+    def run_side(self, side: SideRun, stop_order: StopOrder | None = None) -> Run:
+        return self.run(side.label, side.script, side.args, side.options, side.run_dir, stop_order)
+
     def run_together(self, runs: list[SideRun], led: bool = False) -> list[Run]:
         """The runs at once, each supervised by a thread of its own; `led`: the others start once the first has
         written its manifest (a reference reads its port's run as it goes: verify/capture/followed_port.py), and not
@@ -82,8 +85,7 @@ class SideRunner:
         order = StopOrder()
         with concurrent.futures.ThreadPoolExecutor(max(1, len(runs))) as pool:
             def start(side: SideRun) -> concurrent.futures.Future:
-                return pool.submit(self.run, side.label, side.script, side.args, _own_extension_builds(side),
-                                   side.run_dir, order)
+                return pool.submit(self.run_side, replace(side, options=_own_extension_builds(side)), order)
             futures = [start(runs[0])]
             if led:
                 _started(futures[0], runs[0].run_dir)
