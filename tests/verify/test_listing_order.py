@@ -31,6 +31,14 @@ def test_every_way_to_list_a_folder_lists_it_sorted_and_is_restored_after(tmp_pa
     assert os.listdir.__module__ in ("posix", "nt") and os.scandir.__module__ in ("posix", "nt")
 
 
+def test_a_file_another_run_is_saving_is_not_listed(tmp_path):
+    (tmp_path / "a.pt").write_text("a")
+    (tmp_path / ".a.pt.npu-port-4242.tmp").write_text("half of a")  # whole_saves.temporary_name of a run at once
+    (tmp_path / ".hidden").write_text("the script's own")
+    with sorted_listings({}):
+        assert os.listdir(tmp_path) == [".hidden", "a.pt"] and list(os.walk(tmp_path))[0][2] == [".hidden", "a.pt"]
+
+
 def test_a_port_that_sorts_its_files_reads_the_batches_of_an_original_that_lists_them_unsorted(tmp_path):
     port = tmp_path / "listed_files_npu.py"
     port.write_text(SCRIPT.read_text().replace("os.listdir(folder)", "sorted(os.listdir(folder))"))

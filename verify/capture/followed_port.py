@@ -101,3 +101,13 @@ class FollowedPort:
 def followed(own: RunManifest) -> FollowedPort | None:
     """The port a reference follows while both run (manifest.follows), if any."""
     return FollowedPort(Path(own.follows), own) if own.follows else None
+
+
+def after_first_step(run_dir: Path) -> None:
+    """Returns once the run in `run_dir` (manifest.starts_after: the port going at once with this run) has made its
+    first step or ended."""
+    while True:
+        port = read_manifest(run_dir)  # there before this run started (side_runs.run_together), written whole
+        if port.steps_completed > 0 or port.status != Status.RUNNING.value:
+            return
+        time.sleep(POLL_S * 10)

@@ -6,8 +6,9 @@ in creation order): the same folder lists in another order on another machine. A
 listed (pytorch/examples' super_resolution: `[join(dir, x) for x in listdir(dir)]`) gives each index another file
 there, and its port, which `migrate` makes list them sorted (rules: data order), would read other batches than its
 original from the first step, whatever its computation. Sorted on both sides, both read the batches the original
-reads wherever its files list by name. Python's own imports read directories through `posix` directly, untouched.
-The manifest counts the listings a run sorted (extra["listings_sorted"]).
+reads wherever its files list by name. Python's own imports read directories through `posix` directly, untouched. A
+listing leaves out what another run is saving (whole_saves). The manifest counts the listings a run sorted
+(extra["listings_sorted"]).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
+
+from verify.capture import whole_saves
 
 
 class _SortedScandir:
@@ -40,6 +43,12 @@ class _SortedScandir:
         self._entries = iter(())
 
 
+def _being_saved(name: Any) -> bool:
+    """Whether a listed name is a file a run going at once is saving (whole_saves.temporary_name): not one of the
+    script's files, and gone once it is renamed into place."""
+    return isinstance(name, str) and whole_saves.TEMPORARY.fullmatch(name) is not None
+
+
 @contextlib.contextmanager
 def sorted_listings(counts: dict[str, Any]) -> Iterator[None]:
     """os.listdir and os.scandir sorted while the script runs; `counts["listings_sorted"]` counts their calls."""
@@ -47,12 +56,12 @@ def sorted_listings(counts: dict[str, Any]) -> Iterator[None]:
 
     def sorted_listdir(path: Any = ".") -> list:
         counts["listings_sorted"] = counts.get("listings_sorted", 0) + 1
-        return sorted(listdir(path))
+        return sorted(name for name in listdir(path) if not _being_saved(name))
 
     def sorted_scandir(path: Any = ".") -> _SortedScandir:
         counts["listings_sorted"] = counts.get("listings_sorted", 0) + 1
         with scandir(path) as entries:
-            return _SortedScandir(list(entries))
+            return _SortedScandir([entry for entry in entries if not _being_saved(entry.name)])
 
     os.listdir, os.scandir = sorted_listdir, sorted_scandir
     try:

@@ -33,8 +33,8 @@ from verify.capture.ops import OpCapture, TensorSaver
 from verify.capture.tensor_stats import StatBatch
 from verify.capture import environment_record, project_files
 from verify.capture import perturbation, precision_scopes
-from verify.capture import listing_order, random_streams
-from verify.capture import rank_capture
+from verify.capture import listing_order, random_streams, whole_saves
+from verify.capture import followed_port, rank_capture
 from verify.capture.lifetime import die_with_parent
 from verify.errors import VerifyError
 from verify.record.schema import DumpMode, RunManifest, Status
@@ -119,10 +119,13 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
     """Runs `body` (the script as `python SCRIPT ARGS` would; in a rank the script spawned, its function) under the
     outermost mode that watches its ops (the op capture; with --dump off in a rank, the collective watch), and sets
     the manifest's status, message and exit code."""
+    if manifest.starts_after:
+        followed_port.after_first_step(Path(manifest.starts_after))
     sys.argv = [manifest.script, *manifest.argv]
     sys.path.insert(0, str(Path(manifest.script).parent))  # as `python SCRIPT` does (the bootstrap runs with -P)
     with contextlib.ExitStack() as stack:
         stack.enter_context(listing_order.sorted_listings(manifest.extra))
+        stack.enter_context(whole_saves.saved_whole(manifest.extra))
         if manifest.no_dropout:
             stack.enter_context(random_streams.dropout_disabled())
         elif manifest.align_random:

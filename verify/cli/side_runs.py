@@ -80,8 +80,9 @@ class SideRunner:
     def run_together(self, runs: list[SideRun], led: bool = False) -> list[Run]:
         """The runs at once, each supervised by a thread of its own; `led`: the others start once the first has
         written its manifest (a reference reads its port's run as it goes: verify/capture/followed_port.py), and not
-        where it could not start. A signal, which only this (the main) thread receives, stops them all, each marked
-        interrupted, and is raised once they are; an error of one is raised once all have ended."""
+        where it could not start, and their scripts once it has made its first step (RunOptions.starts_after). A
+        signal, which only this (the main) thread receives, stops them all, each marked interrupted, and is raised
+        once they are; an error of one is raised once all have ended."""
         order = StopOrder()
         with concurrent.futures.ThreadPoolExecutor(max(1, len(runs))) as pool:
             def start(side: SideRun) -> concurrent.futures.Future:
@@ -89,6 +90,8 @@ class SideRunner:
             futures = [start(runs[0])]
             if led:
                 _started(futures[0], runs[0].run_dir)
+                runs = [runs[0], *(replace(side, options=replace(side.options, starts_after=runs[0].run_dir))
+                                   for side in runs[1:])]
             if not futures[0].done() or futures[0].exception() is None:
                 futures += [start(side) for side in runs[1:]]
             try:
