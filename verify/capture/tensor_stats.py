@@ -631,8 +631,10 @@ class SmallTensorStats(_PendingCopies):
     def _reduce_segments(self, values: np.ndarray, owners: list[PendingStats]) -> None:
         starts = np.cumsum([0] + [stats.numel for stats in owners[:-1]])
         lows, highs = np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)
-        sums = np.add.reduceat(values, starts, dtype=np.float64)
-        norms = np.sqrt(np.add.reduceat(np.square(values, dtype=np.float64), starts))
+        # inf + -inf is NaN, as in torch's sums (an fp16 overflow): no warning of verify's in the script's output
+        with np.errstate(invalid="ignore", over="ignore"):
+            sums = np.add.reduceat(values, starts, dtype=np.float64)
+            norms = np.sqrt(np.add.reduceat(np.square(values, dtype=np.float64), starts))
         for stats, *numbers in zip(owners, lows.tolist(), highs.tolist(), sums.tolist(), norms.tolist()):
             stats.extremes_and_sums = self._batch.add_numbers(*numbers)
         # Any NaN or inf makes the sum NaN or inf, so a finite sum means no NaN and no inf.
