@@ -61,3 +61,14 @@ def _name(node: ast.expr) -> str:
 def test_no_module_outside_the_devices_package_spells_a_device():
     outside = [path for path in VERIFY.rglob("*.py") if VERIFY / "devices" not in path.parents]
     assert [place for path in outside for place in _spelled_devices(path)] == []
+
+
+@pytest.mark.parametrize(("reference", "port", "calibration"), [
+    ("cuda", "emulated-npu", "emulated-cuda"),  # a GPU reference: its stand-in on the CPU, where the port computes
+    ("auto", "emulated-npu", "emulated-cuda"),
+    ("cpu", "emulated-npu", "cpu"),
+    ("emulated-cuda", "emulated-npu", "emulated-cuda"),
+    ("cuda", "npu", "cuda"),  # a real NPU: the reference's own device
+])
+def test_a_calibration_computes_where_the_port_does(reference, port, calibration):
+    assert devices.reference_on_the_ports_hardware(reference, port, EmulateOn.CPU.value) == calibration

@@ -65,3 +65,4 @@ def test_a_run_directory_of_an_unknown_schema_version_is_refused_on_one_line(tmp
     result = CliRunner().invoke(app, ["compare", str(folder / "ref"), str(folder / "actual")])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert f"schema_version 99 is not one this npu-port reads (1 to {SCHEMA_VERSION})" in result.stderr.replace("\n", " ")
+

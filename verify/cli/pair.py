@@ -292,14 +292,16 @@ def _calibration_runs(plan: PairPlan, options: RunOptions, half: str, port_block
     it, discrete flips included (a ReLU's sign, a cancelling sum), which random rounding does not reach. Each further
     run, and the first where the port's order is not known (a real device), sums in another order under random
     rounding. Against an fp32 reference, a port computing in half precision is covered by rounding at its precision
-    (`half`)."""
+    (`half`). They compute where the port does (devices.reference_on_the_ports_hardware: a GPU reference's
+    calibration runs on the CPU against a port emulated there)."""
     def plan_of(number: int) -> dict:
         in_port_order = number == 1 and port_blocks > 0
         blocks = port_blocks if in_port_order else devices.CALIBRATION_BLOCKS + number - 1
         return {"seed": plan.options.seed + number, "half": half, "of": run_folders.REF, "blocks": blocks,
                 "rounding": not in_port_order}
+    device = devices.reference_on_the_ports_hardware(plan.device_ref, plan.device_actual, plan.options.emulate_on)
     return [SideRun(f"calibration {number}" if plan.calibration_runs > 1 else "calibration", plan.original,
-                    plan.args, replace(options, perturbation=plan_of(number)),
+                    plan.args, replace(options, device=device, perturbation=plan_of(number)),
                     plan.out / run_folders.calibration_run(number))
             for number in range(1, plan.calibration_runs + 1)]
 

@@ -19,10 +19,10 @@ from verify.compare.crashes import crash_identity, escaped_exception
 from verify.compare.metrics import TOP_K
 from verify.compare.op_catalogue import CARRIERS, CHANGED_BY_SETTING, OpCatalogue
 from verify.compare.curves import LossComparison
-from verify.compare.op_verdicts import op_label
+from verify.compare.op_verdicts import MODEL_PHASES, op_label
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
-from verify.record.schema import INPUT_OP, Phase, Status
+from verify.record.schema import INPUT_OP, Status
 from verify.errors import CompareError
 from verify.checklist_items import port_name, project_trees
 
@@ -352,9 +352,6 @@ def _input_findings(table: pd.DataFrame) -> list[Finding]:
         {"step": 0, "module": str(row["module"]), "io": str(row["io"]), "source": "inputs"})]
 
 
-_MODEL_PHASES = (Phase.FORWARD.value, Phase.BACKWARD.value)
-
-
 def _read_not_computed(table: pd.DataFrame, batch_seq: int) -> bool:
     """Whether a differing batch record of step 0 (the reference's call `batch_seq`) differs because different data
     was read, not because a model computed it otherwise (a GAN's discriminator input, made by its generator). Up the
@@ -369,7 +366,7 @@ def _read_not_computed(table: pd.DataFrame, batch_seq: int) -> bool:
     differs = by_call["passed"].agg(lambda passed: bool((passed == False).any()))  # noqa: E712
     agrees = by_call["passed"].agg(lambda passed: bool((passed == True).all()))  # noqa: E712
     producers = by_call["ref_inputs"].first().fillna("").astype(str)
-    in_a_model = by_call.first().pipe(lambda first: first["phase"].astype(str).isin(_MODEL_PHASES)
+    in_a_model = by_call.first().pipe(lambda first: first["phase"].astype(str).isin(MODEL_PHASES)
                                       & (first["ref_op"] != INPUT_OP))
     pending, seen = [batch_seq], set()
     while pending:

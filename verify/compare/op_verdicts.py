@@ -25,7 +25,7 @@ from verify.compare.curves import overflow_timing_is_noise, skipped_steps
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
 from verify.errors import RunDirError
-from verify.record.schema import INPUT_OP, STAT_COLUMNS, UPDATE_OP
+from verify.record.schema import INPUT_OP, STAT_COLUMNS, UPDATE_OP, Phase
 from verify.record.statistics import STATISTICS, Comparison
 
 
@@ -49,8 +49,9 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
         {s: table[f"ref_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES},
         {s: table[f"actual_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES})
     limits = tolerances.pair_tolerances(table["ref_dtype"], table["actual_dtype"], policy.op_widen)
-    batch = (table["ref_op"] == INPUT_OP).to_numpy(dtype=bool, na_value=False)
-    limits.loc[batch, "stats_rtol"] = np.minimum(limits.loc[batch, "stats_rtol"], tolerances.BATCH_RTOL)
+    batch = _read_batches(table)
+    limits.loc[batch, "stats_rtol"] = np.minimum(limits.loc[batch, "stats_rtol"],
+                                                 tolerances.batch_rtol(_elements(table["ref_shape"][batch])))
     table["tolerance"] = limits["stats_rtol"].to_numpy()
     matched = table["status"].isin(MATCHED_STATUSES).to_numpy()
     if measured is not None:
@@ -231,6 +232,29 @@ def _state_after_the_first_step(table: pd.DataFrame, rows: np.ndarray, step: np.
     with the noise it carries (tolerances.STATE_NOISE_GROWTH), by the gradients and by the losses."""
     update = (table["ref_op"].iloc[rows] == UPDATE_OP).to_numpy(dtype=bool, na_value=False)
     return update & (step > step.min())
+
+
+MODEL_PHASES = (Phase.FORWARD.value, Phase.BACKWARD.value)
+
+
+def _read_batches(table: pd.DataFrame) -> np.ndarray:
+    """The batch records (INPUT_OP) that no op of a model produced (ops.inputs): data read, judged as such
+    (tolerances.batch_rtol). A discriminator's batch made by its generator's last op is that op's output."""
+    batch = (table["ref_op"] == INPUT_OP).to_numpy(dtype=bool, na_value=False).copy()
+    pairs, _ = _producer_pairs(table, np.flatnonzero(batch))
+    in_a_model = (table["phase"].isin(MODEL_PHASES) & (table["ref_op"] != INPUT_OP)
+                  & table["ref_seq"].notna()).to_numpy(dtype=bool, na_value=False)
+    model_calls = pd.MultiIndex.from_arrays([table["step"].to_numpy()[in_a_model],
+                                             table["ref_seq"].to_numpy()[in_a_model].astype("int64")])
+    computed = pd.MultiIndex.from_frame(pairs[["step", "seq"]]).isin(model_calls)
+    batch[pairs["row"].to_numpy()[computed]] = False
+    return batch
+
+
+def _elements(shapes: pd.Series) -> np.ndarray:
+    """The element counts of recorded shapes ("64x1x28x28"; "" for a scalar)."""
+    return np.array([np.prod([int(size) for size in str(shape).split("x") if size.isdigit()]) for shape in shapes],
+                    dtype="float64")
 
 
 def _producer_pairs(table: pd.DataFrame, rows: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:

@@ -271,6 +271,9 @@ class DeviceRow:
     # NPU_BLOCKS): the order a calibration run of the reference takes to sum as the port's device does. 0: a real
     # device, whose order verify cannot set.
     summation_blocks: int = 0
+    # What stands in for it on the CPU, taking its code path there: where a pair's emulated port computes on the CPU,
+    # its reference's calibration runs compute there too (reference_on_the_ports_hardware). None: itself.
+    on_the_cpu: Device | None = None
 
     @property
     def autocast_device_type(self) -> str:
@@ -280,10 +283,11 @@ class DeviceRow:
 
 
 DEVICE_TABLE: dict[str, DeviceRow] = {row.device.value: row for row in (
-    DeviceRow(Device.AUTO, Device.AUTO, "auto", _emulated_devices, "set_up_auto"),
+    DeviceRow(Device.AUTO, Device.AUTO, "auto", _emulated_devices, "set_up_auto", on_the_cpu=Device.EMULATED_CUDA),
     DeviceRow(Device.CPU, Device.CPU, "cpu", _cuda_hidden, "set_up_cpu", cuda_casts_under_autocast=True,
               exact_emulation_recorded=False),
-    DeviceRow(Device.CUDA, Device.CUDA, "cuda", _emulated_devices, "set_up_cuda", TF32),
+    DeviceRow(Device.CUDA, Device.CUDA, "cuda", _emulated_devices, "set_up_cuda", TF32,
+              on_the_cpu=Device.EMULATED_CUDA),
     DeviceRow(Device.EMULATED_CUDA, Device.CUDA, "EMULATED CUDA (on {on})", _stand_in_cuda_on_cpu,
               "set_up_emulated_cuda", TF32, emulated=True, emulates_on=EmulateOn.CPU, summation_blocks=2),
     DeviceRow(Device.NPU, Device.NPU, "npu", _real_npu_checked, "set_up_npu", HF32),
@@ -311,6 +315,17 @@ def emulated_on(device: str, emulate_on: str) -> str:
     if not known.emulated:
         return ""
     return known.emulates_on.value if known.emulates_on else emulate_on
+
+
+def reference_on_the_ports_hardware(reference: str, port: str, emulate_on: str) -> str:
+    """The device a reference's calibration runs take: where the port's emulation computes on the CPU, the reference's
+    stand-in there (a GPU reference's EMULATED CUDA), so that they measure what moving the script to the CPU's kernels
+    does as well as to the port's summation order, as the port shows it: measured on an H200, a faithful nanoGPT port's
+    bf16 layer norm backward differed from the GPU reference by 0.0013 where a calibration run on the GPU showed
+    8e-5. Else the reference's own device."""
+    if emulated_on(port, emulate_on) != EmulateOn.CPU.value:
+        return reference
+    return getattr(row(reference).on_the_cpu, "value", reference)
 
 
 def child_env(device: str, emulate_on: str, device_count: int = 1, exact_emulation: bool = False) -> dict[str, str]:

@@ -1,0 +1,51 @@
+"""`verify compare` on pairs recorded on an NVIDIA H200 by this version (fixtures/h200-runs, its README): the reference
+on the GPU, the port on the emulated NPU and the reference's calibration run on the CPU. Faithful ports of public
+scripts pass; a changed activation fails naming it."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+from typer.testing import CliRunner
+
+from verify.cli import app
+
+H200_RUNS = Path(__file__).resolve().parent / "fixtures" / "h200-runs"
+
+
+def compare_h200(tmp_path: Path, pair: str) -> tuple[int, dict, pd.DataFrame]:
+    folder = tmp_path / pair
+    shutil.copytree(H200_RUNS / pair, folder)
+    result = CliRunner().invoke(app, ["compare", str(folder / "ref"), str(folder / "actual"), "-o",
+                                      str(tmp_path / "out")])
+    assert result.exit_code in (0, 1), result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    return result.exit_code, summary, pd.read_parquet(tmp_path / "out" / "ops.parquet")
+
+
+def test_a_faithful_mnist_port_passes_against_its_h200_reference(tmp_path):
+    """Regression: its batches, the same bits on both sides, differed by up to 2e-6 in their L2 norms (a GPU's tree of
+    float32 sums against the CPU's 4096 in turn), which the data tolerance of 1e-6 read as other data; its
+    calibration run computes on the CPU, as the port does, and measures the CPU kernels' differences from the GPU's."""
+    manifest = json.loads((H200_RUNS / "mnist-faithful" / "calibration" / "manifest.json").read_text())
+    assert (manifest["device"], manifest["emulated_on"]) == ("emulated-cuda", "cpu")
+    exit_code, summary, ops = compare_h200(tmp_path, "mnist-faithful")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    batches = ops.loc[ops["ref_op"] == "input"]
+    assert (batches["stats_error"] > 1e-6).any() and batches["passed"].all()
+
+
+def test_a_gelu_in_the_mnist_port_fails_naming_it_against_its_h200_reference(tmp_path):
+    exit_code, summary, _ = compare_h200(tmp_path, "mnist-gelu")
+    assert exit_code == 1 and summary["reason"].startswith(
+        "FAIL: the port computes aten.gelu where the original computes aten.relu"), summary["reason"]
+
+
+def test_a_discriminators_batch_made_by_its_generator_is_judged_as_computed(tmp_path):
+    """Regression: dcgan's discriminator reads the generator's output as its second batch; judged as data read from
+    files (tolerance 1e-6), the GPU's and the CPU's generators' 3.5e-5 apart read as other data."""
+    exit_code, summary, ops = compare_h200(tmp_path, "dcgan-faithful")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    made = ops.loc[(ops["ref_op"] == "input") & (ops["module"] == "Discriminator") & (ops["ref_call_index"] == 1)]
+    assert len(made) and (made["tolerance"] >= 1e-3).all()
