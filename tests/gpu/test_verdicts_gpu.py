@@ -57,6 +57,8 @@ def test_a_faithful_amp_port_passes_against_a_gpu_reference(ported):
     manifests = [json.loads((ported.parent / "out" / side / "manifest.json").read_text()) for side in ("ref", "actual")]
     assert manifests[0]["status"] == "ok"  # no NaN of verify's making: the twin skipped what overflowed
     assert manifests[0]["skipped_steps"] == manifests[1]["skipped_steps"]
+    calibration = json.loads((ported.parent / "out" / "calibration" / "manifest.json").read_text())
+    assert calibration["device"] == "emulated-cuda"  # where the port computes: devices.reference_on_the_ports_hardware
 
 
 def test_a_changed_learning_rate_is_named_first(ported):

@@ -146,7 +146,7 @@ def test_the_keyed_dropout_masks_follow_the_scripts_seeding_per_rank(tmp_path, s
     """The keyed streams were keyed by the run's seed alone: ranks the script seeded torch.manual_seed(seed + rank)
     dropped the same units on every rank under verify, and other units without it. They follow the script's seed."""
     script = SCRIPTS / "rank_dropout.py"
-    for _ in range(2):  # the plain run's ranks meet at a probed port, which another test's ranks may take meanwhile
+    for _ in range(4):  # the plain run's ranks meet at a probed port, which another test's ranks may take meanwhile
         plain = subprocess.run([sys.executable, script, seeding, tmp_path / "plain.json"], capture_output=True,
                                text=True)
         if plain.returncode == 0:
