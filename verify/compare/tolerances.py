@@ -53,6 +53,8 @@ FLOAT32_ROUNDOFF = 2.0**-24
 def batch_rtol(numel: np.ndarray) -> np.ndarray:
     """The tolerance of data batches of `numel` elements: the rounding of their statistics."""
     return np.maximum(BATCH_RTOL, np.minimum(numel, STATS_SUMMED_IN_TURN) * FLOAT32_ROUNDOFF)
+
+
 # Integers and booleans (indices, masks, argmax) must be identical: any difference is a real divergence.
 EXACT = OpTolerance(stats_rtol=0.0, cosine_min=1.0, max_abs_error=0.0, within_5e3_min=1.0, looseness=-1)
 # A dtype we do not know (float8, complex, a dtype string from a newer writer) is judged like fp32 rather than skipped.
