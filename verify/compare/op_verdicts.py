@@ -238,17 +238,38 @@ MODEL_PHASES = (Phase.FORWARD.value, Phase.BACKWARD.value)
 
 
 def _read_batches(table: pd.DataFrame) -> np.ndarray:
-    """The batch records (INPUT_OP) that no op of a model produced (ops.inputs): data read, judged as such
-    (tolerances.batch_rtol). A discriminator's batch made by its generator's last op is that op's output."""
+    """The batch records (INPUT_OP) that no op of a model produced (ops.inputs, through the casts and copies between:
+    CARRIERS): data read, judged as such (tolerances.batch_rtol). A discriminator's batch made by its generator's last
+    op, detached or copied, is that op's output."""
     batch = (table["ref_op"] == INPUT_OP).to_numpy(dtype=bool, na_value=False).copy()
-    pairs, _ = _producer_pairs(table, np.flatnonzero(batch))
-    in_a_model = (table["phase"].isin(MODEL_PHASES) & (table["ref_op"] != INPUT_OP)
-                  & table["ref_seq"].notna()).to_numpy(dtype=bool, na_value=False)
-    model_calls = pd.MultiIndex.from_arrays([table["step"].to_numpy()[in_a_model],
-                                             table["ref_seq"].to_numpy()[in_a_model].astype("int64")])
-    computed = pd.MultiIndex.from_frame(pairs[["step", "seq"]]).isin(model_calls)
-    batch[pairs["row"].to_numpy()[computed]] = False
+    known = table.loc[table["ref_seq"].notna()].drop_duplicates(["step", "ref_seq"])
+    calls = {(step, int(seq)): (op, phase, producers) for step, seq, op, phase, producers in zip(
+        known["step"], known["ref_seq"], known["ref_op"], known["phase"], known["ref_inputs"])}
+    for row in np.flatnonzero(batch):
+        batch[row] = not _made_by_a_model(calls, table["step"].iat[row], table["ref_inputs"].iat[row])
     return batch
+
+
+def _made_by_a_model(calls: dict[tuple[Any, int], tuple[Any, Any, Any]], step: Any, producers: Any) -> bool:
+    """Whether the first call up the data flow from `producers` (the reference's seqs in `step`) that is no cast or
+    copy is an op of a model's forward or backward."""
+    pending, seen = _seqs(producers), set()
+    while pending:
+        seq = pending.pop()
+        if seq in seen:
+            continue
+        seen.add(seq)
+        op, phase, inputs = calls.get((step, seq), ("", "", ""))
+        if op in CARRIERS:
+            pending += _seqs(inputs)
+        elif phase in MODEL_PHASES and op != INPUT_OP:
+            return True
+    return False
+
+
+def _seqs(producers: Any) -> list[int]:
+    """The seqs a recorded ops.inputs lists ("12,15"; empty or NA: none)."""
+    return [] if pd.isna(producers) else [int(part) for part in str(producers).split(",") if part]
 
 
 def _elements(shapes: pd.Series) -> np.ndarray:
