@@ -49,11 +49,14 @@ def test_what_cannot_be_saved_whole_is_saved_as_the_script_asked(tmp_path):
 @pytest.mark.slow
 def test_a_dataset_is_downloaded_once_by_the_port_and_checkpoints_read_whole(tmp_path):
     """Regression: the runs of a pair start at once, and three runs downloading one file each truncate what another
-    reads. The port's run prepares the data; the reference and calibration runs start after its first step."""
-    port = tmp_path / "prepared_data_npu.py"
+    reads. The port's run prepares the data; the reference and calibration runs start after its first step. The
+    folder lies outside both scripts' folders, where every run sees it (a data folder of the user's, `../data`): in
+    their own folders each run has its own view (test_working_folder.py)."""
+    port = tmp_path / "port" / "prepared_data_npu.py"
+    port.parent.mkdir()
     port.write_text(SCRIPT.read_text())
     result = CliRunner().invoke(app, ["pair", str(SCRIPT), str(port), "-n", "6", "-q", "-o", str(tmp_path / "out"),
-                                      "--", "--folder", str(tmp_path / "data")])
+                                      "--", "--folder", str(tmp_path / "shared" / "data")])
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert (result.exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
     said = {side: (tmp_path / "out" / side / "output.log").read_text() for side in ("actual", "ref", "calibration")}

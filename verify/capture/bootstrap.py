@@ -37,7 +37,7 @@ def run(run_dir: Path, launched: list[str] | None = None) -> Status:
         run_dir, manifest = rank_capture.open_rank_dir(run_dir, manifest, rank_capture.launched_rank(),
                                                        int(os.environ["WORLD_SIZE"]))
     with spawned_ranks_captured(run_dir, manifest):
-        return instrumented(run_dir, manifest, lambda: runpy.run_path(manifest.script, run_name="__main__"))
+        return instrumented(run_dir, manifest, lambda: runpy.run_path(manifest.running_script, run_name="__main__"))
 
 
 def launch_ranks(run_dir: Path, nproc_per_node: int) -> None:

@@ -33,7 +33,7 @@ from verify.capture.ops import OpCapture, TensorSaver
 from verify.capture.tensor_stats import StatBatch
 from verify.capture import environment_record, project_files
 from verify.capture import perturbation, precision_scopes
-from verify.capture import listing_order, random_streams, whole_saves
+from verify.capture import listing_order, private_files, random_streams, whole_saves
 from verify.capture import followed_port, rank_capture
 from verify.capture.lifetime import die_with_parent
 from verify.errors import VerifyError
@@ -101,17 +101,21 @@ def _summation_order_set(stack: contextlib.ExitStack, manifest: RunManifest, dev
     return True
 
 
-def _script_traceback(error: BaseException, script: str) -> str:
+def _script_traceback(error: BaseException, manifest: RunManifest) -> str:
     """The traceback from the script's first frame on, without verify's own frames (runpy, the bootstrap, the
-    capture hooks and torch's dispatch-mode plumbing that a failing call passed through): noise to the user."""
+    capture hooks and torch's dispatch-mode plumbing that a failing call passed through): noise to the user. The
+    files of the run's view are named as the user's own (the original folder)."""
     tb = error.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+    while tb is not None and tb.tb_frame.f_code.co_filename != manifest.running_script:
         tb = tb.tb_next
     report = traceback.TracebackException(type(error), error, tb or error.__traceback__)
     report.stack = traceback.StackSummary.from_list(
         [frame for frame in report.stack if not frame.filename.startswith((_VERIFY_DIR, *_DISPATCH_PLUMBING))]
     )
-    return "".join(report.format())
+    text = "".join(report.format())
+    if view := manifest.working_folder.get("view"):
+        text = text.replace(f'File "{view}', f'File "{manifest.working_folder["root"]}')
+    return text
 
 
 def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispatchMode | None,
@@ -121,11 +125,14 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
     the manifest's status, message and exit code."""
     if manifest.starts_after:
         followed_port.after_first_step(Path(manifest.starts_after))
-    sys.argv = [manifest.script, *manifest.argv]
-    sys.path.insert(0, str(Path(manifest.script).parent))  # as `python SCRIPT` does (the bootstrap runs with -P)
+    private = private_files.of(manifest)
+    sys.argv = [manifest.running_script, *(private.argv(manifest.argv) if private else manifest.argv)]
+    sys.path.insert(0, str(Path(manifest.running_script).parent))  # as `python SCRIPT` does (the bootstrap runs -P)
     with contextlib.ExitStack() as stack:
         stack.enter_context(listing_order.sorted_listings(manifest.extra))
         stack.enter_context(whole_saves.saved_whole(manifest.extra))
+        if private is not None:  # around the whole saves: a save replaces the link, never the original file
+            stack.enter_context(private_files.kept_private(private))
         if manifest.no_dropout:
             stack.enter_context(random_streams.dropout_disabled())
         elif manifest.align_random:
@@ -164,7 +171,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
         except BaseException as error:  # everything the script raised, KeyboardInterrupt included
             manifest.status, manifest.exit_code = Status.CRASHED.value, 1
             manifest.message = f"{type(error).__name__}: {error} (after {_steps(recorder.steps_done)})"
-            manifest.traceback = _script_traceback(error, manifest.script)
+            manifest.traceback = _script_traceback(error, manifest)
     if manifest.status == Status.NAN.value:
         manifest.exit_code = 1
 
@@ -211,7 +218,7 @@ def _make_capture(manifest: RunManifest, writer: RunWriter, batch: StatBatch) ->
     saver = None
     if dump == DumpMode.TENSOR:
         saver = TensorSaver(manifest.ops_regex or None, int(manifest.tensor_cap_mb * 2**20), writer.save_array)
-    return OpCapture(dump, batch, saver, manifest.files_root)
+    return OpCapture(dump, batch, saver, manifest.running_root)
 
 
 def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) -> Status:
@@ -253,7 +260,7 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         manifest.extra["device_statistics"] = statistics_path
     manifest.modelled_numerics = device_setup.modelled_numerics()
     manifest.half_precision = device_setup.half_precision()
-    manifest.project_files = project_files.imported(manifest.script, manifest.files_root)
+    manifest.project_files = project_files.imported(manifest.running_script, manifest.running_root)
     manifest.finished_at = now_iso()
     writer.close()
     write_manifest(run_dir, manifest)
@@ -393,7 +400,7 @@ def spawned_ranks_captured(run_dir: Path, manifest: RunManifest) -> Iterator[Non
     elastic_processes = importlib.import_module("torch.distributed.elastic.multiprocessing")
     elastic_agent = importlib.import_module("torch.distributed.elastic.agent.server.local_elastic_agent")
     original_elastic = elastic_processes.start_processes
-    ranks, script_dir = _RankStarts(run_dir, manifest), Path(manifest.script).resolve().parent
+    ranks, script_dir = _RankStarts(run_dir, manifest), Path(manifest.running_script).resolve().parent
 
     @functools.wraps(original_spawn)
     def start_processes(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, *rest: Any, **kwargs: Any) -> Any:

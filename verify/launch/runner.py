@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from verify import devices
-from verify.launch import process_tree, rank_outcome
+from verify.launch import process_tree, rank_outcome, working_folder
 from verify.record import run_folders
 from verify.record.schema import (AUTOCAST_DTYPES, LOG, LOSS_COLUMNS, LOSSES, DumpMode, LossScalerPlan, RunManifest,
                                   Status)
@@ -264,16 +264,23 @@ def run_script(
     run_folders.claim(run_dir)
     try:
         manifest = _initial_manifest(script, args, options, device)
+        view = working_folder.make(manifest.files_root, run_dir / working_folder.FOLDER)
+        manifest.working_folder = view.record()
         write_manifest(run_dir, manifest)
         calibration = {devices.BLOCKS_VAR: str(options.perturbation["blocks"])} if options.perturbation else {}
         env = {**os.environ, **device_env, **calibration, **options.extra_env, "PYTHONHASHSEED": str(options.seed)}
         if options.trees is not None and "PYTHONPATH" in env:
             env["PYTHONPATH"] = search_path(env["PYTHONPATH"], *options.trees)
+        if "PYTHONPATH" in env:  # the project's folders as the script sees them: in its view
+            env["PYTHONPATH"] = os.pathsep.join(
+                manifest.seen_by_script(os.path.abspath(entry)) if entry else entry
+                for entry in env["PYTHONPATH"].split(os.pathsep))
         env["PYTHONUNBUFFERED"] = "1"  # the script's output reaches output.log and the user as it is printed
         started = time.monotonic()
-        returncode, ending, stopped = _supervise(
-            _command(run_dir), script.parent, env, run_dir, options.timeout_s, on_output, on_progress, stop_order)
-        _finalise(run_dir, returncode, ending, options.timeout_s, time.monotonic() - started, stopped)
+        returncode, ending, stopped = _supervise(_command(run_dir), Path(manifest.running_script).parent, env,
+                                                 run_dir, options.timeout_s, on_output, on_progress, stop_order)
+        _finalise(run_dir, returncode, ending, options.timeout_s, time.monotonic() - started, stopped,
+                  working_folder.settle(view))
     finally:
         run_folders.release(run_dir)
     if stopped is not None:
@@ -357,8 +364,9 @@ def _report_progress(run_dir: Path, last_steps: int, on_progress) -> int:
 
 
 def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None, wall_s: float,
-              stopped: Stopped | None) -> None:
-    """Completes the manifest when the child could not: timed out, interrupted, killed, or dead before its end."""
+              stopped: Stopped | None, written: dict[str, Any]) -> None:
+    """Completes the manifest when the child could not: timed out, interrupted, killed, or dead before its end; and
+    says what the run wrote in its working folder (`written`: working_folder.settle)."""
     manifest = read_manifest(run_dir)
     manifest.wall_s = round(wall_s, 3)
     if manifest.status == Status.RUNNING.value:  # stopped from outside: it may have died between a step and its count
@@ -379,6 +387,7 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
         manifest.message += _last_output_words(run_dir / LOG)
     if folders := run_folders.rank_dirs(run_dir):
         manifest = _finalise_ranks(manifest, folders, ending, timeout, stopped)
+    manifest.working_folder.update(written)
     write_manifest(run_dir, manifest)
 
 

@@ -38,6 +38,7 @@ pandas.
 from __future__ import annotations
 
 
+import os
 import types
 import typing
 from collections.abc import Iterable, Sequence
@@ -219,6 +220,11 @@ class RunManifest:
     # project_root instead where one is given (a pair of scripts in two trees of one project: the folder holding both).
     project_files: dict[str, str] = field(default_factory=dict)
     project_root: str = ""
+    # The run's own view of files_root (verify/launch/working_folder.py): {"root", "view" (RUNDIR/files), "entries",
+    # "made_in_s", "shared": folders linked whole, "left_out": verify's folders (never seen through the view)}, and after the run "written" (what the run wrote, relative to the
+    # view, where it stays), "written_count", "originals_changed" (original files or folders that changed meanwhile,
+    # by a writer the view could not keep to itself). Empty: the run ran in the original folder (recorded before).
+    working_folder: dict[str, Any] = field(default_factory=dict)
     argv: list[str] = field(default_factory=list)  # the script's own arguments
     cwd: str = ""
     python_version: str = ""
@@ -322,6 +328,25 @@ class RunManifest:
         """The script's path as its ops' source lines name it."""
         return Path(self.script).relative_to(self.files_root).as_posix() if self.project_root else Path(
             self.script).name
+
+    @property
+    def running_script(self) -> str:
+        """The script's path as it runs: in its run's view of files_root."""
+        return self.seen_by_script(self.script)
+
+    @property
+    def running_root(self) -> Path:
+        """files_root as the run sees it: its view, where it has one."""
+        return Path(self.seen_by_script(str(self.files_root)))
+
+    def seen_by_script(self, path: str) -> str:
+        """`path` (under files_root: the script, a folder of its project) as the script sees it while it runs: in
+        the run's view of files_root, where it has one."""
+        view = self.working_folder.get("view")
+        root = str(self.working_folder.get("root", ""))
+        if not view or not (path == root or path.startswith(root + os.sep)):
+            return path
+        return view + path[len(root):]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

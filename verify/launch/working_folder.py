@@ -1,0 +1,178 @@
+"""Each run in a working folder of its own: a view of the script's folder that shows every run what was there before
+it, and only the run that wrote it what a run writes.
+
+The runs of a pair go at once (the port, its reference, the calibration runs) and one after the other (`verify run`
+on one machine, then on another), in the script's folder. A script that resumes from its own checkpoint (`if
+os.path.exists("ckpt.pt"): load it`, HF Trainer's `output_dir`) read what another side had written there: the
+reference resumed from the port's step 4 and the pair judged two different trainings (issue 43).
+
+The view (RUNDIR/files/) mirrors the script's folder (manifest.files_root) before the child starts: its folders are
+made anew, its Python files copied (so that `Path(__file__).resolve()` finds the view, not the original folder),
+every other file a symbolic link to the original, read where it lies. Inside the child
+(verify/capture/private_files.py) a file the script opens to write, whose entry in the view is still such a link,
+is first made the run's own (copied, or the link removed where the write replaces it), and a path into the original
+folder is read as the same path in the view; the script's arguments naming the original folder are given as the
+view. After the run, the links are removed: RUNDIR/files/ holds what the run wrote, and the manifest's
+`working_folder` lists it.
+
+Left out of the view: verify's own folders (a folder being written by a verify, a run folder, `verify-out/`,
+`verify-runs/`) and `__pycache__`. Linked whole, never written by a training: version control's folders,
+`node_modules` and virtual environments, and every folder still unwalked once MAX_ENTRIES entries are mirrored (a
+script run from a home folder); the manifest names them (`shared`). What a native library writes in place into an
+existing file of the original folder, or what the script writes outside the folder (an absolute path elsewhere),
+is not private: the original folder's files and folders are checked after the run, and those changed are named
+(`originals_changed`).
+
+Cost: one link or copy per entry, once per run; tests/perf/bench_working_folder.py measures it on a large data
+folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verify.record.run_folders import WRITER_LOCK
+from verify.record.schema import LOG, MANIFEST
+
+FOLDER = "files"  # RUNDIR/files: the run's view while it runs, what it wrote after
+COPIED_SUFFIXES = (".py",)  # the script's own code: its __file__ must lead to the view, not the original folder
+LINKED_WHOLE = frozenset({".git", ".hg", ".svn", "node_modules"})
+LEFT_OUT = frozenset({"__pycache__", "verify-out", "verify-runs"})
+MAX_ENTRIES = 200_000
+_LISTED = 200  # the written files the manifest names, at most (the count is always whole)
+
+
+@dataclass
+class WorkingFolder:
+    """A run's view of `root` at `view`, and what it looked like when made."""
+
+    root: Path
+    view: Path
+    shared: list[str] = field(default_factory=list)  # folders linked whole (relative to root)
+    left_out: list[str] = field(default_factory=list)  # verify's folders and caches, not in the view (relative)
+    entries: int = 0
+    seconds: float = 0.0
+    # relative path -> (mtime_ns, size) of each original file linked and folder mirrored, to find those changed after
+    before: dict[str, tuple[int, int]] = field(default_factory=dict)
+    mirrored: set[str] = field(default_factory=set)  # the links and copies made (relative), removed after the run
+
+    def record(self) -> dict[str, Any]:
+        """What the manifest says of it before the run (manifest.working_folder)."""
+        return {"root": str(self.root), "view": str(self.view), "entries": self.entries,
+                "made_in_s": round(self.seconds, 3), "shared": self.shared, "left_out": self.left_out}
+
+
+def _left_out(entry: os.DirEntry) -> bool:
+    if entry.name in LEFT_OUT:
+        return True
+    names = set(os.listdir(entry.path))
+    return WRITER_LOCK in names or {MANIFEST, LOG} <= names  # verify's: being written, or a run folder
+
+
+def _linked_whole(entry: os.DirEntry) -> bool:
+    return entry.name in LINKED_WHOLE or os.path.exists(os.path.join(entry.path, "pyvenv.cfg"))
+
+
+def _link_target(entry: os.DirEntry, root: str, view: str) -> str:
+    """A link of the original folder, as the view holds it: one into the folder leads into the view."""
+    target = os.readlink(entry.path)
+    if os.path.isabs(target) and (target + os.sep).startswith(root + os.sep):
+        return view + target[len(root):]
+    return target
+
+
+def make(root: Path, view: Path) -> WorkingFolder:
+    """Mirrors `root` into `view` (which must not exist), breadth first: a folder beyond MAX_ENTRIES is linked."""
+    started = time.monotonic()
+    made = WorkingFolder(root.resolve(), view.absolute())
+    made.view.mkdir(parents=True)
+    folders = deque([""])
+    while folders:
+        relative = folders.popleft()
+        made.before[relative] = _stamp(os.path.join(made.root, relative))
+        with os.scandir(os.path.join(made.root, relative)) as entries:
+            for entry in entries:
+                if folder := _mirror(made, entry, os.path.join(relative, entry.name)):
+                    folders.append(folder)
+    made.seconds = time.monotonic() - started
+    return made
+
+
+def _mirror(made: WorkingFolder, entry: os.DirEntry, name: str) -> str | None:
+    """Mirrors one entry of the original folder; returns the folder's name where it is a folder to walk."""
+    made.entries += 1
+    destination = os.path.join(made.view, name)
+    if entry.is_symlink():
+        os.symlink(_link_target(entry, str(made.root), str(made.view)), destination)
+    elif entry.is_dir():
+        if _left_out(entry):
+            made.left_out.append(name)
+            return None
+        if not _linked_whole(entry) and made.entries <= MAX_ENTRIES:
+            os.mkdir(destination)
+            return name
+        os.symlink(entry.path, destination)
+        made.shared.append(name)
+    elif entry.name.endswith(COPIED_SUFFIXES):
+        shutil.copy2(entry.path, destination)
+    else:
+        os.symlink(entry.path, destination)
+        made.before[name] = _stamp(entry.path)
+    made.mirrored.add(name)
+    return None
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    status = os.stat(path, follow_symlinks=False)
+    return status.st_mtime_ns, status.st_size
+
+
+def settle(made: WorkingFolder) -> dict[str, Any]:
+    """After the run: the links and unchanged copies removed from the view, leaving what the run wrote; returns
+    what the manifest says of it after the run (the files written, relative to the view; the originals that changed
+    meanwhile)."""
+    written = []
+    for folder, folders, files in os.walk(made.view, topdown=False):
+        for name in files + folders:
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, made.view)
+            if relative in made.mirrored and _as_mirrored(made, path, relative):
+                os.unlink(path)
+            elif os.path.isdir(path) and not os.path.islink(path):
+                if not os.listdir(path):
+                    os.rmdir(path)
+            else:
+                written.append(relative)
+    written.sort()
+    return {"written": written[:_LISTED], "written_count": len(written), "originals_changed": _changed(made)}
+
+
+def _as_mirrored(made: WorkingFolder, path: str, relative: str) -> bool:
+    """Whether a mirrored entry is as the view made it: a link still, or a copy of unchanged text."""
+    if os.path.islink(path):
+        return True
+    try:
+        return Path(path).read_bytes() == (made.root / relative).read_bytes()
+    except OSError:
+        return False
+
+
+def _changed(made: WorkingFolder) -> list[str]:
+    """The original files and folders mirrored that changed while the run ran (written in place, or entries added
+    or removed), by a writer the view could not keep to itself."""
+    changed = []
+    for relative, stamp in made.before.items():
+        try:
+            now = _stamp(os.path.join(made.root, relative))
+        except OSError:
+            now = None
+        if now != stamp:
+            changed.append(relative or ".")
+    return sorted(changed)[:_LISTED]
+
