@@ -123,7 +123,8 @@ def _mirror(made: WorkingFolder, entry: os.DirEntry, name: str) -> str | None:
         shutil.copy2(entry.path, destination)
     else:
         os.symlink(entry.path, destination)
-        made.before[name] = _stamp(entry.path)
+        status = entry.stat(follow_symlinks=False)
+        made.before[name] = status.st_mtime_ns, status.st_size
     made.mirrored.add(name)
     return None
 
@@ -137,28 +138,35 @@ def settle(made: WorkingFolder) -> dict[str, Any]:
     """After the run: the links and unchanged copies removed from the view, leaving what the run wrote; returns
     what the manifest says of it after the run (the files written, relative to the view; the originals that changed
     meanwhile)."""
-    written = []
-    for folder, folders, files in os.walk(made.view, topdown=False):
-        for name in files + folders:
-            path = os.path.join(folder, name)
-            relative = os.path.relpath(path, made.view)
-            if relative in made.mirrored and _as_mirrored(made, path, relative):
-                os.unlink(path)
-            elif os.path.isdir(path) and not os.path.islink(path):
-                if not os.listdir(path):
-                    os.rmdir(path)
-            else:
-                written.append(relative)
+    written: list[str] = []
+    _settle_folder(made, "", written)
     written.sort()
     return {"written": written[:_LISTED], "written_count": len(written), "originals_changed": _changed(made)}
 
 
-def _as_mirrored(made: WorkingFolder, path: str, relative: str) -> bool:
+def _settle_folder(made: WorkingFolder, relative: str, written: list[str]) -> bool:
+    """Settles one folder of the view, depth first; returns whether it is left empty."""
+    left = 0
+    with os.scandir(os.path.join(made.view, relative)) as entries:
+        for entry in entries:
+            name = os.path.join(relative, entry.name)
+            if name in made.mirrored and _as_mirrored(made, entry, name):
+                os.unlink(entry.path)
+            elif entry.is_dir(follow_symlinks=False) and _settle_folder(made, name, written):
+                os.rmdir(entry.path)
+            else:
+                left += 1
+                if not entry.is_dir(follow_symlinks=False):
+                    written.append(name)
+    return left == 0
+
+
+def _as_mirrored(made: WorkingFolder, entry: os.DirEntry, relative: str) -> bool:
     """Whether a mirrored entry is as the view made it: a link still, or a copy of unchanged text."""
-    if os.path.islink(path):
+    if entry.is_symlink():
         return True
     try:
-        return Path(path).read_bytes() == (made.root / relative).read_bytes()
+        return Path(entry.path).read_bytes() == (made.root / relative).read_bytes()
     except OSError:
         return False
 
