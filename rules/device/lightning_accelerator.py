@@ -14,7 +14,7 @@ _TRAINERS = tuple(
 )
 # Accelerators that are not CUDA's: Lightning never asks these for a compute capability.
 _NOT_CUDA = frozenset({"cpu", "mps", "tpu", "xla", "hpu"})
-_CAPABILITY = 'os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")  # Lightning's CUDA accelerator reads it'
+_CAPABILITY = 'os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")  # read by the CUDA accelerator'
 _TRANSFER = (("torch_npu.contrib", "transfer_to_npu"),)
 
 
@@ -71,7 +71,7 @@ class LightningAccelerator(PortRule):
             import os
 
             def main():
-                os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")  # Lightning's CUDA accelerator reads it
+                os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")  # read by the CUDA accelerator
                 trainer = L.Trainer(accelerator="gpu", devices=1, precision="16-mixed")
                 trainer.fit(Model())
             """,
@@ -89,7 +89,7 @@ class LightningAccelerator(PortRule):
             import os
             from torch_npu.contrib import transfer_to_npu
 
-            os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")  # Lightning's CUDA accelerator reads it
+            os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")  # read by the CUDA accelerator
             trainer = Trainer(max_epochs=1)
             """,
             lines=[3],
