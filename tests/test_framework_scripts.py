@@ -131,7 +131,7 @@ def test_a_lightning_port_sets_the_device_capability_and_runs_lightnings_cuda_ac
 ):
     _, text, _ = _migrate(tmp_path, "lit", LIGHTNING, "--mode", mode)
     assert 'os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")' in text
-    assert text.index("TORCH_NPU_DEVICE_CAPABILITY") > text.index("def main():")  # in the process that trains
+    assert text.index("TORCH_NPU_DEVICE_CAPABILITY") < text.index("trainer = L.Trainer(")  # before it sets up
     assert "from torch_npu.contrib import transfer_to_npu" in text  # explicit mode too: no NPU accelerator
     findings = json.loads((tmp_path / "lit_npu_report" / "findings.json").read_text())
     dev021 = [f for f in findings if f["code"] == "DEV021"]

@@ -3,8 +3,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules import Case, Mode, PortRule, Severity, Unchanged, argument, findall, statement, string_value
-from rules.determinism._entry_points import Entry, at_start, process_entry
+from rules import (
+    Body, Case, Edit, Mode, PortRule, Severity, StatementEdits, Unchanged, argument, findall, statement, string_value,
+)
 
 # Lightning's trainers, under each of its package names; each picks a CUDA accelerator for "auto", "gpu" or "cuda".
 _TRAINERS = tuple(
@@ -18,14 +19,14 @@ _CAPABILITY = 'os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")  # re
 _TRANSFER = (("torch_npu.contrib", "transfer_to_npu"),)
 
 
-class LightningAccelerator(PortRule):
+class LightningAccelerator(StatementEdits, PortRule):
     """Run Lightning's CUDA accelerator on the NPU: a device capability to unpack, and transfer_to_npu in both modes.
 
     ## What it does
     In a file that builds a Lightning `Trainer` or `Fabric` (`lightning`, `lightning.pytorch`, `pytorch_lightning`)
     whose accelerator may be CUDA's (`"gpu"`, `"cuda"`, `"auto"`, none given, or a value computed at run time):
-    - sets `TORCH_NPU_DEVICE_CAPABILITY=8.0` with `os.environ.setdefault` (a launcher's own value wins) at the start
-      of the training process (`main()`, else the `__main__` block, else after the imports);
+    - sets `TORCH_NPU_DEVICE_CAPABILITY=8.0` with `os.environ.setdefault` (a launcher's own value wins) right before
+      the statement that builds the first such Trainer (the accelerator reads it when `fit` sets the device up);
     - in explicit mode, also imports `transfer_to_npu`, and says so: it is the only way Lightning runs on an NPU.
     The accelerator argument, the precision (`"16-mixed"`, `"bf16-mixed"`) and the devices stay as written.
 
@@ -120,39 +121,34 @@ class LightningAccelerator(PortRule):
         ),
     )
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._trainer: cst.Call | None = None
-        self._entry: Entry | None = None
-
     def visit_Module(self, node: cst.Module) -> None:
         if "TORCH_NPU_DEVICE_CAPABILITY" in self.file.source:
             return  # the script sets it already
         calls = (call for call in findall(node, m.Call()) if self.refers_to(call.func, *_TRAINERS))  # type: ignore
-        self._trainer = next((call for call in calls if _may_be_cuda(call)), None)  # type: ignore[arg-type]
-        if self._trainer is not None:
-            self._entry = process_entry(node, self.qualified_names)
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
-        return self._set_capability(original_node, updated_node)
-
-    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
-        return self._set_capability(original_node, updated_node)
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        return self._set_capability(original_node, updated_node)
-
-    def _set_capability(self, original: Entry, updated: Entry):
-        if original is not self._entry or self._trainer is None:
-            return updated
+        trainer = next((call for call in calls if _may_be_cuda(call)), None)  # type: ignore[arg-type]
+        place = trainer and _statement_holding(node, trainer)
+        if not place:
+            return
         explicit = self.settings.mode is Mode.EXPLICIT
         message = "Lightning's CUDA accelerator unpacks the device capability: TORCH_NPU_DEVICE_CAPABILITY=8.0"
         if explicit:
             message += "; transfer_to_npu imported, as Lightning has no NPU accelerator"
-        new = at_start(updated, [statement(_CAPABILITY)])
-        imports = [("os", None), *(_TRANSFER if explicit else ())]
-        severity = Severity.WARNING if explicit else Severity.INFO  # explicit mode, yet patched at run time
-        return self.replace(original, updated, new, message, imports=imports, severity=severity, at=self._trainer)
+        block, index = place
+        self.edit(block, Edit(
+            index, message, insert_before=(statement(_CAPABILITY),),
+            imports=(("os", None), *(_TRANSFER if explicit else ())),
+            severity=Severity.WARNING if explicit else Severity.INFO,  # explicit mode, yet patched at run time
+        ))
+
+
+def _statement_holding(module: cst.Module, call: cst.Call) -> tuple[Body, int] | None:
+    """The statement list and the index of the simple statement that holds `call`, else None (a default value)."""
+    blocks: list[Body] = [module, *findall(module, m.IndentedBlock())]  # type: ignore[list-item]
+    for block in blocks:
+        for index, line in enumerate(block.body):
+            if isinstance(line, cst.SimpleStatementLine) and any(c is call for c in findall(line, m.Call())):
+                return block, index
+    return None
 
 
 def _may_be_cuda(call: cst.Call) -> bool:
