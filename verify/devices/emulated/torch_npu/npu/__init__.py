@@ -49,7 +49,7 @@ def get_device_properties(device: object = None) -> NpuProperties:
 
 def get_device_capability(device: object = None) -> tuple[int, int] | None:
     """As the real torch_npu answers: no CUDA-style capability (None, with a warning) unless the environment sets
-    TORCH_NPU_DEVICE_CAPABILITY to "major.minor", read at each call (migrate's DEV026 sets it for Lightning, which
+    TORCH_NPU_DEVICE_CAPABILITY to "major.minor", read at each call (migrate's DEV021 sets it for Lightning, which
     unpacks the answer)."""
     device_index(device)
     value = os.environ.get("TORCH_NPU_DEVICE_CAPABILITY", "")
