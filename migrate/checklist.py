@@ -74,8 +74,21 @@ class _Inputs:
     def uses_torch(self) -> bool:
         return any(facts.original.torch_import for _, facts in self.facts)
 
-    def ported(self, kind: str) -> list[Evidence]:
-        return [Evidence(path, line, kind) for path, facts in self.facts for line in getattr(facts.ported, kind)]
+    def ported(self, kind: str, text: str = "") -> list[Evidence]:
+        return [
+            Evidence(path, line, text or kind) for path, facts in self.facts for line in getattr(facts.ported, kind)
+        ]
+
+    def framework_amp(self) -> list[Evidence]:
+        """Where a framework's mixed precision is switched on (TrainingArguments(fp16=True), ...), with its dtype."""
+        return [
+            Evidence(path, line, f"{'bf16' if line in facts.ported.framework_bf16 else 'fp16'} {_FRAMEWORK_AMP}")
+            for path, facts in self.facts
+            for line in facts.ported.framework_amp
+        ]
+
+    def framework_amp_option(self) -> list[Evidence]:
+        return self.ported("framework_amp_option", f"{_FRAMEWORK_AMP}, chosen at run time")
 
     def open_findings(self, item: str) -> list[Finding]:
         return [
@@ -156,6 +169,9 @@ def _settle(item: Item, inputs: _Inputs) -> Item:
 
 
 INFERENCE_NOTE = "read as an inference script: no backward() and no optimizer step"
+# Evidence where a framework (TrainingArguments, Accelerator, Lightning's Trainer) does the mixed precision itself.
+_FRAMEWORK_AMP = "mixed precision by the framework"
+_NO_SECOND_AMP = "The framework does autocast and loss scaling: add no torch.autocast or GradScaler of your own."
 
 
 def _without_torch(item_id: str) -> Item:
@@ -171,7 +187,7 @@ def _finding_evidence(findings: Iterable[Finding]) -> list[str]:
 
 
 def _constant_results(inputs: _Inputs) -> Item:
-    seeds = inputs.ported("seeds")
+    seeds = inputs.ported("seeds", "seeding call")
     evidence = seeds or (["no seeding call found in the source"] if inputs.facts else [])
     script = shlex.quote(inputs.original_script)
     return _item(
@@ -189,6 +205,9 @@ def _mixed_precision(inputs: _Inputs) -> Item:
         return _without_torch("C2")
     autocast = inputs.ported("autocast")
     open_findings = inputs.open_findings("C2")
+    framework = _framework_precision(inputs, "C2")
+    if framework is not None and not open_findings:
+        return framework
     if autocast and not open_findings:
         return _item(
             "C2", Status.PASSED, autocast, f"Confirm at run time: `{inputs.verify_command}` shows fp16/bf16 ops."
@@ -207,6 +226,26 @@ def _mixed_precision(inputs: _Inputs) -> Item:
     return _item(
         "C2", Status.FAILED, [*autocast, *_finding_evidence(open_findings)] or ["no autocast in the port"], action
     )
+
+
+def _framework_precision(inputs: _Inputs, item_id: str) -> Item | None:
+    """C2 or C4 where a framework does the mixed precision: Passed where a literal switches it on (C4: its loss
+    scaler for fp16; bf16 needs none), Not checked where it is chosen at run time; None without a framework."""
+    switched_on, option = inputs.framework_amp(), inputs.framework_amp_option()
+    confirm = f"Confirm at run time: `{inputs.verify_command}` shows fp16/bf16 ops" + (
+        " and the loss scale." if item_id == "C4" else "."
+    )
+    if switched_on:
+        return _item(item_id, Status.PASSED, [*switched_on, *option], f"{confirm} {_NO_SECOND_AMP}")
+    if option:
+        return _item(
+            item_id,
+            Status.NOT_CHECKED,
+            option,
+            "Turn the framework's mixed precision on where you run it (--fp16 or --bf16 of TrainingArguments, "
+            f"--mixed_precision fp16, precision=\"16-mixed\"). {_NO_SECOND_AMP} {confirm}",
+        )
+    return None
 
 
 def _port_complete(inputs: _Inputs) -> Item:
@@ -244,6 +283,9 @@ def _loss_scaling(inputs: _Inputs) -> Item:
     open_findings = inputs.open_findings("C4")
     if open_findings:
         return _item("C4", Status.FAILED, _finding_evidence(open_findings), "Apply the suggestions (--unsafe-fixes).")
+    framework = _framework_precision(inputs, "C4")
+    if framework is not None and not scalers:
+        return framework
     if inputs.inference and not scalers:
         return _item("C4", Status.NOT_CHECKED, [INFERENCE_NOTE, "no loss to scale"])
     if scalers and (scaled or not inputs.ported("autocast")):

@@ -36,6 +36,9 @@ class SourceFacts:
     npu_import: tuple[int, ...] = ()
     process_group: tuple[int, ...] = ()
     seeds: tuple[int, ...] = ()
+    framework_amp: tuple[int, ...] = ()  # a framework's mixed precision switched on (fp16 or bf16)
+    framework_bf16: tuple[int, ...] = ()  # of those, bf16
+    framework_amp_option: tuple[int, ...] = ()  # a framework's mixed precision chosen at run time
     hyperparameters: tuple[hyperparams.Hyperparameter, ...] = ()
 
 
@@ -56,11 +59,25 @@ _CALL_KINDS = {
     "autocast": ("autocast", "initialize"),  # torch.autocast, torch.amp.autocast, apex amp.initialize
     "grad_scaler": ("GradScaler", "scale_loss"),
     "process_group": ("init_process_group",),
-    "seeds": ("manual_seed", "manual_seed_all", "seed"),
+    "seeds": ("manual_seed", "manual_seed_all", "seed", "set_seed", "seed_everything"),  # + frameworks' helpers
 }
+# Frameworks that do the mixed precision (autocast, and a loss scaler for fp16) themselves, by the keywords that
+# switch it on: Hugging Face's TrainingArguments (and Seq2SeqTrainingArguments...), accelerate's Accelerator,
+# Lightning's Trainer and Fabric.
+_FRAMEWORK_SWITCHES = {"TrainingArguments": ("fp16", "bf16"), "Accelerator": ("mixed_precision",),
+                       "Trainer": ("precision",), "Fabric": ("precision",)}
+# What a switch's literal value chooses (fp16=True / mixed_precision="fp16" / precision="16-mixed"); other values
+# (False, "no", "32-true", "16-true": half weights, no autocast) are no mixed precision.
+_MIXED = {("fp16", True): "fp16", ("bf16", True): "bf16", ("mixed_precision", "fp16"): "fp16",
+          ("mixed_precision", "bf16"): "bf16", ("precision", "16-mixed"): "fp16", ("precision", "16"): "fp16",
+          ("precision", 16): "fp16", ("precision", "bf16-mixed"): "bf16", ("precision", "bf16"): "bf16"}
+# Command-line options that choose a framework's mixed precision: HfArgumentParser(TrainingArguments) reads --fp16
+# and --bf16; accelerate's examples declare --mixed_precision.
+_PRECISION_OPTIONS = ("--fp16", "--bf16", "--mixed_precision", "--mixed-precision", "--precision")
 _BACKWARD = "backward"  # scaler.scale(loss).backward(), whose dotted name ends with scale.backward
 # What the facts read: calls, by a name their dotted name holds, and imports, by their keyword.
-_NAMES_READ = {*chain(*_CALL_KINDS.values()), _BACKWARD, "import", *hyperparams.CALL_NAMES}
+_NAMES_READ = {*chain(*_CALL_KINDS.values()), _BACKWARD, "import", *hyperparams.CALL_NAMES, *_FRAMEWORK_SWITCHES,
+               "HfArgumentParser", "add_argument"}
 
 
 def source_facts(code: str) -> SourceFacts:
@@ -88,7 +105,7 @@ def _parsed(code: str) -> ast.Module | None:
 
 def _facts(tree: ast.Module, code: str) -> SourceFacts:
     text = hyperparams.SourceText(code)
-    lines: dict[str, set[int]] = {kind: set() for kind in (*_CALL_KINDS, "autocast_bf16", "scaled_backward")}
+    lines: dict[str, set[int]] = {kind: set() for kind in (*_CALL_KINDS, *_DERIVED_KINDS)}
     imports, calls = _named_nodes(tree, _lines_naming(code))
     npu_imports = {node.lineno for node in imports if "torch_npu" in text(node)}
     torch_imports = {node.lineno for node in imports if "torch" in _import_roots(node)}
@@ -102,12 +119,36 @@ def _facts(tree: ast.Module, code: str) -> SourceFacts:
             lines["autocast_bf16"].add(node.lineno)
         if last == _BACKWARD and name.endswith(f"scale.{_BACKWARD}"):
             lines["scaled_backward"].add(node.lineno)
+        for kind in framework_precision(node, last, text):
+            lines[kind].add(node.lineno)
     return SourceFacts(
         **{kind: tuple(sorted(found)) for kind, found in lines.items()},
         npu_import=tuple(sorted(npu_imports)),
         torch_import=tuple(sorted(torch_imports)),
         hyperparameters=tuple(hyperparams.extract(tree, text, calls)),
     )
+
+
+_DERIVED_KINDS = ("autocast_bf16", "scaled_backward", "framework_amp", "framework_bf16", "framework_amp_option")
+
+
+def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText) -> list[str]:
+    """The framework mixed-precision facts of one call (named `last`): `framework_amp` (and `framework_bf16`) where
+    a literal switches it on, `framework_amp_option` where it is chosen at run time (a value computed, an option
+    parsed)."""
+    if last == "HfArgumentParser":
+        return ["framework_amp_option"] if "TrainingArguments" in text(call) else []
+    if last == "add_argument":
+        flags = [arg.value for arg in call.args if isinstance(arg, ast.Constant)]
+        return ["framework_amp_option"] if any(flag in _PRECISION_OPTIONS for flag in flags) else []
+    switches = _FRAMEWORK_SWITCHES.get("TrainingArguments" if last.endswith("TrainingArguments") else last, ())
+    kinds = []
+    for given in (keyword for keyword in call.keywords if keyword.arg in switches):
+        if not isinstance(given.value, ast.Constant):
+            kinds.append("framework_amp_option")
+        elif (dtype := _MIXED.get((given.arg, given.value.value))) is not None:
+            kinds += ["framework_amp", "framework_bf16"] if dtype == "bf16" else ["framework_amp"]
+    return kinds
 
 
 def _import_roots(node: ast.Import | ast.ImportFrom) -> set[str]:

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from migrate import facts
-from migrate.facts import _CALL_KINDS, FileFacts, SourceFacts, file_facts, source_facts
+from migrate.facts import (
+    _CALL_KINDS, _DERIVED_KINDS, FileFacts, SourceFacts, file_facts, framework_precision, source_facts,
+)
 from migrate.hyperparams import SourceText, dotted, extract
 from rules import Case, all_rules
 
@@ -21,7 +23,7 @@ def _walked(code: str) -> SourceFacts:
     except (SyntaxError, ValueError):
         return SourceFacts(readable=False)
     text = SourceText(code)
-    found: dict[str, set[int]] = {name: set() for name in (*_CALL_KINDS, "autocast_bf16", "scaled_backward")}
+    found: dict[str, set[int]] = {name: set() for name in (*_CALL_KINDS, *_DERIVED_KINDS)}
     found |= {"npu_import": set(), "torch_import": set()}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -40,6 +42,8 @@ def _walked(code: str) -> SourceFacts:
             found["autocast_bf16"].add(node.lineno)
         if last == "backward" and name.endswith("scale.backward"):
             found["scaled_backward"].add(node.lineno)
+        for kind in framework_precision(node, last, text):
+            found[kind].add(node.lineno)
     lines = {name: tuple(sorted(numbers)) for name, numbers in found.items()}
     return SourceFacts(**lines, hyperparameters=tuple(extract(tree, text)))  # extract walks every node itself
 

@@ -15,8 +15,9 @@ from rules import Body, Edit, argument, findall, matches, same_quotes, statement
 TORCH = (("torch", None),)
 # A file mentioning one of these already manages its precision: mixed precision is not inserted a second time.
 PRECISION_MARKERS = ("autocast", "GradScaler", "apex", "scale_loss", ".half()", "float16", "bfloat16", "deepspeed")
-# Libraries that run backward and the optimizer step themselves and bring their own mixed precision.
-_OWN_BACKWARD = ("accelerator.backward", "self.manual_backward", "engine.backward")
+# Libraries that run backward and the optimizer step themselves and bring their own mixed precision: accelerate's
+# Accelerator and Lightning's Fabric (whatever the script names them), a LightningModule, DeepSpeed's engine.
+_OWN_BACKWARD = ("Accelerator(", "Fabric(", "accelerator.backward", "self.manual_backward", "engine.backward")
 
 
 def manages_precision(source: str) -> str | None:

@@ -33,7 +33,8 @@ _MESHES = frozenset(
     }
 )
 # Keywords that take a device besides the `device`-like names (`device`, `device_type`, `pin_memory_device` ...).
-_DEVICE_KEYWORDS = frozenset({"map_location", "device_id", "device_ids", "output_device"})
+# `device_map=` is Hugging Face's (from_pretrained, accelerate's dispatch): a device, or a dict of modules to devices.
+_DEVICE_KEYWORDS = frozenset({"map_location", "device_id", "device_ids", "output_device", "device_map"})
 # Tensor/Module methods whose first positional argument may be a device.
 _DEVICE_METHODS = frozenset({"to", "pin_memory"})
 
@@ -46,7 +47,8 @@ class CudaDeviceString(PortRule):
     form, but only in device positions: the first argument of `torch.device`, `torch.Generator`, `torch.autocast`
     and of the `torch.cuda` functions torch_npu provides, `.to(...)` and `.pin_memory(...)`, the second argument of
     `torch.load`; the keywords `device=`, `device_type=`, `map_location=` (dict values; keys name where the
-    checkpoint was saved and stay), `device_id(s)=`, `output_device=`, `pin_memory_device=`; the default and choices
+    checkpoint was saved and stay), `device_id(s)=`, `output_device=`, `pin_memory_device=`, Hugging Face's
+    `device_map=` (`from_pretrained(..., device_map="cuda")`, dict values too); the default and choices
     of an argparse `--device` option; values assigned to a variable, attribute, parameter or dict key named like a
     device; and both branches of `"cuda" if torch.cuda.is_available() else "cpu"`.
 
@@ -110,6 +112,7 @@ class CudaDeviceString(PortRule):
             g = torch.Generator(device="cuda").manual_seed(0)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 pass
+            model = AutoModelForCausalLM.from_pretrained(name, device_map={"": "cuda:0"})
             """,
             """
             import torch
@@ -119,8 +122,9 @@ class CudaDeviceString(PortRule):
             g = torch.Generator(device="npu").manual_seed(0)
             with torch.autocast("npu", dtype=torch.bfloat16):
                 pass
+            model = AutoModelForCausalLM.from_pretrained(name, device_map={"": "npu:0"})
             """,
-            lines=[2, 3, 4, 5, 6],
+            lines=[2, 3, 4, 5, 6, 8],
             mode=Mode.EXPLICIT,
         ),
         Case(

@@ -10,6 +10,8 @@ from typing import Callable, Sequence, Union
 
 import libcst as cst
 
+from rules.framework.types import Severity
+
 Body = Union[cst.Module, cst.IndentedBlock]
 
 
@@ -32,6 +34,7 @@ class Edit:
     wrap_until: int | None = None
     wrapper: Callable[[Sequence[cst.BaseStatement]], cst.BaseStatement] | None = None
     imports: tuple[tuple[str, str | None], ...] = ()  # what the new code needs imported, as PortRule.replace takes
+    severity: Severity = Severity.INFO  # of the finding that records the change
 
 
 Apply = Callable[[Body, Body, Edit], Body]
@@ -105,6 +108,8 @@ class StatementEdits:
 
         def record(current: Body, new: Body, edit: Edit) -> Body:
             at = original.body[edit.index]
-            return self.replace(original, current, new, edit.message, imports=edit.imports, at=at)  # type: ignore
+            return self.replace(  # type: ignore[attr-defined]
+                original, current, new, edit.message, imports=edit.imports, severity=edit.severity, at=at
+            )
 
         return apply_edits(original, updated, edits, record)

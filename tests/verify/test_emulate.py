@@ -309,3 +309,23 @@ def test_the_npus_default_process_group_backend_is_hccl_as_torch_npu_registers_i
     if result["backend"] is None:
         pytest.skip("this torch has no get_default_backend_for_device (torch 2.6 and newer have)")
     assert result["backend"] == "hccl"
+
+
+def test_the_device_capability_is_none_unless_torch_npu_device_capability_sets_it_as_on_the_npu(tmp_path):
+    """torch_npu answers get_device_capability() with None (and a warning) unless TORCH_NPU_DEVICE_CAPABILITY is
+    "major.minor", read at each call; migrate's DEV021 sets it for Lightning, which unpacks the answer."""
+    script = """
+    import json, os, warnings
+    import torch, torch_npu
+    from torch_npu.contrib import transfer_to_npu
+    answers = {}
+    for value in ("", "8.0", "9.x"):
+        os.environ["TORCH_NPU_DEVICE_CAPABILITY"] = value
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            answers[value] = [torch.cuda.get_device_capability(0), len(caught)]
+    print("RESULT", json.dumps(answers))
+    """
+    result, _ = run_emulated(script, tmp_path)
+    assert {value: answer for value, (answer, _) in result.items()} == {"": None, "8.0": [8, 0], "9.x": None}
+    assert result[""][1] == 1  # the warning that names the variable

@@ -8,8 +8,11 @@ kept but not emulated.
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 import types
+import warnings
 from typing import Any, NamedTuple
 
 import torch
@@ -44,9 +47,20 @@ def get_device_properties(device: object = None) -> NpuProperties:
     return NpuProperties(get_device_name(index), total, cube_core_num=0, vector_core_num=0, L2_cache_size=0)
 
 
-def get_device_capability(device: object = None) -> None:
-    """Like the real NPU without TORCH_NPU_DEVICE_CAPABILITY set: no CUDA-style capability."""
+def get_device_capability(device: object = None) -> tuple[int, int] | None:
+    """As the real torch_npu answers: no CUDA-style capability (None, with a warning) unless the environment sets
+    TORCH_NPU_DEVICE_CAPABILITY to "major.minor", read at each call (migrate's DEV021 sets it for Lightning, which
+    unpacks the answer)."""
     device_index(device)
+    value = os.environ.get("TORCH_NPU_DEVICE_CAPABILITY", "")
+    parsed = re.fullmatch(r"(\d+)\.(\d+)", value)
+    if parsed is None:
+        warnings.warn(
+            f"TORCH_NPU_DEVICE_CAPABILITY={value!r} is not major.minor ('8.0')" if value else
+            "You can set the device capability via the environment variable TORCH_NPU_DEVICE_CAPABILITY."
+        )
+        return None
+    return int(parsed[1]), int(parsed[2])
 
 
 def is_bf16_supported() -> bool:

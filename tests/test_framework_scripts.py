@@ -1,0 +1,190 @@
+"""Framework scripts (Hugging Face Trainer, accelerate, Lightning) through migrate: the port runs where the
+framework needs more than the imports (Lightning: DEV021), no autocast or GradScaler is added to a framework's AMP,
+and the checklist reads the framework's mixed precision and seeds, citing the lines it read them on."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from migrate.cli import app
+
+LIGHTNING = """
+import torch
+import lightning as L
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Classifier(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def main():
+    L.seed_everything(0)
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    trainer = L.Trainer(accelerator="gpu", devices=1, precision="16-mixed", max_steps=2, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Classifier(), DataLoader(data, batch_size=8))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+HF_TRAINER = """
+import torch
+from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
+
+
+def main():
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+    set_seed(args.seed)
+    model = build_model().to("cuda")
+    Trainer(model=model, args=args, train_dataset=load()).train()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+HF_TRAINER_BF16 = """
+import torch
+from transformers import Trainer, TrainingArguments
+
+args = TrainingArguments(output_dir="out", bf16=True, no_cuda=False)
+Trainer(model=build_model(), args=args, train_dataset=load()).train()
+"""
+
+ACCELERATE = """
+import argparse
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mixed_precision", default="no", choices=["no", "fp16", "bf16"])
+    args = parser.parse_args()
+    acc = Accelerator(mixed_precision=args.mixed_precision)
+    set_seed(42)
+    model = torch.nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = acc.prepare(model, optimizer, make_loader())
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        acc.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _migrate(tmp_path: Path, name: str, source: str, *options: str) -> tuple[dict[str, dict], str, Path]:
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(source).lstrip())
+    result = CliRunner().invoke(app, [str(script), "--quiet", *options])
+    assert result.exit_code == 0, result.output
+    items = json.loads((tmp_path / f"{name}_npu_report" / "checklist.json").read_text())
+    port = tmp_path / f"{name}_npu.py"
+    return {item["id"]: item for item in items}, port.read_text(), port
+
+
+def _cited(evidence: list[str], port: Path) -> list[str]:
+    """The port's lines that `port:LINE: ...` evidence cites."""
+    lines = port.read_text().splitlines()
+    return [lines[int(entry.split(":")[1]) - 1].strip() for entry in evidence if entry.startswith(f"{port}:")]
+
+
+def test_a_lightning_port_passes_c2_and_c4_on_the_trainers_precision_and_c1_cites_seed_everything(tmp_path):
+    items, text, port = _migrate(tmp_path, "lit", LIGHTNING)
+    for item in ("C2", "C4"):
+        assert items[item]["status"] == "Passed"
+        [evidence] = items[item]["evidence"]
+        assert evidence.endswith(": fp16 mixed precision by the framework")
+        assert _cited([evidence], port)[0].startswith('trainer = L.Trainer(accelerator="gpu"')
+        assert "add no torch.autocast or GradScaler" in items[item]["action"]
+    assert _cited(items["C1"]["evidence"], port) == ["L.seed_everything(0)"]
+    assert "autocast" not in text and "GradScaler" not in text
+
+
+@pytest.mark.parametrize("mode", ["transfer", "explicit"])
+def test_a_lightning_port_sets_the_device_capability_and_runs_lightnings_cuda_accelerator_through_transfer(
+    tmp_path, mode
+):
+    _, text, _ = _migrate(tmp_path, "lit", LIGHTNING, "--mode", mode)
+    assert 'os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")' in text
+    assert text.index("TORCH_NPU_DEVICE_CAPABILITY") < text.index("trainer = L.Trainer(")  # before it sets up
+    assert "from torch_npu.contrib import transfer_to_npu" in text  # explicit mode too: no NPU accelerator
+    findings = json.loads((tmp_path / "lit_npu_report" / "findings.json").read_text())
+    dev021 = [f for f in findings if f["code"] == "DEV021"]
+    assert len(dev021) == 1 and dev021[0]["severity"] == ("warning" if mode == "explicit" else "info")
+
+
+def test_a_trainer_whose_precision_comes_from_the_command_line_is_not_checked_and_cites_the_parser(tmp_path):
+    items, text, port = _migrate(tmp_path, "hf", HF_TRAINER)
+    for item in ("C2", "C4"):
+        assert items[item]["status"] == "Not checked"
+        [evidence] = items[item]["evidence"]
+        assert evidence.endswith(": mixed precision by the framework, chosen at run time")
+        assert _cited([evidence], port) == ["(args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()"]
+        assert "--fp16 or --bf16" in items[item]["action"] and "add no torch.autocast" in items[item]["action"]
+    assert _cited(items["C1"]["evidence"], port) == ["set_seed(args.seed)"]
+    assert "autocast" not in text and "GradScaler" not in text
+
+
+def test_bf16_training_arguments_pass_c2_and_c4_without_a_scaler(tmp_path):
+    items, _, port = _migrate(tmp_path, "hf", HF_TRAINER_BF16)
+    assert items["C2"]["status"] == items["C4"]["status"] == "Passed"
+    [evidence] = items["C4"]["evidence"]
+    assert evidence.endswith(": bf16 mixed precision by the framework")
+    assert _cited([evidence], port) == ['args = TrainingArguments(output_dir="out", bf16=True, no_cuda=False)']
+
+
+def test_an_explicit_trainer_port_names_the_npu_in_device_map_and_to_and_keeps_the_frameworks_own_switches(tmp_path):
+    source = HF_TRAINER_BF16.replace("build_model()", 'AutoModel.from_pretrained("m", device_map="cuda").to("cuda")')
+    _, text, _ = _migrate(tmp_path, "hf", source, "--mode", "explicit")
+    assert 'AutoModel.from_pretrained("m", device_map="npu").to("npu")' in text
+    assert "no_cuda=False" in text and "transfer_to_npu" not in text  # the Trainer finds the NPU itself
+
+
+def test_an_accelerate_loop_gets_no_second_amp_and_its_mixed_precision_option_is_cited(tmp_path):
+    items, text, port = _migrate(tmp_path, "acc", ACCELERATE)
+    assert "autocast" not in text and "GradScaler" not in text and "acc.backward(loss)" in text
+    assert items["C2"]["status"] == items["C4"]["status"] == "Not checked"
+    assert _cited(items["C2"]["evidence"], port) == [
+        'parser.add_argument("--mixed_precision", default="no", choices=["no", "fp16", "bf16"])',
+        "acc = Accelerator(mixed_precision=args.mixed_precision)",
+    ]
+    assert _cited(items["C1"]["evidence"], port) == ["set_seed(42)"]
+    assert not [e for e in items["C2"]["evidence"] + items["C4"]["evidence"] if "AMP10" in e]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["transfer", "explicit"])
+def test_the_lightning_port_trains_two_steps_on_the_emulated_npu(tmp_path, mode):
+    pytest.importorskip("lightning")
+    _, _, port = _migrate(tmp_path, "lit", LIGHTNING, "--mode", mode)
+    done = subprocess.run(
+        [sys.executable, "-m", "verify", "run", str(port), "--device", "emulated-npu", "--steps", "2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ran the 2 requested steps" in done.stdout + done.stderr
