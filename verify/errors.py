@@ -13,6 +13,9 @@ import signal
 # Exit codes of every verify command: PASS / the requested steps ran; FAIL / the script failed; verify's own error.
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 _EXIT_SIGNALLED = 128  # + the signal's number, as a shell reports a command a signal ended
+# The signals that stop verify (Stopped), and that verify stops its runs with: held while it starts or stops a run
+# (verify/launch/process_tree.py), heard again in the child (verify/capture/lifetime.py)
+STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 class VerifyFailure(Exception):

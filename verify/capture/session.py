@@ -37,7 +37,7 @@ from verify.capture import listing_order, random_streams, whole_saves
 from verify.capture import followed_port, rank_capture
 from verify.capture.lifetime import die_with_parent
 from verify.errors import VerifyError
-from verify.record.schema import DumpMode, RunManifest, Status
+from verify.record.schema import DumpMode, RunManifest, Status, ended_by_itself
 from verify.capture.step_recorder import StepRecorder, StopRun
 from verify.record.store import RunWriter, now_iso, read_manifest, write_manifest
 
@@ -179,14 +179,11 @@ def _ended_by_itself(manifest: RunManifest, recorder: StepRecorder, code: Any) -
     if manifest.exit_code != 0:
         manifest.status = Status.CRASHED.value
         manifest.message = f"the script called sys.exit({code!r}) after {_steps(done)}"
-    elif done == 0:
-        manifest.status = Status.NO_STEPS.value
-        manifest.message = f"the script ended without a step: {_no_step(recorder)}"
-    elif done < manifest.steps_requested:
-        manifest.status = Status.SHORT.value
-        manifest.message = f"the script ended by itself after {done} of {manifest.steps_requested} steps"
     else:
-        manifest.status, manifest.message = Status.OK.value, f"ran the {done} requested steps"
+        status, manifest.message = ended_by_itself(done, manifest.steps_requested)
+        manifest.status = status.value
+        if status == Status.NO_STEPS:
+            manifest.message += f": {_no_step(recorder)}"
 
 
 def _no_step(recorder: StepRecorder) -> str:

@@ -43,7 +43,7 @@ from verify import devices
 from verify.launch import process_tree, rank_outcome
 from verify.record import run_folders
 from verify.record.schema import (AUTOCAST_DTYPES, LOG, LOSS_COLUMNS, LOSSES, DumpMode, LossScalerPlan, RunManifest,
-                                  Status)
+                                  Status, ended_by_itself)
 from verify.errors import EmulationError, RunDirError, Stopped, VerifyError
 from verify.record.store import now_iso, read_last_collective, read_manifest, write_manifest
 
@@ -370,6 +370,11 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
     elif stopped is not None:
         manifest.status, manifest.exit_code = Status.INTERRUPTED.value, returncode
         manifest.message = f"interrupted: verify was stopped by {stopped.signal_name} ({done})"
+    elif manifest.status == Status.RUNNING.value and returncode == 0 and not run_folders.rank_dirs(run_dir):
+        # the script ended its process itself (os._exit(0)) before the bootstrap could write how: ended, not crashed
+        status, words = ended_by_itself(manifest.steps_completed, manifest.steps_requested)
+        manifest.status, manifest.exit_code = status.value, 0
+        manifest.message = f"{words} (its process exited with code 0 before verify could record how it ended)"
     elif manifest.status == Status.RUNNING.value:
         manifest.status, manifest.exit_code = Status.CRASHED.value, returncode
         cause = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from verify.record.run_folders import rank_dirs
+from verify.record.run_folders import rank_dirs, writer_gone
 from verify.record.schema import (
     GRAD_COLUMNS,
     GRADS_DIR,
@@ -398,11 +398,11 @@ def read_run(run_dir: Path) -> Run:
 def _read_ranks(run_dir: Path, folders: list[Path]) -> Run:
     """A run of several ranks: the run's manifest, rank 0's records, and each rank's Run. A rank folder without a
     readable manifest (a rank killed before it wrote one) is left out, with a note."""
-    manifest = read_manifest(run_dir)
+    manifest = _closed(read_manifest(run_dir), run_dir)
     ranks, notes = [], []
     for folder in folders:
         try:
-            ranks.append(_read_process(folder))
+            ranks.append(_read_process(folder, lock_dir=run_dir))
         except RunDirError as error:
             notes.append(f"{folder.name} left out: {error}")
     ranks.sort(key=lambda run: run.manifest.rank)
@@ -416,9 +416,18 @@ def _read_ranks(run_dir: Path, folders: list[Path]) -> Run:
     return replace(ranks[0], root=run_dir, manifest=manifest, ranks=ranks, notes=notes, damage=damage)
 
 
-def _read_process(run_dir: Path) -> Run:
-    """The run directory of one process: a single-process run, or one rank of several."""
-    manifest = read_manifest(run_dir)
+def _closed(manifest: RunManifest, lock_dir: Path) -> RunManifest:
+    """A manifest left `running` by a verify that is gone (the run's stale lock: run_folders.writer_gone), read as
+    the run ended: interrupted with that verify, saying so."""
+    if manifest.status != Status.RUNNING.value or not (why := writer_gone(lock_dir)):
+        return manifest
+    return replace(manifest, status=Status.INTERRUPTED.value,
+                   message=f"interrupted: {why} ({manifest.steps_completed} steps completed)")
+
+
+def _read_process(run_dir: Path, lock_dir: Path | None = None) -> Run:
+    """The run directory of one process: a single-process run, or one rank of several (`lock_dir`: its run's)."""
+    manifest = _closed(read_manifest(run_dir), lock_dir or run_dir)
     reading = _Reading(cut=manifest.status not in _ENDED_BY_VERIFY)
     losses = _read_csv(run_dir / LOSSES, LOSS_COLUMNS, *_LOSS_NUMBERS, reading)
     hparams = _read_csv(run_dir / HPARAMS, HPARAM_COLUMNS, (), ("step", "optimizer"), reading)
