@@ -36,7 +36,7 @@ from verify.capture import perturbation, precision_scopes
 from verify.capture import listing_order, random_streams, whole_saves
 from verify.capture import followed_port, rank_capture
 from verify.capture.lifetime import die_with_parent
-from verify.errors import VerifyError
+from verify.errors import DiskFull, VerifyError, VerifyFailure
 from verify.record.schema import DumpMode, RunManifest, Status, ended_by_itself
 from verify.capture.step_recorder import StepRecorder, StopRun
 from verify.record.store import RunWriter, now_iso, read_manifest, write_manifest
@@ -152,7 +152,8 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
             _ended_by_itself(manifest, recorder, 0)
         except StopRun as stop:
             manifest.status, manifest.message, manifest.exit_code = stop.status.value, stop.message, 0
-        except VerifyError as error:  # verify refused what the script did (more ranks than the machine holds)
+        except VerifyFailure as error:  # verify refused what the script did (more ranks than the machine holds), or
+            # could not record it (DiskFull)
             manifest.status, manifest.exit_code = Status.CRASHED.value, 1
             manifest.verify_error = manifest.message = str(error)
         except SystemExit as exit:
@@ -252,7 +253,11 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
     manifest.half_precision = device_setup.half_precision()
     manifest.project_files = project_files.imported(manifest.script, manifest.files_root)
     manifest.finished_at = now_iso()
-    writer.close()
+    try:
+        writer.close()
+    except DiskFull as error:
+        manifest.status, manifest.exit_code = Status.CRASHED.value, 1
+        manifest.verify_error = manifest.message = manifest.verify_error or str(error)
     write_manifest(run_dir, manifest)
     return Status(manifest.status)
 
