@@ -166,8 +166,18 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
             manifest.status, manifest.exit_code = Status.CRASHED.value, 1
             manifest.message = f"{type(error).__name__}: {error} (after {_steps(recorder.steps_done)})"
             manifest.traceback = _script_traceback(error, manifest.script)
+            manifest.verify_error = _emulations_limit(error)
     if manifest.status == Status.NAN.value:
         manifest.exit_code = 1
+
+
+def _emulations_limit(error: BaseException) -> str:
+    """What an emulation could not model (its NotEmulated, raised where the script used a name of the real device's
+    API it lacks), as verify's error naming the emulation; "" for the script's own errors."""
+    target = sys.modules.get("npu_port_emulation.target")  # loaded in an emulated process only
+    if target is None or not isinstance(error, target.NotEmulated):
+        return ""
+    return str(error)
 
 
 def _steps(count: int) -> str:

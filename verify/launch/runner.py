@@ -258,6 +258,7 @@ def run_script(
     script = Path(script).resolve()
     if not script.is_file():
         raise VerifyError(f"{script}: no such script")
+    _recordable(script)
     check_options(options)
     device, device_env = _device_and_env(script, options)
     run_dir = Path(run_dir) if run_dir is not None else run_folders.default_run_dir(script, device)
@@ -280,6 +281,17 @@ def run_script(
         stopped.runs.append(run_dir)
         raise stopped
     return run_dir
+
+
+def _recordable(script: Path) -> None:
+    """VerifyError where the script's path cannot be recorded: a run directory holds paths as UTF-8 text (the
+    manifest, ops.source), and a name with a byte that is no UTF-8 (`caf\xe9.py`, written under another locale) has
+    none; refused before anything runs, for verify failed at the first step's records."""
+    try:
+        str(script).encode("utf-8")
+    except UnicodeEncodeError:
+        raise VerifyError(f"{os.fsencode(script)!r}: verify records paths as UTF-8 text, and this path holds a byte "
+                          "that is not UTF-8 (a name written under another locale): rename it") from None
 
 
 def search_path(entries: str, own: Path, other: Path) -> str:
