@@ -222,7 +222,9 @@ def test_a_script_that_spawns_its_own_ranks_is_refused_under_nproc_per_node_nami
     assert verify.returncode == EXIT_ERROR, err
     assert "the script starts 2 ranks of its own (torch.multiprocessing.spawn)" in " ".join(err.split())
     assert "run it without --nproc-per-node" in " ".join(err.split())
-    assert [rank.manifest.steps_completed for rank in read_run(out).ranks] == [0, 0]
+    # torchrun stops the other rank with SIGTERM, which a rank now hears (issue 43): it may end before its manifest
+    steps = [rank.manifest.steps_completed for rank in read_run(out).ranks]
+    assert steps and set(steps) == {0}
 
 
 @pytest.mark.slow
