@@ -7,12 +7,16 @@ a verdict. Imports only the standard library, so every part of verify, the train
 
 from __future__ import annotations
 
+import errno
 import signal
 
 
 # Exit codes of every verify command: PASS / the requested steps ran; FAIL / the script failed; verify's own error.
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 _EXIT_SIGNALLED = 128  # + the signal's number, as a shell reports a command a signal ended
+# The signals that stop verify (Stopped), and that verify stops its runs with: held while it starts or stops a run
+# (verify/launch/process_tree.py), heard again in the child (verify/capture/lifetime.py)
+STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 class VerifyFailure(Exception):
@@ -39,6 +43,18 @@ class PairError(VerifyFailure):
 
 class VerifyError(VerifyFailure):
     """verify itself cannot do the run (bad options, unusable device, a run directory in the way): exit code 2."""
+
+
+class DiskFull(VerifyFailure):
+    """A write of verify's own failed for want of space: a full disk, a quota, a file-size limit (RLIMIT_FSIZE). The
+    run stops at once and its manifests are closed where any space is left; exit 2 with this line."""
+
+    ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+    @classmethod
+    def of(cls, error: OSError, path: object) -> "DiskFull":
+        return cls(f"no space left to write {path} ({error.strerror or error}): free some space on its disk, or "
+                   "write elsewhere (-o)")
 
 
 class EmulationError(ValueError):

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from verify.capture import rank_capture
-from verify.capture.lifetime import die_with_parent
+from verify.capture.lifetime import die_with_parent, signals_heard
 from verify.capture.session import instrumented, spawned_ranks_captured
 from verify.record.schema import Status
 from verify.record.store import read_manifest
@@ -51,6 +51,7 @@ def launch_ranks(run_dir: Path, nproc_per_node: int) -> None:
 def main() -> None:
     run_dir, parent, role = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
     die_with_parent(parent)
+    signals_heard()
     launched = role[1:] if role[:1] == [rank_capture.RANK_ROLE] else None
     nproc_per_node = read_manifest(run_dir).nproc_per_node
     if nproc_per_node and launched is None:

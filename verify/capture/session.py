@@ -36,8 +36,8 @@ from verify.capture import perturbation, precision_scopes
 from verify.capture import listing_order, private_files, random_streams, whole_saves
 from verify.capture import followed_port, rank_capture
 from verify.capture.lifetime import die_with_parent
-from verify.errors import VerifyError
-from verify.record.schema import DumpMode, RunManifest, Status
+from verify.errors import DiskFull, VerifyError, VerifyFailure
+from verify.record.schema import DumpMode, RunManifest, Status, ended_by_itself
 from verify.capture.step_recorder import StepRecorder, StopRun
 from verify.record.store import RunWriter, now_iso, read_manifest, write_manifest
 
@@ -159,7 +159,8 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
             _ended_by_itself(manifest, recorder, 0)
         except StopRun as stop:
             manifest.status, manifest.message, manifest.exit_code = stop.status.value, stop.message, 0
-        except VerifyError as error:  # verify refused what the script did (more ranks than the machine holds)
+        except VerifyFailure as error:  # verify refused what the script did (more ranks than the machine holds), or
+            # could not record it (DiskFull)
             manifest.status, manifest.exit_code = Status.CRASHED.value, 1
             manifest.verify_error = manifest.message = str(error)
         except SystemExit as exit:
@@ -172,8 +173,18 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
             manifest.status, manifest.exit_code = Status.CRASHED.value, 1
             manifest.message = f"{type(error).__name__}: {error} (after {_steps(recorder.steps_done)})"
             manifest.traceback = _script_traceback(error, manifest)
+            manifest.verify_error = _emulations_limit(error)
     if manifest.status == Status.NAN.value:
         manifest.exit_code = 1
+
+
+def _emulations_limit(error: BaseException) -> str:
+    """What an emulation could not model (its NotEmulated, raised where the script used a name of the real device's
+    API it lacks), as verify's error naming the emulation; "" for the script's own errors."""
+    target = sys.modules.get("npu_port_emulation.target")  # loaded in an emulated process only
+    if target is None or not isinstance(error, target.NotEmulated):
+        return ""
+    return str(error)
 
 
 def _steps(count: int) -> str:
@@ -186,14 +197,11 @@ def _ended_by_itself(manifest: RunManifest, recorder: StepRecorder, code: Any) -
     if manifest.exit_code != 0:
         manifest.status = Status.CRASHED.value
         manifest.message = f"the script called sys.exit({code!r}) after {_steps(done)}"
-    elif done == 0:
-        manifest.status = Status.NO_STEPS.value
-        manifest.message = f"the script ended without a step: {_no_step(recorder)}"
-    elif done < manifest.steps_requested:
-        manifest.status = Status.SHORT.value
-        manifest.message = f"the script ended by itself after {done} of {manifest.steps_requested} steps"
     else:
-        manifest.status, manifest.message = Status.OK.value, f"ran the {done} requested steps"
+        status, manifest.message = ended_by_itself(done, manifest.steps_requested)
+        manifest.status = status.value
+        if status == Status.NO_STEPS:
+            manifest.message += f": {_no_step(recorder)}"
 
 
 def _no_step(recorder: StepRecorder) -> str:
@@ -262,7 +270,11 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
     manifest.half_precision = device_setup.half_precision()
     manifest.project_files = project_files.imported(manifest.running_script, manifest.running_root)
     manifest.finished_at = now_iso()
-    writer.close()
+    try:
+        writer.close()
+    except DiskFull as error:
+        manifest.status, manifest.exit_code = Status.CRASHED.value, 1
+        manifest.verify_error = manifest.message = manifest.verify_error or str(error)
     write_manifest(run_dir, manifest)
     return Status(manifest.status)
 

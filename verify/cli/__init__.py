@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated
 
 from verify.record.schema import DumpMode, RunManifest, Status, shown
-from verify.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from verify.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK, VerifyFailure
 
 # Every way in (`python -m verify`, `python -m verify.cli`, a `verify` script, old ones too) imports this module: an
 # interpreter without npu-port's dependencies gets one line and exit 2 here, not a traceback and exit 1, FAIL's code.
@@ -129,9 +129,9 @@ def _run(script: Path, args: list[str], options: RunOptions, out: Path | None, q
             on_progress=lambda done: progress.update(task, completed=done),
         )
     manifest = read_manifest(run_dir)
+    if manifest.verify_error:  # verify's own failure: one line, exit 2 (verify/cli/exits.py)
+        raise VerifyFailure(f"{run_dir}: {manifest.verify_error}")
     _print_summary(manifest, run_dir)
-    if manifest.verify_error:
-        return EXIT_ERROR
     return EXIT_OK if manifest.status in _SUCCESS else EXIT_FAILED
 
 

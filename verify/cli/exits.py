@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from verify.errors import EXIT_ERROR, Stopped, VerifyFailure
+from verify.errors import EXIT_ERROR, STOPPING_SIGNALS, Stopped, VerifyFailure
 from verify.record.schema import shown
 
 TRACEBACK_FILE = "verify-traceback.txt"
@@ -52,7 +52,6 @@ def exit_with(body: Callable[[], int], doing: str, out: Path | None = None) -> N
     raise typer.Exit(code)
 
 
-_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 @contextlib.contextmanager
@@ -71,7 +70,7 @@ def _stopped_by_signals() -> Iterator[None]:
             raised = True
             raise Stopped(signum)
 
-    previous = {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS}
+    previous = {signum: signal.signal(signum, stop) for signum in STOPPING_SIGNALS}
     try:
         yield
     finally:

@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from verify.errors import STOPPING_SIGNALS
+
 TOKEN_VAR = "VERIFY_PROCESS_TREE"
 GRACE_S = 5.0
 _PROC = Path("/proc")
@@ -91,11 +93,10 @@ def _signal(pids: Iterable[int], sig: signal.Signals) -> None:
 def signals_held() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP wait until the block ends (then their handlers run): stopping the tree is not cut
     short by a second signal, or by the first arriving while a run that ended by itself is cleared up."""
-    held = {signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)}
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING_SIGNALS)
     try:
         yield
     finally:

@@ -43,9 +43,9 @@ from verify import devices
 from verify.launch import process_tree, rank_outcome, working_folder
 from verify.record import run_folders
 from verify.record.schema import (AUTOCAST_DTYPES, LOG, LOSS_COLUMNS, LOSSES, DumpMode, LossScalerPlan, RunManifest,
-                                  Status)
-from verify.errors import EmulationError, RunDirError, Stopped, VerifyError
-from verify.record.store import now_iso, read_last_collective, read_manifest, write_manifest
+                                  Status, ended_by_itself)
+from verify.errors import DiskFull, EmulationError, RunDirError, Stopped, VerifyError
+from verify.record.store import now_iso, read_last_collective, read_manifest, space_needed, write_manifest
 
 _PROGRESS_POLL_S = 0.5
 # The default --timeout: room to start (import torch on a busy machine, build the model), then per step asked for a
@@ -258,6 +258,7 @@ def run_script(
     script = Path(script).resolve()
     if not script.is_file():
         raise VerifyError(f"{script}: no such script")
+    _recordable(script)
     check_options(options)
     device, device_env = _device_and_env(script, options)
     run_dir = Path(run_dir) if run_dir is not None else run_folders.default_run_dir(script, device)
@@ -289,6 +290,17 @@ def run_script(
     return run_dir
 
 
+def _recordable(script: Path) -> None:
+    """VerifyError where the script's path cannot be recorded: a run directory holds paths as UTF-8 text (the
+    manifest, ops.source), and a name with a byte that is no UTF-8 (`caf\xe9.py`, written under another locale) has
+    none; refused before anything runs, for verify failed at the first step's records."""
+    try:
+        str(script).encode("utf-8")
+    except UnicodeEncodeError:
+        raise VerifyError(f"{os.fsencode(script)!r}: verify records paths as UTF-8 text, and this path holds a byte "
+                          "that is not UTF-8 (a name written under another locale): rename it") from None
+
+
 def search_path(entries: str, own: Path, other: Path) -> str:
     """A PYTHONPATH with each folder of the `other` tree taken in the `own` one, where that has it."""
     def taken(entry: str) -> str:
@@ -314,24 +326,35 @@ def _supervise(command, cwd, env, run_dir, timeout, on_output, on_progress,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
                     start_new_session=True,  # Ctrl-C in the terminal reaches verify alone, which stops the child
                 )
-                reader = threading.Thread(target=_pump, args=(child.stdout, log, on_output), daemon=True)
+                pump = _LogPump(child.stdout, log, on_output)
+                reader = threading.Thread(target=pump.run, daemon=True)
                 reader.start()
-            ending = _wait(child, run_dir, timeout, on_progress, stop_order)
+            ending = _wait(child, run_dir, timeout, on_progress, stop_order, pump)
         except (Stopped, KeyboardInterrupt) as stop:
             ending, stopped = "interrupted", stop if isinstance(stop, Stopped) else Stopped(signal.SIGINT)
         with process_tree.signals_held():  # a signal now is raised once everything is stopped
             process_tree.stop(child, token)  # after a run that ended by itself too: what it left (a rank, a helper)
         reader.join(timeout=process_tree.GRACE_S)
+    if pump.full is not None:  # the child is stopped: nothing else writes the manifest
+        _record_verify_error(run_dir, pump.full)
     return child.returncode, ending, stopped
 
 
+def _record_verify_error(run_dir: Path, error: DiskFull) -> None:
+    manifest = read_manifest(run_dir)
+    manifest.verify_error = manifest.verify_error or str(error)
+    write_manifest(run_dir, manifest)
+
+
 def _wait(child: subprocess.Popen, run_dir: Path, timeout: float | None, on_progress,
-          stop_order: StopOrder | None) -> str:
+          stop_order: StopOrder | None, pump: "_LogPump") -> str:
     deadline = None if timeout is None else time.monotonic() + timeout
     last_steps = -1
     while child.poll() is None:
         if stop_order is not None:
             stop_order.check()
+        if pump.full is not None:  # verify cannot record the run: stopped at once, and exit 2 (DiskFull)
+            return "exited"
         if deadline is not None and time.monotonic() > deadline:
             return "timeout"
         last_steps = _report_progress(run_dir, last_steps, on_progress)
@@ -343,12 +366,26 @@ def _wait(child: subprocess.Popen, run_dir: Path, timeout: float | None, on_prog
     return "exited"
 
 
-def _pump(stream, log, on_output) -> None:
-    for line in stream:
-        log.write(line)
-        log.flush()
-        if on_output is not None:
-            on_output(line.rstrip("\n"))
+class _LogPump:
+    """The child's output into output.log and to `on_output`, line by line. A log that cannot be written for want of
+    space (`full`: the supervisor then stops the run) is written no more, and the pipe is still drained, so that the
+    child never blocks on it."""
+
+    def __init__(self, stream, log, on_output) -> None:
+        self.stream, self.log, self.on_output = stream, log, on_output
+        self.full: DiskFull | None = None
+
+    def run(self) -> None:
+        for line in self.stream:
+            if self.full is None:
+                try:
+                    with space_needed(Path(self.log.name)):
+                        self.log.write(line)
+                        self.log.flush()
+                except DiskFull as error:
+                    self.full = error
+            if self.on_output is not None:
+                self.on_output(line.rstrip("\n"))
 
 
 def _report_progress(run_dir: Path, last_steps: int, on_progress) -> int:
@@ -378,6 +415,11 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
     elif stopped is not None:
         manifest.status, manifest.exit_code = Status.INTERRUPTED.value, returncode
         manifest.message = f"interrupted: verify was stopped by {stopped.signal_name} ({done})"
+    elif manifest.status == Status.RUNNING.value and returncode == 0 and not run_folders.rank_dirs(run_dir):
+        # the script ended its process itself (os._exit(0)) before the bootstrap could write how: ended, not crashed
+        status, words = ended_by_itself(manifest.steps_completed, manifest.steps_requested)
+        manifest.status, manifest.exit_code = status.value, 0
+        manifest.message = f"{words} (its process exited with code 0 before verify could record how it ended)"
     elif manifest.status == Status.RUNNING.value:
         manifest.status, manifest.exit_code = Status.CRASHED.value, returncode
         cause = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"

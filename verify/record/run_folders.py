@@ -18,8 +18,11 @@ inside its run directory; a single process keeps today's layout, without rank fo
 
 A folder verify writes into has one writer: claim() creates WRITER_LOCK in it with O_EXCL, so that of two verify
 commands started at once into the same folder, exactly one writes and the other exits 2; the lock goes when its
-process ends. Default names carry a random suffix besides the time, so two commands started in the same second
-get two folders.
+process ends. The lock names its writer (pid, the process's start time, the host): a verify killed too hard to
+remove it (SIGKILL) leaves a stale lock, which `writer_gone()` tells from a live one, the reader of its runs reports
+as ended with that verify, and the next claim of the folder takes over, clearing what the dead writer left there
+(the folder was empty when it claimed it). Default names carry a random suffix besides the time, so two commands
+started in the same second get two folders.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -104,21 +109,85 @@ def default_pair_dir(script: Path) -> Path:
 
 def claim(folder: Path) -> Path:
     """`folder`, created where it does not exist, with this process as its only writer until it exits: a folder
-    that holds anything (another run's files, another writer's lock) is refused (FolderInUse, exit 2)."""
+    that holds anything (another run's files, another writer's lock) is refused (FolderInUse, exit 2), except what a
+    writer that is gone left there (its stale lock, taken over)."""
     if folder.exists() and not folder.is_dir():
         raise FolderInUse(f"{folder} already exists and is not a folder; choose another -o")
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / WRITER_LOCK
+    if writer_gone(folder):
+        _take_over(lock)
     try:
-        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))  # atomic: one creator wins
+        descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)  # atomic: one creator wins
     except FileExistsError:
-        raise FolderInUse(f"{folder} is being written by another verify (its lock {WRITER_LOCK} is there; delete it "
-                          "if no verify is running); choose another -o") from None
+        raise FolderInUse(f"{folder} is being written by another verify (its lock {WRITER_LOCK} is there); choose "
+                          "another -o") from None
+    with os.fdopen(descriptor, "w") as file:
+        file.write(_this_writer())
     if any(entry.name != WRITER_LOCK for entry in folder.iterdir()):
         lock.unlink()
         raise FolderInUse(f"{folder} already exists and is not an empty folder; choose another -o")
     _held.add(lock)
     return folder
+
+
+def _take_over(lock: Path) -> None:
+    """Removes a stale lock and what its writer left beside it. Of claimants racing for the folder, the one whose
+    rename takes the lock away clears it; the others find it gone and are refused (or find the new writer's lock)."""
+    taken = lock.with_name(f"{WRITER_LOCK}.taken-{os.getpid()}-{secrets.token_hex(3)}")
+    try:
+        os.rename(lock, taken)
+    except FileNotFoundError:
+        raise FolderInUse(f"{lock.parent} is being taken over by another verify; choose another -o") from None
+    for entry in lock.parent.iterdir():
+        if entry == taken:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    taken.unlink()
+
+
+_UNKNOWN_START = "?"
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot, /proc/PID/stat's 22nd field), which tells it from a later one
+    given the same pid; _UNKNOWN_START without /proc; None for a process that does not exist."""
+    if not Path("/proc/self").is_dir():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return _UNKNOWN_START
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return _UNKNOWN_START
+    return stat[stat.rindex(")") + 2:].split()[19]  # the command, in parentheses, may hold spaces
+
+
+def _this_writer() -> str:
+    return f"{os.getpid()} {_start_time(os.getpid())} {socket.gethostname()}\n"
+
+
+def writer_gone(folder: Path) -> str:
+    """Why the writer whose lock is in `folder` cannot be writing any more (its process ended without removing the
+    lock: killed by SIGKILL, or the machine went down), or "" (no lock, a live writer, another host's, or a lock
+    being written)."""
+    try:
+        pid, started, host = (Path(folder) / WRITER_LOCK).read_text().split()
+    except (OSError, ValueError):
+        return ""
+    now = _start_time(int(pid))
+    if host != socket.gethostname() or now in (started, _UNKNOWN_START):  # alive, or it cannot be told
+        return ""
+    return f"its verify (process {pid}) ended without closing it (killed by SIGKILL, or the machine stopped)"
 
 
 def release(folder: Path) -> None:

@@ -89,6 +89,16 @@ class Status(str, Enum):
     NO_STEPS = "no-steps"  # the script ended without a single step (no backward, no forward of a module)
 
 
+def ended_by_itself(steps_done: int, steps_requested: int) -> tuple[Status, str]:
+    """How a run whose script ended by itself with exit code 0 ended, and the words that say so: the steps asked for
+    ran (OK), fewer (SHORT: not a crash, README's `verify run` exit 0), or none (NO_STEPS)."""
+    if steps_done == 0:
+        return Status.NO_STEPS, "the script ended without a step"
+    if steps_done < steps_requested:
+        return Status.SHORT, f"the script ended by itself after {steps_done} of {steps_requested} steps"
+    return Status.OK, f"ran the {steps_done} requested steps"
+
+
 class Phase(str, Enum):
     FORWARD = "forward"
     BACKWARD = "backward"

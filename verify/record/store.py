@@ -15,13 +15,14 @@ may lose the last step it completed and the end of a file; nothing else. Damaged
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import os
 import warnings
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,7 +32,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from verify.record.run_folders import rank_dirs
+from verify.record.run_folders import rank_dirs, writer_gone
 from verify.record.schema import (
     GRAD_COLUMNS,
     GRADS_DIR,
@@ -53,7 +54,7 @@ from verify.record.schema import (
     RunManifest,
     Status,
 )
-from verify.errors import RunDirError
+from verify.errors import DiskFull, RunDirError
 
 _ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
 _DEFAULTS = {"int64": pa.scalar(0), "float64": pa.scalar(None, pa.float64()), "string": pa.scalar("")}
@@ -65,10 +66,27 @@ TABLES: dict[str, dict[str, str]] = {OPS_DIR: OP_COLUMNS, GRADS_DIR: GRAD_COLUMN
 
 
 
+@contextlib.contextmanager
+def space_needed(path: Path) -> Iterator[None]:
+    """An OSError of a write to `path` for want of space becomes errors.DiskFull naming it: verify's own failure,
+    never the script's crash."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno in DiskFull.ERRNOS:
+            raise DiskFull.of(error, path) from None
+        raise
+
+
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     # A reader (or a parent finalising after a kill) must never see half a file: write beside it, then rename.
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_bytes(data)
+    try:
+        with space_needed(path):
+            temporary.write_bytes(data)
+    except DiskFull:
+        temporary.unlink(missing_ok=True)
+        raise
     os.replace(temporary, path)
 
 
@@ -143,8 +161,9 @@ class RunWriter:
 
     def _append(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
         handle, writer = self._csv[name]
-        writer.writerows(rows)
-        handle.flush()
+        with space_needed(self.run_dir / name):
+            writer.writerows(rows)
+            handle.flush()
 
     def append_losses(self, rows: Iterable[Sequence[Any]]) -> None:
         """Rows in LOSS_COLUMNS order; None becomes an empty cell."""
@@ -169,23 +188,33 @@ class RunWriter:
         appended to the table's stream as one record batch. The OS has it when this returns: a kill keeps it."""
         sink, stream = self._stream(folder)
         batch = _record_batch(folder, step, columns)
-        stream.write_batch(batch, custom_metadata={_CHECKSUM_KEY: _checksum(batch)})
-        sink.flush()
+        with space_needed(self.run_dir / folder / TABLE_FILE):
+            stream.write_batch(batch, custom_metadata={_CHECKSUM_KEY: _checksum(batch)})
+            sink.flush()
 
     def save_array(self, relative: str, array: np.ndarray) -> str:
         """Saves a .npy under the run directory (no pickle) and returns its path relative to it."""
         path = resolve_inside(self.run_dir, relative)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("wb") as handle:
+        with space_needed(path), path.open("wb") as handle:
             np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
         return relative
 
     def close(self) -> None:
-        for handle, _ in self._csv.values():
-            handle.close()
-        for sink, stream in self._streams.values():
-            stream.close()  # the end-of-stream marker; a stream without it (a kill) reads the same
-            sink.close()
+        """Closes every file, each even where another failed for want of space (DiskFull, raised after)."""
+        full = None
+        closes = [(self.run_dir / name, handle.close) for name, (handle, _) in self._csv.items()]
+        # the end-of-stream marker, then the file; a stream without the marker (a kill) reads the same
+        closes += [(self.run_dir / folder / TABLE_FILE, close) for folder, (sink, stream) in self._streams.items()
+                   for close in (stream.close, sink.close)]
+        for path, close in closes:
+            try:
+                with space_needed(path):
+                    close()
+            except DiskFull as error:
+                full = full or error
+        if full is not None:
+            raise full
 
 
 def resolve_inside(run_dir: Path, relative: str) -> Path:
@@ -398,11 +427,11 @@ def read_run(run_dir: Path) -> Run:
 def _read_ranks(run_dir: Path, folders: list[Path]) -> Run:
     """A run of several ranks: the run's manifest, rank 0's records, and each rank's Run. A rank folder without a
     readable manifest (a rank killed before it wrote one) is left out, with a note."""
-    manifest = read_manifest(run_dir)
+    manifest = _closed(read_manifest(run_dir), run_dir)
     ranks, notes = [], []
     for folder in folders:
         try:
-            ranks.append(_read_process(folder))
+            ranks.append(_read_process(folder, lock_dir=run_dir))
         except RunDirError as error:
             notes.append(f"{folder.name} left out: {error}")
     ranks.sort(key=lambda run: run.manifest.rank)
@@ -416,9 +445,18 @@ def _read_ranks(run_dir: Path, folders: list[Path]) -> Run:
     return replace(ranks[0], root=run_dir, manifest=manifest, ranks=ranks, notes=notes, damage=damage)
 
 
-def _read_process(run_dir: Path) -> Run:
-    """The run directory of one process: a single-process run, or one rank of several."""
-    manifest = read_manifest(run_dir)
+def _closed(manifest: RunManifest, lock_dir: Path) -> RunManifest:
+    """A manifest left `running` by a verify that is gone (the run's stale lock: run_folders.writer_gone), read as
+    the run ended: interrupted with that verify, saying so."""
+    if manifest.status != Status.RUNNING.value or not (why := writer_gone(lock_dir)):
+        return manifest
+    return replace(manifest, status=Status.INTERRUPTED.value,
+                   message=f"interrupted: {why} ({manifest.steps_completed} steps completed)")
+
+
+def _read_process(run_dir: Path, lock_dir: Path | None = None) -> Run:
+    """The run directory of one process: a single-process run, or one rank of several (`lock_dir`: its run's)."""
+    manifest = _closed(read_manifest(run_dir), lock_dir or run_dir)
     reading = _Reading(cut=manifest.status not in _ENDED_BY_VERIFY)
     losses = _read_csv(run_dir / LOSSES, LOSS_COLUMNS, *_LOSS_NUMBERS, reading)
     hparams = _read_csv(run_dir / HPARAMS, HPARAM_COLUMNS, (), ("step", "optimizer"), reading)

@@ -10,7 +10,7 @@ cuDNN does). So a script that branches on CUDA (shuffling, workers, pin_memory, 
 and takes the same branches as on a real GPU. Its products and sums add their partial results in an order of their
 own, and its dropout masks come from a generator of its own (device_numerics.py; off with --exact-emulation). Not
 reproduced: GPU kernels' other numerics (cuDNN algorithms, the order of other reductions, atomics), memory
-statistics (0), torch.Generator(device="cuda"), CUDA graphs and CUDA extensions.
+statistics (0), torch.Generator(device="cuda"), CUDA graphs and CUDA extensions; NVTX markers are no-ops.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from . import device_api, device_numerics
 from .autocast_policy import install_npu_autocast_policy
 from .patches import install_accelerator, install_amp_patches, install_device_patches, install_distributed_patches
 from .reduced_precision import install_hf32_rounding
-from .target import TARGET, device_index, redirected_types
+from .target import TARGET, NoMarkers, device_index, redirected_types
 
 EMULATION = "npu-port's EMULATED CUDA (a test double on the CPU, not a GPU)"
 CAPABILITY = (8, 0)
@@ -79,6 +79,7 @@ def install() -> None:
     for name, function in CUDA_ONLY.items():
         setattr(torch.cuda, name, function)
     torch.cuda._is_in_bad_fork = device_api._is_in_bad_fork
+    torch.cuda.nvtx._nvtx = NoMarkers()  # a CPU build's stub raises "NVTX functions not installed"
     install_device_patches("cuda")
     install_amp_patches()
     install_distributed_patches("cuda")

@@ -99,3 +99,17 @@ def device_index(device: object = None) -> int | None:
     if not redirected and not (isinstance(device, torch.device) and device.type == TARGET):
         raise ValueError(f"{device!r} is not an npu device ({EMULATION})")
     return index
+
+
+class NotEmulated(AttributeError):
+    """A name of the real device API (torch_npu.npu's) that this emulation does not model: verify's limit, which the
+    run records as verify's error naming the emulation (exit 2), never as the script's crash. An AttributeError, so
+    that hasattr() (torch's own probes of a device module) reads it as absent."""
+
+
+class NoMarkers:
+    """Profiler range markers (NVTX's, torch_npu's mstx) with no profiler to mark for: no-ops, as the real markers
+    are when no profiler records them. Depths and handles are 0."""
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: 0

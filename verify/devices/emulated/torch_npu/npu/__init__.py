@@ -3,7 +3,9 @@ the CUDA stand-in), with what only the NPU has: its properties, capability, prec
 
 matmul/conv allow_hf32 are emulated (see npu_port_emulation.reduced_precision: inputs rounded to HF32's mantissa on
 cpu, TF32 on cuda), with the NPU's defaults: matmul off, convolutions on. set_compile_mode, set_option and config are
-kept but not emulated.
+kept but not emulated; mstx's markers are no-ops. The rest of the real torch_npu.npu's public API (NOT_EMULATED)
+raises npu_port_emulation.target.NotEmulated, verify's limit (exit 2 naming the emulation), never an AttributeError
+that would read as the script's crash.
 """
 
 from __future__ import annotations
@@ -19,16 +21,41 @@ import torch
 from npu_port_emulation import device_api
 from npu_port_emulation.device_api import *  # noqa: F401,F403  (the device API, listed in its __all__)
 from npu_port_emulation.device_api import ON_CUDA, _cuda, _host_memory, _is_in_bad_fork  # noqa: F401
-from npu_port_emulation.target import EMULATION, device_index
+from npu_port_emulation.target import EMULATION, NotEmulated, device_index
 
 from npu_port_emulation.reduced_precision import install_hf32_rounding, set_cuda_tf32
-from . import amp
+from . import amp, mstx
 
 __all__ = [
     *device_api.__all__,
     "get_device_properties", "get_device_capability", "is_bf16_supported", "get_amp_supported_dtype",
-    "set_compile_mode", "is_jit_compile_false", "set_option", "config", "matmul", "conv",
+    "set_compile_mode", "is_jit_compile_false", "set_option", "config", "matmul", "conv", "mstx",
 ]
+
+# The public names of the real torch_npu.npu that this emulation does not model. No torch_npu wheel is at hand where
+# this was written: the names are torch.cuda's public API (torch 2.13's __all__) with CUDA read as NPU, less those
+# /work/shared/design/rules-catalogue.md lists as absent from torch_npu.npu.__all__, less those emulated above
+# (tests/verify/test_emulated_interfaces.py walks both lists).
+NOT_EMULATED = frozenset({
+    "BFloat16Storage", "BFloat16Tensor", "BoolStorage", "BoolTensor", "ByteStorage", "ByteTensor", "CharStorage",
+    "CharTensor", "DeferredCudaCallError", "DoubleStorage", "DoubleTensor", "ExternalStream", "FloatStorage",
+    "FloatTensor", "HalfStorage", "HalfTensor", "IntStorage", "IntTensor", "LongStorage", "LongTensor", "MemPool",
+    "NPUGraph", "ShortStorage", "ShortTensor", "StreamContext", "caching_allocator_alloc", "caching_allocator_delete",
+    "can_device_access_peer", "change_current_allocator", "current_blas_handle", "default_generators", "device_of",
+    "get_allocator_backend", "get_per_process_memory_fraction", "get_sync_debug_mode", "graph", "graph_pool_handle",
+    "graphs", "host_memory_stats", "host_memory_stats_as_nested_dict", "ipc_collect", "make_graphed_callables",
+    "max_memory_cached", "memory", "memory_cached", "memory_snapshot", "memory_stats_as_nested_dict", "npuStatus",
+    "random", "reset_accumulated_host_memory_stats", "reset_accumulated_memory_stats", "reset_max_memory_cached",
+    "reset_peak_host_memory_stats", "set_per_process_memory_fraction", "set_stream", "set_sync_debug_mode", "streams",
+    "use_mem_pool", "utilization", "set_deterministic_level", "NPUPluggableAllocator",
+})
+
+
+def __getattr__(name: str) -> object:
+    if name in NOT_EMULATED:
+        raise NotEmulated(f"torch_npu.npu.{name} is not emulated by {EMULATION}: verify cannot run a script that "
+                          "uses it on the emulated NPU (run it on an NPU)")
+    raise AttributeError(f"module 'torch_npu.npu' has no attribute {name!r} ({EMULATION})")
 
 
 class NpuProperties(NamedTuple):

@@ -1,0 +1,80 @@
+"""A full disk is verify's limit, not the script's crash (issue 43, item 7): one line, exit 2, within seconds, every
+manifest closed and no lock left. Before, a thread's traceback, then a hang until the timeout (458 s) with manifests
+left `running`.
+
+The disk is filled for real without filling the machine: `verify` runs under RLIMIT_FSIZE (inherited by its child),
+so that each write past the limit fails with EFBIG, as a write to a full disk fails with ENOSPC, through the same
+calls (Python ignores SIGXFSZ). A small tmpfs or loop device needs mount rights that a test cannot count on.
+"""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from verify.record.run_folders import WRITER_LOCK
+from verify.record.store import read_manifest
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+LIMIT_BYTES = 100 * 1024
+WITHIN_S = 60  # torch imported on a busy shared machine, and a few steps: the hang it replaces took the timeout
+
+
+def verify_on_a_full_disk(tmp_path: Path, *args: str) -> tuple[int, str, float]:
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT_BYTES, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    started = time.monotonic()
+    verify = subprocess.run([sys.executable, "-m", "verify", *args], cwd=tmp_path, capture_output=True, text=True,
+                            preexec_fn=limited, timeout=600)
+    return verify.returncode, verify.stderr, time.monotonic() - started
+
+
+def training(tmp_path: Path, name: str, output_per_step: int = 0) -> Path:
+    script = tmp_path / name
+    text = (SCRIPTS / "long_train.py").read_text()
+    script.write_text(text.replace("    time.sleep(0.2)\n", f"    print('x' * {output_per_step}, flush=True)\n"))
+    return script
+
+
+def assert_closed(folder: Path) -> None:
+    manifests = list(folder.rglob("manifest.json"))
+    assert manifests and all(read_manifest(path.parent).status != "running" for path in manifests)
+    assert not list(folder.rglob(WRITER_LOCK))
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("output_per_step, full", [(0, "ops/steps.arrows"), (20000, "output.log")])
+def test_a_run_on_a_full_disk_is_one_line_and_exit_2_within_seconds(tmp_path, output_per_step, full):
+    """The child's records (the op stream) or the parent's copy of the script's output (output.log) fill it."""
+    out = tmp_path / "run"
+    code, err, took = verify_on_a_full_disk(tmp_path, "run", str(training(tmp_path, "train.py", output_per_step)),
+                                            "--steps", "500", "-q", "-o", str(out), "--", "500")
+    assert code == 2, err
+    assert took < WITHIN_S and "Traceback" not in err
+    assert len(error_lines(err)) == 1
+    assert f"no space left to write {out / full}" in " ".join(err.split())
+    assert_closed(out)
+    assert read_manifest(out).verify_error
+
+
+@pytest.mark.slow
+def test_a_pair_on_a_full_disk_is_one_line_and_exit_2_with_every_manifest_closed(tmp_path):
+    out = tmp_path / "pair"
+    original = training(tmp_path, "train.py")
+    port = training(tmp_path, "train_npu.py")
+    code, err, took = verify_on_a_full_disk(tmp_path, str(original), str(port), "--steps", "500", "-q", "-o",
+                                            str(out), "--", "500")
+    assert code == 2, err
+    assert took < WITHIN_S and "Traceback" not in err
+    assert len(error_lines(err)) == 1 and "no space left to write" in err
+    assert_closed(out)
