@@ -62,6 +62,18 @@ def test_verify_run_launches_ranks_through_torchrun_and_each_writes_its_folder(t
         assert rank_run.manifest.device == "emulated-npu"
 
 
+def test_every_process_group_call_of_the_frameworks_runs_on_the_emulated_npu(tmp_path):
+    """barrier() asked torch for its accelerator, whose C++ hooks the emulated NPU had not registered ("Please
+    register PrivateUse1HooksInterface"): every 2-rank Trainer and accelerate run crashed in main_process_first."""
+    out = tmp_path / "run"
+    code, output, _ = verify("run", SCRIPTS / "process_group_calls.py", "--nproc-per-node", "2", "--steps", "3", "-q",
+                             "-o", out)
+    assert code == 0, output
+    run = read_run(out)
+    assert run.manifest.process_group == {"backend": "hccl", "runs_as": "gloo"}
+    assert [rank.manifest.steps_completed for rank in run.ranks] == [3, 3]
+
+
 def broken_port(tmp_path: Path, *replacements: tuple[str, str]) -> Path:
     """The faithful port with lines replaced (a replacement by "" drops the line)."""
     text = PORT.read_text()
