@@ -12,7 +12,8 @@ assert (accelerator.distributed_type.name, accelerator.num_processes, accelerato
     "MULTI_NPU", 2, "fp16"), accelerator.state
 with accelerator.main_process_first():
     generator = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(32, 4, generator=generator), torch.randn(32, 1, generator=generator))
+    inputs, targets = torch.randn(32, 4, generator=generator), torch.randn(32, 1, generator=generator)
+    data = torch.utils.data.TensorDataset(inputs, targets)
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model, optimizer, loader = accelerator.prepare(model, optimizer, torch.utils.data.DataLoader(data, batch_size=4))
