@@ -62,6 +62,33 @@ def test_verify_run_launches_ranks_through_torchrun_and_each_writes_its_folder(t
         assert rank_run.manifest.device == "emulated-npu"
 
 
+def test_every_process_group_call_of_the_frameworks_runs_on_the_emulated_npu(tmp_path):
+    """barrier() asked torch for its accelerator, whose C++ hooks the emulated NPU had not registered ("Please
+    register PrivateUse1HooksInterface"): every 2-rank Trainer and accelerate run crashed in main_process_first."""
+    out = tmp_path / "run"
+    code, output, _ = verify("run", SCRIPTS / "process_group_calls.py", "--nproc-per-node", "2", "--steps", "3", "-q",
+                             "-o", out)
+    assert code == 0, output
+    run = read_run(out)
+    assert run.manifest.process_group == {"backend": "hccl", "runs_as": "gloo"}
+    assert [rank.manifest.steps_completed for rank in run.ranks] == [3, 3]
+
+
+def test_an_accelerate_script_runs_as_accelerate_launch_runs_it_with_its_options_in_the_environment(tmp_path,
+                                                                                                   monkeypatch):
+    """`accelerate launch --num_processes 2 --mixed_precision fp16` starts torch.distributed.run with
+    ACCELERATE_MIXED_PRECISION=fp16: --nproc-per-node 2 with that variable is the same launch."""
+    pytest.importorskip("accelerate")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    out = tmp_path / "run"
+    code, output, _ = verify("run", SCRIPTS / "accelerate_ranks_npu.py", "--nproc-per-node", "2", "--steps", "3",
+                             "-q", "-o", out)
+    assert code == 0, output
+    ranks = read_run(out).ranks
+    assert [rank.manifest.steps_completed for rank in ranks] == [3, 3]
+    assert all("c10d.allreduce_" in set(rank.ops["op"]) for rank in ranks)
+
+
 def broken_port(tmp_path: Path, *replacements: tuple[str, str]) -> Path:
     """The faithful port with lines replaced (a replacement by "" drops the line)."""
     text = PORT.read_text()

@@ -50,6 +50,9 @@ _DROPOUT_FUNCTIONS = (*KEYED_DROPOUTS, "alpha_dropout", "feature_alpha_dropout")
 # The factories that draw a new random tensor of a given size: keyed when asked for one on a device.
 KEYED_FACTORIES = ("rand", "randn", "randint", "randperm")
 ATTENTION = "scaled_dot_product_attention"
+# The device whose tensors hold no data: a draw there draws nothing, in a plain run as here (the initial weights of a
+# model built under `with torch.device("meta")`, as transformers builds one before loading its weights).
+_NO_DATA = "meta"
 
 # The ops torch tags nondeterministic_seeded that cannot draw from the keyed stream, and why: each draws inside a
 # device's kernel with no CPU kernel to draw with instead. Every other tagged op is keyed; tests/verify/
@@ -174,11 +177,11 @@ def _keyed_attention(stream: KeyedStream, original: Callable[..., Any]) -> Calla
 
 def _on_a_device(device: Any) -> bool:
     """Whether a factory's device argument (None: torch's default device) is an accelerator, whose generator is
-    its own, rather than the host."""
+    its own, rather than the host or the meta device (no data: nothing is drawn there)."""
     if device is None:
         device = torch.get_default_device()
     try:
-        return torch.device(device).type != "cpu"
+        return torch.device(device).type not in ("cpu", _NO_DATA)
     except (RuntimeError, TypeError):
         return False
 
@@ -299,7 +302,8 @@ class KeyedDraws(TorchDispatchMode):
         seeded = self._seeded.get(func)
         if seeded is None:
             seeded = self._seeded[func] = torch.Tag.nondeterministic_seeded in func.tags
-        if not seeded or os.getpid() != self._pid or not _draws(func, args, kwargs):
+        if (not seeded or os.getpid() != self._pid or not _draws(func, args, kwargs)
+                or _device_of(args, kwargs).type == _NO_DATA):
             return func(*args, **kwargs)
         op = str(func._overloadpacket)
         given = _argument(func, args, kwargs, "generator")

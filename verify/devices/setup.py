@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import torch
+import torch.utils._device
 
 from verify.devices import EMULATE_ON_VAR, EMULATION_PACKAGE, STAND_IN_DIR, Device, EmulateOn, row, unsupported_torch
 
@@ -48,7 +49,20 @@ def prepare(device: str) -> Prepared:
     """Sets `device` up in this process with the set-up function its row of the device table names."""
     if reason := unsupported_torch(torch.__version__):  # a child whose torch is not the one the parent read
         raise RuntimeError(reason)
+    _device_context_knows_torchs_factories()
     return globals()[row(device).set_up]()
+
+
+def _device_context_knows_torchs_factories() -> None:
+    """`with torch.device("meta"):` (transformers builds a model so before loading its weights) gives its device to
+    the factories in `torch.utils._device._device_constructors()`, a set torch makes at its first call and matches by
+    identity. Made after an emulation's stand-ins (patches.FACTORIES) or the keyed random factories
+    (capture/random_streams.py) replace torch's names, it would hold them, never the functions they call, and every
+    tensor made in the block would land on the CPU: non-persistent buffers left uninitialised after the load. Made
+    here, before either, it holds torch's own."""
+    constructors = getattr(torch.utils._device, "_device_constructors", None)
+    if constructors is not None:  # torch 2.4 to 2.13 have it; a later torch may match otherwise
+        constructors()
 
 
 # -- the set-up functions the device table names, one a device ------------------------------------------------------

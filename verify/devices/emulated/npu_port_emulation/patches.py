@@ -241,9 +241,13 @@ def _rewrite_backend(backend: str) -> str:
     return ",".join(f"{device}:{name}" if device else name for device, name in per_device.items())
 
 
-def _init_process_group(original: Callable) -> Callable:
+def _init_process_group(original: Callable, default_backend: str | None) -> Callable:
+    """`default_backend`: the face's, for a call that names none (torch would pick its accelerator's backend for the
+    face's device type, which no tensor is on)."""
+
     @functools.wraps(original)
     def init_process_group(backend: str | None = None, *args: Any, **kwargs: Any) -> None:
+        backend = backend or default_backend
         if isinstance(backend, str):
             backend = _rewrite_backend(backend)
         if "device_id" in kwargs:
@@ -266,4 +270,49 @@ def install_distributed_patches(face: str) -> None:
         dist.Backend.default_device_backend_map.setdefault("npu", "hccl")
     if face == "cuda":
         dist.is_nccl_available = lambda: True
-    dist.init_process_group = _init_process_group(dist.init_process_group)
+    dist.init_process_group = _init_process_group(dist.init_process_group, "hccl" if face == "npu" else None)
+    process_group = dist.ProcessGroup
+    process_group.barrier = _barrier_on_target(process_group.barrier)
+
+
+def _barrier_on_target(original: Callable) -> Callable:
+    """dist.barrier() synchronises on a tensor of the device it names: the accelerator torch finds (the NPU, through
+    install_privateuse1_hooks) or device_ids' NPU. The tensor is made where the emulation computes."""
+
+    @functools.wraps(original)
+    def barrier(self: Any, opts: Any = None) -> Any:
+        if opts is None:
+            return original(self)
+        if opts.device is not None:
+            opts.device = translate(opts.device)
+        return original(self, opts=opts)
+
+    return barrier
+
+
+_hooks: list[Any] = []  # the registered hooks, alive as long as torch may call them
+
+
+def install_privateuse1_hooks(face: str) -> None:
+    """torch asks the C++ hooks of the PrivateUse1 backend that `face` renames (torch._C._get_accelerator(): in
+    dist.barrier(), init_process_group() without a backend, torch.get_device_module()), which torch_npu registers in
+    C++: "Please register PrivateUse1HooksInterface" otherwise. This Python stand-in registers them through torch's
+    Python binding of them where the installed torch has it (torch._C._acc); on a torch without it, the accelerator
+    torch's Python asks for is the face's."""
+    binding = getattr(torch._C, "_acc", None)
+    if binding is not None and hasattr(binding, "register_python_privateuseone_hook"):
+
+        class Hooks(binding.PrivateUse1Hooks):
+            def is_available(self) -> bool:
+                return True
+
+            def has_primary_context(self, device_index: int) -> bool:
+                return True
+
+            def is_built(self) -> bool:
+                return True
+
+        _hooks.append(Hooks())
+        binding.register_python_privateuseone_hook(_hooks[-1])
+    elif hasattr(torch._C, "_get_accelerator"):
+        torch._C._get_accelerator = lambda check=None: torch.device(face)

@@ -33,6 +33,7 @@ from npu_port_emulation.patches import (  # noqa: E402
     install_amp_patches,
     install_device_patches,
     install_distributed_patches,
+    install_privateuse1_hooks,
 )
 
 EMULATED = True
@@ -40,12 +41,13 @@ EMULATED_ON = target.TARGET
 __version__ = f"{torch.__version__.split('+')[0]}+emulated"
 
 torch._register_device_module("npu", npu)
+install_privateuse1_hooks("npu")
 target.redirected_types.add("npu")
 install_device_patches("npu")
 install_amp_patches()
 install_distributed_patches("npu")
-# torch.accelerator asks the PrivateUse1 backend's C++ hooks, which this Python stand-in has none of (a DataLoader's
-# pin-memory thread asks for the device index).
+# torch.accelerator asks the PrivateUse1 backend's C++ device guard too, which this Python stand-in has none of (a
+# DataLoader's pin-memory thread asks for the device index; the hooks above only say the device is there).
 install_accelerator("npu", npu)
 if EMULATED_ON == "cpu":
     from npu_port_emulation.autocast_policy import install_npu_autocast_policy
