@@ -132,7 +132,7 @@ def _named_run(summary_file: Path, entry: Any, role: str) -> Path:
     if not isinstance(entry, dict) or not all(isinstance(entry.get(key), str) for key in ("path", "absolute")):
         raise ProvenanceError(f"{summary_file} does not name its {role} run as verify writes it: no verdict without "
                               "runs")
-    places = (Path(summary_file).parent / entry["path"], Path(entry["absolute"]))
+    places = (Path(os.path.normpath(Path(summary_file).parent / entry["path"])), Path(entry["absolute"]))
     path = next((place for place in places if place.exists()), places[0])
     if not path.exists():
         raise ProvenanceError(f"{summary_file} was judged from the {role} run {path}, which is not there: a verdict "
