@@ -181,7 +181,8 @@ def _report(run_or_result: Path, adaptation_report: bool, command: tuple[str, ..
     print_summary(result, stdout)
     if adaptation_report:  # the pair's own command: the report says the same
         made_by = {"command": list(command), "ran_in": str(Path.cwd())}
-        made_by |= {key: value for key, value in summary.get("pair", {}).items() if key in made_by}
+        pair = summary.get("pair")
+        made_by |= {key: value for key, value in pair.items() if key in made_by} if isinstance(pair, dict) else {}
         stderr.print(f"wrote {write_adaptation(result, run_or_result, **made_by)}")
     return result.verdict.exit_code
 
