@@ -236,3 +236,18 @@ def test_export_writes_only_into_an_empty_folder_or_its_own_dump(pair, tmp_path)
     (dump / "notes.txt").write_text("mine")
     line = error_line(verify("export", "--msprobe", pair / run_folders.REF, dump))
     assert "(notes.txt is not a file it wrote)" in line, line
+
+
+def test_a_ref_run_is_refused_once_a_file_original_imported_changed(tmp_path):
+    """ORIGINAL's text alone is not the program: the ref run recorded the project files it imported (their sha256)."""
+    (tmp_path / "helper.py").write_text("SCALE = 1.0\n")
+    code = (SCRIPTS / "tiny_train.py").read_text().replace("import argparse\n", "import argparse\n\nimport helper\n", 1)
+    original = tmp_path / "train.py"
+    original.write_text(code)
+    (tmp_path / "train_npu.py").write_text("# the port\n" + code)
+    reference = run_script(original, [], RunOptions(steps=1, device="cpu"), tmp_path / "reference")
+    assert verify("report", reference).exit_code == 0
+    (tmp_path / "helper.py").write_text("SCALE = 2.0\n")
+    line = error_line(verify(original, tmp_path / "train_npu.py", "-n", "1", "-q", "--ref-run", reference, "-o",
+                             tmp_path / "out"))
+    assert line.endswith("the file it imported differs: helper.py"), line
