@@ -37,6 +37,11 @@ class CompareError(VerifyFailure):
     """Inputs that cannot be compared at all (unreadable run directory, unsafe path): exit code 2."""
 
 
+class ProvenanceError(CompareError):
+    """Evidence that is not what it is used as (verify/record/provenance.py): a calibration run of another reference, a
+    --ref-run of another script, arguments, seed or steps, a summary's runs gone or replaced: exit code 2."""
+
+
 class PairError(VerifyFailure):
     """The pair cannot be run as asked (a missing port, a folder in the way, a failed side of verify's own): exit 2."""
 

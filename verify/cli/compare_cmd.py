@@ -19,21 +19,25 @@ from typing import Annotated, Any, Iterator, Optional
 import typer
 from rich.console import Console
 
-from verify.record import msprobe
+from verify.record import msprobe, provenance
 from verify.report import writers as reports
 from verify.record import run_folders
 from verify.report.adaptation import write_adaptation
-from verify.compare.runs import compare_runs
+from verify.compare.runs import ComparisonResult, compare_runs
 from verify.errors import CompareError
 from verify.compare.op_catalogue import read_catalogue
 from verify.compare.precision_policy import CompareOptions
-from verify.report.terminal import print_run, print_saved_summary, print_summary
+from verify.report.terminal import print_run, print_summary
 import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
 from verify.cli.options import command_line
 from verify.cli.exits import exit_with
-from verify.errors import EXIT_ERROR, EXIT_OK, VerifyFailure
+from verify.errors import EXIT_OK, VerifyFailure
 from verify.record.store import Run, read_run
 from verify.errors import RunDirError
+
+# The commands whose output folder holds only what they write there, which they may write again
+# (run_folders.claim's rewriter).
+COMPARE, EXPORT = "verify compare", "verify export"
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -90,9 +94,14 @@ def read_side(path: Path) -> Run:
     return read_run_directory(path)
 
 
-def read_calibrations(ref_run: Path) -> list[Run]:
-    """The reference's calibration runs, where a pair left them beside it (none beside an msprobe dump)."""
-    return [read_side(folder) for folder in run_folders.calibration_dirs(ref_run)] if ref_run.is_dir() else []
+def read_calibrations(ref: Run, folders: list[Path] | None = None) -> list[Run]:
+    """The reference's calibration runs: `folders`, else those a pair left beside it (none beside an msprobe dump);
+    ProvenanceError (exit 2) for one that is not a calibration of this reference (verify/record/provenance.py)."""
+    folders = run_folders.calibration_dirs(ref.root) if folders is None and ref.root.is_dir() else folders or []
+    calibrations = [read_side(folder) for folder in folders]
+    for calibration in calibrations:
+        provenance.check_calibration(ref, calibration)
+    return calibrations
 
 
 def compare(
@@ -118,44 +127,73 @@ def _compare(ref_run: Path, actual_run: Path, out: Path | None, options: Compare
              adaptation_report: bool, command: tuple[str, ...]) -> int:
     if adaptation_report and out is None:
         raise VerifyFailure("--adaptation-report writes adaptation.md into the -o folder: give one")
-    with adaptation_or_why_not(adaptation_report):
-        result = compare_runs(read_side(ref_run), read_side(actual_run), options, read_calibrations(ref_run))
-    print_summary(result, stdout, max_rows=max_rows)  # the verdict first: the report files take their time after it
-    if adaptation_report:
-        out.mkdir(parents=True, exist_ok=True)
-        stderr.print(f"wrote {write_adaptation(result, out, list(command), str(Path.cwd()))}")
-    written = reports.write_reports(result, out, checklist=reports.find_checklist(ref_run, actual_run, out)) \
-        if out else []
-    for path in written:
-        stderr.print(f"wrote {path}")
+    if out is not None:
+        run_folders.claim(out, rewriter=COMPARE)
+    try:
+        with adaptation_or_why_not(adaptation_report):
+            ref = read_side(ref_run)
+            result = compare_runs(ref, read_side(actual_run), options, read_calibrations(ref))
+        print_summary(result, stdout, max_rows=max_rows)  # the verdict first: the report files take their time after
+        if out is not None:
+            _write_reports(result, out, adaptation_report, command, ref_run, actual_run)
+    finally:
+        if out is not None:
+            run_folders.release(out)
     return result.verdict.exit_code
+
+
+def _write_reports(result: ComparisonResult, out: Path, adaptation_report: bool, command: tuple[str, ...],
+                   *checklist_places: Path) -> None:
+    """compare's reports in `out`, recorded as its own output (run_folders.record_written: written again next time)."""
+    if adaptation_report:
+        stderr.print(f"wrote {write_adaptation(result, out, list(command), str(Path.cwd()))}")
+    for path in reports.write_reports(result, out, checklist=reports.find_checklist(*checklist_places, out)):
+        stderr.print(f"wrote {path}")
+    run_folders.record_written(out, COMPARE)
 
 
 def report(
     context: typer.Context,
-    run_or_result: Annotated[Path, typer.Argument(help="A run directory, or a folder written by `compare -o`.")],
+    run_or_result: Annotated[Path, typer.Argument(help="A run directory, or a folder written by `compare -o` or a "
+                                                       "pair.")],
     adaptation_report: Annotated[bool, typer.Option(
         "--adaptation-report", help="Write adaptation.md into a pair's folder (its ref/ and actual/ compared).")] = (
         False),
 ) -> None:
-    """Print a run's manifest and loss curve, or re-print a comparison's summary from its summary.json."""
+    """Print a run's manifest and loss curve, or judge a comparison again from the runs its summary.json names."""
     command = tuple(command_line(context))
     exit_with(lambda: _report(run_or_result, adaptation_report, command), f"report on {run_or_result}")
 
 
 def _report(run_or_result: Path, adaptation_report: bool, command: tuple[str, ...]) -> int:
-    if adaptation_report:
-        return _adaptation_of_pair(run_or_result, command)
     summary_file = run_or_result / reports.SUMMARY_JSON
     if not summary_file.is_file():
+        if adaptation_report:
+            return _adaptation_of_pair(run_or_result, command)
         print_run(read_side(run_or_result), stdout)
         return EXIT_OK
     summary = _read_json(summary_file)
     if not isinstance(summary, dict):
         raise VerifyFailure(f"{summary_file} is not a comparison's summary: it holds a JSON {type(summary).__name__}, "
                             "not the object `verify compare -o` writes")
-    print_saved_summary(summary, stdout)
-    return int(summary.get("exit_code", EXIT_ERROR))
+    with adaptation_or_why_not(adaptation_report):
+        result = _judged_again(summary_file, summary)
+    print_summary(result, stdout)
+    if adaptation_report:  # the pair's own command: the report says the same
+        made_by = {"command": list(command), "ran_in": str(Path.cwd())}
+        pair = summary.get("pair")
+        made_by |= {key: value for key, value in pair.items() if key in made_by} if isinstance(pair, dict) else {}
+        stderr.print(f"wrote {write_adaptation(result, run_or_result, **made_by)}")
+    return result.verdict.exit_code
+
+
+def _judged_again(summary_file: Path, summary: dict[str, Any]) -> ComparisonResult:
+    """The comparison a summary reports, made again from the runs it names (verify/record/provenance.py) with its
+    options: the verdict is the runs', never the summary's."""
+    ref_run, actual_run, calibrations = provenance.runs_named(summary_file, summary)
+    ref = read_side(ref_run)
+    options = CompareOptions.from_record(summary.get("options"), summary_file)
+    return compare_runs(ref, read_side(actual_run), options, read_calibrations(ref, calibrations))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -166,17 +204,16 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _adaptation_of_pair(folder: Path, command: tuple[str, ...]) -> int:
-    """adaptation.md for a pair's folder (verify ORIGINAL PORTED -o FOLDER), from its two runs compared again."""
+    """adaptation.md for a pair's folder that holds no summary (a pair stopped before its reports), from its two runs
+    compared again."""
     sides = [folder / run_folders.REF, folder / run_folders.ACTUAL]
     if not all(side.is_dir() for side in sides):
         raise VerifyFailure(f"{folder} is not a pair's folder: --adaptation-report needs its {run_folders.REF}/ and "
                             f"{run_folders.ACTUAL}/ run directories")
     with adaptation_or_why_not(True):
-        result = compare_runs(*map(read_side, sides), calibrations=read_calibrations(sides[0]))
-    made_by = {"command": list(command), "ran_in": str(Path.cwd())}
-    if (summary := folder / reports.SUMMARY_JSON).is_file():  # the pair's own command: the report says the same
-        made_by |= {key: value for key, value in _read_json(summary).get("pair", {}).items() if key in made_by}
-    stderr.print(f"wrote {write_adaptation(result, folder, **made_by)}")
+        ref = read_side(sides[0])
+        result = compare_runs(ref, read_side(sides[1]), calibrations=read_calibrations(ref))
+    stderr.print(f"wrote {write_adaptation(result, folder, list(command), str(Path.cwd()))}")
     return result.verdict.exit_code
 
 
@@ -194,6 +231,11 @@ def export(
 def _export(run: Path, out: Path, msprobe_format: bool, layout: msprobe.Layout) -> int:
     if not msprobe_format:
         raise VerifyFailure("name the format to export: --msprobe (the only one so far)")
-    written = msprobe.write_dump(read_run_directory(run), out, layout)
+    run_folders.claim(out, rewriter=EXPORT)
+    try:
+        written = msprobe.write_dump(read_run_directory(run), out, layout)
+        run_folders.record_written(out, EXPORT)
+    finally:
+        run_folders.release(out)
     stderr.print(f"wrote {len(written)} msprobe step folder(s) under {out}")
     return EXIT_OK

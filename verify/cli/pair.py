@@ -42,9 +42,10 @@ from verify.checklist_items import REPORT_SUFFIX, port_name, project_trees
 from verify.compare.runs import ComparisonResult, compare_runs
 from verify.compare.precision_policy import CompareOptions, amp_dtype
 from verify.report.terminal import print_summary
-from verify.cli.compare_cmd import OpMappingOption, adaptation_or_why_not, compare_options, read_side
+from verify.cli.compare_cmd import (OpMappingOption, adaptation_or_why_not, compare_options, read_calibrations,
+                                    read_side)
 from verify import devices
-from verify.record import run_folders
+from verify.record import provenance, run_folders
 import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
 from verify.cli.options import command_line
 from verify.cli.exits import exit_with
@@ -198,8 +199,8 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
         actual = sides.run_side(_port_run(plan))
     port_amp = amp_dtype(actual)
     if plan.ref_run is not None:
-        calibrations = [read_side(folder) for folder in run_folders.calibration_dirs(plan.ref_run)]
-        return PairRuns(actual, read_side(plan.ref_run), "off", port_amp, calibrations=calibrations)
+        ref = read_side(plan.ref_run)
+        return PairRuns(actual, ref, "off", port_amp, calibrations=read_calibrations(ref))
     imposed = _AUTOCAST_FLAGS.get(port_amp, "off") if plan.match_amp else "off"
     if early and _as_after_the_port(early, actual, imposed, port_amp):
         ref, *followers = early
@@ -517,6 +518,8 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
         raise PairError("--amp-effect needs the reference run here under the port's autocast: drop "
                         + ("--no-match-amp" if not match_amp else "--ref-run"))
     check_options(options)
+    if ref_run is not None:
+        provenance.check_reference(ref_run, original, ported, script_args or [], options.seed, options.steps)
     together = runs_with_its_reference(ported, options, ref_run)
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
                     match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation, calibration_runs,

@@ -5,9 +5,12 @@ verify/compare/tolerances.py). Pure computation over runs; no torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from verify.compare import tolerances
-from verify.compare.op_catalogue import BUILT_IN, CARRIERS, OpCatalogue
+from verify.compare.op_catalogue import BUILT_IN, CARRIERS, OpCatalogue, read_catalogue
+from verify.errors import CompareError
 from verify.record.store import Run
 from verify.record.schema import AUTOCAST_DTYPES, HALF_DTYPES
 
@@ -16,6 +19,22 @@ from verify.record.schema import AUTOCAST_DTYPES, HALF_DTYPES
 class CompareOptions:
     loss_rtol: float | None = None  # None: the precision policy's default (tolerances.LOSS_RTOL or AMP_VS_FP32_...)
     op_catalogue: OpCatalogue = BUILT_IN  # with the user's op mapping files (op_catalogue.read_catalogue)
+
+    def to_record(self) -> dict[str, Any]:
+        """As summary.json keeps them (`options`), so that `verify report` compares again as the comparison did."""
+        return {"loss_rtol": self.loss_rtol,
+                "op_mapping": [str(Path(source).resolve()) for source in self.op_catalogue.sources]}
+
+    @classmethod
+    def from_record(cls, record: Any, where: Path) -> CompareOptions:
+        """The options `record` (to_record's, read from the summary `where`) holds; CompareError where it is not
+        that, VerifyFailure naming a mapping file that is gone or changed its form."""
+        record = {} if record is None else record
+        rtol, mapping = (record.get("loss_rtol"), record.get("op_mapping", [])) if isinstance(record, dict) else ("", "")
+        if (not isinstance(rtol, (int, float, type(None))) or isinstance(rtol, bool) or not isinstance(mapping, list)
+                or not all(isinstance(path, str) for path in mapping)):
+            raise CompareError(f"{where}: its `options` are not the comparison options verify writes")
+        return cls(loss_rtol=rtol, op_catalogue=read_catalogue([Path(path) for path in mapping]))
 
 
 @dataclass

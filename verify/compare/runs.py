@@ -58,6 +58,10 @@ class ComparisonResult:
     # (verify/compare/rank_compare.py); empty for two single processes.
     ranks: dict[str, Any] = field(default_factory=dict)
     op_catalogue: OpCatalogue = BUILT_IN  # what the comparison knew of ops (the advice reads it too)
+    # What it was judged from besides the two runs, as summary.json names it so that `verify report` judges again
+    # (verify/record/provenance.py): the reference's calibration runs and the options.
+    calibrations: list[Run] = field(default_factory=list)
+    options: CompareOptions = CompareOptions()
 
     def status_counts(self) -> dict[str, int]:
         counts = self.ops["status"].value_counts() if len(self.ops) else pd.Series(dtype="int64")
@@ -243,9 +247,10 @@ def compare_runs(ref: Run, actual: Run, options: CompareOptions = CompareOptions
     several ranks are compared rank by rank, and across ranks (_compare_ranks). `calibrations`: the reference's
     calibration runs, whose differences from it are the envelope each record is judged against (envelope.py); None
     where none could be (a run compared with itself, as `verify determinism` does)."""
-    if ref.ranks or actual.ranks:
-        return _compare_ranks(ref, actual, options, calibrations)
-    return _compare_processes(ref, actual, options, calibrations)
+    compare = _compare_ranks if ref.ranks or actual.ranks else _compare_processes
+    result = compare(ref, actual, options, calibrations)
+    result.calibrations, result.options = list(calibrations or []), options
+    return result
 
 
 def _compare_ranks(ref: Run, actual: Run, options: CompareOptions,

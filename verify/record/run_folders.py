@@ -21,13 +21,17 @@ commands started at once into the same folder, exactly one writes and the other 
 process ends. The lock names its writer (pid, the process's start time, the host): a verify killed too hard to
 remove it (SIGKILL) leaves a stale lock, which `writer_gone()` tells from a live one, the reader of its runs reports
 as ended with that verify, and the next claim of the folder takes over, clearing what the dead writer left there
-(the folder was empty when it claimed it). Default names carry a random suffix besides the time, so two commands
-started in the same second get two folders.
+(the folder was empty when it claimed it). A folder that holds anything else is refused (exit 2), unless it holds
+only what the same command wrote there before, each file as it wrote it (`verify compare -o`, `verify export`: its
+WRITTEN record), which it writes again: never another run's files, a user's, or its reports after an edit. Default
+names carry a random suffix besides the time, so two commands started in the same second get two folders.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -44,6 +48,9 @@ REF_FP32 = "ref-fp32"
 AMP_EFFECT = "amp-effect"
 CALIBRATION = "calibration"  # the reference again under another rounding (verify/capture/perturbation.py)
 WRITER_LOCK = ".verify-writer.lock"
+# What a command that writes its output again wrote into the folder it claimed: {"by": the command, "files": {path
+# relative to the folder: its sha256}} (record_written).
+WRITTEN = ".verify-written.json"
 
 
 class FolderInUse(VerifyFailure):
@@ -107,10 +114,11 @@ def default_pair_dir(script: Path) -> Path:
     return script.parent / "verify-out" / f"{script.stem}-{_stamp()}"
 
 
-def claim(folder: Path) -> Path:
+def claim(folder: Path, rewriter: str = "") -> Path:
     """`folder`, created where it does not exist, with this process as its only writer until it exits: a folder
-    that holds anything (another run's files, another writer's lock) is refused (FolderInUse, exit 2), except what a
-    writer that is gone left there (its stale lock, taken over)."""
+    that holds anything (another run's files, a user's, another writer's lock) is refused (FolderInUse, exit 2),
+    except what a writer that is gone left there (its stale lock, taken over) and, for a `rewriter` (the command that
+    writes it: "verify compare"), its own earlier output, each file as it wrote it (record_written)."""
     if folder.exists() and not folder.is_dir():
         raise FolderInUse(f"{folder} already exists and is not a folder; choose another -o")
     folder.mkdir(parents=True, exist_ok=True)
@@ -125,8 +133,10 @@ def claim(folder: Path) -> Path:
     with os.fdopen(descriptor, "w") as file:
         file.write(_this_writer())
     if any(entry.name != WRITER_LOCK for entry in folder.iterdir()):
-        lock.unlink()
-        raise FolderInUse(f"{folder} already exists and is not an empty folder; choose another -o")
+        if not rewriter or (foreign := _not_written_by(folder, rewriter)):
+            lock.unlink()
+            raise FolderInUse(f"{folder} already exists and is not an empty folder" + (
+                f" nor {rewriter}'s earlier output ({foreign})" if rewriter else "") + "; choose another -o")
     _held.add(lock)
     return folder
 
@@ -188,6 +198,40 @@ def writer_gone(folder: Path) -> str:
     if host != socket.gethostname() or now in (started, _UNKNOWN_START):  # alive, or it cannot be told
         return ""
     return f"its verify (process {pid}) ended without closing it (killed by SIGKILL, or the machine stopped)"
+
+
+def record_written(folder: Path, rewriter: str) -> None:
+    """Records every file in `folder` as `rewriter`'s output (WRITTEN), which claim() lets it write again: call it
+    once the command has written them all."""
+    files = {path.relative_to(folder).as_posix(): file_sha256(path) for path in sorted(folder.rglob("*"))
+             if path.is_file() and path.name not in (WRITER_LOCK, WRITTEN)}
+    (folder / WRITTEN).write_text(json.dumps({"by": rewriter, "files": files}, indent=1), encoding="utf-8")
+
+
+def _not_written_by(folder: Path, rewriter: str) -> str:
+    """What in `folder` is not `rewriter`'s output as it wrote it (its WRITTEN record), in words; "" where nothing."""
+    try:
+        record = json.loads((folder / WRITTEN).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"no {WRITTEN} record of it"
+    files = record.get("files") if isinstance(record, dict) and record.get("by") == rewriter else None
+    if not isinstance(files, dict):
+        return f"{WRITTEN} is not {rewriter}'s record"
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if path.is_symlink() or (path.is_file() and name not in (WRITER_LOCK, WRITTEN)
+                                 and files.get(name) != file_sha256(path)):
+            return f"{name} is not a file it wrote" if name not in files or path.is_symlink() else f"{name} changed"
+    return ""
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read a MiB at a time (a report's ops.csv is tens of MB)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def release(folder: Path) -> None:

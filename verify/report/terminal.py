@@ -1,4 +1,4 @@
-"""The terminal's reports (rich): a comparison's verdict and findings, a saved comparison's summary, one run.
+"""The terminal's reports (rich): a comparison's verdict and findings, one run.
 
 `verify compare` and `verify ORIGINAL PORTED` print the verdict before they write the report files, so that what a
 person waits for comes first. No torch.
@@ -62,20 +62,6 @@ def _divergence_table(first: dict[str, Any]) -> Table:
     for side in ("ref", "actual"):
         table.add_row(side, *(cell_text(value) for value in first[side].values()))
     return table
-
-
-def print_saved_summary(summary: dict[str, Any], console: Console) -> None:
-    colour = "green" if summary.get("passed") else "red"
-    for side in ("ref", "actual"):
-        if summary.get(side, {}).get("emulated"):
-            console.print(f"[bold black on yellow] {side.upper()} RAN ON AN EMULATED DEVICE: "
-                          f"{summary[side]['title']} [/]")
-    console.print(f"[bold {colour}]{escape(shown(str(summary.get('reason', ''))))}[/]")
-    console.print(f"comparison: {escape(shown(str(summary.get('comparison', ''))))}")
-    for finding in summary.get("findings", []):
-        console.print(f"- {escape(shown(str(finding['message'])))}")
-    for n, text in enumerate(summary.get("advice", []), 1):
-        console.print(f"[bold]{n}.[/] {escape(shown(str(text)))}")
 
 
 def print_run(run: Run, console: Console) -> None:

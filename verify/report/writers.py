@@ -25,6 +25,7 @@ from verify.report.advice import Advice, advise
 from verify.checklist_items import CHECKLIST_JSON  # written by `migrate` (id, title, status, evidence, action)
 from verify.checklist_items import Status as ChecklistStatus
 from verify.compare.runs import ComparisonResult
+from verify.record import provenance
 from verify.report.html import render_html
 from verify.report.tables import op_report_frame
 from verify.report.xlsx import write_xlsx
@@ -96,7 +97,7 @@ def report_writers(result: ComparisonResult, checklist: list[dict[str, Any]] | N
     # every float in Python, about 1 s for 60,000 rows of ~60 columns (tests/perf/bench_compare.py).
     full_table = pa.Table.from_pandas(op_report_frame(result), preserve_index=False)
     return {
-        SUMMARY_JSON: lambda path: write_json(path, summary),
+        SUMMARY_JSON: lambda path: write_json(path, summary | judged_from(result, path.parent)),
         "advice.txt": lambda path: path.write_text(advice_text(result, advice), encoding="utf-8"),
         "report.html": lambda path: path.write_text(render_html(result, advice, checklist), encoding="utf-8"),
         "ops.xlsx": lambda path: write_xlsx(result, advice, path),
@@ -104,6 +105,13 @@ def report_writers(result: ComparisonResult, checklist: list[dict[str, Any]] | N
         OPS_PARQUET: lambda path: write_parquet(full_table, path),
         "losses.csv": lambda path: result.loss.frame.to_csv(path, index=False),
     }
+
+
+def judged_from(result: ComparisonResult, folder: Path) -> dict[str, Any]:
+    """summary.json's `runs` and `options`: what `verify report` judges again from, in `folder`
+    (verify/record/provenance.py)."""
+    return {"runs": provenance.named_runs(result.ref, result.actual, result.calibrations, folder),
+            "options": result.options.to_record()}
 
 
 # The checklist items whose run-time evidence is the data each rank read (verify/compare/sharding.py).
