@@ -102,6 +102,8 @@ def test_the_view_links_the_data_copies_the_code_and_leaves_verifys_folders_out(
     assert os.readlink(files / "latest") == "data" and (files / ".git").is_symlink()
     assert not (files / "verify-out").exists() and view.left_out == ["verify-out"] and view.shared == [".git"]
     (files / "data" / "train" / "new.bin").write_bytes(b"1")
+    (files / "__pycache__").mkdir()
+    (files / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"")  # Python's, not the run's output
     settled = working_folder.settle(view)
     assert settled == {"written": ["data/train/new.bin"], "written_count": 1, "originals_changed": []}
     assert sorted(path.relative_to(files).as_posix() for path in files.rglob("*")) == [

@@ -135,9 +135,9 @@ def _stamp(path: str) -> tuple[int, int]:
 
 
 def settle(made: WorkingFolder) -> dict[str, Any]:
-    """After the run: the links and unchanged copies removed from the view, leaving what the run wrote; returns
-    what the manifest says of it after the run (the files written, relative to the view; the originals that changed
-    meanwhile)."""
+    """After the run: the links, unchanged copies and bytecode caches removed from the view, leaving what the run
+    wrote; returns what the manifest says of it after the run (the files written, relative to the view; the
+    originals that changed meanwhile)."""
     written: list[str] = []
     _settle_folder(made, "", written)
     written.sort()
@@ -152,6 +152,8 @@ def _settle_folder(made: WorkingFolder, relative: str, written: list[str]) -> bo
             name = os.path.join(relative, entry.name)
             if name in made.mirrored and _as_mirrored(made, entry, name):
                 os.unlink(entry.path)
+            elif entry.name == "__pycache__" and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)  # Python's bytecode of the copied modules, not the script's output
             elif entry.is_dir(follow_symlinks=False) and _settle_folder(made, name, written):
                 os.rmdir(entry.path)
             else:
