@@ -94,6 +94,17 @@ def test_a_calibration_of_another_reference_or_none_at_all_is_refused(pair, tmp_
     assert "it is no calibration run" in error_line(verify("compare", *sides(pair)))
 
 
+@pytest.mark.slow
+def test_a_calibration_of_another_pair_of_the_same_script_is_refused(pair, tmp_path):
+    """The same script, arguments and seed, run by another pair command: its calibration measured another reference's
+    noise (manifest.pair tells the pairs apart)."""
+    other = tmp_path / "other"
+    assert verify(ORIGINAL, PORT, "-n", STEPS, "-q", "-o", other).exit_code == 0
+    shutil.rmtree(pair / run_folders.CALIBRATION)
+    shutil.copytree(other / run_folders.CALIBRATION, pair / run_folders.CALIBRATION)
+    assert "another pair command made it" in error_line(verify("compare", *sides(pair)))
+
+
 def test_compare_of_two_scripts_runs_asks_nothing_of_them_alike(pair):
     """The original's run against its port's: two scripts (and on two machines, two devices); compare judges them."""
     result = verify("compare", *sides(pair))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import secrets
 import shutil
 import tokenize
 from collections.abc import Sequence
@@ -500,7 +501,7 @@ def pair(
     out = out or run_folders.default_pair_dir(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
                          exact_emulation=exact_emulation, timeout=timeout, nproc_per_node=nproc_per_node or 0,
-                         devices=emulated_devices or 0, force=force)
+                         devices=emulated_devices or 0, force=force, pair=secrets.token_hex(8))
     exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value,
                             compare_options(loss_rtol, op_mapping), match_amp, amp_effect, ref_run, out, quiet,
                             adaptation_report, calibration_runs, command),

@@ -130,6 +130,7 @@ class RunOptions:
     loss_scaler_plan: LossScalerPlan | None = None  # a reference following the port's GradScaler
     follows: Path | None = None  # a reference run at once with its port: the port's run folder (manifest.follows)
     starts_after: Path | None = None  # the run folder whose first step this run's script waits for (manifest's)
+    pair: str = ""  # the pair command's id, shared by its runs (manifest.pair)
     project_root: Path | None = None  # the folder whose files the run's project_files name (None: the script's)
     # A side of a pair of scripts in two trees of one project: (its own tree, the other); PYTHONPATH's folders of the
     # other tree are taken in its own (search_path).
@@ -223,6 +224,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         loss_scaler_plan=options.loss_scaler_plan.to_record() if options.loss_scaler_plan else {},
         follows=str(options.follows.resolve()) if options.follows else "",
         starts_after=str(options.starts_after.resolve()) if options.starts_after else "",
+        pair=options.pair,
         project_root=str(options.project_root.resolve()) if options.project_root else "",
         perturbation=dict(options.perturbation),
         steps_requested=options.steps,

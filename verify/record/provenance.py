@@ -3,8 +3,9 @@ sha256 of its text, the files of its project it imported with theirs, its argume
 device), and evidence is judged only where it is the run it is used as:
 
 - a calibration run is its reference's: the same script text, imported files, arguments, seed and steps, and its
-  manifest.perturbation["of"] names the reference's folder (a calibration of another script widens the envelope
-  the port is judged against: a FAIL became a PASS);
+  manifest.perturbation["of"] names the reference's folder, and where both record the pair command that made them
+  (manifest.pair), it is the same one (a calibration of another script, or of another pair of this one, widens the
+  envelope the port is judged against: a FAIL became a PASS);
 - a `--ref-run` is a run of ORIGINAL as it is now (its text and imported files), with the pair's arguments, seed and
   steps, and neither a calibration run nor a run of PORTED (a broken port passed against its own run);
 - a comparison's summary.json names the runs it judged (`named_runs`: each folder, relative to the summary's where it
@@ -43,6 +44,9 @@ def check_calibration(ref: Run, calibration: Run) -> None:
     found = [] if perturbation else ["it is no calibration run (its manifest records no perturbation)"]
     if perturbation and perturbation.get("of") != ref.root.name:
         found.append(f"it calibrates {perturbation.get('of')!r}, not {ref.root.name!r}")
+    if ref.manifest.pair and calibration.manifest.pair and ref.manifest.pair != calibration.manifest.pair:
+        found.append(f"another pair command made it (pair {calibration.manifest.pair}, the reference's "
+                     f"{ref.manifest.pair})")
     found += _differences(calibration.manifest, ref.manifest)
     if found:
         raise ProvenanceError(f"{calibration.root} is not a calibration run of the reference {ref.root}: "

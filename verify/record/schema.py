@@ -285,6 +285,10 @@ class RunManifest:
     # port's script prepares before it trains, a dataset it downloads or writes, is there, written once: three runs
     # downloading one file at once each truncate what another reads.
     starts_after: str = ""
+    # The pair command that made this run (`verify ORIGINAL PORTED`): a random id its reference and calibration runs
+    # share, so that a calibration copied from another pair of the same script is not taken for this reference's
+    # (verify/record/provenance.py). Empty: a run made alone, or recorded before.
+    pair: str = ""
     # What this run computed under: module path -> the autocast ("float16", "bfloat16" or "off") of each of its
     # calls, run-length encoded: [["float16", 20], ["off", 5]].
     autocast_scopes: dict[str, list[list[Any]]] = field(default_factory=dict)
