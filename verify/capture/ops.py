@@ -212,13 +212,14 @@ class OpCapture:
     MAX_ROWS_PER_STEP = 200_000
 
     def __init__(self, dump: DumpMode, batch: StatBatch, saver: TensorSaver | None = None,
-                 user_files: Path | None = None) -> None:
+                 user_files: Path | tuple[Path, ...] = ()) -> None:
         self.dump = dump
         self.batch = batch
         self.saver = saver
         self.with_inputs = dump == DumpMode.TENSOR
         self.modules = ModuleScopes()
-        self.sources = SourceLines(user_files)  # user_files: the script's folder, whose lines the records name
+        # user_files: the script's folder (and the folder its run's view mirrors), whose lines the records name
+        self.sources = SourceLines(*((user_files,) if isinstance(user_files, Path) else user_files))
         self.small_tensors = SmallTensorStats(batch)
         self.recording = True
         # The autograd nodes verify's own work made while paused (GradScaler.scale's product, the loss-scaler twin's),

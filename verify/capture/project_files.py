@@ -10,18 +10,20 @@ from pathlib import Path
 _VERIFY = Path(__file__).resolve().parents[1]
 
 
-def imported(script: str, folder: Path) -> dict[str, str]:
-    """The Python files under `folder` (manifest.files_root) that the run imported (sys.modules at its end), the
-    script itself, verify's own modules and installed packages (a virtual environment in the folder) left out: each
-    path relative to the folder, with its sha256."""
-    folder = folder.resolve()
+def imported(script: str, *folders: Path) -> dict[str, str]:
+    """The Python files under `folders` (the run's view of manifest.files_root, and files_root itself, which a script
+    may put on its search path by an absolute path) that the run imported (sys.modules at its end), the script
+    itself, verify's own modules and installed packages (a virtual environment in the folder) left out: each path
+    relative to the first folder holding it, with its sha256."""
+    folders = tuple(folder.resolve() for folder in folders)
     found: dict[str, str] = {}
     for module in list(sys.modules.values()):
         name = getattr(module, "__file__", None)
         if not isinstance(name, str) or not name.endswith(".py"):
             continue
         path = Path(name).resolve()
-        if (path == Path(script).resolve() or not path.is_relative_to(folder) or path.is_relative_to(_VERIFY)
+        folder = next((folder for folder in folders if path.is_relative_to(folder)), None)
+        if (path == Path(script).resolve() or folder is None or path.is_relative_to(_VERIFY)
                 or "site-packages" in path.parts):
             continue
         try:

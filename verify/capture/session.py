@@ -226,7 +226,7 @@ def _make_capture(manifest: RunManifest, writer: RunWriter, batch: StatBatch) ->
     saver = None
     if dump == DumpMode.TENSOR:
         saver = TensorSaver(manifest.ops_regex or None, int(manifest.tensor_cap_mb * 2**20), writer.save_array)
-    return OpCapture(dump, batch, saver, manifest.running_root)
+    return OpCapture(dump, batch, saver, (manifest.running_root, manifest.files_root))
 
 
 def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) -> Status:
@@ -268,7 +268,8 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         manifest.extra["device_statistics"] = statistics_path
     manifest.modelled_numerics = device_setup.modelled_numerics()
     manifest.half_precision = device_setup.half_precision()
-    manifest.project_files = project_files.imported(manifest.running_script, manifest.running_root)
+    manifest.project_files = project_files.imported(manifest.running_script, manifest.running_root,
+                                                      manifest.files_root)
     manifest.finished_at = now_iso()
     try:
         writer.close()

@@ -31,11 +31,12 @@ current_node = torch._C._current_autograd_node
 
 
 class SourceLines:
-    """The innermost frame in the user's files, interned per call site; "" where there is none (no root, or a call
-    made from library code alone)."""
+    """The innermost frame in the user's files (under one of `roots`: the run's view of the script's folder, and the
+    folder itself, which a script may import from by an absolute path), interned per call site; "" where there is
+    none (no root, or a call made from library code alone)."""
 
-    def __init__(self, root: Path | None) -> None:
-        self._root = os.path.join(str(root), "") if root is not None else None
+    def __init__(self, *roots: Path) -> None:
+        self._roots = tuple(os.path.join(str(root), "") for root in roots)
         self._files: dict[int, tuple[CodeType, str | None]] = {}  # id(code) -> (code, path relative to root or None)
         self._lines: dict[tuple[int, int], str] = {}  # (id(code), line) -> "path:line"
         self._nodes: dict[int, str] = {}  # an autograd node's sequence number -> the forward line that made it
@@ -45,9 +46,9 @@ class SourceLines:
         entry = self._files.get(id(code))
         if entry is None:
             name = code.co_filename
-            mine = self._root is not None and name.startswith(self._root) and not name.startswith(_VERIFY) and (
-                "site-packages" not in name)
-            entry = self._files[id(code)] = (code, os.path.relpath(name, self._root) if mine else None)
+            root = next((root for root in self._roots if name.startswith(root)), None)
+            mine = root is not None and not name.startswith(_VERIFY) and "site-packages" not in name
+            entry = self._files[id(code)] = (code, os.path.relpath(name, root) if mine else None)
         return entry[1]
 
     def here(self) -> str:

@@ -403,7 +403,7 @@ def _report_progress(run_dir: Path, last_steps: int, on_progress) -> int:
 
 
 def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None, wall_s: float,
-              stopped: Stopped | None, written: dict[str, Any]) -> None:
+              stopped: Stopped | None, written: dict[str, Any] | None = None) -> None:
     """Completes the manifest when the child could not: timed out, interrupted, killed, or dead before its end; and
     says what the run wrote in its working folder (`written`: working_folder.settle)."""
     manifest = read_manifest(run_dir)
@@ -431,7 +431,7 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
         manifest.message += _last_output_words(run_dir / LOG)
     if folders := run_folders.rank_dirs(run_dir):
         manifest = _finalise_ranks(manifest, folders, ending, timeout, stopped)
-    manifest.working_folder.update(written)
+    manifest.working_folder.update(written or {})
     write_manifest(run_dir, manifest)
 
 
