@@ -4,6 +4,7 @@ at once (a pair) or one after the other (`verify run`, twice)."""
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import shutil
@@ -120,3 +121,36 @@ def test_an_original_changed_behind_the_views_back_is_named(tmp_path):
     with open(os.path.realpath(view.view / "weights.bin"), "r+b") as file:  # as a native writer would: in place
         file.write(b"new!")
     assert working_folder.settle(view)["originals_changed"] == ["weights.bin"]
+
+
+def test_a_write_through_python_makes_the_linked_file_the_runs_own_and_leaves_the_original(tmp_path):
+    """Inside the child (verify/capture/private_files.py): appending keeps the file's text in a copy, writing
+    replaces the link, torch.save replaces it whole; a path into the original folder, or through `..` into it, is
+    opened in the view; verify's own folders (left out of the view) are written where they are."""
+    import torch
+
+    from verify.capture.private_files import PrivateFiles, kept_private
+
+    project = tmp_path / "project"
+    (project / "logs").mkdir(parents=True)
+    (project / "logs" / "train.log").write_text("kept\n")
+    (project / "ckpt.pt").write_bytes(b"the user's checkpoint")
+    (project / "out").mkdir()  # a pair's output folder inside the project: verify's, left out of the view
+    view = working_folder.make(project, tmp_path / "run" / working_folder.FOLDER)
+    files = PrivateFiles(str(view.root), str(view.view), ["out"])
+    python_open = builtins.open
+    with kept_private(files):
+        with open(view.view / "logs" / "train.log", "a") as log:
+            log.write("appended\n")
+        with open(project / "ckpt.pt", "wb") as checkpoint:  # the original's path: opened in the view
+            checkpoint.write(b"the run's")
+        torch.save(torch.ones(2), str(project / "logs" / ".." / "weights.pt"))
+        with open(project / "out" / "verify.json", "w") as own:
+            own.write("{}")
+    assert (project / "logs" / "train.log").read_text() == "kept\n"
+    assert (project / "ckpt.pt").read_bytes() == b"the user's checkpoint" and not (project / "weights.pt").exists()
+    assert (view.view / "logs" / "train.log").read_text() == "kept\nappended\n"
+    assert (view.view / "ckpt.pt").read_bytes() == b"the run's" and (project / "out" / "verify.json").exists()
+    assert torch.equal(torch.load(view.view / "weights.pt"), torch.ones(2))
+    assert builtins.open is python_open  # restored
+    assert working_folder.settle(view)["written"] == ["ckpt.pt", "logs/train.log", "weights.pt"]

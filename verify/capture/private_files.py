@@ -44,6 +44,8 @@ class PrivateFiles:
         """`path` as the run sees it: in the view where it names the original folder; anything else as given."""
         if isinstance(path, os.PathLike):
             path = os.fspath(path)
+        if isinstance(path, str) and os.sep + ".." in path and os.path.isabs(path):
+            path = os.path.normpath(path)  # "ROOT/../ROOT/x" is ROOT/x; "ROOT/../y" is outside it
         if isinstance(path, str) and (path == self.root or path.startswith(self._prefix)) and not (
                 path + os.sep).startswith(self._left_out):
             return self.view + path[len(self.root):]
