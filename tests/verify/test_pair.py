@@ -76,3 +76,12 @@ def test_amp_effect_needs_the_reference_under_the_ports_autocast(tmp_path):
 def test_determinism_of_a_missing_script_is_an_error(tmp_path):
     result = invoke(["determinism", str(tmp_path / "nope.py"), "-o", str(tmp_path / "out")])
     assert result.exit_code == 2 and "no such script" in result.output
+
+
+def test_quiet_and_verbose_together_are_refused_before_anything_runs(tmp_path):
+    for name in ("train.py", "train_npu.py"):
+        (tmp_path / name).write_text("print('hi')\n")
+    for command in ([], ["determinism"]):
+        result = invoke([*command, str(tmp_path / "train.py"), "-q", "-v", "-o", str(tmp_path / "out")])
+        assert result.exit_code == 2 and "--quiet and --verbose" in result.output
+    assert not (tmp_path / "out").exists()

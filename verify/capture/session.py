@@ -34,7 +34,7 @@ from verify.capture.tensor_stats import StatBatch
 from verify.capture import environment_record, project_files
 from verify.capture import perturbation, precision_scopes
 from verify.capture import listing_order, private_files, random_streams, whole_saves
-from verify.capture import followed_port, rank_capture
+from verify.capture import compile_calls, followed_port, rank_capture
 from verify.capture.lifetime import die_with_parent
 from verify.errors import DiskFull, VerifyError, VerifyFailure
 from verify.record.schema import DumpMode, RunManifest, Status, ended_by_itself
@@ -131,6 +131,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
     with contextlib.ExitStack() as stack:
         stack.enter_context(listing_order.sorted_listings(manifest.extra))
         stack.enter_context(whole_saves.saved_whole(manifest.extra))
+        stack.enter_context(compile_calls.counted(manifest.extra))
         if private is not None:  # around the whole saves: a save replaces the link, never the original file
             stack.enter_context(private_files.kept_private(private))
         if manifest.no_dropout:

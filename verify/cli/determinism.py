@@ -21,6 +21,7 @@ from verify import devices
 from verify.record import run_folders
 import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
 from verify.cli.exits import exit_with
+from verify.cli.options import Echo, echo_asked
 from verify.launch.runner import RunOptions, check_options
 from verify.cli.side_runs import RUN_ENDED_WELL, side_runner, stderr, stdout, write_reports
 from verify.errors import PairError
@@ -111,7 +112,8 @@ def determinism(
     force: options.force() = False,
     out: options.out("Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside SCRIPT).") = (
         None),
-    quiet: options.quiet() = False,
+    quiet: options.quiet(options.QUIET_PAIRED) = False,
+    verbose: options.verbose() = False,
 ) -> None:
     """Run SCRIPT twice with the same seed and list the operators whose results differ (checklist C1).
 
@@ -123,16 +125,17 @@ def determinism(
                          timeout=timeout, nproc_per_node=nproc_per_node or 0, devices=emulated_devices or 0,
                          force=force)
     out = out or run_folders.default_pair_dir(script)
-    exit_with(lambda: _determinism(script, list(script_args or []), options, out, quiet),
+    echo = echo_asked(quiet, verbose)
+    exit_with(lambda: _determinism(script, list(script_args or []), options, out, echo),
               f"check whether {script} is deterministic", out)
 
 
-def _determinism(script: Path, args: list[str], options: RunOptions, out: Path, quiet: bool) -> int:
+def _determinism(script: Path, args: list[str], options: RunOptions, out: Path, echo: Echo) -> int:
     if not script.is_file():
         raise PairError(f"{script}: no such script")
     check_options(options)
     out = run_folders.claim(out)
-    with side_runner(quiet) as sides:
+    with side_runner(echo) as sides:
         first, second = (sides.run(f"run {n}", script, args, options, out / run_folders.determinism_run(n))
                          for n in (1, 2))
     for run in (first, second):

@@ -94,6 +94,30 @@ def quiet(help: str = "Do not echo the script's output.") -> Any:
     return Annotated[bool, typer.Option("--quiet", "-q", help=help)]
 
 
+QUIET_PAIRED = "Show nothing of the scripts' output, not even the last lines of a run that did not end well."
+
+
+def verbose(help: str = "Echo the scripts' output as they run (by default each run's goes to its output.log, and "
+                        "a run that did not end well shows its last lines).") -> Any:
+    return Annotated[bool, typer.Option("--verbose", "-v", help=help)]
+
+
+class Echo(Enum):
+    """What a paired command (the pair, `verify determinism`) shows of its scripts' output, all of which each run's
+    output.log keeps: nothing (-q), the last lines of a run that did not end well (the default), or every line as
+    it comes (-v)."""
+
+    NOTHING = "nothing"
+    ENDINGS = "endings"
+    EVERYTHING = "everything"
+
+
+def echo_asked(quiet: bool, verbose: bool) -> Echo:
+    if quiet and verbose:
+        raise typer.BadParameter("--quiet and --verbose say the opposite: give one of them")
+    return Echo.NOTHING if quiet else Echo.EVERYTHING if verbose else Echo.ENDINGS
+
+
 def loss_rtol(help: str) -> Any:
     return Annotated[Optional[float], typer.Option("--loss-rtol", min=0, help=help, show_default=False,
                                                    callback=_a_number)]

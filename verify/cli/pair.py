@@ -48,7 +48,7 @@ from verify.cli.compare_cmd import (OpMappingOption, adaptation_or_why_not, comp
 from verify import devices
 from verify.record import provenance, run_folders
 import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
-from verify.cli.options import command_line
+from verify.cli.options import Echo, command_line, echo_asked
 from verify.cli.exits import exit_with
 from verify.launch.runner import RunOptions, check_options, search_path
 from verify.cli.side_runs import RUN_ENDED_WELL, SideRun, SideRunner, side_runner, stderr, stdout, write_reports
@@ -483,7 +483,8 @@ def pair(
         None),
     out: options.out("Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside ORIGINAL).") = (
         None),
-    quiet: options.quiet("Do not echo the scripts' output.") = False,
+    quiet: options.quiet(options.QUIET_PAIRED) = False,
+    verbose: options.verbose() = False,
     adaptation_report: Annotated[bool, typer.Option(
         "--adaptation-report", help="Also write adaptation.md, the report published with a ported model.")] = False,
     op_mapping: OpMappingOption = None,
@@ -498,19 +499,20 @@ def pair(
     SIGINT/SIGTERM/SIGHUP (the side running is stopped, status interrupted).
     """
     command = tuple(command_line(context, command_typed=False))  # `verify ORIGINAL PORTED`: no `pair`
+    echo = echo_asked(quiet, verbose)
     out = out or run_folders.default_pair_dir(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
                          exact_emulation=exact_emulation, timeout=timeout, nproc_per_node=nproc_per_node or 0,
                          devices=emulated_devices or 0, force=force, pair=secrets.token_hex(8))
     exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value,
-                            compare_options(loss_rtol, op_mapping), match_amp, amp_effect, ref_run, out, quiet,
+                            compare_options(loss_rtol, op_mapping), match_amp, amp_effect, ref_run, out, echo,
                             adaptation_report, calibration_runs, command),
               f"verify {original} against {ported or default_port(original)}", out)
 
 
 def _pair(original: Path, ported: Path | None, script_args: list[str] | None, options: RunOptions, device_ref: str,
           device_actual: str, compare: CompareOptions, match_amp: bool, amp_effect: bool, ref_run: Path | None,
-          out: Path, quiet: bool, adaptation: bool, calibration_runs: int, command: tuple[str, ...]) -> int:
+          out: Path, echo: Echo, adaptation: bool, calibration_runs: int, command: tuple[str, ...]) -> int:
     ported = ported or default_port(original)
     for role, script in (("ORIGINAL", original), ("PORTED", ported)):
         if not script.is_file():
@@ -527,7 +529,7 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
                     command, together, follows_its_port(original, device_ref, match_amp, together),
                     project_trees(original, ported))
     with adaptation_or_why_not(adaptation):
-        with side_runner(quiet, runs_at_once(plan)) as sides:
+        with side_runner(echo, runs_at_once(plan)) as sides:
             runs = run_sides(plan, sides)
         return judge_pair(plan, runs)
 

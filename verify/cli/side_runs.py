@@ -5,6 +5,7 @@ with what lies beside the scripts (migrate's checklist).
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import importlib.metadata
@@ -25,7 +26,8 @@ from verify.cli.compare_cmd import read_side
 from verify import devices
 from verify.launch.runner import RunOptions, StopOrder, core_share, run_script
 from verify.record.store import Run
-from verify.record.schema import MANIFEST, Status
+from verify.record.schema import LOG, MANIFEST, Status, shown
+from verify.cli.options import Echo
 from verify.errors import PairError, Stopped
 
 
@@ -36,6 +38,7 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 RUN_ENDED_WELL = (Status.OK.value, Status.SHORT.value)  # a side that ran its steps, or ended by itself
+ENDING_LINES = 20  # the lines of output.log shown of a run that did not end well (Echo.ENDINGS)
 
 
 
@@ -50,20 +53,20 @@ class SideRun:
 
 
 class SideRunner:
-    """Runs the sides under one rich progress display (stderr), echoing their output: one at a time (`run`) or
-    several at once (`run_together`). Every run gets the same share of the cores, that of the most runs the command
+    """Runs the sides under one rich progress display (stderr), showing of their output what `echo` asks: one at a
+    time (`run`) or several at once (`run_together`). Every run gets the same share of the cores, that of the most runs the command
     makes at once, so that runs going together never oversubscribe the machine and the sides compute with the same
     threads (a thread count changes how a CPU sums)."""
 
-    def __init__(self, progress: Progress, quiet: bool, runs_at_once: int) -> None:
+    def __init__(self, progress: Progress, echo: Echo, runs_at_once: int) -> None:
         self.progress = progress
-        self.quiet = quiet
+        self.echo = echo
         self.threads = core_share(runs_at_once)
 
     def run(self, label: str, script: Path, args: list[str], options: RunOptions, run_dir: Path,
             stop_order: StopOrder | None = None) -> Run:
         task = self.progress.add_task(f"{label}: {script.name}", total=options.steps)
-        echo = None if self.quiet else (
+        echo = None if self.echo != Echo.EVERYTHING else (
             lambda line: self.progress.console.print(f"[{label}] {line}", markup=False, style="dim"))
         run_script(script, args, replace(options, threads=self.threads), run_dir, on_output=echo,
                    on_progress=lambda done: self.progress.update(task, completed=done), stop_order=stop_order)
@@ -72,7 +75,22 @@ class SideRunner:
             raise PairError(f"{label} run: {run.manifest.verify_error}")
         self.progress.update(task, description=f"{label}: {script.name} on {device_words(run)} "
                                                f"({run.manifest.status})")
+        if self.echo == Echo.ENDINGS and run.manifest.status not in RUN_ENDED_WELL:
+            self._show_ending(label, run_dir / LOG, run)
         return run
+
+    def _show_ending(self, label: str, log: Path, run: Run) -> None:
+        """The last lines of a run that did not end well: of its output (every rank's, in a run of ranks), which its
+        output.log keeps whole, then the traceback of what the script raised, which the capture took (its
+        manifest.json keeps it)."""
+        console = self.progress.console
+        with contextlib.suppress(OSError), log.open(errors="replace") as lines:
+            last = collections.deque(lines, maxlen=ENDING_LINES)
+            console.print(f"[{label}] {run.manifest.status}: the last {len(last)} lines of {log}:", markup=False)
+            for line in last:
+                console.print(f"[{label}] {line.rstrip()}", markup=False, style="dim")
+        if run.manifest.traceback:
+            console.print(shown(run.manifest.traceback.rstrip(), tail=True), markup=False, style="red")
 
     def run_side(self, side: SideRun, stop_order: StopOrder | None = None) -> Run:
         return self.run(side.label, side.script, side.args, side.options, side.run_dir, stop_order)
@@ -133,11 +151,11 @@ def _started(run: concurrent.futures.Future, run_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def side_runner(quiet: bool, runs_at_once: int = 1) -> Iterator[SideRunner]:
+def side_runner(echo: Echo, runs_at_once: int = 1) -> Iterator[SideRunner]:
     """A SideRunner for a command that makes at most `runs_at_once` runs together."""
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=stderr) as progress:
-        yield SideRunner(progress, quiet, runs_at_once)
+        yield SideRunner(progress, echo, runs_at_once)
 
 
 def device_words(run: Run) -> str:

@@ -29,7 +29,7 @@ from verify.compare.precision_policy import CompareOptions, PrecisionPolicy, pre
 from verify.compare.rank_compare import findings_across_ranks, race_loss_rtol, racy_updates, ranks_of, worst_rank
 from verify.record.store import Run
 from verify.devices import title
-from verify.record.schema import DumpMode, Status
+from verify.record.schema import COMPILE_KEY, DumpMode, Status
 
 
 # The op table of several ranks: each row's rank, its first column (absent for two single processes).
@@ -149,6 +149,26 @@ def _emulation_notes(ref: Run, actual: Run) -> list[str]:
     notes += [f"{side}: {title(run.manifest.device, run.manifest.emulated_on)} computed exactly as the CPU does "
               "(--exact-emulation)" for side, run in sides if run.manifest.exact_emulation]
     return notes
+
+
+def _compile_notes(ref: Run, actual: Run) -> list[str]:
+    """What each side's script compiled with torch.compile, and how verify ran it (verify/capture/compile_calls.py):
+    eagerly, op by op, where dynamo compiled nothing under the capture; one note where both sides say the same."""
+    said = {side: _compiled_words(run.manifest.extra[COMPILE_KEY])
+            for side, run in (("ref", ref), ("actual", actual)) if COMPILE_KEY in run.manifest.extra}
+    if len(said) == 2 and len(set(said.values())) == 1:
+        return [f"both scripts compile {said['ref']}"]
+    return [f"{side}: the script compiles {words}" for side, words in said.items()]
+
+
+def _compiled_words(compiled: dict[str, Any]) -> str:
+    targets = ", ".join(compiled.get("targets", []))
+    if graphs := compiled.get("graphs", 0):
+        return (f"with torch.compile ({targets}) and dynamo compiled {graphs} graph(s) during the run: "
+                "their ops ran as compiled kernels, which the capture does not record one by one")
+    return (f"with torch.compile ({targets}): verify ran it eagerly, op by op, so that each op is "
+            "recorded (dynamo compiles nothing under the capture's dispatch mode); compiled kernels (inductor's "
+            "fusions) are not what was compared")
 
 
 def _step_notes(ref: Run, actual: Run) -> list[str]:
@@ -324,7 +344,8 @@ def _compare_processes(ref: Run, actual: Run, options: CompareOptions,
     losses may move for the race alone (rank_compare.race_loss_rtol)."""
     ended, shared_ending = how_runs_ended(ref, actual)
     notes = [*(f"ref: {n}" for n in ref.notes), *(f"actual: {n}" for n in actual.notes), *_step_notes(ref, actual),
-             *_one_sided_notes(ref, actual), *_random_notes(ref, actual), *_emulation_notes(ref, actual)]
+             *_one_sided_notes(ref, actual), *_random_notes(ref, actual), *_emulation_notes(ref, actual),
+             *_compile_notes(ref, actual)]
     if shared_ending:
         notes.append(shared_ending)
     policy = precision_policy(ref, actual, options)

@@ -71,6 +71,9 @@ LAST_COLLECTIVE = "last-collective.json"
 # "shared_memory": whether its parameters are in shared memory (hogwild's workers update them without locks)}: the
 # first outermost module that ran forward (inside DataParallel, DistributedDataParallel or torch.compile, the module)
 MODEL_KEY = "model"
+# manifest.extra: the script's torch.compile calls, {"calls": how many, "targets": what it compiled, "graphs": the graphs
+# dynamo compiled during the run} (verify/capture/compile_calls.py); absent where the script never called it
+COMPILE_KEY = "torch_compile"
 
 
 def step_file(step: int, suffix: str) -> str:
