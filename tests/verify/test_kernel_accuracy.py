@@ -1,8 +1,7 @@
 """What a PASS proves (issue 45): a port whose device kernel computes one op off by 1% (0.1% in fp32), the graph,
 names and settings unchanged, FAILs naming that op at step 0, in fp32 and under fp16 autocast; the same override
-computing exactly PASSes. The floors are the devices' accuracy standard (tolerances.OP_TOLERANCES: 1% is ten times fp16's 2^-10, where
-the fixed floor of 1% let a ReLU 0.99% off through), and the reference's envelope at step 0 is its own noise there,
-never a later step's."""
+computing exactly PASSes. The floors are the devices' accuracy standard (tolerances.OP_TOLERANCES), and the
+reference's envelope at step 0 is its own noise there, never a later step's."""
 
 import json
 from pathlib import Path
