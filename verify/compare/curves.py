@@ -34,7 +34,8 @@ class LossComparison:
 
 def compare_losses(ref: Run, actual: Run, rtol: float, measured: Envelope | None = None) -> LossComparison:
     """Each step's loss within `rtol`, or within ENVELOPE_FACTOR times the reference's own difference from its
-    calibration runs at that step (`envelope`), whichever is larger: a GAN's chaotic loss is judged by what it does."""
+    calibration runs at that step or before (`envelope`), whichever is larger: a GAN's chaotic loss is judged by what
+    it does, and a later step's chaos never excuses an earlier step."""
     keys = ["step", "micro_step"]
     left = ref.losses.loc[:, ["step", "micro_step", "loss", "loss_scale"]].rename(
         columns={"loss": "ref_loss", "loss_scale": "ref_loss_scale"})

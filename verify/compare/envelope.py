@@ -8,13 +8,14 @@ at all. No constant tuned on one script can know that; the script's own calibrat
 
 Per record the envelope is the largest difference of the reference from any of its calibration runs, measured as the
 port's difference is (metrics.stats_error for ops, relative differences for losses and gradient norms). An op's
-envelope also takes the same op's envelope at the run's other steps, the envelopes of the calls that produced its
+envelope also takes the same op's envelope at the steps before it, the envelopes of the calls that produced its
 inputs (the recorded data flow) and of its call's other records: one calibration run is one sample of the noise, and
 an op whose own sample happened to come out small still carries what flows through it (measured: on pytorch/examples'
 mnist ported to fp16, a backward matmul of step 8 differed by 0.017 where its own calibration sample showed 0.0008
-and the same op 0.02 at the steps around it). The verdict judges the port's difference against
-tolerances.ENVELOPE_FACTOR times the envelope, never below the dtype's fixed tolerance (its floor). Torch-free: it
-reads run folders.
+and the same op 0.02 at the steps before it). Noise grows as training goes and never travels back in time: a chaotic
+step 8 does not widen step 0, where a port's own divergence shows against the reference's 1e-7. The verdict judges
+the port's difference against tolerances.ENVELOPE_FACTOR times the envelope, never below the dtype's fixed tolerance
+(its floor, the devices' accuracy standard). Torch-free: it reads run folders.
 """
 
 from __future__ import annotations
@@ -113,26 +114,31 @@ def _grad_differences(ref: Run, calibration: Run) -> pd.Series:
 
 
 def of_losses(envelope: Envelope, keys: pd.DataFrame) -> np.ndarray:
-    """Per (step, micro_step) row: the loss's envelope, the largest its calibration showed at any step (one sample per
-    step; the noise a chaotic loss carries shows at some step of the run, not at each)."""
-    return _own_or_largest(envelope.losses, keys, level=None)
+    """Per (step, micro_step) row: the loss's envelope, the largest its calibration showed at this step or any before
+    (one sample per step; the noise a chaotic loss carries grows from step to step, and a later step's never reaches
+    back to widen an earlier one)."""
+    return _up_to_each_step(envelope.losses, keys, same=[])
 
 
 def of_grads(envelope: Envelope, keys: pd.DataFrame) -> np.ndarray:
-    """Per (step, param) row: the gradient norm's envelope, the largest the same parameter's showed at any step
-    (measured: pytorch/examples' imagenet, resnet18 on --dummy data, fp16 port: layer2.0.conv1.weight's gradient
-    norm moved 1.09% in the port at step 1 where its calibration sample moved 0.02%, and 1.7% at step 2)."""
-    return _own_or_largest(envelope.grads, keys, level="param")
+    """Per (step, param) row: the gradient norm's envelope, the largest the same parameter's showed at this step or
+    any before (measured: pytorch/examples' imagenet, resnet18 on --dummy data, fp16 port: layer2.0.conv1.weight's
+    gradient norm moved 1.09% in the port at step 1 where its calibration sample moved 0.02%, and 1.7% at step 2)."""
+    return _up_to_each_step(envelope.grads, keys, same=["param"])
 
 
-def _own_or_largest(measured: pd.Series, keys: pd.DataFrame, level: str | None) -> np.ndarray:
-    own = measured.reindex(pd.MultiIndex.from_frame(keys)).to_numpy("float64")
+def _up_to_each_step(measured: pd.Series, keys: pd.DataFrame, same: list[str]) -> np.ndarray:
+    """Per row of `keys`: the largest difference `measured` shows for the same `same` (the same parameter, the same
+    op) at the row's step or any step before it: noise grows as training goes, and is never taken back in time (a
+    chaotic step 8 does not explain a difference at step 0). NaN where none was measured so far."""
+    rows = keys[[*same, "step"]].astype({"step": "int64"}).assign(row=np.arange(len(keys))).sort_values("step")
     if measured.empty:
-        return own
-    if level is None:
-        return np.fmax(own, measured.max())
-    largest = measured.groupby(level=level).max().reindex(keys[level]).to_numpy("float64")
-    return np.fmax(own, largest)
+        return np.full(len(keys), np.nan)
+    frame = measured.rename("noise").reset_index().astype({"step": "int64"})
+    per_step = frame.groupby([*same, "step"])["noise"].max().reset_index().sort_values("step")
+    per_step["noise"] = per_step.groupby(same)["noise"].cummax() if same else per_step["noise"].cummax()
+    joined = pd.merge_asof(rows, per_step, on="step", by=same or None, direction="backward")
+    return joined.sort_values("row")["noise"].to_numpy("float64")
 
 
 def grad_scale(step: pd.Series, ref_norm: np.ndarray, other_norm: np.ndarray) -> np.ndarray:
@@ -144,15 +150,15 @@ def grad_scale(step: pd.Series, ref_norm: np.ndarray, other_norm: np.ndarray) ->
 
 
 def of_ops(envelope: Envelope, table: pd.DataFrame, producers: pd.DataFrame) -> np.ndarray:
-    """Per row of an aligned comparison table: its envelope, widened by the same op's at every step of the run, by
-    its call's other records, and by the calls that produced its inputs (`producers`: row, step, seq pairs of the
-    recorded data flow). NaN where the calibration has no such record (an op only the port computes)."""
+    """Per row of an aligned comparison table: its envelope, widened by the same op's at its step and the steps
+    before, by its call's other records, and by the calls that produced its inputs (`producers`: row, step, seq pairs
+    of the recorded data flow). NaN where the calibration has no such record (an op only the port computes)."""
     keys = _keys(table)
     own = envelope.ops.set_index(RECORD)["error"].reindex(pd.MultiIndex.from_frame(keys[RECORD]))
-    same_op = envelope.ops.groupby(SAME_OP)["error"].max().reindex(pd.MultiIndex.from_frame(keys[SAME_OP]))
+    same_op = _up_to_each_step(envelope.ops.set_index([*SAME_OP, "step"])["error"], keys, same=SAME_OP)
     per_call = envelope.ops.groupby(["step", "ref_seq"])["error"].max()
     call = per_call.reindex(pd.MultiIndex.from_frame(keys[["step", "ref_seq"]]))
-    widened = np.fmax.reduce([own.to_numpy("float64"), same_op.to_numpy("float64"), call.to_numpy("float64")])
+    widened = np.fmax.reduce([own.to_numpy("float64"), same_op, call.to_numpy("float64")])
     if len(producers):
         inherited = per_call.reindex(pd.MultiIndex.from_arrays([producers["step"], producers["seq"]])).to_numpy()
         flow = pd.Series(inherited, index=producers["row"].to_numpy()).groupby(level=0).max()

@@ -48,7 +48,8 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     table["stats_error"] = metrics.stats_error(
         {s: table[f"ref_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES},
         {s: table[f"actual_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES})
-    limits = tolerances.pair_tolerances(table["ref_dtype"], table["actual_dtype"], policy.op_widen)
+    limits = tolerances.pair_tolerances(table["ref_dtype"], table["actual_dtype"], policy.op_widen,
+                                        policy.ref_amp if policy.ref_amp == policy.actual_amp else "")
     batch = _read_batches(table)
     limits.loc[batch, "stats_rtol"] = np.minimum(limits.loc[batch, "stats_rtol"],
                                                  tolerances.batch_rtol(_elements(table["ref_shape"][batch])))

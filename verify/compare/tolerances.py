@@ -24,18 +24,30 @@ class OpTolerance:
     looseness: int  # orders dtypes: a mixed pair is judged by the looser side
 
 
+# stats_rtol, the floor of every op record's tolerance, is the devices' operator accuracy standard (Ascend's: an
+# operator's mean relative error below 2^-10 in fp16, 2^-7 in bf16, 2^-13 in fp32, its largest below 10 times that),
+# read through the statistics a record keeps (metrics.stats_error): a mean scaled by the tensor's largest magnitude
+# moves by at most the elements' mean relative error; min and max are single elements, off by up to the largest
+# (10 times the mean), and count EXTREME_WEIGHT (a tenth) of theirs; the L2 norm moves by the elements' relative
+# errors weighted by their squares, about their mean. So a kernel within the standard moves no statistic of its own
+# output past the standard's mean, and one 1% off moves its L2 norm by 1%: 10 times the fp16 floor. The noise an op
+# carries from its inputs and from earlier steps is no kernel's error of its own: the envelope measures it, and without
+# a calibration the rules of op_verdicts (NOISE_AMPLIFICATION, STATE_NOISE_GROWTH) stand in. Measured on the GPU
+# fixtures (shared/fixtures/gpu-runs, tests/verify/fixtures/h200-runs: real H100/H200 references against the emulated
+# NPU), whose faithful pairs pass on these floors.
 OP_TOLERANCES: dict[str, OpTolerance] = {
     # float64 only appears in reference code or losses; both sides should agree to rounding.
     "float64": OpTolerance(stats_rtol=1e-6, cosine_min=0.999999, max_abs_error=1e-6, within_5e3_min=0.999, looseness=0),
-    # fp32: a GPU reference may run matmuls and convolutions in TF32 (10-bit mantissa, ~5e-4 per rounding) and the NPU
-    # accumulates in a different order, so 1e-3 leaves room for both; cosine 0.9999 is 100x stricter than msprobe's
-    # 0.99, which would let a visibly wrong fp32 op through; msprobe's max abs error 0.001 is kept.
-    "float32": OpTolerance(stats_rtol=1e-3, cosine_min=0.9999, max_abs_error=1e-3, within_5e3_min=0.99, looseness=1),
-    # fp16: machine epsilon 9.8e-4; a reduction over thousands of elements loses about ten of those.
-    "float16": OpTolerance(stats_rtol=1e-2, cosine_min=0.999, max_abs_error=1e-2, within_5e3_min=0.9, looseness=2),
-    # bf16: machine epsilon 7.8e-3, so one rounding alone can move an element by 0.4%: five of those in a reduction;
-    # cosine 0.99 is msprobe's own threshold, which was tuned on bf16 LLM training.
-    "bfloat16": OpTolerance(stats_rtol=4e-2, cosine_min=0.99, max_abs_error=5e-2, within_5e3_min=0.5, looseness=3),
+    # fp32 in tensor mode: a GPU reference may run matmuls and convolutions in TF32 (10-bit mantissa, ~5e-4 per
+    # rounding) and the NPU accumulates in a different order; cosine 0.9999 is 100x stricter than msprobe's 0.99,
+    # which would let a visibly wrong fp32 op through; msprobe's max abs error 0.001 is kept.
+    "float32": OpTolerance(stats_rtol=2.0**-13, cosine_min=0.9999, max_abs_error=1e-3, within_5e3_min=0.99,
+                           looseness=1),
+    # fp16: machine epsilon 9.8e-4.
+    "float16": OpTolerance(stats_rtol=2.0**-10, cosine_min=0.999, max_abs_error=1e-2, within_5e3_min=0.9, looseness=2),
+    # bf16: machine epsilon 7.8e-3, so one rounding alone can move an element by 0.4%; cosine 0.99 is msprobe's own
+    # threshold, which was tuned on bf16 LLM training.
+    "bfloat16": OpTolerance(stats_rtol=2.0**-7, cosine_min=0.99, max_abs_error=5e-2, within_5e3_min=0.5, looseness=3),
 }
 # The batch a model receives (compare's INPUT_OP records), where no model computed it (a GAN's discriminator reads its
 # generator's output), is data: both sides read it from the same files through the same code, so it agrees to the
@@ -151,11 +163,19 @@ def _per_row(dtypes: pd.Series) -> np.ndarray:
     return table[codes]  # code -1 (missing dtype) takes the appended UNKNOWN_DTYPE row
 
 
-def pair_tolerances(ref_dtype: pd.Series, actual_dtype: pd.Series, widen: float = 1.0) -> pd.DataFrame:
-    """Per aligned row, the tolerance of the looser of the two dtypes, widened by `widen` (AMP-vs-fp32 policy)."""
+def pair_tolerances(ref_dtype: pd.Series, actual_dtype: pd.Series, widen: float = 1.0,
+                    autocast: str = "") -> pd.DataFrame:
+    """Per aligned row, the tolerance of the looser of the two dtypes, widened by `widen` (AMP-vs-fp32 policy). Under
+    a half `autocast` a floating record is judged at least by the half dtype's: an fp32 op there reads half results
+    (measured: an Adam update of fp32 master weights from fp16 gradients, 1.4e-4 apart on the emulators' modelled
+    noise against fp32's 2^-13), so its own fp32 kernel's error is not what it shows."""
     ref_rows, actual_rows = _per_row(ref_dtype), _per_row(actual_dtype)
     looseness = FIELDS.index("looseness")
     looser = np.where((actual_rows[:, looseness] > ref_rows[:, looseness])[:, None], actual_rows, ref_rows)
+    if autocast:
+        half = np.array(astuple(op_tolerance(autocast)), float)
+        looser = np.where(((looser[:, looseness] >= 0) & (looser[:, looseness] < half[looseness]))[:, None], half,
+                          looser)
     chosen = pd.DataFrame(looser, columns=FIELDS, index=ref_dtype.index)
     chosen["stats_rtol"] *= widen
     chosen["max_abs_error"] *= widen

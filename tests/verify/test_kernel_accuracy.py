@@ -1,0 +1,60 @@
+"""What a PASS proves (issue 45): a port whose device kernel computes one op off by 1% (0.1% in fp32), the graph,
+names and settings unchanged, FAILs naming that op at step 0, in fp32 and under fp16 autocast; the same override
+computing exactly PASSes. The floors are the devices' accuracy standard (tolerances.OP_TOLERANCES), and the
+reference's envelope at step 0 is its own noise there, never a later step's."""
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from kernels_off import kernel_off
+from verify.cli import app
+from verify.cli.pair import route
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+ORIGINAL, PORT = SCRIPTS / "verdict_mlp.py", SCRIPTS / "verdict_mlp_npu.py"
+FORWARD = "        loss = F.mse_loss(model(x), y, reduction=\"sum\") / len(x)\n"
+BACKWARD = "        loss.backward()\n        optimizer.step()\n"
+
+
+def under_fp16_autocast(code: str) -> str:
+    """The port's forward under fp16 autocast and its update through a GradScaler, as migrate ports a GPU script."""
+    assert FORWARD in code and BACKWARD in code
+    code = code.replace("model = Net()", 'scaler = torch.amp.GradScaler("npu")\nmodel = Net()')
+    code = code.replace(FORWARD, '        with torch.autocast(device_type="npu", dtype=torch.float16):\n    ' + FORWARD)
+    return code.replace(BACKWARD, "        scaler.scale(loss).backward()\n        scaler.step(optimizer)\n"
+                                  "        scaler.update()\n")
+
+
+PRECISIONS = {"fp32": lambda code: code, "fp16": under_fp16_autocast}
+
+
+def pair(tmp_path: Path, precision: str, factor: float) -> dict:
+    port = tmp_path / "verdict_mlp_npu.py"
+    port.write_text(kernel_off(PRECISIONS[precision](PORT.read_text()), "relu", factor))
+    argv = [str(ORIGINAL), str(port), "-n", "3", "-q", "-o", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
+    assert result.exit_code in (0, 1), result.output
+    return json.loads((tmp_path / "out" / "summary.json").read_text())
+
+
+@pytest.mark.parametrize(("precision", "factor"), [("fp32", 1.01), ("fp16", 1.01), ("fp32", 1.001)])
+def test_a_kernel_off_by_its_dtypes_standard_fails_naming_its_op(tmp_path, precision, factor):
+    """1% is 10 times fp16's 2^-10 (its old fixed floor, 1%, let a ReLU 0.99% off pass); 0.1%, 8 times fp32's 2^-13
+    (its old floor, 0.1%, let it pass)."""
+    summary = pair(tmp_path, precision, factor)
+    assert summary["reason"].startswith("FAIL: first divergent operator: aten.relu (Net.act forward, step 0"), \
+        summary["reason"]
+    first = summary["first_divergent"]
+    assert first["actual_source"].startswith("verdict_mlp_npu.py:") and first["stats_error"] > first["tolerance"]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_the_same_kernel_computing_exactly_passes(tmp_path, precision):
+    summary = pair(tmp_path, precision, 1.0)
+    assert summary["verdict"] == "PASS", summary["reason"]
