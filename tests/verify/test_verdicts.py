@@ -401,6 +401,60 @@ def test_a_removed_zero_grad_is_named_while_every_step_overflows(tmp_path):
     assert summary["reason"].startswith("FAIL: the actual side does not reset gradients between steps: from step 1")
 
 
+@pytest.mark.parametrize(("dropped", "step"), [("optimizer_d", 1), ("optimizer_g", 2)])
+def test_a_gan_missing_one_of_its_two_gradient_resets_is_named(tmp_path, dropped, step):
+    """Regression (issue 45): the generator's backward() adds to the discriminator's gradients on both sides every
+    iteration, so "the first backward() of a step found gradients" held on a faithful GAN too and named nothing; the
+    discriminator's dropped reset was an aten.add_ in its backward. Each optimizer's reads are watched now (the
+    generator's optimizer steps second: its first carried update falls in step 2)."""
+    code = (SCRIPTS / "gan.py").read_text()
+    assert code.count(f"    {dropped}.zero_grad()\n") == 1
+    port = tmp_path / "gan_npu.py"
+    port.write_text(code.replace(f"    {dropped}.zero_grad()\n", ""))
+    exit_code, summary, _ = verify(SCRIPTS / "gan.py", port, "-n", STEPS, "-q", "-o", tmp_path / "out")
+    assert exit_code == 1
+    assert summary["reason"].startswith(
+        f"FAIL: the actual side does not reset gradients between steps: from step {step}, its backward() adds to "
+        "gradients its optimizer already applied"), summary["reason"]
+
+
+LBFGS_SCRIPT = """import math
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+wave = torch.sin(torch.linspace(0, 8 * math.pi, 200)).unsqueeze(-1)
+inputs, targets = wave[:-1].unsqueeze(0), wave[1:].unsqueeze(0)
+model = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1))
+optimizer = torch.optim.LBFGS(model.parameters(), lr=0.8)
+for step in range(10):
+    def closure():
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+"""
+
+
+@pytest.mark.parametrize("faithful", [True, False], ids=["faithful", "reset-dropped"])
+def test_an_lbfgs_closure_missing_its_gradient_reset_is_named_before_its_inf_loss(tmp_path, faithful):
+    """Regression (issue 45): LBFGS evaluates its closure many times per step() and reads the gradients of each;
+    without the closure's zero_grad() every evaluation adds to the last, the port's loss goes inf, and the verdict
+    said "actual run nan". The carried gradients are the cause, named first; a faithful closure PASSes."""
+    original, port = tmp_path / "train.py", tmp_path / "train_npu.py"
+    original.write_text(LBFGS_SCRIPT)
+    port.write_text(LBFGS_SCRIPT if faithful else LBFGS_SCRIPT.replace("        optimizer.zero_grad()\n", ""))
+    exit_code, summary, _ = verify(original, port, "-n", STEPS, "-q", "-o", tmp_path / "out")
+    if faithful:
+        assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+        return
+    assert exit_code == 1
+    assert summary["reason"].startswith(
+        "FAIL: the actual side does not reset gradients between steps: from step 0, its backward() adds to gradients "
+        "its optimizer already applied"), summary["reason"]
+
+
 def test_shuffled_data_order_is_a_data_order_finding(tmp_path, reference):
     exit_code, summary, out = against_reference(tmp_path, reference, "shuffle=False", "shuffle=True")
     assert exit_code == 1

@@ -286,7 +286,9 @@ def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
 
 
 def _grads_reset_findings(ref: Run, actual: Run) -> list[Finding]:
-    """A side whose backward() finds the previous step's gradients still there accumulates across steps."""
+    """A side whose optimizer applies gradients holding what it applied before (manifest.grads_carried_steps,
+    verify/capture/gradient_resets.py: per optimizer, a GAN's two included, and per evaluation of LBFGS's closure)
+    accumulates them."""
     common = set(ref.losses["step"]) & set(actual.losses["step"])
     carried = [set(run.manifest.grads_carried_steps) & common for run in (ref, actual)]
     findings = []
@@ -295,7 +297,7 @@ def _grads_reset_findings(ref: Run, actual: Run) -> list[Finding]:
         if only_here:
             findings.append(Finding(FindingCode.GRADS_NOT_RESET, (
                 f"the {side} side does not reset gradients between steps: from step {only_here[0]}, its backward() "
-                "adds to the previous step's gradients (optimizer.zero_grad() missing or misplaced)"),
+                "adds to gradients its optimizer already applied (optimizer.zero_grad() missing or misplaced)"),
                 {"side": side, "step": only_here[0], "steps": only_here}))
     return findings
 
@@ -559,10 +561,15 @@ def _match_finding(table: pd.DataFrame) -> list[Finding]:
 
 def _cause_rank(finding: Finding, first: dict[str, Any] | None) -> float:
     """Causes before symptoms: FAILING's order, except that an overflow after the first divergent operator on the
-    timeline of the run (a later step, or later in the same step) follows from that divergence and ranks after it."""
+    timeline of the run (a later step, or later in the same step) follows from that divergence and ranks after it,
+    and a port stopped by a NaN or inf loss ranks after the causes its steps show."""
     rank = FAILING.index(finding.code)
     if finding.code is FindingCode.OVERFLOW and _happens_after(finding.detail, first):
         return FAILING.index(FindingCode.OP_DIVERGES) + 0.5
+    if finding.code is FindingCode.RUN_FAILED and finding.detail.get("status") == Status.NAN.value:
+        # A loss gone NaN or inf is what the steps computed: a cause found in them (gradients never reset, a changed
+        # op, a hyperparameter) comes first, symptoms (a first divergent op, the loss) after.
+        return FAILING.index(FindingCode.OP_CHANGED) + 0.5
     return rank
 
 
