@@ -266,8 +266,8 @@ def test_an_activation_changed_through_a_config_is_named_though_no_record_pairs_
     line = _line_of(port, "return x + self.proj(self.act(self.fc(x)))")
     assert exit_code == 1
     assert summary["reason"].startswith(
-        f"FAIL: the port computes aten.relu (Sequential.0.act forward, train_npu.py:{line}) where the original computes "
-        "aten.mul, aten.pow, aten.add, aten.tanh (8 calls, Sequential.0.act forward, train.py:"), summary["reason"]
+        f"FAIL: the port computes aten.relu (Sequential.0.act forward, train_npu.py:{line}) where the original "
+        "computes aten.mul, aten.pow, aten.add, aten.tanh (8 calls, Sequential.0.act forward, train.py:"), summary["reason"]
     assert "before the first divergent operator aten.addmm (Sequential.0.proj forward, step 0" in summary["reason"]
     assert summary["first_divergent"]["op"] == "aten.addmm"
 

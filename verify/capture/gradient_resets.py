@@ -43,7 +43,8 @@ class GradientResets:
         """Which parameters this backward() adds to a gradient their optimizer read and nothing reset since."""
         for parameter in parameters:
             key, grad = id(parameter), parameter.grad
-            if grad is not None and (_unwritten(self._carrying.get(key), grad) or _unwritten(self._read.get(key), grad)):
+            as_left = self._carrying.get(key), self._read.get(key)
+            if grad is not None and any(_unwritten(state, grad) for state in as_left):
                 self._carrying[key] = _state(grad)
             else:
                 self._carrying.pop(key, None)
