@@ -218,6 +218,60 @@ def test_a_swapped_activation_is_named_first_as_a_changed_op(tmp_path, reference
     assert any("aten.gelu where the original computes aten.relu" in text for text in summary["advice"])
 
 
+CONFIGURED_MLP = """import math
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class TanhGELU(nn.Module):  # GPT-2's gelu_new: eight ops, none of them aten.gelu
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+ACTIVATIONS = {"gelu_new": TanhGELU, "relu": nn.ReLU}
+CONFIG = {"hidden": 32, "activation": "gelu_new"}
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.fc = nn.Linear(16, config["hidden"])
+        self.act = ACTIVATIONS[config["activation"]]()
+        self.proj = nn.Linear(config["hidden"], 16)
+
+    def forward(self, x):
+        return x + self.proj(self.act(self.fc(x)))
+
+
+torch.manual_seed(0)
+model = nn.Sequential(Block(CONFIG), nn.Linear(16, 4))
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+for step in range(10):
+    x, y = torch.randn(32, 16), torch.randn(32, 4)
+    optimizer.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    optimizer.step()
+"""
+
+
+def test_an_activation_changed_through_a_config_is_named_though_no_record_pairs_with_it(tmp_path):
+    """Regression (issue 44): the port's config picks relu where the original's computes a tanh GELU of eight ops
+    (GPT-2's). No call of either pairs, so the addmm after them is the first to differ, "the ops that produced its
+    inputs agree": the relu only the port computes, in that addmm's data flow, is named first."""
+    original, port = tmp_path / "train.py", tmp_path / "train_npu.py"
+    original.write_text(CONFIGURED_MLP)
+    port.write_text(CONFIGURED_MLP.replace('"activation": "gelu_new"', '"activation": "relu"'))
+    exit_code, summary, _ = verify(original, port, "-n", 2, "-q", "-o", tmp_path / "out")
+    line = _line_of(port, "return x + self.proj(self.act(self.fc(x)))")
+    assert exit_code == 1
+    assert summary["reason"].startswith(
+        f"FAIL: the port computes aten.relu (Sequential.0.act forward, train_npu.py:{line}) where the original "
+        "computes aten.mul, aten.pow, aten.add, aten.tanh (8 calls, Sequential.0.act forward, train.py:"), summary["reason"]
+    assert "before the first divergent operator aten.addmm (Sequential.0.proj forward, step 0" in summary["reason"]
+    assert summary["first_divergent"]["op"] == "aten.addmm"
+
+
 def _migrated(original: Path, folder: Path) -> Path:
     """`migrate ORIGINAL`'s port of a test script, in `folder`."""
     port = folder / f"{original.stem}_npu.py"
@@ -345,6 +399,60 @@ def test_a_removed_zero_grad_is_named_while_every_step_overflows(tmp_path):
     exit_code, summary, _ = verify(tmp_path / "train.py", "-n", STEPS, "-q", "-o", tmp_path / "out")
     assert exit_code == 1
     assert summary["reason"].startswith("FAIL: the actual side does not reset gradients between steps: from step 1")
+
+
+@pytest.mark.parametrize(("dropped", "step"), [("optimizer_d", 1), ("optimizer_g", 2)])
+def test_a_gan_missing_one_of_its_two_gradient_resets_is_named(tmp_path, dropped, step):
+    """Regression (issue 45): the generator's backward() adds to the discriminator's gradients on both sides every
+    iteration, so "the first backward() of a step found gradients" held on a faithful GAN too and named nothing; the
+    discriminator's dropped reset was an aten.add_ in its backward. Each optimizer's reads are watched now (the
+    generator's optimizer steps second: its first carried update falls in step 2)."""
+    code = (SCRIPTS / "gan.py").read_text()
+    assert code.count(f"    {dropped}.zero_grad()\n") == 1
+    port = tmp_path / "gan_npu.py"
+    port.write_text(code.replace(f"    {dropped}.zero_grad()\n", ""))
+    exit_code, summary, _ = verify(SCRIPTS / "gan.py", port, "-n", STEPS, "-q", "-o", tmp_path / "out")
+    assert exit_code == 1
+    assert summary["reason"].startswith(
+        f"FAIL: the actual side does not reset gradients between steps: from step {step}, its backward() adds to "
+        "gradients its optimizer already applied"), summary["reason"]
+
+
+LBFGS_SCRIPT = """import math
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+wave = torch.sin(torch.linspace(0, 8 * math.pi, 200)).unsqueeze(-1)
+inputs, targets = wave[:-1].unsqueeze(0), wave[1:].unsqueeze(0)
+model = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1))
+optimizer = torch.optim.LBFGS(model.parameters(), lr=0.8)
+for step in range(10):
+    def closure():
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+"""
+
+
+@pytest.mark.parametrize("faithful", [True, False], ids=["faithful", "reset-dropped"])
+def test_an_lbfgs_closure_missing_its_gradient_reset_is_named_before_its_inf_loss(tmp_path, faithful):
+    """Regression (issue 45): LBFGS evaluates its closure many times per step() and reads the gradients of each;
+    without the closure's zero_grad() every evaluation adds to the last, the port's loss goes inf, and the verdict
+    said "actual run nan". The carried gradients are the cause, named first; a faithful closure PASSes."""
+    original, port = tmp_path / "train.py", tmp_path / "train_npu.py"
+    original.write_text(LBFGS_SCRIPT)
+    port.write_text(LBFGS_SCRIPT if faithful else LBFGS_SCRIPT.replace("        optimizer.zero_grad()\n", ""))
+    exit_code, summary, _ = verify(original, port, "-n", STEPS, "-q", "-o", tmp_path / "out")
+    if faithful:
+        assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+        return
+    assert exit_code == 1
+    assert summary["reason"].startswith(
+        "FAIL: the actual side does not reset gradients between steps: from step 0, its backward() adds to gradients "
+        "its optimizer already applied"), summary["reason"]
 
 
 def test_shuffled_data_order_is_a_data_order_finding(tmp_path, reference):

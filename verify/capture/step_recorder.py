@@ -40,6 +40,7 @@ from verify.record.schema import (GRAD_STATISTIC_NAMES, GRADS_DIR, MODEL_KEY, OP
                                    STAT_COLUMNS, LossScalerPlan, RunManifest, Status, step_file)
 from verify.capture.loss_scaler_twin import LossScalerTwin, script_scaler
 from verify.capture.followed_port import followed
+from verify.capture.gradient_resets import GradientResets
 from verify.record.store import RunWriter, write_manifest
 
 
@@ -97,7 +98,9 @@ class StepRecorder:
         plan = manifest.loss_scaler_plan  # a reference following the port's GradScaler
         self.twin = LossScalerTwin(LossScalerPlan.from_record(plan)) if plan else None
         self.followed = followed(manifest)  # the port this reference follows while both run; its twin comes from it
-        self._carried_grads: Handle | None = None  # whether this step's first backward() found earlier gradients
+        # Without an optimizer: whether this step's first backward() found earlier gradients (their norm, on its way)
+        self._carried_grads: Handle | None = None
+        self._resets = GradientResets()  # with optimizers: whether one read gradients it had read before, not reset
         self._step_started = time.perf_counter()
         self._losses: list[tuple[int, Any, float | None, float]] = []
         self._hparams: list[tuple[int, Any, str, Any, int]] = []
@@ -161,8 +164,10 @@ class StepRecorder:
         self.manifest.backward_calls = (self.manifest.backward_calls or 0) + 1
         with self._own_work():
             self._follow_scaler()
-            if not self._losses:
+            if not self._losses and not self._optimizers:
                 self._check_gradients_reset()
+            parameters = self._trained_parameters()
+            self._resets.before_backward(parameters)
             self._record_loss(tensors)
         self._in_backward = True
         try:
@@ -171,6 +176,7 @@ class StepRecorder:
             return original(tensors, *args, **kwargs)
         finally:
             self._in_backward = False
+            self._resets.after_backward(parameters, [parameter for _, parameter in self._stepping])
 
     def _follow_scaler(self) -> None:
         """A reference run at once with its port: the twin of the port's GradScaler as far as this step (none while
@@ -223,8 +229,9 @@ class StepRecorder:
         return result
 
     def _check_gradients_reset(self) -> None:
-        """At a step's first backward(), gradients left from an earlier step mean nothing reset them in between (read
-        when the step ends, with the step's other statistics: no sync here)."""
+        """A script without an optimizer (updating by hand): at a step's first backward(), gradients left from an
+        earlier step mean nothing reset them in between (read when the step ends, with the step's other statistics:
+        no sync here). With optimizers, GradientResets watches what each reads."""
         gradients = [p.grad for p in self._trained_parameters() if p.grad is not None]
         if gradients:
             norms = torch._foreach_norm(gradients)
@@ -310,8 +317,10 @@ class StepRecorder:
         for parameter, gradient in self._withheld:
             parameter.grad = gradient
         self._withheld = []
+        self._resets.read([parameter for _, parameter in self._stepping])
         if self.capture is not None:
             self.capture.optimizer_step_ends(self._stepping)
+        self._stepping = []  # a backward() from here on runs outside any optimizer's step()
         if self._optimizer_index.get(optimizer) == 0:
             self._end_step()
 
@@ -406,7 +415,7 @@ class StepRecorder:
             ops = self.capture.close_step(step) if self.capture is not None else None
         outputs = self._outputs if self.manifest.inference else None
         ended = (step, shipment, ops, samples, self._losses, self._hparams, self._grads, outputs,
-                 self._carried_grads)
+                 self._resets.take() or self._carried_grads)
         self._carried_grads = None
         if self.twin is not None:
             self.manifest.loss_scaler = self.twin.record()
@@ -435,7 +444,7 @@ class StepRecorder:
         with self._own_work():
             fetched = shipment.read()
         # != 0, not > 0: gradients that overflowed and were never reset have a nan norm, and are carried too
-        if carried_grads is not None and fetched(carried_grads)[0] != 0:
+        if carried_grads is True or (carried_grads is not None and fetched(carried_grads)[0] != 0):
             self.manifest.grads_carried_steps.append(step)
         losses = [
             (step, micro, fetched(handle)[0], scale, round(wall_ms, 3)) for micro, handle, scale, wall_ms in losses

@@ -19,7 +19,7 @@ from verify.compare.crashes import crash_identity, escaped_exception
 from verify.compare.metrics import TOP_K
 from verify.compare.op_catalogue import CARRIERS, CHANGED_BY_SETTING, OpCatalogue
 from verify.compare.curves import LossComparison
-from verify.compare.op_verdicts import MODEL_PHASES, op_label
+from verify.compare.op_verdicts import MODEL_PHASES, one_sided_producers, op_label, source_text
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
 from verify.record.schema import INPUT_OP, Status
@@ -286,7 +286,9 @@ def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
 
 
 def _grads_reset_findings(ref: Run, actual: Run) -> list[Finding]:
-    """A side whose backward() finds the previous step's gradients still there accumulates across steps."""
+    """A side whose optimizer applies gradients holding what it applied before (manifest.grads_carried_steps,
+    verify/capture/gradient_resets.py: per optimizer, a GAN's two included, and per evaluation of LBFGS's closure)
+    accumulates them."""
     common = set(ref.losses["step"]) & set(actual.losses["step"])
     carried = [set(run.manifest.grads_carried_steps) & common for run in (ref, actual)]
     findings = []
@@ -295,7 +297,7 @@ def _grads_reset_findings(ref: Run, actual: Run) -> list[Finding]:
         if only_here:
             findings.append(Finding(FindingCode.GRADS_NOT_RESET, (
                 f"the {side} side does not reset gradients between steps: from step {only_here[0]}, its backward() "
-                "adds to the previous step's gradients (optimizer.zero_grad() missing or misplaced)"),
+                "adds to gradients its optimizer already applied (optimizer.zero_grad() missing or misplaced)"),
                 {"side": side, "step": only_here[0], "steps": only_here}))
     return findings
 
@@ -426,6 +428,48 @@ def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue, lines: Cod
         {**detail, **_lines_detail(placed)})]
 
 
+def _one_sided_findings(table: pd.DataFrame, first: dict[str, Any] | None, catalogue: OpCatalogue,
+                        lines: CodeLines) -> list[Finding]:
+    """Calls only one side makes in the data flow of the first divergent op (op_verdicts.one_sided_producers): the
+    op that changed, which no record pairs (relu for a tanh GELU of eight ops, chosen through a config), where the op
+    after it is the first to differ. A kernel of a catalogue family among them (a fused NPU kernel for the
+    reference's unfused ops) is a known replacement, not a change; casts and copies are passed through."""
+    if first is None:
+        return []
+    rows = one_sided_producers(table, first, CARRIERS | frozenset(catalogue.one_sided))
+    ops = {side: [str(table.at[row, f"{side}_op"]) for row in side_rows] for side, side_rows in rows.items()}
+    if not any(ops.values()) or any(op in catalogue.families for side_ops in ops.values() for op in side_ops):
+        return []
+    made = {side: _calls_words(table, side, side_rows) for side, side_rows in rows.items()}
+    port, original = made["actual"], made["ref"]
+    message = (f"the port computes {port} where the original computes {original}" if port and original
+               else f"the port computes {port}, which the original does not" if port
+               else f"the original computes {original}, which the port does not")
+    lasts = {side: table.loc[side_rows[-1]] if side_rows else None for side, side_rows in rows.items()}
+    shown = lasts["actual"] if lasts["actual"] is not None else lasts["ref"]
+    detail = {"op": ", ".join(dict.fromkeys(ops["ref"])) or "nothing", "step": int(first["step"]),
+              "actual_op": ", ".join(dict.fromkeys(ops["actual"])) or "nothing", "module": str(shown["module"]),
+              "phase": str(shown["phase"]), "seq": int(first["seq"]), "one_sided": True}
+    placed = lines.place(*(row.get(f"{side}_source") if row is not None else None
+                           for side, row in lasts.items())) if lasts["actual"] is not None else None
+    return [Finding(FindingCode.OP_CHANGED, (
+        f"{message}: a changed operator, computed on one side only, before the first divergent operator "
+        f"{op_label(first)}"), {**detail, **_lines_detail(placed)})]
+
+
+def _calls_words(table: pd.DataFrame, side: str, rows: list[int]) -> str:
+    """'aten.relu (Net.block.act forward, train.py:17)'; of several calls their ops each once and how many calls;
+    "" for none."""
+    if not rows:
+        return ""
+    ops = list(dict.fromkeys(str(op) for op in table.loc[rows, f"{side}_op"]))
+    last = table.loc[rows[-1]]
+    where = ", ".join(part for part in (f"{last['module']} {last['phase']}".strip(),
+                                        source_text(last.get(f"{side}_source"))) if part)
+    calls = f"{len(rows)} calls, " if len(rows) > 1 else ""
+    return f"{', '.join(ops)} ({calls}{where})"
+
+
 def _settings(table: pd.DataFrame, side: str) -> pd.Series:
     """A side's ops.attrs of each row as strings, missing where its run recorded none (schema before 4, msprobe)."""
     column = f"{side}_attrs"
@@ -517,10 +561,15 @@ def _match_finding(table: pd.DataFrame) -> list[Finding]:
 
 def _cause_rank(finding: Finding, first: dict[str, Any] | None) -> float:
     """Causes before symptoms: FAILING's order, except that an overflow after the first divergent operator on the
-    timeline of the run (a later step, or later in the same step) follows from that divergence and ranks after it."""
+    timeline of the run (a later step, or later in the same step) follows from that divergence and ranks after it,
+    and a port stopped by a NaN or inf loss ranks after the causes its steps show."""
     rank = FAILING.index(finding.code)
     if finding.code is FindingCode.OVERFLOW and _happens_after(finding.detail, first):
         return FAILING.index(FindingCode.OP_DIVERGES) + 0.5
+    if finding.code is FindingCode.RUN_FAILED and finding.detail.get("status") == Status.NAN.value:
+        # A loss gone NaN or inf is what the steps computed: a cause found in them (gradients never reset, a changed
+        # op, a hyperparameter) comes first, symptoms (a first divergent op, the loss) after.
+        return FAILING.index(FindingCode.OP_CHANGED) + 0.5
     return rank
 
 
@@ -592,7 +641,7 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
         *_loss_finding(loss),
         *_output_finding(outputs),
         *inputs,
-        *_changed_op_findings(table, catalogue, lines),
+        *(_changed_op_findings(table, catalogue, lines) or _one_sided_findings(table, first, catalogue, lines)),
         *_op_findings(first, ref, actual, hparams, bool(inputs), lines),
         *_grad_finding(grads),
         *_match_finding(table),

@@ -19,7 +19,7 @@ import pandas as pd
 from verify.compare import envelope, metrics
 from verify.compare.envelope import Envelope
 from verify.compare import tolerances
-from verify.compare.align import MATCHED_STATUSES
+from verify.compare.align import MATCHED_STATUSES, AlignStatus
 from verify.compare.op_catalogue import CARRIERS
 from verify.compare.curves import overflow_timing_is_noise, skipped_steps
 from verify.compare.precision_policy import PrecisionPolicy
@@ -208,7 +208,7 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
         "step": int(worst["step"]), "seq": int(worst["ref_seq"]), "phase": str(worst["phase"]),
         "module": str(worst["module"]), "op": str(worst["ref_op"]), "actual_op": str(worst["actual_op"]),
         "io": str(worst["io"]), "status": str(worst["status"]), "judged_by": str(worst["judged_by"]),
-        "ref_source": _source(worst.get("ref_source")), "actual_source": _source(worst.get("actual_source")),
+        "ref_source": source_text(worst.get("ref_source")), "actual_source": source_text(worst.get("actual_source")),
         "dtype": str(worst["ref_dtype"]), "actual_dtype": str(worst["actual_dtype"]),
         "stats_error": float(worst["stats_error"]), "tolerance": float(worst["tolerance"]),
         "ref": {stat: float(worst[f"ref_{stat}"]) for stat in stats},
@@ -266,6 +266,40 @@ def _made_by_a_model(calls: dict[tuple[Any, int], tuple[Any, Any, Any]], step: A
         elif phase in MODEL_PHASES and op != INPUT_OP:
             return True
     return False
+
+
+# The status of a call that only one side made, per side.
+_UNPAIRED = {"ref": AlignStatus.ONLY_REF.value, "actual": AlignStatus.ONLY_ACTUAL.value}
+
+
+def one_sided_producers(table: pd.DataFrame, first: dict[str, Any], passes_through: frozenset[str]
+                        ) -> dict[str, list[int]]:
+    """Per side ("ref", "actual"): the table rows of the calls only that side made whose outputs flow into the
+    first divergent op `first`, up each side's recorded data flow (its ops.inputs) through other such calls and
+    through `passes_through` (casts and copies, expected one-sided ops), to the paired calls; in execution order, one
+    row per call. A port that computes another activation through a config (relu for GPT-2's tanh GELU, eight ops)
+    pairs none of its calls, and the op after it is the first to differ."""
+    rows = table.loc[table["step"] == first["step"]]
+    chosen = rows.loc[(rows["ref_seq"] == first["seq"]) & rows["status"].isin(MATCHED_STATUSES)].iloc[0]
+    found = {}
+    for side in _UNPAIRED:
+        calls = rows.loc[rows[f"{side}_seq"].notna()].drop_duplicates(f"{side}_seq")
+        by_seq = dict(zip(calls[f"{side}_seq"].astype("int64"), calls.index))
+        pending, seen, unpaired = _seqs(chosen[f"{side}_inputs"]), set(), []
+        while pending:
+            seq = pending.pop()
+            if seq in seen or seq not in by_seq:
+                continue
+            seen.add(seq)
+            row = by_seq[seq]
+            op = str(table.at[row, f"{side}_op"])
+            through = op in passes_through
+            if not through and (table.at[row, "status"] != _UNPAIRED[side] or op == INPUT_OP):
+                continue  # a paired call, or the batch: the data flow before it is judged by its own verdict
+            unpaired += [] if through else [seq]
+            pending += _seqs(table.at[row, f"{side}_inputs"])
+        found[side] = [by_seq[seq] for seq in sorted(unpaired)]
+    return found
 
 
 def _seqs(producers: Any) -> list[int]:
@@ -369,7 +403,7 @@ def _stand_in_limit(calls: pd.DataFrame) -> np.ndarray:
                   np.fmax(before["tolerance"].to_numpy(), same_shape["tolerance"].to_numpy()))
 
 
-def _source(value: Any) -> str:
+def source_text(value: Any) -> str:
     """A record's ops.source, "" where it has none (runs recorded before it, msprobe dumps)."""
     return value if isinstance(value, str) else ""
 

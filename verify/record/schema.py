@@ -318,7 +318,9 @@ class RunManifest:
     # A reference following the port's GradScaler: the plan its loss-scaler twin plays (LossScalerPlan.to_record(),
     # set by `verify ORIGINAL PORTED` from the port's run); empty otherwise.
     loss_scaler_plan: dict[str, Any] = field(default_factory=dict)
-    # Steps whose first backward() found gradients left from an earlier step (no zero_grad() between steps).
+    # Steps in which an optimizer applied gradients that held what it had applied before, nothing having reset them
+    # (zero_grad() missing: verify/capture/gradient_resets.py); without an optimizer, steps whose first backward()
+    # found gradients left from an earlier step.
     grads_carried_steps: list[int] = field(default_factory=list)
     timeout_s: float | None = None  # --timeout, if any
     # Several ranks (verify/record/run_folders.py: RUN/rank0/ ...): `rank` is this rank's (0 in the run's own manifest),

@@ -121,8 +121,9 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "tensor mode to see which elements overflow."), (), lambda finding: not _half(finding)),
     AdviceRule(FindingCode.GRADS_NOT_RESET, (
         "Reset the gradients once per optimizer step on the {side} side: call optimizer.zero_grad() (or "
-        "model.zero_grad()) after optimizer.step() or before the step's first backward(), as the other side does. "
-        "Without it every step adds its gradients to all earlier ones."), ("C9",)),
+        "model.zero_grad()) after optimizer.step() or before the step's first backward(), as the other side does, for "
+        "each optimizer (a GAN's two), and at the start of the closure an optimizer's step(closure) evaluates (LBFGS). "
+        "Without it every backward() adds its gradients to all earlier ones."), ("C9",)),
     AdviceRule(FindingCode.SCALE_STUCK, (
         "The {side} loss scale never grows: a static scale (GradScaler(dynamic=False), a fixed loss-scale value) or "
         "a growth interval longer than the run. A static scale that is too low lets fp16 gradients underflow; use "
