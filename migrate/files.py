@@ -21,6 +21,7 @@ from migrate import collector
 from migrate.diff import unified_diff
 from migrate.facts import file_facts
 from migrate.line_length import configured_line_length
+from migrate.parsing import check_size
 from migrate.types import FileResult, FileStatus, SourceError
 from rules import Settings
 from verify.checklist_items import PORT_SUFFIX, REPORT_SUFFIX, port_name
@@ -233,6 +234,13 @@ def decode(data: bytes, path: str) -> Decoded:
     return Decoded(text.removeprefix("\ufeff") if bom else text, encoding, bom)
 
 
+def read_source(path: Path) -> Decoded:
+    """A source file's text, once its size is within what the parser can read (migrate/parsing.py)."""
+    shown = shown_path(path)
+    check_size(path, shown)
+    return decode(path.read_bytes(), shown)
+
+
 def encode(text: str, decoded: Decoded) -> bytes:
     return text.encode("utf-8-sig" if decoded.bom else decoded.encoding)
 
@@ -277,7 +285,7 @@ def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     from migrate.engine import migrate_source  # libcst and the rules' machinery: loaded when a file is ported
 
     source, target = shown_path(job.source), shown_path(job.target)
-    decoded = decode(job.source.read_bytes(), source)
+    decoded = read_source(job.source)
     with collector.paused():  # the checklist's facts, one more parse, only for a run that writes its reports
         result = migrate_source(decoded.text, source, job.settings, rules)
         facts = file_facts(result.original, result.code, result.rules_run) if job.write else None
@@ -303,7 +311,7 @@ def fresh_output(job: Job, rules: Sequence[type[PortRule]]) -> bytes | None:
     try:
         if not job.port:
             return job.source.read_bytes()
-        decoded = decode(job.source.read_bytes(), shown_path(job.source))
+        decoded = read_source(job.source)
         result = migrate_source(decoded.text, shown_path(job.source), job.settings, rules)
     except Exception:  # noqa: BLE001 - as run_job: a file that cannot be ported is copied unchanged into a folder's port
         return job.source.read_bytes() if job.mirror else None
