@@ -21,7 +21,7 @@ from migrate import collector
 from migrate.diff import unified_diff
 from migrate.facts import file_facts
 from migrate.line_length import configured_line_length
-from migrate.parsing import check_size
+from migrate.parsing import check_size, too_deep
 from migrate.types import FileResult, FileStatus, SourceError
 from rules import Settings
 from verify.checklist_items import PORT_SUFFIX, REPORT_SUFFIX, port_name
@@ -260,6 +260,8 @@ def run_job(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
         return _port(job, rules)
     except SourceError as error:
         return _not_ported(job, str(error))
+    except RecursionError:
+        return _not_ported(job, str(too_deep(source)))
     except OSError as error:
         where = shown_path(error.filename or job.target)
         return FileResult(source, None, FileStatus.ERROR, error=f"{where}: {error.strerror or error}")

@@ -12,6 +12,9 @@ on CPython 3.11 (tests/test_bad_input.py holds them):
   expression at most, counted on Python's tree before libcst parses.
 - `MAX_ADJACENT_STRINGS` string literals in one concatenation (its grammar's recursion limit): one more is a
   ParserSyntaxError on valid Python, named as libcst's limit, never as the user's syntax.
+- its tree is walked in Python (codegen, visitors), one frame or more a level: Python's recursion limit (1000)
+  stops a chain of about 490 adjacent strings, `and`s or `+`s. The RecursionError is named so (`too_deep`), not
+  as a bug of migrate's.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import ast
 import io
 import re
+import sys
 import tokenize
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,6 +74,13 @@ def parse(code: str, path: str) -> cst.Module:
         return cst.parse_module(code)
     except cst.ParserSyntaxError as error:
         raise _libcst_limit(error, code, path) from None
+
+
+def too_deep(path: str) -> SourceError:
+    """What a RecursionError while a file is ported means: libcst's tree nests deeper than Python walks."""
+    return SourceError(path, 1, 1, f"nested deeper than libcst's tree walk can follow (Python's recursion limit, "
+                                   f"{sys.getrecursionlimit()}: about 490 adjacent string literals or chained "
+                                   "operators in one expression), not a syntax error; split the expression")
 
 
 def _check_boolean_chains(tree: ast.Module, code: str, path: str) -> None:

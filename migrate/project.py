@@ -185,5 +185,5 @@ def _trains(source: Path) -> bool:
     try:
         text = read_source(source).text
         return rules.trains(parse(text, shown_path(source)), text)
-    except (OSError, SourceError):
+    except (OSError, SourceError, RecursionError):
         return False
