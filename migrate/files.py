@@ -324,12 +324,18 @@ def write_output(job: Job, data: bytes) -> str:
     """Write `data` to the job's target unless it holds them already (a port run again changes nothing, not even a
     time stamp), keeping the file it replaces at `job.backup` first; returns the data's sha256, which the report
     folder records (migrate/ownership.py)."""
-    current = job.target.read_bytes() if job.target.is_file() else None
-    if current != data:
-        if job.backup is not None and current is not None:
-            write_atomic(job.backup, current, like=job.target)
-        write_atomic(job.target, data, like=job.source)
+    write_keeping(job.target, data, job.backup, like=job.source)
     return sha256(data)
+
+
+def write_keeping(target: Path, data: bytes, backup: Path | None = None, like: Path | None = None) -> None:
+    """Write `data` to `target` unless it holds them already, keeping the file it replaces at `backup` first (a
+    port or report file the user changed, under --force: migrate/ownership.py)."""
+    current = target.read_bytes() if target.is_file() else None
+    if current != data:
+        if backup is not None and current is not None:
+            write_atomic(backup, current, like=target)
+        write_atomic(target, data, like=like)
 
 
 def sha256(data: bytes) -> str:
