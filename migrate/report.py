@@ -19,7 +19,7 @@ from migrate import checklist
 from migrate.files import REPORT_MD, sha256, write_keeping
 from migrate.types import FileResult, FileStatus
 from rules import Action, Finding, Severity
-from verify.checklist_items import CHECKLIST_JSON
+from verify.checklist_items import CHECKLIST_JSON, markdown_code, markdown_row, markdown_text
 
 Row = dict[str, object]
 
@@ -177,16 +177,15 @@ def render_markdown(results: Sequence[FileResult], title: str) -> str:
         if result.status is FileStatus.SKIPPED:
             continue
         changes = sum(1 for f in result.findings if f.action is Action.CHANGED)
-        lines.append(
-            f"| `{result.source}` | {_status_text(result)} | `{result.target or '-'}` | {changes} "
-            f"| {len(result.findings) - changes} |"
-        )
+        lines.append(markdown_row([markdown_code(result.source), _status_text(result),
+                                   markdown_code(result.target or "-"), changes, len(result.findings) - changes]))
     inference = [result.source for result in results if result.inference]
     if inference:
-        lines += ["", "## Inference scripts", ""] + [f"- `{source}`: {_INFERENCE_TEXT}" for source in inference]
+        lines += ["", "## Inference scripts", ""] + [f"- {markdown_code(source)}: {_INFERENCE_TEXT}"
+                                                     for source in inference]
     errors = [result.error for result in results if result.error]
     if errors:
-        lines += ["", "## Errors", ""] + [f"- {error}" for error in errors]
+        lines += ["", "## Errors", ""] + [f"- {markdown_text(error)}" for error in errors]
     for heading, wanted in (("Needs a person", _needs_person), ("Changes made", _is_change)):
         chosen = [f for result in results for f in result.findings if wanted(f)]
         if chosen:
@@ -221,5 +220,5 @@ def finding_text(finding: Finding) -> str:
 
 
 def _finding_line(finding: Finding) -> str:
-    suggestion = f"\n  - suggestion: {finding.suggestion}" if finding.suggestion else ""
-    return f"- `{finding_text(finding)}`{suggestion}"
+    suggestion = f"\n  - suggestion: {markdown_text(finding.suggestion)}" if finding.suggestion else ""
+    return f"- {markdown_code(finding_text(finding))}{suggestion}"
