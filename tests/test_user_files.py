@@ -5,6 +5,7 @@ reports' modes follow the umask. Each case on real files."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -306,3 +307,16 @@ def test_a_folder_port_names_the_ports_and_symlinked_folders_it_leaves_out(tmp_p
         f"left out: {tmp_path / 'proj' / 'train_npu.py'}: an earlier port (its report folder is beside it), not ported "
         "again"]
     assert sorted(path.name for path in (tmp_path / "proj_npu").iterdir()) == ["lib", "train.py"]
+
+
+def test_report_md_and_checklist_md_escape_file_names_and_messages(tmp_path):
+    """Issue 43: a file name holding HTML or Markdown went raw into report.md and checklist.md."""
+    original = write(tmp_path / "<img src=x>#.py", SCRIPT)
+    broken = write(tmp_path / "## PASS <b>.py", b"import torch\ndef f(:\n")
+    result = migrate(original, broken)
+    assert result.exit_code == 2
+    folder = tmp_path / "<img src=x>#_npu_report"
+    report, checklist = (folder / "report.md").read_text(), (folder / "checklist.md").read_text()
+    assert f"| `{original}` |" in report and "<b>" not in report.replace(f"`{broken}`", "")
+    assert f"- {tmp_path}/\\#\\# PASS \\<b\\>.py:2:7: syntax error" in report.replace("\\_", "_")
+    assert not re.search(r"(?<![\\/])<img", checklist) and "\\<img src=x\\>\\#" in checklist  # a path's is in code
