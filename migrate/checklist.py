@@ -23,7 +23,7 @@ from migrate import hyperparams
 from migrate.facts import FileFacts
 from migrate.types import FileResult, FileStatus
 from rules import Action, AmpPolicy, Finding, Mode, Settings, Severity, all_rules
-from verify.checklist_items import TITLES, Status
+from verify.checklist_items import TITLES, Status, markdown_row, markdown_text
 
 if TYPE_CHECKING:
     from migrate.project import Project, ProjectImport
@@ -371,10 +371,10 @@ def to_markdown(items: Sequence[Item], title: str = "Accuracy checklist") -> str
     counts = Counter(item.status.value for item in items)
     lines = [f"# {title}", "", ", ".join(f"{n} {status}" for status, n in counts.items()), ""]
     lines += ["| id | item | status |", "|---|---|---|"]
-    lines += [f"| {item.id} | {item.title} | **{item.status.value}** |" for item in items]
-    for item in items:
+    lines += [markdown_row([item.id, item.title, f"**{item.status.value}**"]) for item in items]
+    for item in items:  # the evidence and the action quote file names and code: escaped
         lines += ["", f"## {item.id} {item.status.value}: {item.title}", ""]
-        lines += [f"- {evidence}" for evidence in item.evidence]
+        lines += [f"- {markdown_text(evidence)}" for evidence in item.evidence]
         if item.action:
-            lines += ["", f"What to do: {item.action}"]
+            lines += ["", f"What to do: {markdown_text(item.action)}"]
     return "\n".join(lines) + "\n"

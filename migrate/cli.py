@@ -24,7 +24,7 @@ from rich.table import Table
 from migrate import __version__, checklist, collector, ownership
 from migrate.files import Job, PlanError, default_report_dir, plan, run_jobs, shown_path
 from migrate.project import Project
-from migrate.report import Summary, finding_text, write_reports
+from migrate.report import REPORT_FILES, Summary, finding_text, write_reports
 from migrate.types import FileResult, FileStatus
 from rules import Action, AmpPolicy, Mode, RuleError, Settings, Severity, all_rules, rule_by_code, select_rules
 from verify.checklist_items import PORT_SUFFIX, port_name
@@ -115,7 +115,7 @@ def migrate(
                        report_dir=directory, left_out=left_out)
         project = Project.read(paths, planned)
         planned = project.settle(planned)
-        planned = _guard_edits(planned, rules, directory, force, quiet)
+        planned, kept = _guard_edits(planned, rules, directory, force, quiet)
     except (PlanError, RuleError) as error:
         for line in str(error).splitlines():  # one error, one line
             stderr.print(f"[red]error:[/] {escape(line)}")
@@ -135,8 +135,10 @@ def migrate(
         original, ported = _first_port(results, project)
         items = checklist.build(results, settings, rules, _verify_command(original, ported), original, project)
         try:
-            report = write_reports(results, directory, f"npu-port migrate report ({mode.value} mode)", items)[0]
-            ownership.write_record(directory, planned, results)
+            title = f"npu-port migrate report ({mode.value} mode)"
+            reports = write_reports(results, directory, title, items, kept)
+            ownership.write_record(directory, planned, results, reports, kept.get(directory / ownership.WRITTEN_JSON))
+            report = next(iter(reports))
         except OSError as error:
             where = shown_path(error.filename or directory)
             stderr.print(f"[red]error:[/] cannot write the report: {escape(where)}: {error.strerror}")
@@ -146,15 +148,19 @@ def migrate(
     raise typer.Exit(_exit_code(results, writes, quiet, report))
 
 
-def _guard_edits(planned: list[Job], rules, directory: Path, force: bool, quiet: bool) -> list[Job]:
-    """PlanError naming every port changed since migrate wrote it; under --force, the jobs that keep each first."""
+def _guard_edits(planned: list[Job], rules, directory: Path, force: bool,
+                 quiet: bool) -> tuple[list[Job], dict[Path, Path]]:
+    """PlanError naming every port changed since migrate wrote it and every file of the report folder it did not
+    write; under --force, the jobs that keep each port first, and where each report folder file is kept."""
     edits = ownership.edits(planned, rules, directory)
+    if any(job.write for job in planned):
+        edits += ownership.report_edits(directory, REPORT_FILES)
     if edits and not force:
         raise PlanError("\n".join(edit.refusal() for edit in edits))
     for edit in edits if not quiet else ():
-        stderr.print(f"--force: {escape(shown_path(edit.job.target))} changed since migrate wrote it; kept as "
-                     f"{escape(shown_path(edit.backup))}")
-    return ownership.keeping_backups(planned, edits)
+        why = "changed since migrate wrote it" if edit.recorded or not edit.report else "not written by migrate"
+        stderr.print(f"--force: {escape(shown_path(edit.target))} {why}; kept as {escape(shown_path(edit.backup))}")
+    return ownership.keeping_backups(planned, edits), ownership.backups_of(edits)
 
 
 def _run(planned, rules, workers: int, quiet: bool) -> list[FileResult]:

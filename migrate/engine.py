@@ -5,8 +5,6 @@ Pure: no file system, no printing. `migrate.files` does the I/O around it.
 
 from __future__ import annotations
 
-import ast
-import re
 import sys
 from contextlib import ExitStack
 from functools import lru_cache
@@ -20,37 +18,9 @@ from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper
 
 from migrate import collector
-from migrate.types import MigrationResult, SourceError
+from migrate.parsing import parse
+from migrate.types import MigrationResult
 from rules import CheapMatcherScan, FileState, PortRule, RuleSet, Settings, all_rules, forget, line_limit, reflow
-
-
-def parse(code: str, path: str) -> cst.Module:
-    try:
-        return cst.parse_module(code)
-    except cst.ParserSyntaxError as error:
-        raise _syntax_error(error, code, path) from None
-
-
-def _syntax_error(error: cst.ParserSyntaxError, code: str, path: str) -> SourceError:
-    """`path:line:col: syntax error: ...` where CPython's own parser puts it (libcst's points past the error)."""
-    try:
-        compile(code, path, "exec", ast.PyCF_ONLY_AST)
-    except SyntaxError as python_error:
-        line, column, text = python_error.lineno or 1, python_error.offset or 1, python_error.msg
-    else:  # Python accepts what libcst's grammar does not: fall back on libcst's own words
-        text = error.message.strip() or "invalid syntax"
-        where = _ERROR_AT.search(text)
-        line, column = (int(where[1]), int(where[2]) + 1) if where else (error.raw_line, error.raw_column + 1)
-        text = _ERROR_AT.sub("", text).split(": ", 1)[-1].strip()
-    lines = code.splitlines()
-    source_line = lines[line - 1] if 0 < line <= len(lines) else ""
-    hint = "; this looks like Python 2, port it to Python 3 first" if _PYTHON2.search(source_line) else ""
-    return SourceError(path, line, column, f"syntax error: {text}{hint}")
-
-
-_ERROR_AT = re.compile(r"error at (\d+):(\d+):?")
-# Statements only Python 2 accepts: `print "x"`, `exec code`, `except E, e:`, `raise E, "m"`, `<>`, backquotes.
-_PYTHON2 = re.compile(r"^\s*(print|exec)\s+[^\s(=.,)]|^\s*except\s+[\w.]+\s*,\s*\w+\s*:|^\s*raise\s+\w+\s*,|<>|`")
 
 
 def migrate_source(

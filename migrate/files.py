@@ -21,6 +21,7 @@ from migrate import collector
 from migrate.diff import unified_diff
 from migrate.facts import file_facts
 from migrate.line_length import configured_line_length
+from migrate.parsing import check_size, too_deep
 from migrate.types import FileResult, FileStatus, SourceError
 from rules import Settings
 from verify.checklist_items import PORT_SUFFIX, REPORT_SUFFIX, port_name
@@ -233,6 +234,13 @@ def decode(data: bytes, path: str) -> Decoded:
     return Decoded(text.removeprefix("\ufeff") if bom else text, encoding, bom)
 
 
+def read_source(path: Path) -> Decoded:
+    """A source file's text, once its size is within what the parser can read (migrate/parsing.py)."""
+    shown = shown_path(path)
+    check_size(path, shown)
+    return decode(path.read_bytes(), shown)
+
+
 def encode(text: str, decoded: Decoded) -> bytes:
     return text.encode("utf-8-sig" if decoded.bom else decoded.encoding)
 
@@ -252,6 +260,8 @@ def run_job(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
         return _port(job, rules)
     except SourceError as error:
         return _not_ported(job, str(error))
+    except RecursionError:
+        return _not_ported(job, str(too_deep(source)))
     except OSError as error:
         where = shown_path(error.filename or job.target)
         return FileResult(source, None, FileStatus.ERROR, error=f"{where}: {error.strerror or error}")
@@ -277,7 +287,7 @@ def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     from migrate.engine import migrate_source  # libcst and the rules' machinery: loaded when a file is ported
 
     source, target = shown_path(job.source), shown_path(job.target)
-    decoded = decode(job.source.read_bytes(), source)
+    decoded = read_source(job.source)
     with collector.paused():  # the checklist's facts, one more parse, only for a run that writes its reports
         result = migrate_source(decoded.text, source, job.settings, rules)
         facts = file_facts(result.original, result.code, result.rules_run) if job.write else None
@@ -303,7 +313,7 @@ def fresh_output(job: Job, rules: Sequence[type[PortRule]]) -> bytes | None:
     try:
         if not job.port:
             return job.source.read_bytes()
-        decoded = decode(job.source.read_bytes(), shown_path(job.source))
+        decoded = read_source(job.source)
         result = migrate_source(decoded.text, shown_path(job.source), job.settings, rules)
     except Exception:  # noqa: BLE001 - as run_job: a file that cannot be ported is copied unchanged into a folder's port
         return job.source.read_bytes() if job.mirror else None
@@ -314,12 +324,18 @@ def write_output(job: Job, data: bytes) -> str:
     """Write `data` to the job's target unless it holds them already (a port run again changes nothing, not even a
     time stamp), keeping the file it replaces at `job.backup` first; returns the data's sha256, which the report
     folder records (migrate/ownership.py)."""
-    current = job.target.read_bytes() if job.target.is_file() else None
-    if current != data:
-        if job.backup is not None and current is not None:
-            write_atomic(job.backup, current, like=job.target)
-        write_atomic(job.target, data, like=job.source)
+    write_keeping(job.target, data, job.backup, like=job.source)
     return sha256(data)
+
+
+def write_keeping(target: Path, data: bytes, backup: Path | None = None, like: Path | None = None) -> None:
+    """Write `data` to `target` unless it holds them already, keeping the file it replaces at `backup` first (a
+    port or report file the user changed, under --force: migrate/ownership.py)."""
+    current = target.read_bytes() if target.is_file() else None
+    if current != data:
+        if backup is not None and current is not None:
+            write_atomic(backup, current, like=target)
+        write_atomic(target, data, like=like)
 
 
 def sha256(data: bytes) -> str:

@@ -14,9 +14,9 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
-from migrate.files import Job, PlanError, default_report_dir, fresh_output, sha256, shown_path, write_atomic
+from migrate.files import Job, PlanError, default_report_dir, fresh_output, sha256, shown_path, write_keeping
 from migrate.types import FileResult
 
 if TYPE_CHECKING:
@@ -28,17 +28,26 @@ SHOWN_PLACES = 6  # places named in one refusal; the others are counted
 
 @dataclass(frozen=True)
 class Edit:
-    """A target on disk that holds neither what migrate last wrote there nor what it would write now."""
+    """A file migrate would replace that holds neither what migrate last wrote there nor (a port) what it would
+    write now: a port the user edited, or a file of the user's in the report folder (report.md, findings.csv...)."""
 
-    job: Job
+    target: Path
     recorded: bool  # whether the report folder has a record of what migrate wrote there
-    lines: str  # "at line 3, lines 7-9": where the file differs from the port migrate would write now
+    lines: str  # a port's "at line 3, lines 7-9": where it differs from the port migrate would write now
     backup: Path
+    report: bool = False  # one of the report folder's files, whose new bytes are known only once the run is done
 
     def refusal(self) -> str:
-        target = shown_path(self.job.target)
-        why = ("was changed since migrate wrote it" if self.recorded
-               else "is not what migrate would write and migrate has no record of writing it")
+        target = shown_path(self.target)
+        if self.recorded:
+            why = "was changed since migrate wrote it"
+        elif self.report:
+            why = "is a file migrate did not write (written.json beside it has no record of it)"
+        else:
+            why = "is not what migrate would write and migrate has no record of writing it"
+        if self.report:
+            return (f"{target} {why}; nothing was written. Move it, or name another report folder with --report-dir, "
+                    f"or pass --force to write the reports, your file kept as {shown_path(self.backup.name)} first")
         return (f"{target} {why}: it differs from the new port {self.lines}; nothing was written. Keep your "
                 "changes (move them into the original, or name the new port with -o or --suffix), or pass --force "
                 f"to port again, your file kept as {shown_path(self.backup.name)} first")
@@ -57,7 +66,21 @@ def edits(jobs: Sequence[Job], rules: Sequence[type[PortRule]], report_dir: Path
             continue
         fresh = fresh_output(job, rules)
         if fresh is not None and fresh != current:
-            found.append(Edit(job, recorded is not None, _changed_lines(current, fresh), backup_path(job.target)))
+            found.append(Edit(job.target, recorded is not None, _changed_lines(current, fresh), backup_path(job.target)))
+    return found
+
+
+def report_edits(report_dir: Path, names: Sequence[str]) -> list[Edit]:
+    """The files of the report folder migrate would replace (`names`, and written.json, its record) that it did
+    not write: the user's own report.md or findings.csv where --report-dir points, or edited since. Reads only."""
+    record, found = read_record(report_dir), []
+    for name in names:
+        path = report_dir / name
+        if path.is_file() and record.get(_key(path, report_dir)) != sha256(path.read_bytes()):
+            found.append(Edit(path, _key(path, report_dir) in record, "", backup_path(path), report=True))
+    written = report_dir / WRITTEN_JSON
+    if written.is_file() and not record and written.read_bytes() != _record_bytes({}):  # not a record of ours
+        found.append(Edit(written, False, "", backup_path(written), report=True))
     return found
 
 
@@ -88,8 +111,13 @@ def _written_by_migrate(path: Path, suffix: str, report_dir: Path | None) -> str
 
 def keeping_backups(jobs: Sequence[Job], found: Sequence[Edit]) -> list[Job]:
     """The jobs, each that replaces an edited file told where to keep it first (--force)."""
-    backups = {edit.job.target: edit.backup for edit in found}
+    backups = backups_of(found)
     return [replace(job, backup=backups.get(job.target)) for job in jobs]
+
+
+def backups_of(found: Sequence[Edit]) -> dict[Path, Path]:
+    """Where each file --force replaces is kept first."""
+    return {edit.target: edit.backup for edit in found}
 
 
 def backup_path(target: Path) -> Path:
@@ -110,13 +138,20 @@ def read_record(report_dir: Path) -> dict[str, str]:
         return {}
 
 
-def write_record(report_dir: Path, jobs: Sequence[Job], results: Sequence[FileResult]) -> Path:
-    """Adds what this run wrote to the report folder's record (the other files it names keep their entries)."""
+def write_record(report_dir: Path, jobs: Sequence[Job], results: Sequence[FileResult],
+                 reports: Mapping[Path, str], backup: Path | None = None) -> Path:
+    """Adds what this run wrote, its ports and its `reports` (path -> sha256), to the report folder's record (the
+    other files it names keep their entries); a written.json not of ours is kept at `backup` first (--force)."""
     record = read_record(report_dir) | {
         _key(job.target, report_dir): result.written for job, result in zip(jobs, results) if result.written}
+    record |= {_key(path, report_dir): digest for path, digest in reports.items()}
     path = report_dir / WRITTEN_JSON
-    write_atomic(path, json.dumps({"files": dict(sorted(record.items()))}, indent=1).encode())
+    write_keeping(path, _record_bytes(record), backup)
     return path
+
+
+def _record_bytes(record: Mapping[str, str]) -> bytes:
+    return json.dumps({"files": dict(sorted(record.items()))}, indent=1).encode()
 
 
 def _key(target: Path, report_dir: Path) -> str:

@@ -17,7 +17,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from migrate.files import Job, decode, has_main_guard, shown_path
+from migrate.files import Job, has_main_guard, read_source, shown_path
+from migrate.parsing import parse, python_tree
 from migrate.types import SourceError
 
 
@@ -129,8 +130,8 @@ def _entry_points(named: dict[Path, Job], imports: Sequence[ProjectImport]) -> f
 
 def _project_imports(source: Path, roots: Sequence[Path]) -> Iterator[ProjectImport]:
     try:
-        tree = ast.parse(decode(source.read_bytes(), shown_path(source)).text)
-    except (OSError, SyntaxError, ValueError, SourceError):
+        tree = python_tree(read_source(source).text, shown_path(source))
+    except (OSError, ValueError, SourceError):
         return  # its port reports why it cannot be read
     for node in _import_statements(tree.body):
         for name in _names(node):
@@ -178,13 +179,11 @@ def _resolve(importer: Path, name: str, roots: Sequence[Path]) -> Path | None:
 
 def _trains(source: Path) -> bool:
     """Whether a project file trains (rules.trains: backward(), an optimizer step, a trainer's fit); an unreadable one
-    does not (its own port reports why). libcst is imported here: `migrate --help` and `--version` load nothing heavy."""
-    import libcst
-
+    does not (its own port reports why)."""
     import rules
 
     try:
-        text = decode(source.read_bytes(), shown_path(source)).text
-        return rules.trains(libcst.parse_module(text), text)
-    except (OSError, libcst.ParserSyntaxError, SourceError):
+        text = read_source(source).text
+        return rules.trains(parse(text, shown_path(source)), text)
+    except (OSError, SourceError, RecursionError):
         return False

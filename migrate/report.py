@@ -13,13 +13,13 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from migrate import checklist
-from migrate.files import REPORT_MD, write_atomic
+from migrate.files import REPORT_MD, sha256, write_keeping
 from migrate.types import FileResult, FileStatus
 from rules import Action, Finding, Severity
-from verify.checklist_items import CHECKLIST_JSON
+from verify.checklist_items import CHECKLIST_JSON, markdown_code, markdown_row, markdown_text
 
 Row = dict[str, object]
 
@@ -72,10 +72,16 @@ def findings_table(results: Sequence[FileResult]) -> list[Row]:
     return [{column: row[column] for column in FINDING_COLUMNS} for row in rows]
 
 
+REPORT_FILES = (REPORT_MD, "findings.csv", "findings.json", "diff.patch", "change_list.csv", "unsupported_api.csv",
+                "hyperparameters.csv", "checklist.md", CHECKLIST_JSON)
+
+
 def write_reports(
-    results: Sequence[FileResult], directory: Path, title: str, checklist_items: Sequence[checklist.Item] = ()
-) -> list[Path]:
-    """Write every report file into `directory`; returns the paths written."""
+    results: Sequence[FileResult], directory: Path, title: str, checklist_items: Sequence[checklist.Item] = (),
+    backups: Mapping[Path, Path] | None = None,
+) -> dict[Path, str]:
+    """Write every report file (REPORT_FILES) into `directory`, a file of the user's there kept at its `backups`
+    entry first (--force; migrate/ownership.py refuses it otherwise); returns the paths written and their sha256."""
     findings = findings_table(results)
     files = {
         REPORT_MD: render_markdown(results, title).encode(),
@@ -89,10 +95,10 @@ def write_reports(
     if checklist_items:
         files["checklist.md"] = checklist.to_markdown(checklist_items).encode()
         files[CHECKLIST_JSON] = checklist.to_json(checklist_items).encode()
-    written = []
+    written = {}
     for name, data in files.items():
-        write_atomic(directory / name, data)
-        written.append(directory / name)
+        write_keeping(directory / name, data, (backups or {}).get(directory / name))
+        written[directory / name] = sha256(data)
     return written
 
 
@@ -171,16 +177,15 @@ def render_markdown(results: Sequence[FileResult], title: str) -> str:
         if result.status is FileStatus.SKIPPED:
             continue
         changes = sum(1 for f in result.findings if f.action is Action.CHANGED)
-        lines.append(
-            f"| `{result.source}` | {_status_text(result)} | `{result.target or '-'}` | {changes} "
-            f"| {len(result.findings) - changes} |"
-        )
+        lines.append(markdown_row([markdown_code(result.source), _status_text(result),
+                                   markdown_code(result.target or "-"), changes, len(result.findings) - changes]))
     inference = [result.source for result in results if result.inference]
     if inference:
-        lines += ["", "## Inference scripts", ""] + [f"- `{source}`: {_INFERENCE_TEXT}" for source in inference]
+        lines += ["", "## Inference scripts", ""] + [f"- {markdown_code(source)}: {_INFERENCE_TEXT}"
+                                                     for source in inference]
     errors = [result.error for result in results if result.error]
     if errors:
-        lines += ["", "## Errors", ""] + [f"- {error}" for error in errors]
+        lines += ["", "## Errors", ""] + [f"- {markdown_text(error)}" for error in errors]
     for heading, wanted in (("Needs a person", _needs_person), ("Changes made", _is_change)):
         chosen = [f for result in results for f in result.findings if wanted(f)]
         if chosen:
@@ -215,5 +220,5 @@ def finding_text(finding: Finding) -> str:
 
 
 def _finding_line(finding: Finding) -> str:
-    suggestion = f"\n  - suggestion: {finding.suggestion}" if finding.suggestion else ""
-    return f"- `{finding_text(finding)}`{suggestion}"
+    suggestion = f"\n  - suggestion: {markdown_text(finding.suggestion)}" if finding.suggestion else ""
+    return f"- {markdown_code(finding_text(finding))}{suggestion}"

@@ -1,5 +1,6 @@
 """Bad input gets a clear `path:line:col` error and exit code 2, and nothing is lost: each case on a real file."""
 
+import ast
 import os
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from typer.testing import CliRunner
 
 from migrate.cli import app
 from migrate.files import plan, run_jobs
+from migrate.parsing import MAX_SOURCE_BYTES
 from migrate.types import FileStatus
 from rules import rule_by_code
 from rules import PortRule, Settings, Unchanged
@@ -185,3 +187,59 @@ def test_an_internal_error_in_one_file_spares_the_others(tmp_path: Path, workers
     assert "b.py:1:1: internal error: RuntimeError: boom" in error
     assert (tmp_path / "src_npu" / "b.py").read_bytes() == b"def explode():\n    pass\n"  # copied unchanged
     assert (tmp_path / "src_npu" / "c.py").exists()
+
+
+def test_a_file_past_the_size_limit_is_named_before_it_is_read_and_the_others_are_ported(tmp_path: Path):
+    """Issue 43: a 50 MB file ended in a Rust out-of-memory abort (exit 134) that took the whole run with it."""
+    entry_point = b'if __name__ == "__main__":\n    pass\n'
+    write(tmp_path / "src" / "good.py", TORCH + entry_point)
+    big = write(tmp_path / "src" / "weights.py", TORCH + b"W = [" + b"0.1, " * (MAX_SOURCE_BYTES // 5) + b"]\n")
+    result = migrate(tmp_path / "src", *IMP001)
+    assert result.exit_code == 2
+    assert f"error: {big}:1:1: 2.0 MiB is past migrate's limit of 2 MiB a file: libcst's parser" in result.stderr
+    assert (tmp_path / "src_npu" / "good.py").read_bytes() == TORCH + INSERTED + entry_point
+    assert (tmp_path / "src_npu" / "weights.py").read_bytes() == big.read_bytes()  # copied unchanged
+
+
+@pytest.mark.parametrize("shape, limit, message", [
+    ("strings", "MAX_ADJACENT_STRINGS", ":3:1: 3001 adjacent string literals: libcst's parser takes at most 3000"),
+    ("and", "MAX_BOOLEAN_CHAIN", ":2:7: 3001 chained `and`/`or` operators: libcst's parser takes at most 3000"),
+])
+def test_valid_python_past_libcsts_limits_is_named_as_libcsts_never_a_syntax_error(tmp_path, shape, limit, message):
+    """Issue 43: a valid 90 KB script of 6,000 adjacent string literals was 'a syntax error'; 8,000 chained `and`s
+    overflow libcst's native stack (SIGSEGV, the whole run gone). Python reads both."""
+    from migrate import parsing
+
+    count = getattr(parsing, limit) + 1
+    body = {"strings": "TEXT = (\n" + "".join(f"    'part {i} '\n" for i in range(count)) + ")\n",
+            "and": "OK = (" + " and ".join(["True"] * (count + 1)) + ")\n"}[shape]
+    script = write(tmp_path / "long.py", TORCH + body.encode())
+    ast.parse(script.read_text())  # valid Python
+    other = write(tmp_path / "other.py", TORCH)
+    result = migrate(script, other, *IMP001)
+    assert result.exit_code == 2
+    assert f"error: {script}{message}" in result.stderr.replace("\n", "")
+    assert "syntax error:" not in result.stderr
+    assert (tmp_path / "other_npu.py").exists() and not (tmp_path / "long_npu.py").exists()
+
+
+@pytest.mark.parametrize("body", ["TEXT = (\n" + "    'part'\n" * 600 + ")\n", "OK = " + " and ".join(["x"] * 600)])
+def test_a_chain_deeper_than_libcsts_tree_walk_is_named_so_never_a_bug(tmp_path, body):
+    """600 adjacent strings parse, but libcst's tree is walked in Python: the RecursionError was 'internal error
+    (please report this bug)'."""
+    script = write(tmp_path / "deep.py", TORCH + body.encode() + b"\n")
+    result = migrate(script, write(tmp_path / "other.py", TORCH), *IMP001)
+    assert result.exit_code == 2 and (tmp_path / "other_npu.py").exists()
+    assert f"error: {script}:1:1: nested deeper than libcst's tree walk can follow (Python's recursion limit" in (
+        result.stderr.replace("\n", ""))
+    assert "internal error" not in result.stderr and "syntax error:" not in result.stderr
+
+
+def test_what_pythons_parser_refuses_is_a_syntax_error_before_libcst_reads_it(tmp_path: Path):
+    """2,000 nested brackets overflowed libcst's stack (SIGSEGV); Python refuses 200."""
+    script = write(tmp_path / "deep.py", TORCH + b"x = " + b"[" * 2000 + b"]" * 2000 + b"\n")
+    other = write(tmp_path / "other.py", TORCH)
+    result = migrate(script, other, *IMP001)
+    assert result.exit_code == 2
+    assert f"{script}:2:" in result.stderr and "syntax error: too many nested parentheses" in result.stderr
+    assert (tmp_path / "other_npu.py").exists()

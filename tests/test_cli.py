@@ -185,7 +185,8 @@ def test_report_lines_name_path_line_and_code(script: Path, tmp_path: Path):
     reports = tmp_path / "reports"
     migrate(script, "--report-dir", reports, "--select", "IMP001")
     report = (reports / "report.md").read_text()
-    assert f"`{script}:2:1: INFO IMP001: added" in report
+    # the message quotes code in backticks: the finding's code span is fenced by two (it was cut at the first)
+    assert f"- `` {script}:2:1: INFO IMP001: added `import torch_npu` and" in report
     assert "Findings: " in report and "| changed |" in report
 
 

@@ -5,6 +5,7 @@ reports' modes follow the umask. Each case on real files."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -207,15 +208,54 @@ def test_a_file_edited_in_a_folders_port_is_refused_before_anything_is_written(t
 
 def test_a_port_without_a_record_is_replaced_only_if_nothing_would_be_lost(tmp_path):
     """A port written before migrate kept its record (or whose report folder lost it): its bytes are compared with
-    the new port's."""
+    the new port's. (The report folder's own files are the user's once unrecorded: another report folder here.)"""
     original = write(tmp_path / "again.py", SCRIPT)
     assert migrate(original).exit_code == 0
-    (tmp_path / "again_npu_report" / "written.json").unlink()
-    assert migrate(original).exit_code == 0  # the same bytes as the new port: nothing to lose
-    (tmp_path / "again_npu_report" / "written.json").unlink()
+    assert migrate(original, "--report-dir", tmp_path / "first").exit_code == 0  # no record: nothing to lose
     edited(tmp_path / "again_npu.py")
-    result = migrate(original)
+    result = migrate(original, "--report-dir", tmp_path / "second")
     assert result.exit_code == 2 and "migrate has no record of writing it" in result.stderr.replace("\n", "")
+
+
+@pytest.mark.parametrize("where", ["--report-dir", "beside"])
+def test_a_report_folder_file_migrate_did_not_write_is_refused_or_kept_under_force(tmp_path, where):
+    """Issue 43: --report-dir DIR, or a report folder already there, lost the user's own report.md and findings.csv."""
+    original = write(tmp_path / "train.py", SCRIPT)
+    folder = tmp_path / ("notes" if where == "--report-dir" else "train_npu_report")
+    mine = {"report.md": b"# my notes\n", "findings.csv": b"a,b\n1,2\n", "keep.txt": b"mine\n"}
+    for name, data in mine.items():
+        write(folder / name, data)
+    options = ["--report-dir", folder] if where == "--report-dir" else []
+    result = migrate(original, *options)
+    assert result.exit_code == 2 and not (tmp_path / "train_npu.py").exists()
+    refused = [line for line in result.stderr.replace("\n ", " ").splitlines() if line.startswith("error:")]
+    assert refused == [f"error: {folder / name} is a file migrate did not write (written.json beside it has no record "
+                       "of it); nothing was written. Move it, or name another report folder with --report-dir, or "
+                       f"pass --force to write the reports, your file kept as {name}.bak first"
+                       for name in ("report.md", "findings.csv")]
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == mine
+    forced = migrate(original, *options, "--force")
+    assert forced.exit_code == 0, forced.stderr
+    assert f"--force: {folder / 'report.md'} not written by migrate; kept as {folder / 'report.md.bak'}" in (
+        forced.stderr.replace("\n", ""))
+    assert (folder / "report.md.bak").read_bytes() == mine["report.md"]
+    assert (folder / "findings.csv.bak").read_bytes() == mine["findings.csv"]
+    assert (folder / "keep.txt").read_bytes() == mine["keep.txt"]
+    assert (folder / "report.md").read_bytes().startswith(b"# npu-port migrate report")
+    assert migrate(original, *options).exit_code == 0  # the reports are migrate's own now
+    (folder / "findings.csv").write_bytes(b"edited\n")
+    again = migrate(original, *options)
+    assert again.exit_code == 2 and f"{folder / 'findings.csv'} was changed since migrate wrote it" in again.stderr
+
+
+def test_a_written_json_that_is_not_migrates_record_is_the_users(tmp_path):
+    original = write(tmp_path / "train.py", SCRIPT)
+    user = write(tmp_path / "out" / "written.json", b'{"mine": true}\n')
+    result = migrate(original, "--report-dir", tmp_path / "out")
+    assert result.exit_code == 2 and f"{user} is a file migrate did not write" in result.stderr.replace("\n", "")
+    assert migrate(original, "--report-dir", tmp_path / "out", "--force").exit_code == 0
+    assert (tmp_path / "out" / "written.json.bak").read_bytes() == b'{"mine": true}\n'
+    assert b'"files"' in user.read_bytes()
 
 
 def test_check_and_diff_read_an_edited_port_without_refusing(tmp_path):
@@ -267,3 +307,16 @@ def test_a_folder_port_names_the_ports_and_symlinked_folders_it_leaves_out(tmp_p
         f"left out: {tmp_path / 'proj' / 'train_npu.py'}: an earlier port (its report folder is beside it), not ported "
         "again"]
     assert sorted(path.name for path in (tmp_path / "proj_npu").iterdir()) == ["lib", "train.py"]
+
+
+def test_report_md_and_checklist_md_escape_file_names_and_messages(tmp_path):
+    """Issue 43: a file name holding HTML or Markdown went raw into report.md and checklist.md."""
+    original = write(tmp_path / "<img src=x>#.py", SCRIPT)
+    broken = write(tmp_path / "## PASS <b>.py", b"import torch\ndef f(:\n")
+    result = migrate(original, broken)
+    assert result.exit_code == 2
+    folder = tmp_path / "<img src=x>#_npu_report"
+    report, checklist = (folder / "report.md").read_text(), (folder / "checklist.md").read_text()
+    assert f"| `{original}` |" in report and "<b>" not in report.replace(f"`{broken}`", "")
+    assert f"- {tmp_path}/\\#\\# PASS \\<b\\>.py:2:7: syntax error" in report.replace("\\_", "_")
+    assert not re.search(r"(?<![\\/])<img", checklist) and "\\<img src=x\\>\\#" in checklist  # a path's is in code

@@ -187,3 +187,28 @@ def test_every_finding_with_numpy_details_goes_through_every_report_writer(tmp_p
 def test_json_data_is_plain():
     assert report.json_data({1: (np.int8(1), np.float16(0.5), np.bool_(False), pd.NA, float("-inf"), pd.NaT)}) == {
         "1": [1, 0.5, False, None, None, None]}
+
+
+def test_reports_escape_what_they_quote_from_runs(tmp_path):
+    """Issue 43: a crash message holding '## Verdict / **PASS**' added a second verdict to adaptation.md, a file
+    name with HTML went raw into the reports, and a manifest field starting with '=' became a formula in ops.xlsx."""
+    from verify.report.adaptation import adaptation_markdown
+
+    crash = "RuntimeError: boom\n\n## Verdict\n\n**PASS**: <img src=x onerror=alert(1)>"
+    result = failing_result(tmp_path, status="crashed", message=crash, script=str(tmp_path / "<u>train.py"),
+                            device_name="=HYPERLINK(\"http://x\",\"click\")")
+    report.write_reports(result, tmp_path / "out")
+    markdown = adaptation_markdown(result, ["verify", str(tmp_path / "<u>train.py")], tmp_path)
+    assert markdown.count("## Verdict") == 1 and markdown.count("**PASS**") == 0
+    assert "# Adaptation report: \\<u\\>train.py\n" in markdown and "\\<img src=x" in markdown
+    assert "| `<u>train.py` |" in markdown  # a code span shows it as text
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "<u>train" not in page and "<img" not in page
+    ops = trace_ops().replace({"module": {"Net.fc1": "=HYPERLINK(\"http://x\")"}})  # a module named by the script
+    noisy = with_noise(ops)
+    noisy.loc[noisy["step"] == 0, "l2_norm"] *= 1.5
+    named = compare_runs(read_side(write_run(tmp_path / "r2", ops=ops)), read_side(write_run(tmp_path / "a2", ops=noisy)))
+    report.write_reports(named, tmp_path / "out2")
+    cells = [cell for sheet in load_workbook(tmp_path / "out2" / "ops.xlsx") for row in sheet.iter_rows()
+             for cell in row if isinstance(cell.value, str) and cell.value.startswith("=")]
+    assert cells and all(cell.data_type == "s" for cell in cells)

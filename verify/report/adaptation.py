@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from verify.checklist_items import markdown_code, markdown_row, markdown_text
 from verify.compare.metrics import OUTPUT_METRICS
 from verify.compare.runs import ComparisonResult
 from verify.devices import title
@@ -37,24 +38,24 @@ def adaptation_markdown(result: ComparisonResult, command: list[str], ran_in: Pa
     summary = result.summary()
     sides = (("Reference", result.ref), ("Port", result.actual))
     sections = [
-        f"# Adaptation report: {Path(result.actual.manifest.script).name}",
+        f"# Adaptation report: {markdown_text(Path(result.actual.manifest.script).name)}",
         _section("Model and source", _table(["", "script", "sha256", "arguments", "model", "parameters"], [
-            [side, f"`{_public(run.manifest.script, ran_in)}`", run.manifest.script_sha256[:12],
-             f"`{shlex.join(_public(arg, ran_in) for arg in run.manifest.argv)}`", *_model(run)]
+            [side, markdown_code(_public(run.manifest.script, ran_in)), markdown_text(run.manifest.script_sha256[:12]),
+             markdown_code(shlex.join(_public(arg, ran_in) for arg in run.manifest.argv)), *_model(run)]
             for side, run in sides])),
-        _section("Command", f"```\n{shlex.join(_public(word, ran_in) for word in command)}\n```"),
+        _section("Command", markdown_code(shlex.join(_public(word, ran_in) for word in command), block=True)),
         _section("Hardware", _table(["", "device", "name", "emulated"], [
-            [side, title(run.manifest.device, run.manifest.emulated_on), run.manifest.device_name or "-",
+            [side, title(run.manifest.device, run.manifest.emulated_on), markdown_text(run.manifest.device_name or "-"),
              "yes: a test double, not the device" if run.manifest.emulated else "no"] for side, run in sides])),
         _section("Software", _table(["", *_VERSIONS], [[side, *(_version(run, name) for name in _VERSIONS)]
                                                        for side, run in sides])),
         _section("Run", _table(["", "status", "steps", "median time per step"], [
-            [side, run.manifest.status, f"{run.manifest.steps_completed} of {run.manifest.steps_requested}",
+            [side, markdown_text(run.manifest.status), f"{run.manifest.steps_completed} of {run.manifest.steps_requested}",
              _step_time(run)] for side, run in sides])),
         _section("Accuracy", _accuracy(summary, result)),
         _section("Criterion", _criterion(summary)),
-        _section("Verdict", f"**{summary['verdict']}**: {summary['reason'].split(': ', 1)[-1]}\n\n"
-                            f"Comparison: {summary['comparison']}."),
+        _section("Verdict", f"**{summary['verdict']}**: {markdown_text(summary['reason'].split(': ', 1)[-1])}\n\n"
+                            f"Comparison: {markdown_text(summary['comparison'])}."),
     ]
     return "\n\n".join(sections) + "\n"
 
@@ -71,7 +72,7 @@ def _public(word: str, ran_in: Path) -> str:
 def _model(run: Run) -> list[str]:
     """The model's class and its parameter count, as the run recorded them (manifest.extra[MODEL_KEY])."""
     model = run.manifest.extra.get(MODEL_KEY)
-    return [f"`{model['class']}`", f"{model['parameters']:,}"] if model else ["-", "-"]
+    return [markdown_code(model["class"]), f"{model['parameters']:,}"] if model else ["-", "-"]
 
 
 def _section(heading: str, body: str) -> str:
@@ -79,12 +80,11 @@ def _section(heading: str, body: str) -> str:
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = [header, ["---"] * len(header), *rows]
-    return "\n".join("| " + " | ".join(str(cell).replace("|", "\\|") for cell in line) + " |" for line in lines)
+    return "\n".join(markdown_row(line) for line in [header, ["---"] * len(header), *rows])
 
 
 def _version(run: Run, name: str) -> str:
-    return str(run.manifest.extra.get(ENVIRONMENT_KEY, {}).get("versions", {}).get(name) or "-")
+    return markdown_text(run.manifest.extra.get(ENVIRONMENT_KEY, {}).get("versions", {}).get(name) or "-")
 
 
 def _step_time(run: Run) -> str:
@@ -98,7 +98,8 @@ def _step_time(run: Run) -> str:
 def _accuracy(summary: dict[str, Any], result: ComparisonResult) -> str:
     outputs = summary["outputs"]
     if outputs:
-        rows = [[row["output"], *_figures(row), "yes" if row["passed"] else "no"] for row in outputs["per_output"]]
+        rows = [[markdown_text(row["output"]), *_figures(row), "yes" if row["passed"] else "no"]
+                for row in outputs["per_output"]]
         rows.append(["all", *_figures(outputs["overall"]), "yes" if outputs["overall"]["passed"] else "no"])
         return ("Inference outputs, each figure at its worst over the steps:\n\n"
                 + _table(["output", *(metric.label for metric in OUTPUT_METRICS), "within"], rows))
@@ -107,8 +108,9 @@ def _accuracy(summary: dict[str, Any], result: ComparisonResult) -> str:
     rows = [[int(step), f"{ref:.6g}", f"{actual:.6g}", f"{rel:.3%}"] for step, ref, actual, rel in frame.itertuples(
         index=False)]
     first = summary["first_divergent"]
-    divergence = (f"First divergent operator: {first['op']} ({first['module'] or 'top level'}, {first['phase']}, step "
-                  f"{first['step']})." if first else "No operator diverged beyond the noise it inherits.")
+    divergence = (f"First divergent operator: {markdown_text(first['op'])} ({markdown_text(first['module'] or 'top level')}, "
+                  f"{markdown_text(first['phase'])}, step {first['step']})." if first
+                  else "No operator diverged beyond the noise it inherits.")
     return "Training loss at each step:\n\n" + _table(["step", "reference", "port", "relative difference"], rows) + (
         f"\n\n{divergence}")
 
@@ -119,6 +121,6 @@ def _figures(figures: dict[str, Any]) -> list[str]:
 
 def _criterion(summary: dict[str, Any]) -> str:
     if summary["outputs"]:
-        return summary["outputs"]["criterion"] + "."
+        return markdown_text(summary["outputs"]["criterion"]) + "."
     return (f"The loss within {summary['loss']['rtol']:.2%} of the reference's at every step; every operator within "
             "its dtype's tolerance beyond the noise it inherits (verify/compare/tolerances.py).")

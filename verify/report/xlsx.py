@@ -100,14 +100,22 @@ def _write_table(workbook: Workbook, name: str, frame: pd.DataFrame, left_out_no
     bold = Font(bold=True)
     sheet.append([_bold(sheet, column, bold) for column in frame.columns])
     for row in _plain_values(frame):  # openpyxl takes rows one by one; a sheet holds at most SHEET_ROWS
-        sheet.append(row)
+        sheet.append([_text(sheet, value) if isinstance(value, str) and value[:1] == "=" else value for value in row])
     if left_out_note:
-        sheet.append([left_out_note])
+        sheet.append([_text(sheet, left_out_note)])
 
 
 def _bold(sheet: Any, value: str, font: Font) -> WriteOnlyCell:
-    cell = WriteOnlyCell(sheet, value=value)
+    cell = _text(sheet, value)
     cell.font = font
+    return cell
+
+
+def _text(sheet: Any, value: str) -> WriteOnlyCell:
+    """A string as text, never a formula: openpyxl makes one that starts with '=' a formula (a manifest's field, a
+    script's or module's name, a message quoting them would compute in the reader's spreadsheet)."""
+    cell = WriteOnlyCell(sheet, value=value)
+    cell.data_type = "s"
     return cell
 
 
