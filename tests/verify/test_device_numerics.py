@@ -93,6 +93,9 @@ def computed_on(device: str, exact: bool = False, blocks: int = 0) -> dict[str, 
     env = {**os.environ, **devices.child_env(device, devices.EmulateOn.CPU.value, exact_emulation=exact),
            **({devices.BLOCKS_VAR: str(blocks)} if blocks else {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(devices.STAND_IN_DIR.parents[1])]))
+    # One thread, always: the module's `faces` are made before the autouse fixture sets it for the test, and a matrix
+    # product sums in another order on two threads than on one (the faces then differed by a last bit)
+    env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run([sys.executable, "-c", PROBE, device], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
