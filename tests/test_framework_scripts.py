@@ -1,5 +1,5 @@
 """Framework scripts (Hugging Face Trainer, accelerate, Lightning) through migrate: the port runs where the
-framework needs more than the imports (Lightning: DEV021), no autocast or GradScaler is added to a framework's AMP,
+framework needs more than the imports (Lightning: DEV021; accelerate on several processes: DEV022), no autocast or GradScaler is added to a framework's AMP,
 and the checklist reads the framework's mixed precision and seeds, citing the lines it read them on."""
 
 import json
@@ -96,6 +96,24 @@ if __name__ == "__main__":
     main()
 """
 
+# accelerate/examples/nlp_example.py's shape: a shuffled DataLoader, whose RNG state accelerate broadcasts from rank 0
+# when each epoch starts on several processes
+ACCELERATE_SHUFFLED = """
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for inputs, targets in loader:
+    optimizer.zero_grad()
+    accelerator.backward(torch.nn.functional.mse_loss(model(inputs), targets))
+    optimizer.step()
+"""
+
 
 def _migrate(tmp_path: Path, name: str, source: str, *options: str) -> tuple[dict[str, dict], str, Path]:
     script = tmp_path / f"{name}.py"
@@ -188,3 +206,18 @@ def test_the_lightning_port_trains_two_steps_on_the_emulated_npu(tmp_path, mode)
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ran the 2 requested steps" in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_an_accelerate_port_broadcasts_on_two_emulated_npus(tmp_path):
+    """torch 2.12+ broadcast() asks get_device_capability() of a tensor that transfer_to_npu calls cuda; torch_npu
+    answers None unless TORCH_NPU_DEVICE_CAPABILITY is set: accelerate/examples/nlp_example.py's port crashed at its
+    first epoch on 2 ranks ("'NoneType' object is not subscriptable", in accelerate's synchronize_rng_state)."""
+    pytest.importorskip("accelerate")
+    _, text, port = _migrate(tmp_path, "acc", ACCELERATE_SHUFFLED)
+    assert text.index('os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")') < text.index("= Accelerator()")
+    done = subprocess.run(
+        [sys.executable, "-m", "verify", "run", str(port), "--nproc-per-node", "2", "--steps", "2", "-q"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
+
+from rules import Body, findall
 
 # Names of variables, attributes, parameters and keywords that hold a device: device, dev, args.device,
 # train_device, device_type, pin_memory_device ...
@@ -101,3 +104,19 @@ def renamed_reference(
     if isinstance(node, (cst.Name, cst.Attribute)):
         expression = expression.with_changes(lpar=node.lpar, rpar=node.rpar)
     return expression, imports
+
+
+def statement_holding(module: cst.Module, call: cst.Call) -> tuple[Body, int] | None:
+    """The statement list and the index of the simple statement that holds `call`, else None (a default value)."""
+    blocks: list[Body] = [module, *findall(module, m.IndentedBlock())]  # type: ignore[list-item]
+    for block in blocks:
+        for index, line in enumerate(block.body):
+            if isinstance(line, cst.SimpleStatementLine) and any(c is call for c in findall(line, m.Call())):
+                return block, index
+    return None
+
+
+def capability_statement(reader: str) -> str:
+    """The line that gives torch_npu's get_device_capability() an answer (None otherwise), a launcher's own value
+    winning; `reader` says who unpacks it."""
+    return f'os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")  # {reader}'

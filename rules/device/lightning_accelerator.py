@@ -4,8 +4,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules import (
-    Body, Case, Edit, Mode, PortRule, Severity, StatementEdits, Unchanged, argument, findall, statement, string_value,
+    Case, Edit, Mode, PortRule, Severity, StatementEdits, Unchanged, argument, findall, statement, string_value,
 )
+from rules.device._rewrite import capability_statement, statement_holding
 
 # Lightning's trainers, under each of its package names; each picks a CUDA accelerator for "auto", "gpu" or "cuda".
 _TRAINERS = tuple(
@@ -15,7 +16,7 @@ _TRAINERS = tuple(
 )
 # Accelerators that are not CUDA's: Lightning never asks these for a compute capability.
 _NOT_CUDA = frozenset({"cpu", "mps", "tpu", "xla", "hpu"})
-_CAPABILITY = 'os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")  # read by the CUDA accelerator'
+_CAPABILITY = capability_statement("read by the CUDA accelerator")
 _TRANSFER = (("torch_npu.contrib", "transfer_to_npu"),)
 
 
@@ -126,7 +127,7 @@ class LightningAccelerator(StatementEdits, PortRule):
             return  # the script sets it already
         calls = (call for call in findall(node, m.Call()) if self.refers_to(call.func, *_TRAINERS))  # type: ignore
         trainer = next((call for call in calls if _may_be_cuda(call)), None)  # type: ignore[arg-type]
-        place = trainer and _statement_holding(node, trainer)
+        place = trainer and statement_holding(node, trainer)
         if not place:
             return
         explicit = self.settings.mode is Mode.EXPLICIT
@@ -139,16 +140,6 @@ class LightningAccelerator(StatementEdits, PortRule):
             imports=(("os", None), *(_TRANSFER if explicit else ())),
             severity=Severity.WARNING if explicit else Severity.INFO,  # explicit mode, yet patched at run time
         ))
-
-
-def _statement_holding(module: cst.Module, call: cst.Call) -> tuple[Body, int] | None:
-    """The statement list and the index of the simple statement that holds `call`, else None (a default value)."""
-    blocks: list[Body] = [module, *findall(module, m.IndentedBlock())]  # type: ignore[list-item]
-    for block in blocks:
-        for index, line in enumerate(block.body):
-            if isinstance(line, cst.SimpleStatementLine) and any(c is call for c in findall(line, m.Call())):
-                return block, index
-    return None
 
 
 def _may_be_cuda(call: cst.Call) -> bool:

@@ -329,3 +329,38 @@ def test_the_device_capability_is_none_unless_torch_npu_device_capability_sets_i
     result, _ = run_emulated(script, tmp_path)
     assert {value: answer for value, (answer, _) in result.items()} == {"": None, "8.0": [8, 0], "9.x": None}
     assert result[""][1] == 1  # the warning that names the variable
+
+
+def test_a_device_named_by_its_index_is_the_emulated_gpu_and_pickles_as_torch_device(tmp_path):
+    """`torch.device(torch.cuda.current_device())` (and transformers' device_map="auto", which names devices by
+    index) asks torch for the current accelerator: under EMULATED CUDA, on a CPU build with no CUDA hooks, that stopped
+    with 'Cannot access accelerator device when none is available'. A device still pickles as torch.device, so a
+    checkpoint saved in the run loads in a plain process."""
+    from typer.testing import CliRunner
+
+    from verify.cli import app
+
+    script = tmp_path / "project" / "by_index.py"  # saved.pt outside the script's folder: not the run's own copy
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent("""
+        import sys
+        import torch
+        device = torch.device(torch.cuda.current_device())
+        assert isinstance(device, torch.device) and issubclass(type(device), torch.device)
+        torch.save({"device": device, "weights": torch.ones(2, device=device)}, sys.argv[1])
+        print("DEVICE", device, flush=True)
+        layer = torch.nn.Linear(2, 1).to(device)
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+        for _ in range(2):
+            optimizer.zero_grad()
+            layer(torch.ones(3, 2, device=device)).sum().backward()
+            optimizer.step()
+    """))
+    saved = tmp_path / "saved.pt"
+    result = CliRunner().invoke(app, ["run", str(script), "--device", "emulated-cuda", "--steps", "2", "-o",
+                                      str(tmp_path / "run"), "--", str(saved)])
+    assert result.exit_code == 0, result.output
+    assert "DEVICE cuda:0" in (tmp_path / "run" / "output.log").read_text()
+    done = subprocess.run([sys.executable, "-c", f"import torch; print(torch.load({str(saved)!r})['device'])"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "cuda:0", done.stderr[-2000:]

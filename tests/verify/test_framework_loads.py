@@ -2,6 +2,8 @@
 saved with `save_pretrained`, loaded by tests/verify/scripts/framework_loads.py (`from_pretrained`, and built empty
 with `init_empty_weights` or `torch.device("meta")`, then `to_empty` and the safetensors file) hold the same
 parameters and buffers, bit for bit, under `verify run` on each emulator and on the CPU as in a plain run.
+`from_pretrained(device_map="auto")` names the GPU by its index, `torch.device(0)`: under EMULATED CUDA that stopped
+with "Cannot access accelerator device when none is available" (a CPU build's torch has no CUDA hooks to ask).
 
 Under both emulators, transformers 5's non-persistent buffers (BERT's position_ids, a Llama's rotary inv_freq) were
 uninitialised memory; on the CPU the load stopped with "Cannot copy out of meta tensor"."""

@@ -89,6 +89,48 @@ def test_an_accelerate_script_runs_as_accelerate_launch_runs_it_with_its_options
     assert all("c10d.allreduce_" in set(rank.ops["op"]) for rank in ranks)
 
 
+LIGHTNING_RANKS = """
+import torch
+import lightning as L
+
+
+class Regression(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        return torch.nn.functional.mse_loss(self.layer(inputs), targets)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+L.seed_everything(0)
+data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)  # built outside the module, as users do
+trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False)
+trainer.fit(Regression(), loader)
+"""
+
+
+def test_lightning_rebuilds_a_dataloader_with_its_distributed_sampler_on_two_ranks(tmp_path):
+    """On several ranks Lightning rebuilds the script's DataLoader with a DistributedSampler from the arguments its
+    __init__'s signature names; verify's DataLoader record replaced __init__ by `(loader, *args, **kwargs)`, and both
+    sides of Lightning's transformer example stopped before their first step: "Trying to inject custom `Sampler` into
+    the `DataLoader` instance ... The missing attributes are ['loader']"."""
+    pytest.importorskip("lightning")
+    script = tmp_path / "lightning_ranks.py"
+    script.write_text(LIGHTNING_RANKS)
+    out = tmp_path / "run"
+    code, output, _ = verify("run", script, "--device", "emulated-cuda", "--nproc-per-node", "2", "--steps", "3",
+                             "-q", "-o", out)
+    assert code == 0, output
+    assert [rank.manifest.steps_completed for rank in read_run(out).ranks] == [3, 3]
+
+
 def broken_port(tmp_path: Path, *replacements: tuple[str, str]) -> Path:
     """The faithful port with lines replaced (a replacement by "" drops the line)."""
     text = PORT.read_text()

@@ -6,6 +6,7 @@ builds. Runs only in the child, which imports torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import os
 import platform
@@ -30,10 +31,11 @@ def recorded(manifest: Any) -> Iterator[None]:
     loaders: list[dict[str, Any]] = []
     original_init = torch.utils.data.DataLoader.__init__
 
-    def init(loader: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(loader, *args, **kwargs)
+    @functools.wraps(original_init)  # its signature stays DataLoader's: Lightning rebuilds a loader from it
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
         if len(loaders) < MAX_LOADERS:
-            loaders.append(_loader_settings(loader))
+            loaders.append(_loader_settings(self))
 
     manifest.extra[ENVIRONMENT_KEY] = collect(manifest, loaders)
     torch.utils.data.DataLoader.__init__ = init

@@ -1,7 +1,7 @@
 """Loads the tiny BERT, Llama and GPT-2 that tests/verify/test_framework_loads.py saved, each as users load one:
-`from_pretrained` (built on the meta device, its non-persistent buffers made anew, the safetensors file loaded), and
-built empty (accelerate's `init_empty_weights`, `torch.device("meta")`), `to_empty` and the safetensors file loaded
-into it. Writes every tensor each holds to DUMP (a safetensors file), then trains a layer for the steps verify asks.
+`from_pretrained` (built on the meta device, its non-persistent buffers made anew, the safetensors file loaded; also
+with `device_map="auto"`, which names the GPU by its index), and built empty (accelerate's `init_empty_weights`,
+`torch.device("meta")`), `to_empty` and the safetensors file loaded into it. Writes every tensor each holds to DUMP (a safetensors file), then trains a layer for the steps verify asks.
 
     python framework_loads.py MODELS DUMP
 """
@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel
 
 MODELS = ("bert", "llama", "gpt2")
+LOADED = {"from_pretrained": {}, "device_map_auto": {"device_map": "auto"}}  # from_pretrained's keywords
 
 
 def built_empty(folder: str, empty_context) -> torch.nn.Module:
@@ -27,8 +28,7 @@ def built_empty(folder: str, empty_context) -> torch.nn.Module:
 
 
 def held(model: torch.nn.Module, kind: str) -> dict[str, torch.Tensor]:
-    tensors = model.state_dict() if kind != "from_pretrained" else dict([*model.named_parameters(),
-                                                                          *model.named_buffers()])
+    tensors = model.state_dict() if kind not in LOADED else dict([*model.named_parameters(), *model.named_buffers()])
     return {f"{kind}/{key}": value.detach().clone().contiguous() for key, value in tensors.items()}
 
 
@@ -36,8 +36,9 @@ def main(models: str, dump: str) -> None:
     tensors = {}
     for name in MODELS:
         folder = f"{models}/{name}"
-        tensors |= {f"{name}/{key}": value for key, value in held(AutoModel.from_pretrained(folder),
-                                                                   "from_pretrained").items()}
+        for kind, keywords in LOADED.items():
+            loaded = AutoModel.from_pretrained(folder, **keywords)
+            tensors |= {f"{name}/{key}": value for key, value in held(loaded, kind).items()}
         for kind, context in (("init_empty_weights", init_empty_weights()), ("meta", torch.device("meta"))):
             tensors |= {f"{name}/{key}": value for key, value in held(built_empty(folder, context), kind).items()}
     save_file(tensors, dump)

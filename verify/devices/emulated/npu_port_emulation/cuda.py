@@ -22,7 +22,13 @@ import torch
 
 from . import device_api, device_numerics
 from .autocast_policy import install_npu_autocast_policy
-from .patches import install_accelerator, install_amp_patches, install_device_patches, install_distributed_patches
+from .patches import (
+    install_accelerator,
+    install_amp_patches,
+    install_device_index,
+    install_device_patches,
+    install_distributed_patches,
+)
 from .reduced_precision import install_hf32_rounding
 from .target import TARGET, NoMarkers, device_index, redirected_types
 
@@ -81,6 +87,7 @@ def install() -> None:
     torch.cuda._is_in_bad_fork = device_api._is_in_bad_fork
     torch.cuda.nvtx._nvtx = NoMarkers()  # a CPU build's stub raises "NVTX functions not installed"
     install_device_patches("cuda")
+    install_device_index("cuda")
     install_amp_patches()
     install_distributed_patches("cuda")
     install_accelerator("cuda", device_api)

@@ -13,6 +13,7 @@ stand-in) to the emulation target. Consequences a script can see:
 
 from __future__ import annotations
 
+import copyreg
 import functools
 import importlib
 from typing import Any, Callable
@@ -151,6 +152,44 @@ def install_accelerator(face: str, device_api: Any) -> None:
     accelerator.synchronize = device_api.synchronize
     accelerator.current_stream = device_api.current_stream
     accelerator.set_stream = lambda stream: None  # one stream, always current
+
+
+_TORCH_DEVICE = torch.device
+
+
+class _DeviceIndexedByFace(type):
+    """The metaclass of torch.device's stand-in (install_device_index): a bare index names the face's device, every
+    other call, isinstance() and issubclass() are torch.device's own."""
+
+    face = ""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> torch.device:
+        if len(args) == 1 and not kwargs and type(args[0]) is int:
+            return _TORCH_DEVICE(cls.face, args[0])
+        return _TORCH_DEVICE(*args, **kwargs)
+
+    def __instancecheck__(cls, instance: object) -> bool:
+        return isinstance(instance, _TORCH_DEVICE)
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        return issubclass(subclass, _TORCH_DEVICE)
+
+
+def install_device_index(face: str) -> None:
+    """`torch.device(0)` is device 0 of the current accelerator, which torch asks its C++ hooks for: on a CPU build
+    none answers for the CUDA stand-in ("Cannot access accelerator device when none is available", from transformers'
+    device_map="auto", which names devices by index, or `torch.device(torch.cuda.current_device())`). Where torch
+    cannot answer, torch.device becomes a stand-in that answers with the face's device. A device still pickles as
+    torch.device (copyreg: the stand-in carries torch.device's name), so what the run saves loads in any process."""
+    try:
+        _TORCH_DEVICE(0)
+        return  # torch's own hooks answer (the emulated NPU's, registered by install_privateuse1_hooks)
+    except RuntimeError:
+        pass
+    stand_in = _DeviceIndexedByFace("device", (), {"face": face, "__module__": "torch", "__qualname__": "device",
+                                                   "__doc__": _TORCH_DEVICE.__doc__})
+    torch.device = stand_in
+    copyreg.pickle(_TORCH_DEVICE, lambda device: (stand_in, (str(device),)))
 
 
 def install_device_patches(face: str) -> None:

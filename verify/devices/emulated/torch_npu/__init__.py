@@ -31,6 +31,7 @@ from ._fused_ops import SUPPORTED, unsupported  # noqa: E402
 from npu_port_emulation.patches import (  # noqa: E402
     install_accelerator,
     install_amp_patches,
+    install_device_index,
     install_device_patches,
     install_distributed_patches,
     install_privateuse1_hooks,
@@ -42,6 +43,7 @@ __version__ = f"{torch.__version__.split('+')[0]}+emulated"
 
 torch._register_device_module("npu", npu)
 install_privateuse1_hooks("npu")
+install_device_index("npu")  # a torch without the hooks' binding: torch.device(0) is still npu:0
 target.redirected_types.add("npu")
 install_device_patches("npu")
 install_amp_patches()
