@@ -115,3 +115,33 @@ def test_a_script_whose_path_is_not_utf8_is_refused_before_it_runs_naming_verify
         assert verify.returncode == 2, verify.stderr
         assert "verify records paths as UTF-8 text" in " ".join(verify.stderr.split())
         assert "PASS" not in verify.stderr + verify.stdout
+
+
+def _run_on_the_emulated_npu(tmp_path: Path, lines: str) -> tuple[int, str, object]:
+    """`verify run` of long_train.py with `lines` in its loop, on the emulated NPU."""
+    script = tmp_path / "train_npu.py"
+    script.write_text((SCRIPTS / "long_train.py").read_text().replace("    time.sleep(0.2)\n", lines)
+                      .replace("import torch\n", "import torch\nimport torch_npu\n", 1))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", str(script), "--device", "emulated-npu", "--steps", "2", "-q", "-o",
+                                      str(out), "--", "3"])
+    return result.exit_code, result.output, read_manifest(out)
+
+
+@pytest.mark.slow
+def test_an_error_the_emulation_raises_in_its_own_code_is_verifys_naming_it(tmp_path):
+    """torch_npu.optim.NpuFusedLamb has no torch counterpart: the emulated torch_npu raises NotImplementedError in
+    its own code, verify's limit (exit 2 naming the emulation), never the script's crash."""
+    code, output, manifest = _run_on_the_emulated_npu(tmp_path, "    torch_npu.optim.NpuFusedLamb(model.parameters())\n")
+    assert code == 2, output
+    assert manifest.verify_error.startswith("npu-port's emulated NPU (a test double, not an Ascend NPU) failed in its "
+                                            "own code (torch_npu/optim/__init__.py:")
+    assert "not in the script: NotImplementedError" in manifest.verify_error
+
+
+@pytest.mark.slow
+def test_an_error_the_emulation_raises_as_the_device_would_is_the_scripts_crash(tmp_path):
+    """An index past the devices it presents: the real NPU refuses it too (target.as_the_device)."""
+    code, output, manifest = _run_on_the_emulated_npu(tmp_path, "    torch.npu.set_device(5)\n")
+    assert (code, manifest.status, manifest.verify_error) == (1, "crashed", ""), output
+    assert "npu:5 does not exist" in manifest.message

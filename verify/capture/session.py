@@ -179,13 +179,26 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
         manifest.exit_code = 1
 
 
-def _emulations_limit(error: BaseException) -> str:
-    """What an emulation could not model (its NotEmulated, raised where the script used a name of the real device's
-    API it lacks), as verify's error naming the emulation; "" for the script's own errors."""
+def _emulations_limit(error: BaseException, emulations: Path = devices.STAND_IN_DIR) -> str:
+    """What an emulation could not do, as verify's error naming the emulation; "" for the script's own errors. Its
+    NotEmulated (the script used a name of the real device's API it lacks); and an AttributeError, or a RuntimeError
+    or NotImplementedError it raises itself, in its own code (a file under `emulations`), unless it raised it as the
+    real device would (target.as_the_device). A RuntimeError torch raises in a kernel the emulation called (the
+    script's shapes) is the script's."""
     target = sys.modules.get("npu_port_emulation.target")  # loaded in an emulated process only
-    if target is None or not isinstance(error, target.NotEmulated):
+    if target is None:
         return ""
-    return str(error)
+    if isinstance(error, target.NotEmulated):
+        return str(error)
+    where = traceback.extract_tb(error.__traceback__)[-1:]
+    if (not isinstance(error, (AttributeError, RuntimeError, NotImplementedError)) or target.raised_as_the_device(error)
+            or not where or not where[0].filename.startswith(str(emulations) + os.sep)):
+        return ""
+    if not isinstance(error, AttributeError) and not (where[0].line or "").lstrip().startswith("raise"):
+        return ""
+    place = f"{Path(where[0].filename).relative_to(emulations)}:{where[0].lineno}"
+    return (f"{target.EMULATION} failed in its own code ({place}), not in the script: {type(error).__name__}: "
+            f"{error}. This is verify's limit; run the script on a real device, or report it")
 
 
 def _steps(count: int) -> str:

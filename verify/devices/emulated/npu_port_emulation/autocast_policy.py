@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from . import half_precision
 from .half_precision import Computed, HalfCompute, computed_so
+from .target import as_the_device
 
 # CUDA autocast's float32 list: (op, overloads); no overloads means every overload that is not an out= variant.
 FLOAT32_OPS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
@@ -181,7 +182,7 @@ def _register_over_cpu_policy(library: torch.library.Library, ops: dict[str, Any
 
 def _refusing_kernel(op: torch._ops.OpOverload, message: str) -> Callable:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(message)
+        raise as_the_device(RuntimeError(message))
 
     return kernel
 

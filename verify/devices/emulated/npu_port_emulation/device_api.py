@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .device_numerics import OwnGenerator
-from .target import EMULATION, TARGET, check_index, device_index
+from .target import EMULATION, TARGET, as_the_device, check_index, device_index
 from .target import device_count as device_count
 
 ON_CUDA = TARGET == "cuda"
@@ -260,9 +260,9 @@ else:
 
         def elapsed_time(self, end_event: "Event") -> float:
             if not (self.enable_timing and end_event.enable_timing):
-                raise RuntimeError("Events were not created with enable_timing=True")
+                raise as_the_device(RuntimeError("Events were not created with enable_timing=True"))
             if self._recorded_at is None or end_event._recorded_at is None:
-                raise RuntimeError("Both events must be recorded before elapsed_time()")
+                raise as_the_device(RuntimeError("Both events must be recorded before elapsed_time()"))
             return (end_event._recorded_at - self._recorded_at) * 1000.0
 
     class Stream:

@@ -51,7 +51,8 @@ def device_count() -> int:
 
 def check_index(index: int) -> int:
     if not 0 <= index < device_count():
-        raise RuntimeError(f"npu:{index} does not exist: {EMULATION} on {TARGET} has {device_count()} device(s)")
+        raise as_the_device(RuntimeError(
+            f"npu:{index} does not exist: {EMULATION} on {TARGET} has {device_count()} device(s)"))
     return index
 
 
@@ -99,6 +100,18 @@ def device_index(device: object = None) -> int | None:
     if not redirected and not (isinstance(device, torch.device) and device.type == TARGET):
         raise ValueError(f"{device!r} is not an npu device ({EMULATION})")
     return index
+
+
+def as_the_device(error: BaseException) -> BaseException:
+    """`error`, marked as one the real device raises too (an index past its devices, an op its autocast refuses, a
+    name its module lacks): the script's error. Every other AttributeError, RuntimeError or NotImplementedError that an
+    emulation raises in its own code is the emulation's failure, which the run records as verify's (exit 2)."""
+    error.npu_port_as_the_device = True
+    return error
+
+
+def raised_as_the_device(error: BaseException) -> bool:
+    return getattr(error, "npu_port_as_the_device", False)
 
 
 class NotEmulated(AttributeError):

@@ -64,7 +64,7 @@ globals().update(SUPPORTED)
 def __getattr__(name: str) -> object:
     if name.startswith("npu_"):
         return unsupported(name)
-    raise AttributeError(f"module 'torch_npu' has no attribute {name!r} ({EMULATION})")
+    raise target.as_the_device(AttributeError(f"module 'torch_npu' has no attribute {name!r} ({EMULATION})"))
 
 
 print(f"npu-port: EMULATED NPU on {EMULATED_ON} - a test double, not an Ascend NPU", file=sys.stderr)

@@ -55,7 +55,7 @@ def __getattr__(name: str) -> object:
     if name in NOT_EMULATED:
         raise NotEmulated(f"torch_npu.npu.{name} is not emulated by {EMULATION}: verify cannot run a script that "
                           "uses it on the emulated NPU (run it on an NPU)")
-    raise AttributeError(f"module 'torch_npu.npu' has no attribute {name!r} ({EMULATION})")
+    raise as_the_device(AttributeError(f"module 'torch_npu.npu' has no attribute {name!r} ({EMULATION})"))
 
 
 class NpuProperties(NamedTuple):
