@@ -34,10 +34,10 @@ try:
     from verify.cli import determinism, options
     from verify import devices
     from verify.cli import pair
-    from verify.record import run_folders
     from verify.devices import Device, EmulateOn
     from verify.cli.exits import exit_with
-    from verify.launch.runner import RunOptions, run_script
+    from verify.launch import nodes
+    from verify.launch.runner import RunOptions, lead_dir, run_script
     from verify.record.store import read_losses, read_manifest
 except ModuleNotFoundError as missing:
     if (missing.name or "verify").partition(".")[0] == "verify":
@@ -98,8 +98,15 @@ def run(
         "Run the script as N ranks through torch.distributed.run (each writes RUNDIR/rankK/); without it, as one "
         "process.") = None,
     emulated_devices: options.emulated_devices() = None,
+    nnodes: options.nnodes() = None,
+    node_rank: options.node_rank() = None,
+    rdzv_endpoint: options.rdzv_endpoint() = None,
+    rdzv_id: options.rdzv_id() = None,
+    rdzv_backend: options.rdzv_backend() = "c10d",
+    rdzv_timeout: options.rdzv_timeout() = None,
     force: options.force() = False,
-    out: options.out("Run directory (default: verify-runs/SCRIPT-DEVICE-TIME-RANDOM).") = None,
+    out: options.out("Run directory (default: verify-runs/SCRIPT-DEVICE-TIME-RANDOM; across nodes, one every node "
+                     "sees: RUNDIR/rankR/ each rank, RUNDIR/node-K/ each node's log).") = None,
     quiet: options.quiet() = False,
 ) -> None:
     """Run SCRIPT for N steps under instrumentation and write a run directory.
@@ -114,7 +121,10 @@ def run(
         autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb, nproc_per_node=nproc_per_node or 0,
         devices=emulated_devices or 0, force=force,
     )
-    exit_with(lambda: _run(script, list(script_args or []), options, out, quiet), f"run {script}", out)
+    def across_nodes() -> int:
+        options.nodes = nodes.asked(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_backend, rdzv_timeout, out)
+        return _run(script, list(script_args or []), options, out, quiet)
+    exit_with(across_nodes, f"run {script}", out)
 
 
 def _run(script: Path, args: list[str], options: RunOptions, out: Path | None, quiet: bool) -> int:
@@ -136,7 +146,7 @@ def _run(script: Path, args: list[str], options: RunOptions, out: Path | None, q
 
 
 def _final_loss(run_dir: Path) -> str:
-    losses = read_losses(run_folders.lead_dir(run_dir))
+    losses = read_losses(lead_dir(run_dir))
     return f"{losses['loss'].iloc[-1]:.6g}" if len(losses) else "-"
 
 
