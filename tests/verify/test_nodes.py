@@ -85,7 +85,7 @@ def test_two_nodes_meet_at_the_rendezvous_and_write_one_run_each_rank_naming_its
         manifest = json.loads((node_dir(out, node) / "manifest.json").read_text())
         assert manifest["node"] == node and manifest["status"] == "ok"
         assert (node_dir(out, node) / "output.log").is_file()
-    assert str(node_dir(out, 1)) in output1  # node 1 reports its own ranks
+    assert f"run dir     {out}" in output1  # every node shows the whole run
 
 
 @pytest.mark.slow
@@ -124,3 +124,25 @@ def test_nodes_come_from_slurm_where_the_options_leave_them_out(tmp_path):
         asked(2, None, "h:1", None, "c10d", None, tmp_path, {})
     with pytest.raises(VerifyError, match="needs -o"):
         asked(2, 0, "h:1", None, "c10d", None, None, {})
+
+
+@pytest.mark.slow
+def test_a_faithful_port_passes_across_two_nodes_and_a_port_without_its_sampler_fails_naming_the_sharding(tmp_path):
+    out = tmp_path / "pair"
+    (code0, output0), (code1, output1) = two_nodes(ORIGINAL, PORT, *NODE, "-o", out, *ARGS, ports=3)
+    assert code0 == 0 and code1 == 0, output0 + output1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["reason"].startswith("PASS: on each of the 2 ranks, loss within"), summary["reason"]
+    assert summary["ranks"]["sharding"]["passed"] and summary["ranks"]["sharding"]["original_disjoint"]
+    assert "node 1, actual: ok" in output1 and "node 0 compares the runs" in output1
+    port = tmp_path / "ddp_torchrun_npu.py"
+    text = PORT.read_text()
+    for old, new in (("    sampler = DistributedSampler(dataset)\n", ""), (", sampler=sampler)", ", shuffle=True)"),
+                     ("        sampler.set_epoch(epoch)\n", "")):
+        text = text.replace(old, new)
+    port.write_text(text)
+    (code0, output0), (code1, _) = two_nodes(ORIGINAL, port, *NODE, "-o", tmp_path / "broken", *ARGS, ports=3)
+    assert code0 == 1, output0
+    summary = json.loads((tmp_path / "broken" / "summary.json").read_text())
+    assert summary["reason"].startswith("FAIL: rank 1 read the same samples as rank 0 at step 0"), summary["reason"]
+    assert summary["findings"][0]["code"] == "sharding"

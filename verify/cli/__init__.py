@@ -37,6 +37,7 @@ try:
     from verify.devices import Device, EmulateOn
     from verify.cli.exits import exit_with
     from verify.launch import nodes
+    from verify.record import run_folders
     from verify.launch.runner import RunOptions, lead_dir, run_script
     from verify.record.store import read_losses, read_manifest
 except ModuleNotFoundError as missing:
@@ -142,7 +143,9 @@ def _run(script: Path, args: list[str], options: RunOptions, out: Path | None, q
     if manifest.verify_error:  # verify's own failure: one line, exit 2 (verify/cli/exits.py)
         raise VerifyFailure(f"{run_dir}: {manifest.verify_error}")
     _print_summary(manifest, run_dir)
-    return EXIT_OK if manifest.status in _SUCCESS else EXIT_FAILED
+    # every node shows the whole run; each exits with how its own ranks ended
+    own = read_manifest(run_folders.node_dir(run_dir, options.nodes.node_rank)) if options.nodes else manifest
+    return EXIT_OK if own.status in _SUCCESS else EXIT_FAILED
 
 
 def _final_loss(run_dir: Path) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 from verify.errors import RunDirError, VerifyError, VerifyFailure
 from verify.launch import rank_outcome
 from verify.record import run_folders
-from verify.record.schema import DEFAULT_JOIN_TIMEOUT_S, LOG, RDZV_BACKENDS, Nodes, RunManifest, Status
+from verify.record.schema import DEFAULT_JOIN_TIMEOUT_S, LOG, MANIFEST, RDZV_BACKENDS, Nodes, RunManifest, Status
 from verify.record.store import read_last_collective, read_manifest, write_manifest
 
 _POLL_S = 0.5
@@ -133,21 +133,27 @@ def _node_of(rank_folder: Path) -> int | None:
 
 
 def joined(run_dir: Path, nodes: Nodes) -> Path:
-    """Once this node's ranks ended: the run's manifest, which node 0 writes from every rank's once every node's are
-    in, and returns the run directory; another node returns its own folder, which says how its ranks ended. NodeLost
-    where another node never joined, died or was stopped, or where this node's ranks never started (the rendezvous
-    failed)."""
+    """The run directory once every node's ranks ended and node 0 wrote the run's manifest from every rank's (another
+    node waits for it, as long as the rendezvous timeout): every node then reads the same run (a pair decides its
+    next side from it). NodeLost where another node never joined, died or was stopped, or where this node's ranks
+    never started (the rendezvous failed)."""
     own = run_folders.node_dir(run_dir, nodes.node_rank)
     started = bool(rank_dirs_of(run_dir, nodes.node_rank))
     gather(run_dir, nodes, wait=started)
     if not started:
         raise NodeLost(f"{run_dir}: the rendezvous at {nodes.endpoint} (id {nodes.rdzv_id}) started no rank on node "
                        f"{nodes.node_rank} within {nodes.join_timeout:g} s: see {own / LOG}")
-    if nodes.node_rank != 0:
-        return own
-    folders = run_folders.rank_dirs(run_dir)
-    ranks = [read_manifest(folder) for folder in folders]
-    mine = read_manifest(own)
-    run = rank_outcome.run_manifest(mine, ranks, [read_last_collective(folder) for folder in folders])
-    write_manifest(run_dir, replace(run, node=0, working_folder=mine.working_folder))
+    if nodes.node_rank == 0:
+        folders = run_folders.rank_dirs(run_dir)
+        mine = read_manifest(own)
+        run = rank_outcome.run_manifest(mine, [read_manifest(folder) for folder in folders],
+                                        [read_last_collective(folder) for folder in folders])
+        write_manifest(run_dir, replace(run, node=0, working_folder=mine.working_folder))
+        return run_dir
+    deadline = time.monotonic() + nodes.join_timeout
+    while not (run_dir / MANIFEST).is_file():
+        if time.monotonic() > deadline:
+            raise NodeLost(f"{run_dir}: node 0 did not write the run's {MANIFEST} within {nodes.join_timeout:g} s of "
+                           "every node's end (its verify was stopped, or cannot see this folder)")
+        time.sleep(_POLL_S)
     return run_dir
