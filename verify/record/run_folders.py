@@ -25,7 +25,8 @@ filesystem), where each node's verify writes only its own files, so that none cl
     RUN/manifest.json          the run's manifest, written by node 0 alone once every node's ranks are in
 
 Node 0 takes RUN only where it holds nothing but other nodes' folders (ranks start after every node joined, so
-after this check); a reader reads RUN as any run of ranks.
+after this check); a reader reads RUN as any run of ranks. A pair across machines keeps the same layout: PAIR/node-K/
+each node's claim, PAIR/actual/node-K/, PAIR/ref/node-K/ ..., node 0 writing the reports.
 
 A folder verify writes into has one writer: claim() creates WRITER_LOCK in it with O_EXCL, so that of two verify
 commands started at once into the same folder, exactly one writes and the other exits 2; the lock goes when its
@@ -51,6 +52,7 @@ import time
 from pathlib import Path
 
 from verify.errors import VerifyFailure
+from verify.record.schema import MANIFEST
 
 REF = "ref"
 ACTUAL = "actual"
@@ -107,14 +109,31 @@ def ranks_home(run_dir: Path, multi_node: bool) -> Path:
     return Path(run_dir).parent if multi_node else Path(run_dir)
 
 
+def _is_node_dir(entry: Path) -> bool:
+    return entry.name.startswith(_NODE_PREFIX) and entry.name.removeprefix(_NODE_PREFIX).isdigit()
+
+
+def holds_nodes(folder: Path) -> bool:
+    """Whether `folder` is a run (or a pair) across several machines: it holds a node's folder that verify wrote."""
+    return any(_is_node_dir(entry) and ((entry / WRITER_LOCK).exists() or (entry / MANIFEST).exists())
+               for entry in Path(folder).iterdir())
+
+
+def _not_other_nodes(folder: Path) -> list[str]:
+    """What in `folder` is neither another node's folder nor a folder of such only (a pair's side another node
+    started first): another run's files, a user's."""
+    def others(entry: Path) -> bool:
+        if _is_node_dir(entry):
+            return entry.name != node_dir(folder, 0).name
+        return entry.is_dir() and not entry.is_symlink() and not _not_other_nodes(entry)
+    return sorted(entry.name for entry in folder.iterdir() if not others(entry))
+
+
 def claim_node(run_dir: Path, node: int) -> Path:
     """Node `node`'s folder of a run across several machines, claimed (claim()); node 0 also makes sure the run
     directory holds nothing but other nodes' folders: no other run's files."""
     if node == 0 and Path(run_dir).is_dir():
-        foreign = sorted(entry.name for entry in Path(run_dir).iterdir() if not (
-            entry.name.startswith(_NODE_PREFIX) and entry.name.removeprefix(_NODE_PREFIX).isdigit()
-            and entry.name != node_dir(run_dir, 0).name))
-        if foreign:
+        if foreign := _not_other_nodes(Path(run_dir)):
             raise FolderInUse(f"{run_dir} already holds {', '.join(foreign[:3])}, not only other nodes' folders of "
                               "this run; choose another -o")
     return claim(node_dir(run_dir, node))
