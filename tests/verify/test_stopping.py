@@ -23,8 +23,8 @@ from verify.cli import app
 from verify.cli.pair import route
 from verify.errors import EXIT_ERROR, EXIT_FAILED, Stopped
 from verify.launch import runner
-from verify.launch.runner import RunOptions, default_timeout, rank_limit
-from verify.record.run_folders import WRITER_LOCK, lead_dir
+from verify.launch.runner import RunOptions, default_timeout, lead_dir, rank_limit
+from verify.record.run_folders import WRITER_LOCK
 from verify.record.schema import LOSSES, RunManifest
 from verify.record.store import RunDirError, RunWriter, read_manifest, read_run, write_manifest
 

@@ -3,8 +3,9 @@ being the process that started it, with which it dies (verify/capture/lifetime.p
 
 RUNDIR/manifest.json, written by the runner, is the whole configuration. The bootstrap seeds every generator,
 installs the instrumentation (verify/capture/session.py), then runs the user's script unmodified with `runpy` as
-`__main__`. Where the manifest asks for ranks (nproc_per_node), it runs torch's own launcher instead, which starts it
-again as each rank (`... RUNDIR PID --rank`); an elastic launch in the script starts it so too, naming the script its
+`__main__`. Where the manifest asks for ranks (nproc_per_node), it runs torch's own launcher instead (with the
+rendezvous of a run across several machines where the manifest has one: manifest.nodes), which starts it again as
+each rank (`... RUNDIR PID --rank`); an elastic launch in the script starts it so too, naming the script its
 ranks run (`... --rank SCRIPT ARGS`).
 
 What a run records and when a step ends: verify/capture/step_recorder.py; the loss-scaler twin a reference plays:
@@ -22,7 +23,7 @@ from pathlib import Path
 from verify.capture import rank_capture
 from verify.capture.lifetime import die_with_parent, signals_heard
 from verify.capture.session import instrumented, spawned_ranks_captured
-from verify.record.schema import Status
+from verify.record.schema import Nodes, Status
 from verify.record.store import read_manifest
 
 def run(run_dir: Path, launched: list[str] | None = None) -> Status:
@@ -40,11 +41,13 @@ def run(run_dir: Path, launched: list[str] | None = None) -> Status:
         return instrumented(run_dir, manifest, lambda: runpy.run_path(manifest.running_script, run_name="__main__"))
 
 
-def launch_ranks(run_dir: Path, nproc_per_node: int) -> None:
+def launch_ranks(run_dir: Path, nproc_per_node: int, nodes: Nodes | None) -> None:
     """torch's own launcher, in this process as `python -m torch.distributed.run` would run it: it starts this
-    bootstrap as `nproc_per_node` ranks on this node, each in a session of its own, each dying with this process."""
+    bootstrap as `nproc_per_node` ranks on this node, each in a session of its own, each dying with this process;
+    standalone, or as one of `nodes` meeting at their rendezvous (verify/launch/nodes.py)."""
     rank = rank_capture.rank_command(run_dir)
-    sys.argv = ["torch.distributed.run", "--nproc-per-node", str(nproc_per_node), "--standalone", "--no-python", *rank]
+    where = nodes.launcher_args() if nodes else ["--standalone"]
+    sys.argv = ["torch.distributed.run", "--nproc-per-node", str(nproc_per_node), *where, "--no-python", *rank]
     runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
 
 
@@ -53,9 +56,9 @@ def main() -> None:
     die_with_parent(parent)
     signals_heard()
     launched = role[1:] if role[:1] == [rank_capture.RANK_ROLE] else None
-    nproc_per_node = read_manifest(run_dir).nproc_per_node
-    if nproc_per_node and launched is None:
-        launch_ranks(run_dir, nproc_per_node)  # its failures are the launcher's: exit code 1 and a traceback
+    manifest = read_manifest(run_dir)
+    if manifest.nproc_per_node and launched is None:
+        launch_ranks(run_dir, manifest.nproc_per_node, Nodes.from_record(manifest.nodes))  # its failures are the launcher's: exit code 1 and a traceback
         return
     status = run(run_dir, launched)
     sys.stdout.flush()

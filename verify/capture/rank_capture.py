@@ -46,9 +46,10 @@ def launched_rank() -> int | None:
 
 
 def open_rank_dir(run_dir: Path, manifest: RunManifest, rank: int, world_size: int) -> tuple[Path, RunManifest]:
-    """This rank's run directory inside the run's, created with its own manifest: the run's configuration, its rank
-    and world size, and its process id."""
-    folder = run_folders.rank_dir(run_dir, rank)
+    """This rank's run directory inside the run's (beside the node's folder, across several machines), created with
+    its own manifest: the run's configuration (its node's, which names the node), its rank and world size, and its
+    process id."""
+    folder = run_folders.rank_dir(run_folders.ranks_home(run_dir, bool(manifest.nodes)), rank)
     folder.mkdir(exist_ok=True)
     own = replace(manifest, rank=rank, world_size=world_size, extra={**manifest.extra, "pid": os.getpid()})
     write_manifest(folder, own)

@@ -34,10 +34,11 @@ try:
     from verify.cli import determinism, options
     from verify import devices
     from verify.cli import pair
-    from verify.record import run_folders
     from verify.devices import Device, EmulateOn
     from verify.cli.exits import exit_with
-    from verify.launch.runner import RunOptions, run_script
+    from verify.launch import nodes
+    from verify.record import run_folders
+    from verify.launch.runner import RunOptions, lead_dir, run_script
     from verify.record.store import read_losses, read_manifest
 except ModuleNotFoundError as missing:
     if (missing.name or "verify").partition(".")[0] == "verify":
@@ -98,8 +99,15 @@ def run(
         "Run the script as N ranks through torch.distributed.run (each writes RUNDIR/rankK/); without it, as one "
         "process.") = None,
     emulated_devices: options.emulated_devices() = None,
+    nnodes: options.nnodes() = None,
+    node_rank: options.node_rank() = None,
+    rdzv_endpoint: options.rdzv_endpoint() = None,
+    rdzv_id: options.rdzv_id() = None,
+    rdzv_backend: options.rdzv_backend() = "c10d",
+    rdzv_timeout: options.rdzv_timeout() = None,
     force: options.force() = False,
-    out: options.out("Run directory (default: verify-runs/SCRIPT-DEVICE-TIME-RANDOM).") = None,
+    out: options.out("Run directory (default: verify-runs/SCRIPT-DEVICE-TIME-RANDOM; across nodes, one every node "
+                     "sees: RUNDIR/rankR/ each rank, RUNDIR/node-K/ each node's log).") = None,
     quiet: options.quiet() = False,
 ) -> None:
     """Run SCRIPT for N steps under instrumentation and write a run directory.
@@ -114,7 +122,10 @@ def run(
         autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb, nproc_per_node=nproc_per_node or 0,
         devices=emulated_devices or 0, force=force,
     )
-    exit_with(lambda: _run(script, list(script_args or []), options, out, quiet), f"run {script}", out)
+    def across_nodes() -> int:
+        options.nodes = nodes.asked(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_backend, rdzv_timeout, out)
+        return _run(script, list(script_args or []), options, out, quiet)
+    exit_with(across_nodes, f"run {script}", out)
 
 
 def _run(script: Path, args: list[str], options: RunOptions, out: Path | None, quiet: bool) -> int:
@@ -132,11 +143,13 @@ def _run(script: Path, args: list[str], options: RunOptions, out: Path | None, q
     if manifest.verify_error:  # verify's own failure: one line, exit 2 (verify/cli/exits.py)
         raise VerifyFailure(f"{run_dir}: {manifest.verify_error}")
     _print_summary(manifest, run_dir)
-    return EXIT_OK if manifest.status in _SUCCESS else EXIT_FAILED
+    # every node shows the whole run; each exits with how its own ranks ended
+    own = read_manifest(run_folders.node_dir(run_dir, options.nodes.node_rank)) if options.nodes else manifest
+    return EXIT_OK if own.status in _SUCCESS else EXIT_FAILED
 
 
 def _final_loss(run_dir: Path) -> str:
-    losses = read_losses(run_folders.lead_dir(run_dir))
+    losses = read_losses(lead_dir(run_dir))
     return f"{losses['loss'].iloc[-1]:.6g}" if len(losses) else "-"
 
 

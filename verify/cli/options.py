@@ -18,7 +18,7 @@ import typer
 
 from verify.devices import Device
 from verify.launch.runner import MAX_CALIBRATION_RUNS, RANK_MEMORY_GIB, TIMEOUT_PER_STEP_S, TIMEOUT_START_S
-from verify.record.schema import DumpMode
+from verify.record.schema import DEFAULT_JOIN_TIMEOUT_S, DumpMode
 
 def script_args(help: str = "The script's own arguments, after `--`.") -> Any:
     return Annotated[Optional[list[str]], typer.Argument(help=help, show_default=False)]
@@ -77,6 +77,37 @@ def force(help: str = "Start more ranks than this machine holds (its cores, its 
 
 def nproc_per_node(help: str) -> Any:
     return Annotated[Optional[int], typer.Option("--nproc-per-node", min=1, help=help, show_default=False)]
+
+
+def nnodes(help: str = "Run across N machines (nodes), each running this command with its own --node-rank and the "
+                        "same -o on a filesystem they all share (default: $SLURM_NNODES, else this machine alone).") -> Any:
+    return Annotated[Optional[int], typer.Option("--nnodes", min=1, help=help, show_default=False)]
+
+
+def node_rank(help: str = "This node's number, from 0 (default: $SLURM_NODEID); node 0 writes the run's manifest "
+                          "once every node's ranks are in.") -> Any:
+    return Annotated[Optional[int], typer.Option("--node-rank", min=0, help=help, show_default=False)]
+
+
+def rdzv_endpoint(help: str = "HOST:PORT of torch.distributed.run's rendezvous, the same on every node (default: "
+                              "$MASTER_ADDR:$MASTER_PORT).") -> Any:
+    return Annotated[Optional[str], typer.Option("--rdzv-endpoint", help=help, show_default=False)]
+
+
+def rdzv_id(help: str = "The rendezvous's id, the same on every node (default: $SLURM_JOB_ID, else the -o folder's "
+                        "name).") -> Any:
+    return Annotated[Optional[str], typer.Option("--rdzv-id", help=help, show_default=False)]
+
+
+def rdzv_backend(help: str = "The rendezvous's backend (torchrun's c10d store).") -> Any:
+    return Annotated[str, typer.Option("--rdzv-backend", help=help)]
+
+
+def rdzv_timeout(help: str = "Seconds to wait for every node to join (torchrun's join_timeout), and for every node "
+                             f"to end once this one did: a node that never does is named, exit 2. Default: "
+                             f"{DEFAULT_JOIN_TIMEOUT_S:g}.") -> Any:
+    return Annotated[Optional[float], typer.Option("--rdzv-timeout", min=0, help=help, show_default=False,
+                                                   callback=_a_number)]
 
 
 def emulated_devices(help: str = (

@@ -53,7 +53,8 @@ from verify.cli.exits import exit_with
 from verify.launch.runner import RunOptions, check_options, search_path
 from verify.cli.side_runs import RUN_ENDED_WELL, SideRun, SideRunner, side_runner, stderr, stdout, write_reports
 from verify.errors import PairError
-from verify.record.store import Run, recorded_loss_scales
+from verify.launch import nodes
+from verify.record.store import Run, read_manifest, recorded_loss_scales
 from verify.record.schema import AUTOCAST_DTYPES, DumpMode, LossScalerPlan, Status
 
 PAIR_COMMAND = "pair"
@@ -246,8 +247,25 @@ def _run_reference(sides: SideRunner, actual: Run, runs: list[SideRun]) -> list[
     return sides.run_together(runs)
 
 
+def _rendezvous(plan: PairPlan, options: RunOptions, side: str, number: int) -> RunOptions:
+    """A side's options across several machines: a rendezvous of its own, the pair's `number`-th (Nodes.for_side),
+    for sides run at once."""
+    return replace(options, nodes=plan.options.nodes.for_side(side, number)) if plan.options.nodes else options
+
+
+def _own_ranks_ended(plan: PairPlan, runs: PairRuns, node: int) -> int:
+    """A node other than node 0, once every side is in: how its own ranks ended on each side, and its exit code."""
+    ended = {run.root.name: read_manifest(run_folders.node_dir(run.root, node))
+             for run in (runs.actual, runs.ref, *runs.calibrations)}
+    for side, manifest in ended.items():
+        stdout.print(f"node {node}, {side}: {manifest.status}  {manifest.message}", markup=False)
+    stderr.print(f"node 0 compares the runs: reports in {plan.out}")
+    return 0 if all(manifest.status in RUN_ENDED_WELL for manifest in ended.values()) else 1
+
+
 def _port_run(plan: PairPlan) -> SideRun:
-    options = _in_its_tree(plan, replace(plan.options, device=plan.device_actual), port=True)
+    options = replace(_rendezvous(plan, plan.options, run_folders.ACTUAL, 0), device=plan.device_actual)
+    options = _in_its_tree(plan, options, port=True)
     return SideRun("actual", plan.ported, plan.args, options, plan.out / run_folders.ACTUAL)
 
 
@@ -267,7 +285,8 @@ def _reference_runs(plan: PairPlan, actual: Run | None, imposed: str, port_amp: 
     did not run well (its crash decides the comparison: no noise to measure). Without the port's run (`actual` None:
     they run at once with it) the reference follows the port as it runs where plan.follows, else nothing of it, and
     its fp32 run waits for the port's precision (run_sides)."""
-    options = replace(_in_its_tree(plan, plan.options, port=False), device=plan.device_ref, autocast=imposed,
+    options = replace(_in_its_tree(plan, _rendezvous(plan, plan.options, run_folders.REF, 1), port=False),
+                      device=plan.device_ref, autocast=imposed,
                       autocast_follow=actual.manifest.autocast_scopes if actual else {},
                       loss_scaler_plan=_scaler_twin(actual) if actual else None,
                       follows=plan.out / run_folders.ACTUAL if actual is None and plan.follows else None)
@@ -282,8 +301,9 @@ def _reference_runs(plan: PairPlan, actual: Run | None, imposed: str, port_amp: 
 
 def _fp32_reference_run(plan: PairPlan) -> SideRun:
     """--amp-effect: the reference as written, in fp32."""
+    options = _rendezvous(plan, plan.options, run_folders.REF_FP32, 2 + plan.calibration_runs)
     return SideRun("ref fp32", plan.original, plan.args,
-                   replace(_in_its_tree(plan, plan.options, port=False), device=plan.device_ref),
+                   replace(_in_its_tree(plan, options, port=False), device=plan.device_ref),
                    plan.out / run_folders.REF_FP32)
 
 
@@ -303,7 +323,8 @@ def _calibration_runs(plan: PairPlan, options: RunOptions, half: str, port_block
                 "rounding": not in_port_order}
     device = devices.reference_on_the_ports_hardware(plan.device_ref, plan.device_actual, plan.options.emulate_on)
     return [SideRun(f"calibration {number}" if plan.calibration_runs > 1 else "calibration", plan.original,
-                    plan.args, replace(options, device=device, perturbation=plan_of(number)),
+                    plan.args, replace(_rendezvous(plan, options, run_folders.calibration_run(number), 1 + number),
+                                       device=device, perturbation=plan_of(number)),
                     plan.out / run_folders.calibration_run(number))
             for number in range(1, plan.calibration_runs + 1)]
 
@@ -471,6 +492,15 @@ def pair(
         "Run each side as N ranks through torch.distributed.run, compared rank by rank; without it, as one "
         "process.") = None,
     emulated_devices: options.emulated_devices() = None,
+    nnodes: options.nnodes() = None,
+    node_rank: options.node_rank() = None,
+    rdzv_endpoint: options.rdzv_endpoint(
+        "HOST:PORT of torch.distributed.run's rendezvous, the same on every node: each side run at once takes a "
+        "port of its own from PORT on (the port's PORT, the reference's PORT+1, each calibration run the next; "
+        "default: $MASTER_ADDR:$MASTER_PORT).") = None,
+    rdzv_id: options.rdzv_id() = None,
+    rdzv_backend: options.rdzv_backend() = "c10d",
+    rdzv_timeout: options.rdzv_timeout() = None,
     force: options.force() = False,
     loss_rtol: options.loss_rtol("Relative loss tolerance per step (default 0.01; 0.05 for fp32 against AMP).") = None,
     match_amp: Annotated[bool, typer.Option(
@@ -504,10 +534,12 @@ def pair(
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
                          exact_emulation=exact_emulation, timeout=timeout, nproc_per_node=nproc_per_node or 0,
                          devices=emulated_devices or 0, force=force, pair=secrets.token_hex(8))
-    exit_with(lambda: _pair(original, ported, script_args, options, device_ref.value, device_actual.value,
-                            compare_options(loss_rtol, op_mapping), match_amp, amp_effect, ref_run, out, echo,
-                            adaptation_report, calibration_runs, command),
-              f"verify {original} against {ported or default_port(original)}", out)
+    def across_nodes() -> int:
+        options.nodes = nodes.asked(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_backend, rdzv_timeout, out)
+        return _pair(original, ported, script_args, options, device_ref.value, device_actual.value,
+                     compare_options(loss_rtol, op_mapping), match_amp, amp_effect, ref_run, out, echo,
+                     adaptation_report, calibration_runs, command)
+    exit_with(across_nodes, f"verify {original} against {ported or default_port(original)}", out)
 
 
 def _pair(original: Path, ported: Path | None, script_args: list[str] | None, options: RunOptions, device_ref: str,
@@ -524,13 +556,19 @@ def _pair(original: Path, ported: Path | None, script_args: list[str] | None, op
     if ref_run is not None:
         provenance.check_reference(ref_run, original, ported, script_args or [], options.seed, options.steps)
     together = runs_with_its_reference(ported, options, ref_run)
+    if options.nodes:  # each node claims its own folder of the pair's (node 0 writes the reports beside them)
+        run_folders.claim_node(out, options.nodes.node_rank)
+    else:
+        run_folders.claim(out)
     plan = PairPlan(original, ported, list(script_args or []), options, device_ref, devices.port_device(device_actual),
-                    match_amp, amp_effect, ref_run, run_folders.claim(out), compare, adaptation, calibration_runs,
+                    match_amp, amp_effect, ref_run, out, compare, adaptation, calibration_runs,
                     command, together, follows_its_port(original, device_ref, match_amp, together),
                     project_trees(original, ported))
     with adaptation_or_why_not(adaptation):
         with side_runner(echo, runs_at_once(plan)) as sides:
             runs = run_sides(plan, sides)
+        if options.nodes and options.nodes.node_rank:  # node 0 compares, once every node's ranks were in
+            return _own_ranks_ended(plan, runs, options.nodes.node_rank)
         return judge_pair(plan, runs)
 
 

@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from verify import devices
+from verify.launch import nodes as multi_node
 from verify.launch import process_tree, rank_outcome, working_folder
 from verify.record import run_folders
-from verify.record.schema import (AUTOCAST_DTYPES, LOG, LOSS_COLUMNS, LOSSES, DumpMode, LossScalerPlan, RunManifest,
-                                  Status, ended_by_itself)
+from verify.record.schema import (AUTOCAST_DTYPES, LOG, LOSS_COLUMNS, LOSSES, DumpMode, LossScalerPlan, Nodes,
+                                  RunManifest, Status, ended_by_itself)
 from verify.errors import DiskFull, EmulationError, RunDirError, Stopped, VerifyError
 from verify.record.store import now_iso, read_last_collective, read_manifest, space_needed, write_manifest
 
@@ -139,6 +140,7 @@ class RunOptions:
     nproc_per_node: int = 0  # ranks launched through torch.distributed.run (0: the script as one process)
     devices: int = 0  # devices each emulation presents (--devices; 0: one a rank, for ranks the script spawns too)
     force: bool = False  # start more ranks than the machine holds (rank_limit())
+    nodes: Nodes | None = None  # this node's place in a run across several machines (None: this machine alone)
     threads: int = 0  # the run's share of the cores (core_share()), split among its ranks; 0: torch's default
 
     @property
@@ -182,6 +184,8 @@ def check_options(options: RunOptions) -> None:
         raise VerifyError(f"--seed must be between 0 and {2**32 - 1}")
     if options.nproc_per_node < 0:
         raise VerifyError("--nproc-per-node must be at least 1")
+    if options.nodes and not options.nproc_per_node:
+        raise VerifyError("--nnodes needs --nproc-per-node: the ranks torch.distributed.run starts on each node")
     if options.devices < 0:
         raise VerifyError("--devices must be at least 1")
     if options.timeout is not None and options.timeout < 0:
@@ -232,7 +236,9 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         timeout_s=options.timeout_s,
         nproc_per_node=options.nproc_per_node,
         rank_limit=0 if options.force else rank_limit()[0],
-        world_size=max(1, options.nproc_per_node),
+        world_size=max(1, options.nproc_per_node) * (options.nodes.nnodes if options.nodes else 1),
+        node=options.nodes.node_rank if options.nodes else 0,
+        nodes=options.nodes.to_record() if options.nodes else {},
         threads=max(1, options.threads // max(1, options.nproc_per_node)) if options.threads else 0,
         extra={"devices": options.devices} if options.devices else {},
     )
@@ -264,7 +270,8 @@ def run_script(
     check_options(options)
     device, device_env = _device_and_env(script, options)
     run_dir = Path(run_dir) if run_dir is not None else run_folders.default_run_dir(script, device)
-    run_folders.claim(run_dir)
+    whole = run_dir  # across several machines: the run every node writes, of which this node claims its own folder
+    run_dir = run_folders.claim_node(whole, options.nodes.node_rank) if options.nodes else run_folders.claim(run_dir)
     try:
         manifest = _initial_manifest(script, args, options, device)
         view = working_folder.make(manifest.files_root, run_dir / working_folder.FOLDER)
@@ -289,7 +296,7 @@ def run_script(
     if stopped is not None:
         stopped.runs.append(run_dir)
         raise stopped
-    return run_dir
+    return multi_node.joined(whole, options.nodes) if options.nodes else run_dir
 
 
 def _recordable(script: Path) -> None:
@@ -394,7 +401,7 @@ def _report_progress(run_dir: Path, last_steps: int, on_progress) -> int:
     if on_progress is None:
         return last_steps
     try:
-        steps = read_manifest(run_folders.lead_dir(run_dir)).steps_completed
+        steps = read_manifest(lead_dir(run_dir)).steps_completed
     except RunDirError:  # replaced atomically, so only a vanished folder gets here
         return last_steps
     if steps != last_steps:
@@ -411,13 +418,14 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
     if manifest.status == Status.RUNNING.value:  # stopped from outside: it may have died between a step and its count
         manifest.steps_completed = max(manifest.steps_completed, _steps_with_losses(run_dir))
     done = f"{manifest.steps_completed} steps completed"
+    folders = own_rank_dirs(run_dir, manifest)
     if ending == "timeout":
         manifest.status, manifest.exit_code = Status.TIMEOUT.value, returncode
         manifest.message = f"timed out after {timeout:g} s ({done})"
     elif stopped is not None:
         manifest.status, manifest.exit_code = Status.INTERRUPTED.value, returncode
         manifest.message = f"interrupted: verify was stopped by {stopped.signal_name} ({done})"
-    elif manifest.status == Status.RUNNING.value and returncode == 0 and not run_folders.rank_dirs(run_dir):
+    elif manifest.status == Status.RUNNING.value and returncode == 0 and not folders:
         # the script ended its process itself (os._exit(0)) before the bootstrap could write how: ended, not crashed
         status, words = ended_by_itself(manifest.steps_completed, manifest.steps_requested)
         manifest.status, manifest.exit_code = status.value, 0
@@ -429,10 +437,24 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
     manifest.finished_at = manifest.finished_at or now_iso()
     if manifest.status == Status.NO_STEPS.value:
         manifest.message += _last_output_words(run_dir / LOG)
-    if folders := run_folders.rank_dirs(run_dir):
+    if folders:
         manifest = _finalise_ranks(manifest, folders, ending, timeout, stopped)
     manifest.working_folder.update(written or {})
     write_manifest(run_dir, manifest)
+
+
+def lead_dir(run_dir: Path) -> Path:
+    """The folder whose records stand for the run where one is read (progress, the final loss): its lowest rank's
+    (on this node, for a node's folder of a run across several machines), else the run directory itself."""
+    return (own_rank_dirs(run_dir, read_manifest(run_dir)) or [Path(run_dir)])[0]
+
+
+def own_rank_dirs(run_dir: Path, manifest: RunManifest) -> list[Path]:
+    """The folders of the ranks this run started: all of the run's, or across several machines, those of this node
+    (their manifests name it)."""
+    if manifest.nodes:
+        return multi_node.rank_dirs_of(run_folders.ranks_home(run_dir, True), manifest.node)
+    return run_folders.rank_dirs(run_dir)
 
 
 def _steps_with_losses(run_dir: Path) -> int:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verify.record import run_folders
 from verify.record.run_folders import WRITER_LOCK
 from verify.record.schema import LOG, MANIFEST
 
@@ -72,7 +73,8 @@ def _left_out(entry: os.DirEntry) -> bool:
     if entry.name in LEFT_OUT:
         return True
     names = set(os.listdir(entry.path))
-    return WRITER_LOCK in names or {MANIFEST, LOG} <= names  # verify's: being written, or a run folder
+    # verify's: being written, a run folder, or a run across several machines (its nodes' folders)
+    return WRITER_LOCK in names or {MANIFEST, LOG} <= names or run_folders.holds_nodes(Path(entry.path))
 
 
 def _linked_whole(entry: os.DirEntry) -> bool:

@@ -16,6 +16,18 @@ inside its run directory; a single process keeps today's layout, without rank fo
     RUN/output.log             every rank's output, as the launcher passed it on
     RUN/rank0/, RUN/rank1/     each rank's run directory (manifest, losses, ops ...: verify/record/schema.py)
 
+A run across several machines (--nnodes N, verify/launch/nodes.py) has one RUN that every node sees (a shared
+filesystem), where each node's verify writes only its own files, so that none clashes with another's:
+
+    RUN/node-K/                node K's verify: its writer lock, its manifest (its configuration, then how its
+                               ranks ended), its output.log (its ranks' output) and its working folder
+    RUN/rankR/                 each rank's run directory, R its global rank; its manifest names its node
+    RUN/manifest.json          the run's manifest, written by node 0 alone once every node's ranks are in
+
+Node 0 takes RUN only where it holds nothing but other nodes' folders (ranks start after every node joined, so
+after this check); a reader reads RUN as any run of ranks. A pair across machines keeps the same layout: PAIR/node-K/
+each node's claim, PAIR/actual/node-K/, PAIR/ref/node-K/ ..., node 0 writing the reports.
+
 A folder verify writes into has one writer: claim() creates WRITER_LOCK in it with O_EXCL, so that of two verify
 commands started at once into the same folder, exactly one writes and the other exits 2; the lock goes when its
 process ends. The lock names its writer (pid, the process's start time, the host): a verify killed too hard to
@@ -40,6 +52,7 @@ import time
 from pathlib import Path
 
 from verify.errors import VerifyFailure
+from verify.record.schema import MANIFEST
 
 REF = "ref"
 ACTUAL = "actual"
@@ -82,10 +95,48 @@ def rank_dir(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / f"{_RANK_PREFIX}{rank}"
 
 
-def lead_dir(run_dir: Path) -> Path:
-    """The folder whose records stand for the run where one is read (progress, the final loss): the lowest rank's
-    folder for a run of ranks, the run directory itself otherwise."""
-    return (rank_dirs(run_dir) or [Path(run_dir)])[0]
+_NODE_PREFIX = "node-"
+
+
+def node_dir(run_dir: Path, node: int) -> Path:
+    """Node `node`'s own folder inside the run directory of a run across several machines."""
+    return Path(run_dir) / f"{_NODE_PREFIX}{node}"
+
+
+def ranks_home(run_dir: Path, multi_node: bool) -> Path:
+    """The folder that holds the rank folders of the run `run_dir` runs: itself, or for a node's folder of a run
+    across several machines, the run's."""
+    return Path(run_dir).parent if multi_node else Path(run_dir)
+
+
+def _is_node_dir(entry: Path) -> bool:
+    return entry.name.startswith(_NODE_PREFIX) and entry.name.removeprefix(_NODE_PREFIX).isdigit()
+
+
+def holds_nodes(folder: Path) -> bool:
+    """Whether `folder` is a run (or a pair) across several machines: it holds a node's folder that verify wrote."""
+    return any(_is_node_dir(entry) and ((entry / WRITER_LOCK).exists() or (entry / MANIFEST).exists())
+               for entry in Path(folder).iterdir())
+
+
+def _not_other_nodes(folder: Path) -> list[str]:
+    """What in `folder` is neither another node's folder nor a folder of such only (a pair's side another node
+    started first): another run's files, a user's."""
+    def others(entry: Path) -> bool:
+        if _is_node_dir(entry):
+            return entry.name != node_dir(folder, 0).name
+        return entry.is_dir() and not entry.is_symlink() and not _not_other_nodes(entry)
+    return sorted(entry.name for entry in folder.iterdir() if not others(entry))
+
+
+def claim_node(run_dir: Path, node: int) -> Path:
+    """Node `node`'s folder of a run across several machines, claimed (claim()); node 0 also makes sure the run
+    directory holds nothing but other nodes' folders: no other run's files."""
+    if node == 0 and Path(run_dir).is_dir():
+        if foreign := _not_other_nodes(Path(run_dir)):
+            raise FolderInUse(f"{run_dir} already holds {', '.join(foreign[:3])}, not only other nodes' folders of "
+                              "this run; choose another -o")
+    return claim(node_dir(run_dir, node))
 
 
 def rank_dirs(run_dir: Path) -> list[Path]:

@@ -41,8 +41,8 @@ from __future__ import annotations
 import os
 import types
 import typing
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -330,6 +330,10 @@ class RunManifest:
     rank: int = 0
     world_size: int = 1
     nproc_per_node: int = 0
+    # A run across several machines (verify/launch/nodes.py): the node (its --node-rank) whose verify ran this rank,
+    # or wrote this node's manifest; `nodes` the rendezvous they met at (Nodes.to_record(); {} on one machine).
+    node: int = 0
+    nodes: dict[str, Any] = field(default_factory=dict)
     # The most ranks the machine holds (its cores and free memory, verify/launch/runner.py): the child refuses a script
     # that spawns more (0: no limit, --force).
     rank_limit: int = 0
@@ -400,12 +404,14 @@ class RunManifest:
 
     @property
     def ranks_words(self) -> str:
-        """", 2 ranks (hccl run as gloo)" for a run of several ranks; "" for a single process."""
+        """", 2 ranks (hccl run as gloo)" for a run of several ranks (", 4 ranks on 2 nodes (hccl)" across machines);
+        "" for a single process."""
         if self.world_size <= 1:
             return ""
         asked, ran = self.process_group.get("backend", ""), self.process_group.get("runs_as", "")
         backend = f" ({asked} run as {ran})" if ran and ran != asked else f" ({asked})" if asked else ""
-        return f", {self.world_size} ranks{backend}"
+        nodes = f" on {self.nodes['nnodes']} nodes" if self.nodes else ""
+        return f", {self.world_size} ranks{nodes}{backend}"
 
 
 SHOWN_CHARS = 2000
@@ -468,6 +474,41 @@ def _json_kind(value: Any) -> str:
     """A JSON value's kind, as a person reading the file names it (never the value: it may be huge)."""
     kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
     return kinds.get(type(value), "a number")
+
+
+DEFAULT_JOIN_TIMEOUT_S = 300.0  # room to type the command on the other machines, and for torch to start there
+RDZV_BACKENDS = ("c10d",)  # torchrun's own store, served by one node's agent: the only backend that needs nothing else
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """This node's place in a run across several machines, and the rendezvous they meet at (verify/launch/nodes.py
+    reads them from the options; the bootstrap launches the ranks with them)."""
+
+    nnodes: int
+    node_rank: int
+    endpoint: str  # HOST:PORT
+    rdzv_id: str
+    backend: str = "c10d"
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT_S
+
+    def launcher_args(self) -> list[str]:
+        """torch.distributed.run's options for this node (in place of --standalone)."""
+        return ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank), "--rdzv-backend", self.backend,
+                "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.rdzv_id,
+                "--rdzv-conf", f"join_timeout={self.join_timeout:g},last_call_timeout=1"]
+
+    def for_side(self, name: str, number: int) -> "Nodes":
+        """The rendezvous of the `number`-th side (from 0) run at once with others: its own id and port."""
+        host, _, port = self.endpoint.rpartition(":")
+        return replace(self, endpoint=f"{host}:{int(port) + number}", rdzv_id=f"{self.rdzv_id}-{name}")
+
+    def to_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> "Nodes | None":
+        return cls(**record) if record else None
 
 
 @dataclass

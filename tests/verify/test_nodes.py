@@ -1,0 +1,148 @@
+"""verify across machines (verify/launch/nodes.py): two verify processes on this machine stand for two nodes, meeting at
+a rendezvous over loopback, each presenting its own emulated devices, writing one shared -o.
+
+The scripts are tests/verify/scripts/ddp_torchrun.py and its transfer-mode port, as 2 nodes of 1 rank each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from live_processes import processes_naming
+
+from verify.launch.nodes import asked
+from verify.errors import VerifyError
+from verify.record.run_folders import node_dir, rank_dirs
+from verify.record.store import read_run
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+ORIGINAL, PORT = SCRIPTS / "ddp_torchrun.py", SCRIPTS / "ddp_torchrun_npu.py"
+ARGS = ["--", "2", "4"]  # 2 epochs of batch 4 on 16 samples: 2 steps an epoch on each of 2 ranks
+NODE = ["--nproc-per-node", "1", "--nnodes", "2", "--steps", "4", "-q", "--rdzv-timeout", "60"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port(count: int = 1) -> int:
+    """A port on loopback free with the `count` - 1 after it (a pair's sides take one each)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port + count < 65536 and all(_free(port + offset) for offset in range(1, count)):
+            return port
+    raise RuntimeError("no free ports on loopback")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def start_node(node: int, port: int, *args: str | Path) -> subprocess.Popen:
+    """`verify ARGS --node-rank NODE --rdzv-endpoint 127.0.0.1:PORT [-- SCRIPT ARGS]` in a process of its own, as on
+    another machine."""
+    words = [str(arg) for arg in args]
+    split = words.index("--") if "--" in words else len(words)
+    command = [sys.executable, "-m", "verify", *words[:split], "--node-rank", str(node),
+               "--rdzv-endpoint", f"127.0.0.1:{port}", *words[split:]]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "COLUMNS": "300"}  # lines whole
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def two_nodes(*args: str | Path, ports: int = 1) -> list[tuple[int, str]]:
+    """Both nodes of a run to their ends: each one's exit code and output."""
+    port = free_port(ports)
+    nodes = [start_node(node, port, *args) for node in (0, 1)]
+    return [(node.wait(timeout=600), node.stdout.read()) for node in nodes]
+
+
+@pytest.mark.slow
+def test_two_nodes_meet_at_the_rendezvous_and_write_one_run_each_rank_naming_its_node(tmp_path):
+    out = tmp_path / "run"
+    (code0, output0), (code1, output1) = two_nodes("run", PORT, *NODE, "-o", out, *ARGS)
+    assert code0 == 0 and code1 == 0, output0 + output1
+    run = read_run(out)
+    assert run.manifest.status == "ok" and run.manifest.world_size == 2
+    assert run.manifest.message == "ran the 4 requested steps on each of 2 ranks"
+    assert run.manifest.ranks_words == ", 2 ranks on 2 nodes (hccl run as gloo)"
+    assert [rank.manifest.rank for rank in run.ranks] == [0, 1]
+    assert sorted(rank.manifest.node for rank in run.ranks) == [0, 1]  # one rank a node, whichever rank it got
+    assert all(rank.manifest.steps_completed == 4 and "c10d.allreduce_" in set(rank.ops["op"]) for rank in run.ranks)
+    for node in (0, 1):  # each node's own log and manifest, which no other node writes
+        manifest = json.loads((node_dir(out, node) / "manifest.json").read_text())
+        assert manifest["node"] == node and manifest["status"] == "ok"
+        assert (node_dir(out, node) / "output.log").is_file()
+    assert f"run dir     {out}" in output1  # every node shows the whole run
+
+
+@pytest.mark.slow
+def test_killing_one_nodes_verify_ends_the_other_with_exit_2_naming_it_and_nothing_survives(tmp_path):
+    out = tmp_path / "run"
+    port = free_port()
+    script = Path(shutil.copy(SCRIPTS / "long_train.py", tmp_path))  # every process it starts names tmp_path
+    args = ["run", script, "--nproc-per-node", "1", "--nnodes", "2", "-q", "--rdzv-timeout", "30", "-o", out,
+            "--", "100000", "--ranks"]
+    node0, node1 = (start_node(node, port, *args) for node in (0, 1))
+    deadline = time.monotonic() + 120
+    while not len(rank_dirs(out)) == 2 or not all((folder / "losses.csv").is_file() for folder in rank_dirs(out)):
+        assert time.monotonic() < deadline and node0.poll() is None, node0.stdout.read()
+        time.sleep(0.5)
+    killed = time.monotonic()
+    node1.send_signal(signal.SIGTERM)
+    code = node0.wait(timeout=90)
+    output = node0.stdout.read()
+    assert code == 2, output
+    assert "node 1 (ranks " in output and "was stopped" in output, output
+    assert time.monotonic() - killed < 60
+    node1.wait(timeout=30)
+    assert not processes_naming(tmp_path)
+
+
+def test_nodes_come_from_slurm_where_the_options_leave_them_out(tmp_path):
+    slurm = {"SLURM_NNODES": "4", "SLURM_NODEID": "2", "SLURM_JOB_ID": "77", "MASTER_ADDR": "head",
+             "MASTER_PORT": "29400"}
+    nodes = asked(None, None, None, None, "c10d", None, tmp_path / "out", slurm)
+    assert (nodes.nnodes, nodes.node_rank, nodes.endpoint, nodes.rdzv_id) == (4, 2, "head:29400", "77")
+    assert asked(None, None, None, None, "c10d", None, None, {}) is None  # this machine alone
+    assert asked(2, 1, "h:1", None, "c10d", 5, tmp_path / "out", {}).rdzv_id == "out"  # the -o every node shares
+    with pytest.raises(VerifyError, match="--rdzv-endpoint must be HOST:PORT"):
+        asked(2, 1, None, None, "c10d", None, tmp_path, {})
+    with pytest.raises(VerifyError, match="--node-rank must be given, from 0 to 1"):
+        asked(2, None, "h:1", None, "c10d", None, tmp_path, {})
+    with pytest.raises(VerifyError, match="needs -o"):
+        asked(2, 0, "h:1", None, "c10d", None, None, {})
+
+
+@pytest.mark.slow
+def test_a_faithful_port_passes_across_two_nodes_and_a_port_without_its_sampler_fails_naming_the_sharding(tmp_path):
+    out = tmp_path / "pair"
+    (code0, output0), (code1, output1) = two_nodes(ORIGINAL, PORT, *NODE, "-o", out, *ARGS, ports=3)
+    assert code0 == 0 and code1 == 0, output0 + output1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["reason"].startswith("PASS: on each of the 2 ranks, loss within"), summary["reason"]
+    assert summary["ranks"]["sharding"]["passed"] and summary["ranks"]["sharding"]["original_disjoint"]
+    assert "node 1, actual: ok" in output1 and "node 0 compares the runs" in output1
+    port = tmp_path / "ddp_torchrun_npu.py"
+    text = PORT.read_text()
+    for old, new in (("    sampler = DistributedSampler(dataset)\n", ""), (", sampler=sampler)", ", shuffle=True)"),
+                     ("        sampler.set_epoch(epoch)\n", "")):
+        text = text.replace(old, new)
+    port.write_text(text)
+    (code0, output0), (code1, _) = two_nodes(ORIGINAL, port, *NODE, "-o", tmp_path / "broken", *ARGS, ports=3)
+    assert code0 == 1, output0
+    summary = json.loads((tmp_path / "broken" / "summary.json").read_text())
+    assert summary["reason"].startswith("FAIL: rank 1 read the same samples as rank 0 at step 0"), summary["reason"]
+    assert summary["findings"][0]["code"] == "sharding"
