@@ -194,7 +194,7 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
         left = [cause for cause in found if cause.code in NEVER_FIXED]
         new, rewrites = rewrite(text, target, fixable) if fixable else (text, [])
         if new == text:
-            say(f"round {number}: nothing to fix" + (f" ({len(left)} cause(s) a fix leaves)" if left else ""))
+            say(f"round {number}: nothing to fix")
             break
         write_atomic(target, new.encode("utf-8"))
         text = new
@@ -214,6 +214,8 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
         passed = bool(summary.get("passed")) and not remaining
         if passed:
             break
+    for cause in left:
+        say(f"left as it is: {cause.code}: {cause.message}: {NEVER_FIXED[cause.code]}")
     patch = unified_diff(user_text, text, str(port), str(target))
     _report(folder, port, target, pair, done, left, patch, passed)
     return passed and not left, folder
