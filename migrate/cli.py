@@ -163,7 +163,8 @@ def _fix(paths: list[Path], pair: Path, rounds: int, quiet: bool) -> None:
     if len(paths) != 1 or not paths[0].is_file():
         raise PlanError("--fix-from PAIR fixes one port: give its file (migrate train_npu.py --fix-from PAIR)")
     passed, folder = fix.run(paths[0], pair, rounds, lambda line: None if quiet else stderr.print(escape(line)))
-    stderr.print(f"{'PASS' if passed else 'not fixed'}: report in {escape(shown_path(folder / 'fix.md'))}")
+    outcome = ("written, not verified" if rounds == 0 else "PASS") if passed else "not fixed"
+    stderr.print(f"{outcome}: report in {escape(shown_path(folder / 'fix.md'))}")
     raise typer.Exit(ExitCode.OK if passed else ExitCode.PENDING)
 
 

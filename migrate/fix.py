@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from migrate.diff import unified_diff
-from migrate.files import PlanError, shown_path, write_atomic
+from migrate.files import PlanError, sha256, shown_path, write_atomic
 from rules import Settings, rule_by_code
 from verify.checklist_items import markdown_code, markdown_text
 
@@ -177,9 +177,11 @@ def rewrite(text: str, path: Path, fixable: list[Cause]) -> tuple[str, list[dict
 
 
 def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) -> tuple[bool, Path]:
-    """The fix loop; whether the last verified round passed with no fixable cause left, and the fix folder."""
+    """The fix loop; whether the last verified round passed with no fixable cause left (with `rounds` 0, whether a
+    fix was written), and the fix folder."""
     pair = Pair.read(pair_folder)
     target, folder = fixed_path(port), fix_folder(pair_folder)
+    _refuse_edited(target, pair_folder)
     folder.mkdir(parents=True)
     user_text = port.read_text(encoding="utf-8")
     text, summary, effect = user_text, pair.summary, _amp_effect(pair_folder)
@@ -203,6 +205,7 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
         for rewritten in rewrites:
             say(f"round {number}: {rewritten['code']} at {rewritten['at']}: {rewritten['message']}")
         if rounds == 0:
+            passed = True  # written, not verified: what migrate's own port is until verify runs
             break
         round_.folder = f"round-{number}"
         summary = _verify(pair, target, folder / round_.folder)
@@ -219,6 +222,18 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
     patch = unified_diff(user_text, text, str(port), str(target))
     _report(folder, port, target, pair, done, left, patch, passed)
     return passed and not left, folder
+
+
+def _refuse_edited(target: Path, pair_folder: Path) -> None:
+    """A fixed port that no earlier fix of this pair wrote as it is now (edited, or the user's) is not replaced."""
+    if not target.exists():
+        return
+    now = sha256(target.read_bytes())
+    for record in pair_folder.parent.glob(f"{pair_folder.name}_fix*/fix.json"):
+        if _json(record).get("fixed_sha256") == now:
+            return
+    raise PlanError(f"{shown_path(target)} was not written by a fix of {shown_path(pair_folder)} as it is now: "
+                    "nothing was written; move your edits into the port, or remove it")
 
 
 def _amp_effect(pair_folder: Path) -> dict[str, Any] | None:
@@ -239,7 +254,9 @@ def _verify(pair: Pair, fixed: Path, out: Path) -> dict[str, Any]:
 
 def _report(folder: Path, port: Path, target: Path, pair: Pair, done: list[Round], left: list[Cause], patch: str,
             passed: bool) -> None:
-    record = {"port": str(port), "fixed": str(target), "pair": str(pair.folder), "passed": passed and not left,
+    written = sha256(target.read_bytes()) if target.exists() else None
+    record = {"port": str(port), "fixed": str(target), "fixed_sha256": written, "pair": str(pair.folder),
+              "passed": passed and not left,
               "rounds": [asdict(r) for r in done], "left": [asdict(c) for c in left],
               "never_fixed": {c.code: NEVER_FIXED[c.code] for c in left}}
     write_atomic(folder / "fix.json", json.dumps(record, indent=1).encode("utf-8"))

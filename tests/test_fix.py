@@ -79,6 +79,17 @@ def test_an_op_that_overflows_in_fp16_is_kept_in_fp32_and_the_port_passes(tmp_pa
     assert record["rounds"][-1]["verdict"] == "PASS" and record["passed"]
     assert "`AMP201`" in report and "verdict after: **PASS**" in report
     assert "+                z = h.float() * 4000" in (pair.with_name("pair_fix") / "diff.patch").read_text()
+    # once more without verifying: the same fix, into a new fix folder; the fixed port is a fix's own, so replaced
+    again = _run("-m", "migrate", port.name, "--fix-from", pair.name, "--fix-rounds", "0", cwd=tmp_path)
+    assert again.returncode == 0 and "written, not verified" in again.stderr
+    assert (tmp_path / "train_npu_fixed.py").read_text() == fixed
+    assert json.loads((tmp_path / "pair_fix.1" / "fix.json").read_text())["rounds"][0]["verdict"] == "not verified"
+    # a fixed port edited since is the user's: nothing is written
+    (tmp_path / "train_npu_fixed.py").write_text(fixed + "# mine\n")
+    refused = _run("-m", "migrate", port.name, "--fix-from", pair.name, cwd=tmp_path)
+    assert refused.returncode == 2 and "train_npu_fixed.py was not written by a fix" in refused.stderr
+    assert (tmp_path / "train_npu_fixed.py").read_text() == fixed + "# mine\n"
+    assert not (tmp_path / "pair_fix.2").exists()
 
 
 def test_a_loss_scale_that_overflows_at_every_step_starts_lower(tmp_path):

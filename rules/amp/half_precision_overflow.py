@@ -11,8 +11,10 @@ _AUTOCASTS = (
     "torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
     "torch.npu.amp.autocast", "torch.cpu.amp.autocast", "torch_npu.npu.amp.autocast",
 )
-_NAMESPACE_DEVICE = {"torch.cuda.amp.autocast": "cuda", "torch.npu.amp.autocast": "npu", "torch.cpu.amp.autocast": "cpu",
-                     "torch_npu.npu.amp.autocast": "npu"}
+_NAMESPACE_DEVICE = {
+    "torch.cuda.amp.autocast": "cuda", "torch.npu.amp.autocast": "npu", "torch.cpu.amp.autocast": "cpu",
+    "torch_npu.npu.amp.autocast": "npu",
+}
 _CALL = m.Call()  # kept in a constant: rules.findall compiles it once
 _BUILTINS = frozenset(dir(builtins))
 _ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.Power)
