@@ -62,6 +62,11 @@ class Settings:
     # project that the call left out, with that file's path.
     ported_modules: tuple[tuple[str, str], ...] = ()
     unported_modules: tuple[tuple[str, str], ...] = ()
+    # Fixes of what `verify` measured (`migrate PORT --fix-from PAIR`, migrate/fix.py), empty in a plain port: the lines
+    # of the port whose statements compute an op that overflows or diverges in half precision (AMP201 keeps them in
+    # fp32), and the initial loss scale that the overflow record settled (AMP202).
+    fp32_lines: tuple[int, ...] = ()
+    init_scale: float | None = None
 
 
 @dataclass(frozen=True)

@@ -212,8 +212,9 @@ def _first_nonfinite(ops: pd.DataFrame, skipped: list[int]) -> dict[str, Any] | 
     if bad.empty:
         return None
     first = bad.sort_values(["step", "seq"]).iloc[0]
-    return {key: first[key] for key in ("step", "seq", "phase", "module", "op", "io", "dtype", "nan_count",
-                                        "inf_count")}
+    # source: the user's line that computed it (`train_npu.py:55`), which `migrate --fix-from` keeps in fp32
+    return {key: first.get(key) for key in ("step", "seq", "phase", "module", "op", "io", "dtype", "nan_count",
+                                            "inf_count", "source")}
 
 
 def _scale_trace(run: Run) -> dict[str, Any]:

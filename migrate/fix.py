@@ -1,0 +1,276 @@
+"""`migrate PORT --fix-from PAIR`: from what a verify pair measured to a port that keeps accuracy.
+
+A round reads a verify summary (the pair's, then each round's) as JSON, never through verify's readers (migrate does
+not import verify), picks the causes a port can fix, has the fix rules (AMP201, AMP202) rewrite the port into
+`<stem>_fixed.py` beside it (never over the user's file), and verifies that file again as a subprocess
+(`verify ORIGINAL FIXED --no-match-amp`: the reference as written, in fp32, following the port's loss scale, since a
+reference under the port's autocast would compute the kept line in half precision and overflow alike). It goes on
+while a round fixes something, up to `rounds`. The causes it never fixes (a port bug: a changed hyperparameter,
+operator, reduction, a dropped zero_grad) are named and left; no tolerance is widened. The fix folder
+(`PAIR_fix/`) holds each round's verify output, diff.patch, fix.md and fix.json.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from migrate.diff import unified_diff
+from migrate.files import PlanError, sha256, shown_path, write_atomic
+from rules import Settings, rule_by_code
+from verify.checklist_items import markdown_code, markdown_text
+
+FIX_RULES = ("AMP201", "AMP202")
+FIXED_SUFFIX = "_fixed"
+_HALF = ("float16", "bfloat16")
+# verify's finding codes a fix never touches: a port bug, named and left (issue 47)
+NEVER_FIXED = {
+    "hparam_mismatch": "a changed hyperparameter: make the port's value the original's",
+    "op_changed": "a changed operator (activation, reduction, its settings): call the original's",
+    "grads_not_reset": "a dropped zero_grad: reset the gradients where the original does",
+    "data_order": "another data order: seed and order the data as the original does",
+}
+# The pair's options a round passes on (flags, and options with a value); the reference and output are the round's.
+_FLAGS = ("--no-dropout", "--no-align-random", "--exact-emulation")
+_VALUED = ("--device-ref", "--timeout", "--devices", "--nproc-per-node", "--calibration-runs", "--op-mapping",
+           "--loss-rtol")
+
+
+@dataclass
+class Cause:
+    code: str  # verify's finding code
+    message: str
+    line: int | None = None  # the port's line to keep in fp32
+    init_scale: float | None = None
+
+
+@dataclass
+class Round:
+    number: int
+    causes: list[Cause]
+    rewrites: list[dict[str, Any]] = field(default_factory=list)  # rule code, file:line, message
+    verdict: str = "not verified"
+    reason: str = ""
+    folder: str = ""
+    wall_s: float = 0.0
+
+
+@dataclass
+class Pair:
+    """What a verify pair ran, from its summary and its reference's manifest (JSON files)."""
+
+    folder: Path
+    summary: dict[str, Any]
+    original: Path
+    ran_in: Path
+    options: list[str]
+    args: list[str]
+
+    @classmethod
+    def read(cls, folder: Path) -> Pair:
+        summary = _json(folder / "summary.json")
+        ref = summary.get("runs", {}).get("ref", {}).get("absolute")
+        if not ref:
+            raise PlanError(f"{shown_path(folder)}/summary.json names no reference run: give a verify pair's folder")
+        manifest = _json(Path(ref) / "manifest.json")
+        pair = summary.get("pair", {})
+        options = ["--steps", str(manifest["steps_requested"]), "--seed", str(manifest["seed"]),
+                   *_carried(pair.get("command", []))]
+        return cls(folder, summary, Path(manifest["script"]), Path(pair.get("ran_in") or manifest["cwd"]), options,
+                   list(manifest.get("argv", [])))
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise PlanError(f"cannot read {shown_path(path)}: {error}") from None
+
+
+def _carried(command: list[str]) -> list[str]:
+    words = command[: command.index("--")] if "--" in command else command
+    carried = []
+    for i, word in enumerate(words):
+        name = word.split("=", 1)[0]
+        if name in _FLAGS or (name in _VALUED and "=" in word):
+            carried.append(word)
+        elif name in _VALUED and i + 1 < len(words):
+            carried += [word, words[i + 1]]
+    return carried
+
+
+def causes(summary: dict[str, Any], port: Path, original: Path, amp_effect: dict[str, Any] | None) -> list[Cause]:
+    """The causes in one verify summary a fix can act on, and those it names and leaves (line and scale None)."""
+    port_text, original_text = port.read_text(encoding="utf-8"), original.read_text(encoding="utf-8")
+    found = [Cause(f["code"], f["message"]) for f in summary.get("findings", []) if f["code"] in NEVER_FIXED]
+    overflow = summary.get("overflow") or {}
+    first = overflow.get("actual_first") or {}
+    if first.get("dtype") in _HALF and (line := _line_in(first.get("source"), port)):
+        found.append(Cause("overflow", f"{first['op']} overflows in {first['dtype']} at step {first['step']}", line))
+    for finding in summary.get("findings", []):
+        detail = finding.get("detail") or {}
+        if finding["code"] == "op_diverges" and detail.get("actual_dtype") in _HALF and (
+                line := _line_in(detail.get("actual_source"), port)):
+            found.append(Cause("op_diverges", finding["message"], line))
+    effect_first = ((amp_effect or {}).get("overflow") or {}).get("actual_first") or {}
+    if effect_first.get("dtype") in _HALF and (line := _line_in(effect_first.get("source"), original)):
+        if (mapped := _mapped_line(original_text, port_text, line)) is not None:
+            found.append(Cause("overflow", f"--amp-effect: {effect_first['op']} overflows in {effect_first['dtype']} "
+                               f"at step {effect_first['step']} where fp32 does not (the original's line {line})",
+                               mapped))
+    scale = overflow.get("actual_scale") or {}
+    tried, skipped = scale.get("scales") or [], scale.get("skipped") or []
+    # every step skipped, and no op that overflows in the forward pass explains it (a run stopped at an inf loss)
+    if len(tried) > 1 and len(skipped) == len(tried) and not any(cause.line for cause in found):
+        settled = max(1.0, min(tried) / 2.0 ** len(tried))
+        found.append(Cause("scale_overflow", f"every step overflowed and was skipped under loss scales "
+                           f"{', '.join(f'{s:g}' for s in tried)}", init_scale=settled))
+    return found
+
+
+def _line_in(source: str | None, path: Path) -> int | None:
+    """The line of `file:line` where it names `path` (by its name: verify names files from the folder it ran in)."""
+    if not source or ":" not in source:
+        return None
+    name, _, line = source.rpartition(":")
+    return int(line) if Path(name).name == path.name and line.isdigit() else None
+
+
+def _mapped_line(original: str, port: str, line: int) -> int | None:
+    """The port's line holding the original's `line` (compared stripped: migrate indents what it wraps)."""
+    matcher = difflib.SequenceMatcher(None, [s.strip() for s in original.splitlines()],
+                                      [s.strip() for s in port.splitlines()], autojunk=False)
+    for a, b, size in matcher.get_matching_blocks():
+        if a < line <= a + size:
+            return b + line - a
+    return None
+
+
+def fixed_path(port: Path) -> Path:
+    return port.with_name(f"{port.stem}{FIXED_SUFFIX}{port.suffix}")
+
+
+def fix_folder(pair: Path) -> Path:
+    """PAIR_fix beside the pair, or the first free PAIR_fix.N: a fix never writes into an earlier one."""
+    folder, n = pair.with_name(f"{pair.name}_fix"), 0
+    while folder.exists():
+        n += 1
+        folder = pair.with_name(f"{pair.name}_fix.{n}")
+    return folder
+
+
+def rewrite(text: str, path: Path, fixable: list[Cause]) -> tuple[str, list[dict[str, Any]]]:
+    from migrate.engine import migrate_source  # the engine loads libcst: only when a port is rewritten
+
+    lines = tuple(sorted({cause.line for cause in fixable if cause.line is not None}))
+    scales = [cause.init_scale for cause in fixable if cause.init_scale is not None]
+    settings = Settings(fp32_lines=lines, init_scale=min(scales) if scales else None)
+    result = migrate_source(text, path.name, settings, rules=[rule_by_code(code) for code in FIX_RULES])
+    return result.code, [{"code": f.code, "at": f"{path.name}:{f.line}", "message": f.message}
+                         for f in result.findings]
+
+
+def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) -> tuple[bool, Path]:
+    """The fix loop; whether the last verified round passed with no fixable cause left (with `rounds` 0, whether a
+    fix was written), and the fix folder."""
+    pair = Pair.read(pair_folder)
+    target, folder = fixed_path(port), fix_folder(pair_folder)
+    _refuse_edited(target, pair_folder)
+    folder.mkdir(parents=True)
+    user_text = port.read_text(encoding="utf-8")
+    text, summary, effect = user_text, pair.summary, _amp_effect(pair_folder)
+    done: list[Round] = []
+    left: list[Cause] = []
+    passed = False
+    for number in range(1, max(rounds, 1) + 1):
+        start = time.monotonic()
+        current = port if number == 1 else target
+        found = causes(summary, current, pair.original, effect)
+        fixable = [cause for cause in found if cause.code not in NEVER_FIXED]
+        left = [cause for cause in found if cause.code in NEVER_FIXED]
+        new, rewrites = rewrite(text, target, fixable) if fixable else (text, [])
+        if new == text:
+            say(f"round {number}: nothing to fix")
+            break
+        write_atomic(target, new.encode("utf-8"))
+        text = new
+        round_ = Round(number, fixable, rewrites)
+        done.append(round_)
+        for rewritten in rewrites:
+            say(f"round {number}: {rewritten['code']} at {rewritten['at']}: {rewritten['message']}")
+        if rounds == 0:
+            passed = True  # written, not verified: what migrate's own port is until verify runs
+            break
+        round_.folder = f"round-{number}"
+        summary = _verify(pair, target, folder / round_.folder)
+        effect = None
+        round_.verdict, round_.reason = summary.get("verdict", "ERROR"), summary.get("reason", "")
+        round_.wall_s = round(time.monotonic() - start, 1)
+        say(f"round {number}: {round_.reason} ({round_.wall_s:g} s)")
+        remaining = [c for c in causes(summary, target, pair.original, None) if c.code not in NEVER_FIXED]
+        passed = bool(summary.get("passed")) and not remaining
+        if passed:
+            break
+    for cause in left:
+        say(f"left as it is: {cause.code}: {cause.message}: {NEVER_FIXED[cause.code]}")
+    patch = unified_diff(user_text, text, str(port), str(target))
+    _report(folder, port, target, pair, done, left, patch, passed)
+    return passed and not left, folder
+
+
+def _refuse_edited(target: Path, pair_folder: Path) -> None:
+    """A fixed port that no earlier fix of this pair wrote as it is now (edited, or the user's) is not replaced."""
+    if not target.exists():
+        return
+    now = sha256(target.read_bytes())
+    for record in pair_folder.parent.glob(f"{pair_folder.name}_fix*/fix.json"):
+        if _json(record).get("fixed_sha256") == now:
+            return
+    raise PlanError(f"{shown_path(target)} was not written by a fix of {shown_path(pair_folder)} as it is now: "
+                    "nothing was written; move your edits into the port, or remove it")
+
+
+def _amp_effect(pair_folder: Path) -> dict[str, Any] | None:
+    path = pair_folder / "amp-effect" / "summary.json"
+    return _json(path) if path.is_file() else None
+
+
+def _verify(pair: Pair, fixed: Path, out: Path) -> dict[str, Any]:
+    """One verify round of the fixed port (the verify CLI, as a subprocess): its summary, or an ERROR one."""
+    command = [sys.executable, "-m", "verify", str(pair.original), str(fixed.resolve()), "--no-match-amp", "-q",
+               "-o", str(out.resolve()), *pair.options, "--", *pair.args]
+    done = subprocess.run(command, cwd=pair.ran_in, capture_output=True, text=True)
+    if (out / "summary.json").is_file():
+        return _json(out / "summary.json")
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"verdict": "ERROR", "passed": False, "reason": f"verify exited {done.returncode}: {last}"}
+
+
+def _report(folder: Path, port: Path, target: Path, pair: Pair, done: list[Round], left: list[Cause], patch: str,
+            passed: bool) -> None:
+    written = sha256(target.read_bytes()) if target.exists() else None
+    record = {"port": str(port), "fixed": str(target), "fixed_sha256": written, "pair": str(pair.folder),
+              "passed": passed and not left,
+              "rounds": [asdict(r) for r in done], "left": [asdict(c) for c in left],
+              "never_fixed": {c.code: NEVER_FIXED[c.code] for c in left}}
+    write_atomic(folder / "fix.json", json.dumps(record, indent=1).encode("utf-8"))
+    write_atomic(folder / "diff.patch", patch.encode("utf-8"))
+    lines = [f"# Fix of {markdown_code(port.name)} from {markdown_code(shown_path(pair.folder))}", "",
+             f"Fixed port: {markdown_code(shown_path(target))} ({'PASS' if record['passed'] else 'not PASS'})", ""]
+    for r in done:
+        lines += [f"## Round {r.number} ({r.wall_s:g} s)", ""]
+        lines += [f"- cause: {markdown_code(c.code)} {markdown_text(c.message)}" for c in r.causes]
+        lines += [f"- rewrite: {markdown_code(w['code'])} at {markdown_code(w['at'])}: {markdown_text(w['message'])}"
+                  for w in r.rewrites]
+        lines += [f"- verdict after: **{r.verdict}** {markdown_text(r.reason)}", ""]
+    if left:
+        lines += ["## Left as they are (a port bug: fix it by hand)", ""]
+        lines += [f"- {markdown_code(c.code)} {markdown_text(c.message)}: {markdown_text(NEVER_FIXED[c.code])}"
+                  for c in left]
+    write_atomic(folder / "fix.md", ("\n".join(lines) + "\n").encode("utf-8"))

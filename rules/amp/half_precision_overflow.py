@@ -1,0 +1,205 @@
+from __future__ import annotations
+
+import builtins
+
+import libcst as cst
+import libcst.matchers as m
+
+from rules import Case, PortRule, Settings, Unchanged, argument, findall, keyword, string_value
+
+_AUTOCASTS = (
+    "torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
+    "torch.npu.amp.autocast", "torch.cpu.amp.autocast", "torch_npu.npu.amp.autocast",
+)
+_NAMESPACE_DEVICE = {
+    "torch.cuda.amp.autocast": "cuda", "torch.npu.amp.autocast": "npu", "torch.cpu.amp.autocast": "cpu",
+    "torch_npu.npu.amp.autocast": "npu",
+}
+_CALL = m.Call()  # kept in a constant: rules.findall compiles it once
+_BUILTINS = frozenset(dir(builtins))
+_ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.Power)
+
+
+def _float(name: cst.BaseExpression) -> cst.BaseExpression:
+    """`name.float()` for a plain name; anything else as it is (a literal, a call, an already cast value)."""
+    if not isinstance(name, cst.Name):
+        return name
+    return cst.Call(func=cst.Attribute(value=name, attr=cst.Name("float")))
+
+
+class HalfPrecisionOverflow(PortRule):
+    """Keep in fp32 the statement whose op overflows or diverges in half precision, as a verify run measured it.
+
+    ## What it does
+    Only under `migrate PORT --fix-from PAIR` (the lines come from `verify`'s findings: `Settings.fp32_lines`), each
+    simple statement that holds one of those lines becomes the body of
+    `with torch.autocast(device_type=DEVICE, enabled=False):`, DEVICE being the port's own autocast device (the first
+    `torch.autocast(...)` of the file; "npu" without one), and its tensor inputs are cast with `.float()`: the
+    left-most name of an arithmetic expression (`h * 4000` -> `h.float() * 4000`; fp32 wins the type promotion),
+    both names of a `@`, the first positional name given to a torch function, a module or function called by name
+    (`torch.exp(h)`, `self.fc(x)`, `model(x)`), and the name a method is called on (`x.pow(2)`). A statement already
+    inside an autocast that is disabled is left alone, so a second fix of the same line changes nothing.
+
+    ## Why
+    Half precision tops out at 65504 and keeps 11 bits: `exp`, a large product or a `pow` that fp32 computes exactly
+    overflows to inf (the GradScaler then skips every step) or loses the digits the loss needs. Ascend's
+    mixed-precision tuning keeps such ops in fp32 (its block list); here the same is done at the user's line, which
+    the capture recorded as the op's source (checklist C2: mixed precision, with the ops it cannot compute kept out).
+
+    ## Safety
+    Safe where it runs: nothing is rewritten without a line that verify named. A name cast in an operand or first
+    argument position that holds a Python number or integer labels fails at `.float()`: the verify round after the
+    fix shows it, and the fix report says so.
+
+    ## References
+    torch.autocast (`enabled=False` in a region: "cast the inputs to float32"); Ascend's mixed-precision block list.
+    """
+
+    CODE = "AMP201"
+    CHECKLIST = ("C2",)
+    TRIGGERS = ("autocast",)
+    EXAMPLES = (
+        Case(
+            """
+            import torch
+            for x in loader:
+                with torch.autocast(device_type="npu", dtype=torch.float16):
+                    h = model(x)
+                    z = torch.exp(h * 30) / 1e6
+                    loss = head(z).mean()
+            """,
+            """
+            import torch
+            for x in loader:
+                with torch.autocast(device_type="npu", dtype=torch.float16):
+                    h = model(x)
+                    with torch.autocast(device_type="npu", enabled=False):
+                        z = torch.exp(h.float() * 30) / 1e6
+                    loss = head(z).mean()
+            """,
+            lines=[5],
+            fp32_lines=(5,),
+        ),
+        Case(
+            """
+            import torch
+            class Net(torch.nn.Module):
+                def forward(self, x, w):
+                    y = self.fc(x) @ w
+                    return x @ w + y.pow(2)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = Net()(inputs, weights).sum()
+            """,
+            """
+            import torch
+            class Net(torch.nn.Module):
+                def forward(self, x, w):
+                    y = self.fc(x) @ w
+                    with torch.autocast(device_type="cuda", enabled=False):
+                        return x.float() @ w.float() + y.float().pow(2)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = Net()(inputs, weights).sum()
+            """,
+            lines=[5],
+            fp32_lines=(5,),
+        ),
+        Unchanged(
+            """
+            import torch
+            with torch.autocast(device_type="npu", dtype=torch.float16):
+                with torch.autocast(device_type="npu", enabled=False):
+                    z = torch.exp(h.float() * 30)
+            """,
+            fp32_lines=(4,),
+        ),
+        Unchanged(
+            """
+            import torch
+            with torch.autocast(device_type="npu", dtype=torch.float16):
+                z = torch.exp(h * 30)
+            """
+        ),
+    )
+
+    @classmethod
+    def wants(cls, source: str, settings: Settings) -> bool:
+        return bool(settings.fp32_lines) and super().wants(source, settings)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._disabled = 0  # how many autocasts that are switched off enclose the walk
+        self._device = next(filter(None, map(self._autocast_device, findall(node, _CALL))), "npu")
+
+    def _autocast_device(self, call: cst.Call) -> str | None:
+        """The device a call of autocast names: its device_type, or its namespace's (torch.cuda.amp.autocast)."""
+        if not self.refers_to(call.func, *_AUTOCASTS):
+            return None
+        if (device := argument(call, 0, "device_type")) is not None:
+            return string_value(device.value)
+        return next((_NAMESPACE_DEVICE[name] for name in self.qualified_names(call.func) if name in _NAMESPACE_DEVICE),
+                    None)
+
+    def visit_With(self, node: cst.With) -> None:
+        self._disabled += self._disables_autocast(node)
+
+    def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
+        self._disabled -= self._disables_autocast(original_node)
+        return updated_node
+
+    def _disables_autocast(self, node: cst.With) -> bool:
+        for item in node.items:
+            call = item.item
+            if isinstance(call, cst.Call) and self.refers_to(call.func, *_AUTOCASTS):
+                enabled = argument(call, None, "enabled")
+                if enabled is not None and isinstance(enabled.value, cst.Name) and enabled.value.value == "False":
+                    return True
+        return False
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.BaseStatement:
+        span = self.file.position(original_node)
+        if self._disabled or not any(span.start.line <= line <= span.end.line for line in self.settings.fp32_lines):
+            return updated_node
+        autocast = cst.Call(
+            func=cst.Attribute(value=cst.Name("torch"), attr=cst.Name("autocast")),
+            args=[keyword("device_type", cst.SimpleString(f'"{self._device}"')),
+                  keyword("enabled", cst.Name("False"))],
+        )
+        body = updated_node.with_changes(leading_lines=()).visit(_CastInputs(self))
+        new = cst.With(items=[cst.WithItem(autocast)], body=cst.IndentedBlock(body=[body]),
+                       leading_lines=updated_node.leading_lines)
+        return self.replace(original_node, updated_node, new,
+                            f"kept in fp32: autocast disabled around line {span.start.line}, its inputs cast .float() "
+                            "(verify measured its op overflow or diverge in half precision)",
+                            imports=[("torch", None)])
+
+
+class _CastInputs(cst.CSTTransformer):
+    """The tensor inputs of one statement cast to float32 (positions in the rule's docstring)."""
+
+    def __init__(self, rule: HalfPrecisionOverflow) -> None:
+        super().__init__()
+        self.rule = rule
+
+    def leave_BinaryOperation(
+        self, original_node: cst.BinaryOperation, updated_node: cst.BinaryOperation
+    ) -> cst.BaseExpression:
+        if isinstance(updated_node.operator, cst.MatrixMultiply):
+            return updated_node.with_changes(left=_float(updated_node.left), right=_float(updated_node.right))
+        if isinstance(updated_node.operator, _ARITHMETIC):
+            return updated_node.with_changes(left=_float(updated_node.left))
+        return updated_node
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        func = updated_node.func
+        torch_function = self.rule.name_under(original_node.func, "torch")
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value not in (
+                "self", "torch") and func.attr.value != "float" and not torch_function:
+            return updated_node.with_changes(func=func.with_changes(value=_float(func.value)))  # x.pow(2)
+        called_by_name = isinstance(func, cst.Name) and func.value not in _BUILTINS
+        own_module = isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"
+        first = updated_node.args[0] if updated_node.args else None
+        if first is None or first.keyword is not None or first.star or not (
+                called_by_name or own_module or torch_function):
+            return updated_node
+        return updated_node.with_changes(args=[first.with_changes(value=_float(first.value)), *updated_node.args[1:]])

@@ -1,0 +1,119 @@
+"""`migrate PORT --fix-from PAIR` (issue 47) on real pairs: scripts that overflow in fp16 are ported by migrate,
+verified by the verify CLI, and fixed; a port broken by a changed lr is left failing with its cause named."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+_SCRIPT = '''import torch
+from torch import nn
+
+
+def main():
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Linear(8, 8).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(6):
+        x = {scale} * torch.randn(16, 8, device=device)
+        optimizer.zero_grad()
+        h = model(x)
+{lines}
+        loss.backward()
+        optimizer.step()
+        print(f"step {{step}} loss {{loss.item():.4g}}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+# h * 4000 overflows fp16 (65504) where |h| > 16.4; in fp32 it is exact. The loss is small: its gradients fit the
+# GradScaler's first scale, so the overflow in the forward pass is the one cause.
+OVERFLOWING_OP = "        z = h * 4000\n        loss = (z / 4000).mean() * 1e-3"
+# A sum times 1000: under a scale of 2**16 and its halvings, every fp16 gradient overflows and each step is skipped.
+OVERFLOWING_SCALE = "        loss = h.mean() * 1000"
+PLAIN = "        loss = h.pow(2).mean()"
+
+
+def _run(*args: object, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=900)
+
+
+def _port_and_pair(tmp_path: Path, lines: str, scale: int = 1, edit=lambda text: text) -> tuple[Path, Path]:
+    original = tmp_path / "train.py"
+    original.write_text(_SCRIPT.format(scale=scale, lines=lines))
+    assert _run("-m", "migrate", "-q", original.name, cwd=tmp_path).returncode == 0
+    port = tmp_path / "train_npu.py"
+    port.write_text(edit(port.read_text()))
+    _run("-m", "verify", original.name, port.name, "--steps", "3", "--amp-effect", "-q", "-o", "pair", cwd=tmp_path)
+    return port, tmp_path / "pair"
+
+
+def _fix(port: Path, pair: Path) -> tuple[subprocess.CompletedProcess, dict, str]:
+    before = port.read_bytes()
+    done = _run("-m", "migrate", port.name, "--fix-from", pair.name, cwd=port.parent)
+    assert port.read_bytes() == before  # never over the user's file
+    folder = pair.with_name("pair_fix")
+    return done, json.loads((folder / "fix.json").read_text()), (folder / "fix.md").read_text()
+
+
+def test_an_op_that_overflows_in_fp16_is_kept_in_fp32_and_the_port_passes(tmp_path):
+    port, pair = _port_and_pair(tmp_path, OVERFLOWING_OP, scale=20)
+    summary = json.loads((pair / "summary.json").read_text())
+    assert summary["verdict"] == "FAIL"  # both sides overflow under the port's autocast: inf loss
+    assert summary["pair"]["amp_effect"]["passed"] is False  # fp32 does not
+    done, record, report = _fix(port, pair)
+    assert done.returncode == 0, done.stderr
+    fixed = (tmp_path / "train_npu_fixed.py").read_text()
+    assert 'with torch.autocast(device_type="npu", enabled=False):\n                z = h.float() * 4000' in fixed
+    first = record["rounds"][0]
+    line = fixed.splitlines().index("            with torch.autocast(device_type=\"npu\", enabled=False):") + 1
+    assert first["causes"][0]["code"] == "overflow" and "aten.mul" in first["causes"][0]["message"]
+    assert [(r["code"], r["at"]) for r in first["rewrites"]] == [("AMP201", f"train_npu_fixed.py:{line}")]
+    assert first["verdict"] == "PASS" and first["wall_s"] > 0
+    assert record["rounds"][-1]["verdict"] == "PASS" and record["passed"]
+    assert "`AMP201`" in report and "verdict after: **PASS**" in report
+    assert "+                z = h.float() * 4000" in (pair.with_name("pair_fix") / "diff.patch").read_text()
+    # once more without verifying: the same fix, into a new fix folder; the fixed port is a fix's own, so replaced
+    again = _run("-m", "migrate", port.name, "--fix-from", pair.name, "--fix-rounds", "0", cwd=tmp_path)
+    assert again.returncode == 0 and "written, not verified" in again.stderr
+    assert (tmp_path / "train_npu_fixed.py").read_text() == fixed
+    assert json.loads((tmp_path / "pair_fix.1" / "fix.json").read_text())["rounds"][0]["verdict"] == "not verified"
+    # a fixed port edited since is the user's: nothing is written
+    (tmp_path / "train_npu_fixed.py").write_text(fixed + "# mine\n")
+    refused = _run("-m", "migrate", port.name, "--fix-from", pair.name, cwd=tmp_path)
+    assert refused.returncode == 2 and "train_npu_fixed.py was not written by a fix" in refused.stderr
+    assert (tmp_path / "train_npu_fixed.py").read_text() == fixed + "# mine\n"
+    assert not (tmp_path / "pair_fix.2").exists()
+
+
+def test_a_loss_scale_that_overflows_at_every_step_starts_lower(tmp_path):
+    port, pair = _port_and_pair(tmp_path, OVERFLOWING_SCALE)
+    summary = json.loads((pair / "summary.json").read_text())
+    trace = summary["overflow"]["actual_scale"]
+    assert trace["skipped"] == [0, 1, 2] and trace["scales"] == [65536.0, 32768.0, 16384.0]
+    assert summary["pair"]["amp_effect"]["passed"] is False  # the fp32 reference updates where the port skips
+    done, record, report = _fix(port, pair)
+    assert done.returncode == 0, done.stderr
+    first = record["rounds"][0]
+    assert first["causes"][0]["code"] == "scale_overflow" and first["causes"][0]["init_scale"] == 2048.0
+    assert [r["code"] for r in first["rewrites"]] == ["AMP202"]
+    assert "init_scale=2.0**" in (tmp_path / "train_npu_fixed.py").read_text()
+    assert record["passed"] and record["rounds"][-1]["verdict"] == "PASS"
+    assert "`AMP202`" in report
+
+
+def test_a_changed_lr_is_named_and_left_failing(tmp_path):
+    port, pair = _port_and_pair(tmp_path, PLAIN, edit=lambda text: text.replace("lr=0.01", "lr=0.1"))
+    assert json.loads((pair / "summary.json").read_text())["verdict"] == "FAIL"
+    done, record, report = _fix(port, pair)
+    assert done.returncode == 1
+    assert not (tmp_path / "train_npu_fixed.py").exists()
+    assert record["rounds"] == [] and not record["passed"]
+    assert [cause["code"] for cause in record["left"]] == ["hparam_mismatch"]
+    assert "hparam\\_mismatch" in report or "hparam_mismatch" in report
