@@ -57,6 +57,7 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     matched = table["status"].isin(MATCHED_STATUSES).to_numpy()
     if measured is not None:
         table["envelope"] = envelope.of_ops(measured, table, _producer_pairs(table, np.flatnonzero(matched))[0])
+        _add_calibrated_error(table, envelope.computes_as_the_port(measured, actual))
         table["tolerance"] = np.fmax(table["tolerance"].to_numpy(),
                                      tolerances.ENVELOPE_FACTOR * table["envelope"].fillna(0.0).to_numpy())
     nonfinite_agree = np.logical_and.reduce(
@@ -74,6 +75,19 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     judged = matched & ~_scaler_overflow(table, ref, actual, measured) & ~carried & ~_process_bookkeeping(table)
     table["passed"] = pd.arrays.BooleanArray(passed & judged, ~judged)  # unmatched rows: NA, neither pass nor fail
     return table
+
+
+def _add_calibrated_error(table: pd.DataFrame, in_port_order: pd.DataFrame | None) -> None:
+    """`calibrated_error`: each record's statistics error against the calibration run that computes as the port does
+    (envelope.computes_as_the_port), where there is one; NaN elsewhere, and on records that run did not make."""
+    if in_port_order is None:
+        return
+    keys = pd.MultiIndex.from_arrays([table["step"].to_numpy("int64"),
+                                      table["ref_seq"].to_numpy(dtype="int64", na_value=-1), table["io"].astype(str)])
+    calibration = in_port_order.reindex(keys)
+    table["calibrated_error"] = metrics.stats_error(
+        {s: calibration[s].to_numpy("float64") for s in metrics.STAT_NAMES},
+        {s: table[f"actual_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES})
 
 
 def _process_bookkeeping(table: pd.DataFrame) -> np.ndarray:
@@ -217,6 +231,7 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
         "actual": {stat: float(worst[f"actual_{stat}"]) for stat in stats},
         "cosine": float(worst.get("cosine", np.nan)),
         "envelope": float(worst.get("envelope", np.nan)),
+        "calibrated_error": float(worst.get("calibrated_error", np.nan)),
         "inputs_evidence": ("its recorded inputs agree" if inputs_recorded[chosen]
                             else "the ops that produced its inputs agree" if flow_known[chosen]
                             else "first recorded op of the step (inputs: batch and weights, not recorded)"
@@ -229,10 +244,12 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
         record["past_tolerance_at"] = op_label({"op": str(shown["ref_op"]), "module": str(shown["module"]),
                                                 "phase": str(shown["phase"]), "step": int(shown["step"]),
                                                 "io": str(shown["io"])})
+        measure = ("past a share of it apart from the calibration run that computes as the port does"
+                   if "calibrated_error" in table else
+                   f"past {tolerances.ENVELOPE_FACTOR:g} times the reference's own noise")
         record["inputs_evidence"] = (
-            f"below its dtype's floor, but past {tolerances.ENVELOPE_FACTOR:g} times the reference's own noise while "
-            f"the ops that produced its inputs are not: the difference enters the data flow here, and shows past "
-            f"tolerance downstream, first at {record['past_tolerance_at']}")
+            f"below its dtype's floor, but {measure} while the ops that produced its inputs are not: the difference "
+            f"enters the data flow here, and shows past tolerance downstream, first at {record['past_tolerance_at']}")
     return record
 
 
@@ -262,12 +279,18 @@ def _where_it_enters(table: pd.DataFrame, rows: np.ndarray, op_id: np.ndarray, p
 def _beyond_noise(table: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """Per row of `rows`: its difference passes tolerances.ENVELOPE_FACTOR times the reference's own (its envelope)
     and tolerances.ENTRY_SHARE_OF_FLOOR of its tolerance: the port computed it otherwise, where the floor alone
-    would let it pass. A row without a measured envelope (an op the calibration did not make) is not judged so."""
+    would let it pass. A row without a measured envelope (an op the calibration did not make) is not judged so. On
+    the emulators, where a calibration computes as the port does (its calibrated_error), that difference is the
+    port's own and the sharper measure: past the share of its tolerance, with no noise of the reference's to allow."""
     error = table["stats_error"].to_numpy("float64")[rows]
     noise = table["envelope"].to_numpy("float64")[rows]
     least = tolerances.ENTRY_SHARE_OF_FLOOR * table["tolerance"].to_numpy("float64")[rows]
     with np.errstate(invalid="ignore"):
-        return (error > tolerances.ENVELOPE_FACTOR * noise) & (error > least)
+        beyond = (error > tolerances.ENVELOPE_FACTOR * noise) & (error > least)
+        if "calibrated_error" not in table:
+            return beyond
+        calibrated = table["calibrated_error"].to_numpy("float64")[rows]
+        return np.where(np.isnan(calibrated), beyond, calibrated > least)
 
 
 def _producers_through_carriers(table: pd.DataFrame) -> dict[tuple[int, int], list[tuple[int, int]]]:
