@@ -43,11 +43,12 @@ def saturating(activation: str):
     return edit
 
 
-def pair(tmp_path: Path, precision: str, factor: float, op: str = "relu", edit=lambda code: code) -> dict:
+def pair(tmp_path: Path, precision: str, factor: float, op: str = "relu", edit=lambda code: code,
+         options: tuple[str, ...] = ()) -> dict:
     original, port = tmp_path / "verdict_mlp.py", tmp_path / "verdict_mlp_npu.py"
     original.write_text(edit(ORIGINAL.read_text()))
     port.write_text(kernel_off(PRECISIONS[precision](edit(PORT.read_text())), op, factor))
-    argv = [str(original), str(port), "-n", "3", "-q", "-o", str(tmp_path / "out")]
+    argv = [str(original), str(port), "-n", "3", "-q", "-o", str(tmp_path / "out"), *options]
     result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
     assert result.exit_code in (0, 1), result.output
     return json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -83,6 +84,18 @@ def test_a_kernel_off_below_its_floor_is_named_where_it_enters(tmp_path, op, act
     first = summary["first_divergent"]
     assert first["actual_source"].startswith("verdict_mlp_npu.py:") and first["stats_error"] < first["tolerance"]
     assert first["past_tolerance_at"].startswith(downstream), first["past_tolerance_at"]
+    # the emulated port against the calibration run that sums as its device does: the kernel's 0.01% alone
+    assert first["calibrated_error"] == pytest.approx(1e-4, rel=0.05), first
+
+
+def test_under_exact_emulation_the_calibration_rounds_and_the_envelope_measures_the_walk(tmp_path):
+    """--exact-emulation: the port sums as the CPU does and its calibration runs under random rounding, so no run
+    computes as the port does (no calibrated_error); the walk judges against the reference's own noise."""
+    summary = pair(tmp_path, "fp32", 1.0001, "tanh", saturating("Tanh"), ("--exact-emulation",))
+    assert summary["reason"].startswith("FAIL: first divergent operator: aten.tanh (Net.act forward, step "), \
+        summary["reason"]
+    assert "past 10 times the reference's own noise" in summary["reason"]
+    assert summary["first_divergent"]["calibrated_error"] is None  # NaN, written as null
 
 
 @pytest.mark.parametrize(("op", "activation"), [("tanh", "Tanh"), ("sigmoid", "Sigmoid")])
