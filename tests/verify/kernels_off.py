@@ -10,6 +10,7 @@ KERNELS = {
     "relu_": "lambda x: x.clamp_min_(0).mul_({factor})",
     "gelu": "lambda x, approximate='none': x * 0.5 * (1 + _kernels.erf(x * 0.5 ** 0.5)) * {factor}",
     "tanh": "lambda x: (2 * _kernels.sigmoid(2 * x) - 1) * {factor}",
+    "sigmoid": "lambda x: _kernels.reciprocal(1 + _kernels.exp(-x)) * {factor}",
 }
 
 

@@ -34,10 +34,21 @@ def under_fp16_autocast(code: str) -> str:
 PRECISIONS = {"fp32": lambda code: code, "fp16": under_fp16_autocast}
 
 
-def pair(tmp_path: Path, precision: str, factor: float) -> dict:
-    port = tmp_path / "verdict_mlp_npu.py"
-    port.write_text(kernel_off(PRECISIONS[precision](PORT.read_text()), "relu", factor))
-    argv = [str(ORIGINAL), str(port), "-n", "3", "-q", "-o", str(tmp_path / "out")]
+def saturating(activation: str):
+    """The MLP with `activation` (nn.Tanh, nn.Sigmoid) in place of its ReLU, on features three times as large: many
+    of its inputs saturate, where its backward (1 - t^2, s (1 - s)) amplifies a difference of its output."""
+    def edit(code: str) -> str:
+        scaled = "features = rng.standard_normal((256, 16), dtype=np.float32) * 3"
+        return code.replace("nn.ReLU()", f"nn.{activation}()").replace(scaled.removesuffix(" * 3"), scaled)
+    return edit
+
+
+def pair(tmp_path: Path, precision: str, factor: float, op: str = "relu", edit=lambda code: code,
+         options: tuple[str, ...] = ()) -> dict:
+    original, port = tmp_path / "verdict_mlp.py", tmp_path / "verdict_mlp_npu.py"
+    original.write_text(edit(ORIGINAL.read_text()))
+    port.write_text(kernel_off(PRECISIONS[precision](edit(PORT.read_text())), op, factor))
+    argv = [str(original), str(port), "-n", "3", "-q", "-o", str(tmp_path / "out"), *options]
     result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
     assert result.exit_code in (0, 1), result.output
     return json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -57,4 +68,37 @@ def test_a_kernel_off_by_its_dtypes_standard_fails_naming_its_op(tmp_path, preci
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_the_same_kernel_computing_exactly_passes(tmp_path, precision):
     summary = pair(tmp_path, precision, 1.0)
+    assert summary["verdict"] == "PASS", summary["reason"]
+
+
+@pytest.mark.parametrize(("op", "activation", "downstream"), [
+    ("tanh", "Tanh", "aten.mm (Net.hidden backward, step 0"), ("sigmoid", "Sigmoid", "aten.addmm (Net.out forward")])
+def test_a_kernel_off_below_its_floor_is_named_where_it_enters(tmp_path, op, activation, downstream):
+    """A kernel 0.01% off in fp32, below the floor 2^-13 (0.012%): its own records pass, and the first op past its
+    tolerance is downstream, where a consumer amplifies the difference (a batch's sum of tanh's backward, a matmul
+    of sigmoid outputs). The walk up the data flow names the op whose output differs beyond the reference's noise
+    while its inputs do not (it named the downstream op before)."""
+    summary = pair(tmp_path, "fp32", 1.0001, op, saturating(activation))
+    assert summary["reason"].startswith(f"FAIL: first divergent operator: aten.{op} (Net.act forward, step "), \
+        summary["reason"]
+    first = summary["first_divergent"]
+    assert first["actual_source"].startswith("verdict_mlp_npu.py:") and first["stats_error"] < first["tolerance"]
+    assert first["past_tolerance_at"].startswith(downstream), first["past_tolerance_at"]
+    # the emulated port against the calibration run that sums as its device does: the kernel's 0.01% alone
+    assert first["calibrated_error"] == pytest.approx(1e-4, rel=0.05), first
+
+
+def test_under_exact_emulation_the_calibration_rounds_and_the_envelope_measures_the_walk(tmp_path):
+    """--exact-emulation: the port sums as the CPU does and its calibration runs under random rounding, so no run
+    computes as the port does (no calibrated_error); the walk judges against the reference's own noise."""
+    summary = pair(tmp_path, "fp32", 1.0001, "tanh", saturating("Tanh"), ("--exact-emulation",))
+    assert summary["reason"].startswith("FAIL: first divergent operator: aten.tanh (Net.act forward, step "), \
+        summary["reason"]
+    assert "past 10 times the reference's own noise" in summary["reason"]
+    assert summary["first_divergent"]["calibrated_error"] is None  # NaN, written as null
+
+
+@pytest.mark.parametrize(("op", "activation"), [("tanh", "Tanh"), ("sigmoid", "Sigmoid")])
+def test_a_saturating_kernel_computing_exactly_passes(tmp_path, op, activation):
+    summary = pair(tmp_path, "fp32", 1.0, op, saturating(activation))
     assert summary["verdict"] == "PASS", summary["reason"]

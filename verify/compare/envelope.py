@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from verify import devices
 from verify.compare import metrics, tolerances
 from verify.compare.align import MATCHED_STATUSES, align_ops
 from verify.record.store import Run
@@ -43,6 +44,10 @@ class Envelope:
     grads: pd.Series  # (step, param) -> relative gradient norm difference
     overflows_apart: list[int]  # steps a calibration's fp16 gradients overflowed at and the reference's not, or back
     in_port_order: int = 0  # of the runs, those summed in the port's device's order alone (perturbation.py)
+    # The statistics (metrics.STAT_NAMES, by RECORD) of the first run summed in the port's device's order alone, and
+    # that order's block count: the run that computes as an emulated port computes (computes_as_the_port)
+    in_port_stats: pd.DataFrame | None = None
+    in_port_blocks: int = 0
 
     def describe(self) -> str:
         runs = "one calibration run" if self.runs == 1 else f"{self.runs} calibration runs"
@@ -59,13 +64,43 @@ def measure(ref: Run, calibrations: Sequence[Run], unscaled: Callable[[Run], pd.
     the comparison reads them (backward statistics divided by the loss scale)."""
     if not calibrations:
         return None
-    ops = pd.concat([_op_errors(unscaled(ref), unscaled(run)) for run in calibrations])
+    aligned = [_aligned(unscaled(ref), unscaled(run)) for run in calibrations]
+    ops = pd.concat([_op_errors(table) for table in aligned])
     ops = ops.groupby(list(dict.fromkeys(RECORD + SAME_OP)), dropna=False)["error"].max().reset_index()
     losses = [_loss_differences(ref, run) for run in calibrations]
     grads = [_grad_differences(ref, run) for run in calibrations]
     apart = sorted(set().union(*(_overflowed(ref) ^ _overflowed(run) for run in calibrations)))
     in_port_order = sum(run.manifest.perturbation.get("rounded") is False for run in calibrations)
-    return Envelope(len(calibrations), ops, _largest(losses), _largest(grads), apart, in_port_order)
+    exact = [number for number, run in enumerate(calibrations) if _in_port_order(run)][:1]
+    return Envelope(len(calibrations), ops, _largest(losses), _largest(grads), apart, in_port_order,
+                    *((_stats(aligned[exact[0]]), int(calibrations[exact[0]].manifest.perturbation["blocks"]))
+                      if exact else ()))
+
+
+def _in_port_order(run: Run) -> bool:
+    """A calibration summed in the port's device's order with no other change: no random rounding (perturbation.py)
+    and no half precision's."""
+    plan = run.manifest.perturbation
+    return plan.get("rounded") is False and not plan.get("half") and bool(plan.get("blocks"))
+
+
+def _stats(table: pd.DataFrame) -> pd.DataFrame:
+    """The calibration's side of an aligned table: its statistics by RECORD."""
+    return _keys(table)[RECORD].assign(**{stat: table[f"actual_{stat}"].to_numpy("float64")
+                                          for stat in metrics.STAT_NAMES}).drop_duplicates(RECORD).set_index(RECORD)
+
+
+def computes_as_the_port(measured: Envelope | None, port: Run) -> pd.DataFrame | None:
+    """The statistics of the calibration run that computes as `port` does, by RECORD, where one does: `port` is
+    emulated, sums in its device's order (not --exact-emulation), and the calibration summed in that order with no
+    random rounding. On the emulators a faithful port then computes the calibration's bits wherever their faces agree
+    (the losses of pytorch/examples' dcgan and siamese_network come out bit-identical), so the port's difference from
+    it is its own, with none of the reference's noise in between; never on a real device, whose order is not known."""
+    if measured is None or measured.in_port_stats is None or not port.manifest.emulated:
+        return None
+    if port.manifest.exact_emulation or measured.in_port_blocks != devices.row(port.manifest.device).summation_blocks:
+        return None
+    return measured.in_port_stats
 
 
 def _overflowed(run: Run) -> set[int]:
@@ -77,9 +112,12 @@ def _largest(parts: list[pd.Series]) -> pd.Series:
     return joined.groupby(level=list(range(joined.index.nlevels))).max() if len(joined) else joined
 
 
-def _op_errors(ref_ops: pd.DataFrame, calibration_ops: pd.DataFrame) -> pd.DataFrame:
+def _aligned(ref_ops: pd.DataFrame, calibration_ops: pd.DataFrame) -> pd.DataFrame:
     table = align_ops(ref_ops, calibration_ops)
-    table = table.loc[table["status"].isin(MATCHED_STATUSES)]
+    return table.loc[table["status"].isin(MATCHED_STATUSES)]
+
+
+def _op_errors(table: pd.DataFrame) -> pd.DataFrame:
     error = metrics.stats_error({s: table[f"ref_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES},
                                 {s: table[f"actual_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES})
     return _keys(table).assign(error=np.nan_to_num(error, nan=0.0))

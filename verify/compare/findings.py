@@ -313,6 +313,9 @@ def _op_findings(first: dict[str, Any] | None, ref: Run, actual: Run, hparams: p
     code = FindingCode.NONDETERMINISM if same_script and same_device and not follows else FindingCode.OP_DIVERGES
     by_hand = _updates_by_hand(first, ref, actual)
     weighed = _against_noise(first["stats_error"], first.get("envelope"), first["tolerance"], ".3g", "stats error")
+    if not pd.isna(first.get("calibrated_error", np.nan)):
+        weighed += (f", and by {first['calibrated_error']:.3g} from the reference's calibration run that computes as "
+                    "the port's device does")
     placed = lines.place(first["ref_source"], first["actual_source"])
     message = (f"first divergent operator: {op_label(first)}{placed.words if placed else ''}, {weighed}; "
                f"{first['inputs_evidence']}"

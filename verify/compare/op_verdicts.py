@@ -57,6 +57,7 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     matched = table["status"].isin(MATCHED_STATUSES).to_numpy()
     if measured is not None:
         table["envelope"] = envelope.of_ops(measured, table, _producer_pairs(table, np.flatnonzero(matched))[0])
+        _add_calibrated_error(table, envelope.computes_as_the_port(measured, actual))
         table["tolerance"] = np.fmax(table["tolerance"].to_numpy(),
                                      tolerances.ENVELOPE_FACTOR * table["envelope"].fillna(0.0).to_numpy())
     nonfinite_agree = np.logical_and.reduce(
@@ -74,6 +75,19 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     judged = matched & ~_scaler_overflow(table, ref, actual, measured) & ~carried & ~_process_bookkeeping(table)
     table["passed"] = pd.arrays.BooleanArray(passed & judged, ~judged)  # unmatched rows: NA, neither pass nor fail
     return table
+
+
+def _add_calibrated_error(table: pd.DataFrame, in_port_order: pd.DataFrame | None) -> None:
+    """`calibrated_error`: each record's statistics error against the calibration run that computes as the port does
+    (envelope.computes_as_the_port), where there is one; NaN elsewhere, and on records that run did not make."""
+    if in_port_order is None:
+        return
+    keys = pd.MultiIndex.from_arrays([table["step"].to_numpy("int64"),
+                                      table["ref_seq"].to_numpy(dtype="int64", na_value=-1), table["io"].astype(str)])
+    calibration = in_port_order.reindex(keys)
+    table["calibrated_error"] = metrics.stats_error(
+        {s: calibration[s].to_numpy("float64") for s in metrics.STAT_NAMES},
+        {s: table[f"actual_{s}"].to_numpy("float64") for s in metrics.STAT_NAMES})
 
 
 def _process_bookkeeping(table: pd.DataFrame) -> np.ndarray:
@@ -200,11 +214,13 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
     candidates = np.flatnonzero(output_failed & inputs_ok & ~is_batch)
     if not len(candidates):
         return None
-    chosen = candidates[0]
-    rows = table.iloc[matched[(op_id == chosen) & failed & ~is_input]]
+    past = candidates[0]
+    chosen = _where_it_enters(table, matched[~is_input], op_id[~is_input], past) if "envelope" in table else past
+    own = failed if chosen == past else np.ones(len(matched), dtype=bool)
+    rows = table.iloc[matched[(op_id == chosen) & own & ~is_input]]
     worst = rows.sort_values("stats_error", ascending=False, na_position="last").iloc[0]
     stats = STAT_COLUMNS
-    return {
+    record = {
         "step": int(worst["step"]), "seq": int(worst["ref_seq"]), "phase": str(worst["phase"]),
         "module": str(worst["module"]), "op": str(worst["ref_op"]), "actual_op": str(worst["actual_op"]),
         "io": str(worst["io"]), "status": str(worst["status"]), "judged_by": str(worst["judged_by"]),
@@ -215,6 +231,7 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
         "actual": {stat: float(worst[f"actual_{stat}"]) for stat in stats},
         "cosine": float(worst.get("cosine", np.nan)),
         "envelope": float(worst.get("envelope", np.nan)),
+        "calibrated_error": float(worst.get("calibrated_error", np.nan)),
         "inputs_evidence": ("its recorded inputs agree" if inputs_recorded[chosen]
                             else "the ops that produced its inputs agree" if flow_known[chosen]
                             else "first recorded op of the step (inputs: batch and weights, not recorded)"
@@ -222,6 +239,79 @@ def first_divergent_op(table: pd.DataFrame) -> dict[str, Any] | None:
         "first_of_step": bool(first_of_step[chosen] and not inputs_recorded[chosen]),
         "ops_past_tolerance": int(failed.sum()),
     }
+    if chosen != past:
+        shown = table.iloc[matched[(op_id == past) & failed & ~is_input]].iloc[0]
+        record["past_tolerance_at"] = op_label({"op": str(shown["ref_op"]), "module": str(shown["module"]),
+                                                "phase": str(shown["phase"]), "step": int(shown["step"]),
+                                                "io": str(shown["io"])})
+        measure = ("past a share of it apart from the calibration run that computes as the port does"
+                   if "calibrated_error" in table else
+                   f"past {tolerances.ENVELOPE_FACTOR:g} times the reference's own noise")
+        record["inputs_evidence"] = (
+            f"below its dtype's floor, but {measure} while the ops that produced its inputs are not: the difference "
+            f"enters the data flow here, and shows past tolerance downstream, first at {record['past_tolerance_at']}")
+    return record
+
+
+def _where_it_enters(table: pd.DataFrame, rows: np.ndarray, op_id: np.ndarray, past: int) -> int:
+    """The op call (an op_id of `rows`, the matched output records) where the difference of the first op past its
+    tolerance (`past`) enters the data flow: up the recorded producers (ops.inputs, through casts and copies), the
+    earliest call whose output differs beyond the reference's own noise (`_beyond_noise`) while the calls that
+    produced its inputs do not, even below its dtype's floor. A kernel 0.01% off in fp32 (its floor 2^-13 is 0.012%)
+    shows past it only where a consumer amplifies it (a tanh's backward near saturation, a batch's sum of it); that
+    consumer's inputs agree within the floor, and without the walk it was named. `past` itself where none differs."""
+    step, seq = table["step"].to_numpy("int64"), table["ref_seq"].to_numpy(dtype="int64", na_value=-1)
+    calls = {(step[row], seq[row]): call for row, call in zip(rows, op_id)}
+    beyond = np.bincount(op_id, weights=_beyond_noise(table, rows), minlength=int(op_id.max()) + 1) > 0
+    producers = _producers_through_carriers(table)
+    by_call = {call: key for key, call in calls.items()}
+    pending, seen, entries = [past], {past}, []
+    while pending:
+        call = pending.pop()
+        differing = [up for up in (calls.get(key) for key in producers.get(by_call[call], ()))
+                     if up is not None and beyond[up]]
+        entries += [] if differing or call == past else [call]
+        pending += [up for up in differing if up not in seen]
+        seen.update(differing)
+    return min(entries, default=past)
+
+
+def _beyond_noise(table: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """Per row of `rows`: its difference passes tolerances.ENVELOPE_FACTOR times the reference's own (its envelope)
+    and tolerances.ENTRY_SHARE_OF_FLOOR of its tolerance: the port computed it otherwise, where the floor alone
+    would let it pass. A row without a measured envelope (an op the calibration did not make) is not judged so. On
+    the emulators, where a calibration computes as the port does (its calibrated_error), that difference is the
+    port's own and the sharper measure: past the share of its tolerance, with no noise of the reference's to allow."""
+    error = table["stats_error"].to_numpy("float64")[rows]
+    noise = table["envelope"].to_numpy("float64")[rows]
+    least = tolerances.ENTRY_SHARE_OF_FLOOR * table["tolerance"].to_numpy("float64")[rows]
+    with np.errstate(invalid="ignore"):
+        beyond = (error > tolerances.ENVELOPE_FACTOR * noise) & (error > least)
+        if "calibrated_error" not in table:
+            return beyond
+        calibrated = table["calibrated_error"].to_numpy("float64")[rows]
+        return np.where(np.isnan(calibrated), beyond, calibrated > least)
+
+
+def _producers_through_carriers(table: pd.DataFrame) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """Per reference call (step, seq): the calls that produced its inputs, a cast or copy between replaced by what it
+    carries (under autocast a matmul reads its input's cast), the batch records (INPUT_OP) left out: the data flow
+    before them is judged by their own verdict."""
+    known = table.loc[table["ref_seq"].notna()].drop_duplicates(["step", "ref_seq"])
+    flow = {(int(step), int(seq)): (op, _seqs(inputs)) for step, seq, op, inputs in zip(
+        known["step"], known["ref_seq"], known["ref_op"], known["ref_inputs"])}
+    producers = {}
+    for (step, seq), (op, inputs) in flow.items():
+        pending, found = list(inputs), []
+        while pending:
+            up = pending.pop()
+            up_op, up_inputs = flow.get((step, up), ("", []))
+            if up_op in CARRIERS and up < seq:
+                pending += up_inputs
+            elif up_op not in ("", INPUT_OP):
+                found.append((step, up))
+        producers[(step, seq)] = found
+    return producers
 
 
 def _state_after_the_first_step(table: pd.DataFrame, rows: np.ndarray, step: np.ndarray) -> np.ndarray:

@@ -117,6 +117,12 @@ STATE_NOISE_GROWTH = 20.0
 # percentile): what is left apart is where the two faces' autocasts cast a sum's input differently.
 ENVELOPE_FACTOR = 10.0
 
+# Where a difference enters the data flow (op_verdicts._where_it_enters): walking up from the first op past its
+# tolerance, an op whose difference passes ENVELOPE_FACTOR times its envelope and this share of its tolerance is
+# computed otherwise by the port, even below its floor: a kernel off by a quarter of the devices' accuracy standard is
+# one; the faces' own autocast differences (the reference's noise) stay within ENVELOPE_FACTOR times the envelope.
+ENTRY_SHARE_OF_FLOOR = 0.25
+
 # Loss: relative difference per step (README: "Default loss tolerance: 1% relative per step").
 LOSS_RTOL = 0.01
 # An fp32 reference against an fp16/bf16 port: the AMP noise alone moves early losses by a few tenths of a percent and

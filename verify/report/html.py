@@ -159,7 +159,8 @@ def _first_divergent_section(first: dict[str, Any] | None) -> str:
     text = (f"<p><b>{html.escape(str(first['op']))}</b> (actual: {html.escape(str(first['actual_op']))}) in "
             f"<code>{html.escape(first['module'] or 'top level')}</code>, {first['phase']}, step {first['step']}, "
             f"output {html.escape(first['io'])}, dtype {first['dtype']}/{first['actual_dtype']}: stats error "
-            f"{first['stats_error']:.4g} &gt; tolerance {first['tolerance']:.4g}; "
+            f"{first['stats_error']:.4g} {'&gt;' if first['stats_error'] > first['tolerance'] else '&le;'} tolerance "
+            f"{first['tolerance']:.4g}; "
             f"{html.escape(first['inputs_evidence'])}.</p>")
     return _section("First divergent operator", text + _html_table(stats))
 
