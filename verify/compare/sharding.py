@@ -42,13 +42,19 @@ def _sampler(run: Run) -> str:
     return str(loaders[0].get("sampler", "")) if loaders and isinstance(loaders[0], dict) else ""
 
 
+def _dropped_sampler(ref: Run, actual: Run) -> str:
+    """"the port has no DistributedSampler (...)" where the original's DataLoader has one and the port's not; ""."""
+    actual_sampler = _sampler(actual)
+    if _sampler(ref) != _DISTRIBUTED_SAMPLER or actual_sampler == _DISTRIBUTED_SAMPLER:
+        return ""
+    return f"the port has no {_DISTRIBUTED_SAMPLER} (its DataLoader samples with {actual_sampler or 'no sampler'})"
+
+
 def _shared_cause(ref: Run, actual: Run) -> str:
     """Why the port's ranks read the same samples where the original's do not."""
-    ref_sampler, actual_sampler = _sampler(ref), _sampler(actual)
-    if ref_sampler == _DISTRIBUTED_SAMPLER and actual_sampler != _DISTRIBUTED_SAMPLER:
-        return (f"the port has no {_DISTRIBUTED_SAMPLER} (its DataLoader samples with "
-                f"{actual_sampler or 'no sampler'})")
-    if not actual_sampler:
+    if dropped := _dropped_sampler(ref, actual):
+        return dropped
+    if not _sampler(actual):
         return "the port's ranks draw the same batches: a seed that differs per rank (seed + rank) is missing"
     return "the port's ranks read the same shard of the data"
 
@@ -100,8 +106,10 @@ def _reading_finding(ref: Run, actual: Run, ref_shards: Shards, actual_shards: S
                        "sides' ranks together read the same: the port shares the data out to its ranks otherwise")
             return Finding(FindingCode.SHARDING, message, detail | {"cause": "assignment"})
         agreeing = [other for other in range(len(actual_shards)) if other not in differing]
-        same = (f" (rank{'s' if len(agreeing) > 1 else ''} {', '.join(map(str, agreeing))} read the same): the port's "
-                "ranks are seeded or sharded differently" if agreeing else ": the data, its order or its seed differ")
+        dropped = _dropped_sampler(ref, actual)  # ranks that each read data of their own: no overlap tells it
+        same = (f": {dropped}" if dropped else f" (rank{'s' if len(agreeing) > 1 else ''} "
+                f"{', '.join(map(str, agreeing))} read the same): the port's ranks are seeded or sharded differently"
+                if agreeing else ": the data, its order or its seed differ")
         message = (f"{actual.rank_name(rank)} read other samples than the original's {ref.rank_name(rank)} at step "
                    f"{step}{same}")
         return Finding(FindingCode.SHARDING, message, detail | {"cause": "samples"})
