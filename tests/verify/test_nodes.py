@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from live_processes import processes_naming
 
@@ -89,7 +90,10 @@ def test_two_nodes_meet_at_the_rendezvous_and_write_one_run_each_rank_naming_its
 
 
 @pytest.mark.slow
-def test_killing_one_nodes_verify_ends_the_other_with_exit_2_naming_it_and_nothing_survives(tmp_path):
+@pytest.mark.parametrize("stop, words", [(signal.SIGTERM, "was stopped"),
+                                         (signal.SIGKILL, "died: its verify (process ")])
+def test_killing_one_nodes_verify_ends_the_other_with_exit_2_naming_it_and_nothing_survives(tmp_path, stop, words):
+    """SIGKILL leaves node 1's manifest `running`: its lock, naming a process gone, tells node 0 not to wait for it."""
     out = tmp_path / "run"
     port = free_port()
     script = Path(shutil.copy(SCRIPTS / "long_train.py", tmp_path))  # every process it starts names tmp_path
@@ -101,12 +105,12 @@ def test_killing_one_nodes_verify_ends_the_other_with_exit_2_naming_it_and_nothi
         assert time.monotonic() < deadline and node0.poll() is None, node0.stdout.read()
         time.sleep(0.5)
     killed = time.monotonic()
-    node1.send_signal(signal.SIGTERM)
+    node1.send_signal(stop)
     code = node0.wait(timeout=90)
     output = node0.stdout.read()
     assert code == 2, output
-    assert "node 1 (ranks " in output and "was stopped" in output, output
-    assert time.monotonic() - killed < 60
+    assert "node 1 (ranks " in output and words in output, output
+    assert time.monotonic() - killed < 25  # within the rendezvous timeout (30 s)
     node1.wait(timeout=30)
     assert not processes_naming(tmp_path)
 
@@ -127,7 +131,7 @@ def test_nodes_come_from_slurm_where_the_options_leave_them_out(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_faithful_port_passes_across_two_nodes_and_a_port_without_its_sampler_fails_naming_the_sharding(tmp_path):
+def test_a_faithful_port_passes_across_two_nodes(tmp_path):
     out = tmp_path / "pair"
     (code0, output0), (code1, output1) = two_nodes(ORIGINAL, PORT, *NODE, "-o", out, *ARGS, ports=3)
     assert code0 == 0 and code1 == 0, output0 + output1
@@ -135,14 +139,50 @@ def test_a_faithful_port_passes_across_two_nodes_and_a_port_without_its_sampler_
     assert summary["reason"].startswith("PASS: on each of the 2 ranks, loss within"), summary["reason"]
     assert summary["ranks"]["sharding"]["passed"] and summary["ranks"]["sharding"]["original_disjoint"]
     assert "node 1, actual: ok" in output1 and "node 0 compares the runs" in output1
-    port = tmp_path / "ddp_torchrun_npu.py"
+
+
+@pytest.fixture(scope="module")
+def unsharded(tmp_path_factory) -> tuple[Path, int, str]:
+    """A pair across 2 nodes whose port drops its DistributedSampler: its folder, node 0's exit code and output."""
+    folder = tmp_path_factory.mktemp("unsharded")
+    port = folder / "ddp_torchrun_npu.py"
     text = PORT.read_text()
     for old, new in (("    sampler = DistributedSampler(dataset)\n", ""), (", sampler=sampler)", ", shuffle=True)"),
                      ("        sampler.set_epoch(epoch)\n", "")):
         text = text.replace(old, new)
     port.write_text(text)
-    (code0, output0), (code1, _) = two_nodes(ORIGINAL, port, *NODE, "-o", tmp_path / "broken", *ARGS, ports=3)
-    assert code0 == 1, output0
-    summary = json.loads((tmp_path / "broken" / "summary.json").read_text())
-    assert summary["reason"].startswith("FAIL: rank 1 read the same samples as rank 0 at step 0"), summary["reason"]
+    (code0, output0), _ = two_nodes(ORIGINAL, port, *NODE, "-o", folder / "pair", *ARGS, ports=3)
+    return folder / "pair", code0, output0
+
+
+def _nodes(run: Path) -> dict[int, int]:
+    """rank -> node, as each rank's manifest says (the rendezvous, not --node-rank, numbers the ranks)."""
+    return {rank.manifest.rank: rank.manifest.node for rank in read_run(run).ranks}
+
+
+@pytest.mark.slow
+def test_a_port_without_its_sampler_fails_across_two_nodes_naming_the_sharding_and_the_ranks_nodes(unsharded):
+    out, code, output = unsharded
+    assert code == 1, output
+    summary = json.loads((out / "summary.json").read_text())
+    nodes = _nodes(out / "actual")
+    assert summary["reason"].startswith(f"FAIL: rank 1 (node {nodes[1]}) read the same samples as rank 0 (node "
+                                        f"{nodes[0]}) at step 0"), summary["reason"]
     assert summary["findings"][0]["code"] == "sharding"
+
+
+@pytest.mark.slow
+def test_the_reports_show_each_rank_by_the_node_its_manifest_names(unsharded):
+    out, _, output = unsharded
+    nodes = _nodes(out / "actual")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ranks"]["nodes"] == {side: {str(node): [rank] for rank, node in sorted(
+        _nodes(out / side).items(), key=lambda item: item[1])} for side in ("ref", "actual")}  # one rank a node
+    shown = summary["ranks"]["shown_rank"]
+    assert all(f["message"].startswith(f"rank {shown} (node {nodes[shown]}): ") for f in summary["findings"][1:])
+    assert f"ranks: rank {shown} (node {nodes[shown]})'s ops shown" in output
+    assert "past tolerance: node 0: rank " in output and "; node 1: rank " in output, output
+    assert [f"rank {rank} (node {nodes[rank]}): FAIL" in output for rank in (0, 1)] == [True, True]
+    ops = pd.read_csv(out / "ops.csv", usecols=["rank", "node"]).drop_duplicates()
+    assert dict(zip(ops["rank"], ops["node"])) == nodes
+    assert "<th>rank</th><th>node</th>" in (out / "report.html").read_text()

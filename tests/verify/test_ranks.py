@@ -176,6 +176,23 @@ def test_a_port_without_its_distributed_sampler_fails_naming_the_sharding_first(
     assert "verify (run time): rank 1 read the same samples as rank 0" in html and "Passed" not in html
 
 
+def test_a_port_without_its_sampler_whose_ranks_each_draw_their_own_data_fails_naming_the_sampler(tmp_path):
+    """As pytorch/examples' ddp-tutorial-series draws its dataset unseeded in every rank: no two ranks read one sample,
+    so only what each rank read against the original's rank tells the missing sampler."""
+    own_data = ("generator = torch.Generator().manual_seed(0)",
+                'generator = torch.Generator().manual_seed(int(os.environ["RANK"]))')
+    original = tmp_path / "ddp_torchrun.py"
+    original.write_text(ORIGINAL.read_text().replace(*own_data))
+    port = broken_port(tmp_path, own_data, ("    sampler = DistributedSampler(dataset)\n", ""),
+                       (", sampler=sampler)", ")"), ("        sampler.set_epoch(epoch)\n", ""))
+    code, output, summary = verify(original, port, *RANKS, "--calibration-runs", "0", "-o", tmp_path / "out", *ARGS)
+    assert code == 1, output
+    assert summary["reason"] == (
+        "FAIL: rank 0 read other samples than the original's rank 0 at step 0: the port has no DistributedSampler "
+        "(its DataLoader samples with SequentialSampler)")
+    assert summary["findings"][0]["code"] == "sharding"
+
+
 def test_a_port_that_never_sets_the_samplers_epoch_fails_naming_set_epoch(faithful, tmp_path):
     port = broken_port(tmp_path, ("        sampler.set_epoch(epoch)\n", ""))
     code, output, summary = verify_against_faithful_ref(faithful, port, tmp_path / "out")

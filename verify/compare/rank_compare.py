@@ -88,7 +88,8 @@ def _agreement_findings(ref: Run, actual: Run) -> list[Finding]:
     cause = ("the port does not all-reduce its gradients (no DistributedDataParallel, or no all_reduce)"
              if ours["what"] == "gradient" else "the port's ranks update their parameters differently")
     return [Finding(FindingCode.RANKS_DISAGREE, (
-        f"the port's rank {ours['rank']} holds another {ours['what']} {ours['param']} than its rank 0 at step "
+        f"the port's {actual.rank_name(ours['rank'])} holds another {ours['what']} {ours['param']} than its "
+        f"{actual.rank_name(0)} at step "
         f"{ours['step']} (norm {ours['norm']:.6g} vs {ours['norm_rank0']:.6g}), where the original's ranks agree: "
         f"{cause}"), ours)]
 

@@ -32,8 +32,10 @@ from verify.devices import title
 from verify.record.schema import COMPILE_KEY, DumpMode, Status
 
 
-# The op table of several ranks: each row's rank, its first column (absent for two single processes).
+# The op table of several ranks: each row's rank, its first column (absent for two single processes); across
+# machines, then the node that ran the port's rank.
 RANK_COLUMN = "rank"
+NODE_COLUMN = "node"
 
 
 @dataclass
@@ -293,22 +295,22 @@ def _compare_ranks(ref: Run, actual: Run, options: CompareOptions,
                        actual.manifest.extra.get("cause_rank", 0))
     verdicts = [rank_result.verdict.reason for rank_result in results]
     result = results[worst]
-    result.ops = _every_rank(results)
-    result.findings = across + [replace(finding, message=f"rank {worst}: {finding.message}",
+    result.ops = _every_rank(results, actual.rank_nodes())
+    result.findings = across + [replace(finding, message=f"{actual.rank_name(worst)}: {finding.message}",
                                         detail={**finding.detail, "rank": worst}) for finding in result.findings]
     failing = [finding for finding in across if finding.code in FAILING]
     reason = result.verdict.reason.split(": ", 1)[-1]
     if failing:
         result.verdict = Verdict(False, f"FAIL: {failing[0].message}")
     elif not result.verdict.passed:
-        result.verdict = Verdict(False, f"FAIL: rank {worst}: {reason}")
+        result.verdict = Verdict(False, f"FAIL: {actual.rank_name(worst)}: {reason}")
     else:
         result.verdict = Verdict(True, f"PASS: on each of the {len(results)} ranks, {reason}")
-    result.notes += [f"rank {rank}: {reason}" for rank, reason in enumerate(verdicts)]
+    result.notes += [f"{actual.rank_name(rank)}: {reason}" for rank, reason in enumerate(verdicts)]
     if evidence["sharding"].get("checked"):
         result.notes.append(f"data read by each rank (run time): {evidence['sharding']['message']}")
     result.ref, result.actual = ref, actual
-    result.ranks = {**evidence, "shown_rank": worst, "verdicts": verdicts}
+    result.ranks = {**evidence, "shown_rank": worst, "verdicts": verdicts, **_by_node(ref, actual)}
     return result
 
 
@@ -329,11 +331,21 @@ def _same_rank(calibrations: Sequence[Run] | None, rank: int) -> list[Run] | Non
     return [ranks_of(run)[rank] for run in calibrations if rank < len(ranks_of(run))]
 
 
-def _every_rank(results: list[ComparisonResult]) -> pd.DataFrame:
-    """Each rank's op rows, in rank order, with the rank as the first column."""
-    ops = pd.concat([result.ops.assign(**{RANK_COLUMN: rank}) for rank, result in enumerate(results)],
-                    ignore_index=True)
-    return ops[[RANK_COLUMN, *(column for column in ops.columns if column != RANK_COLUMN)]]
+def _by_node(ref: Run, actual: Run) -> dict[str, Any]:
+    """Across machines, each side's ranks by the node that ran them ({"nodes": {"actual": {"0": [0, 1], ...}}}; the
+    rendezvous may give the sides' ranks to other nodes); {} on one machine."""
+    sides = {side: run.ranks_by_node() for side, run in (("ref", ref), ("actual", actual))}
+    if not any(sides.values()):
+        return {}
+    return {"nodes": {side: {str(node): ranks for node, ranks in nodes.items()} for side, nodes in sides.items()}}
+
+
+def _every_rank(results: list[ComparisonResult], nodes: dict[int, int]) -> pd.DataFrame:
+    """Each rank's op rows, in rank order, with the rank as the first column (then its node, across machines)."""
+    ops = pd.concat([result.ops.assign(**{RANK_COLUMN: rank}, **({NODE_COLUMN: nodes.get(rank)} if nodes else {}))
+                     for rank, result in enumerate(results)], ignore_index=True)
+    leading = [RANK_COLUMN, *([NODE_COLUMN] if nodes else [])]
+    return ops[[*leading, *(column for column in ops.columns if column not in leading)]]
 
 
 def _compare_processes(ref: Run, actual: Run, options: CompareOptions,

@@ -42,13 +42,19 @@ def _sampler(run: Run) -> str:
     return str(loaders[0].get("sampler", "")) if loaders and isinstance(loaders[0], dict) else ""
 
 
+def _dropped_sampler(ref: Run, actual: Run) -> str:
+    """"the port has no DistributedSampler (...)" where the original's DataLoader has one and the port's not; ""."""
+    actual_sampler = _sampler(actual)
+    if _sampler(ref) != _DISTRIBUTED_SAMPLER or actual_sampler == _DISTRIBUTED_SAMPLER:
+        return ""
+    return f"the port has no {_DISTRIBUTED_SAMPLER} (its DataLoader samples with {actual_sampler or 'no sampler'})"
+
+
 def _shared_cause(ref: Run, actual: Run) -> str:
     """Why the port's ranks read the same samples where the original's do not."""
-    ref_sampler, actual_sampler = _sampler(ref), _sampler(actual)
-    if ref_sampler == _DISTRIBUTED_SAMPLER and actual_sampler != _DISTRIBUTED_SAMPLER:
-        return (f"the port has no {_DISTRIBUTED_SAMPLER} (its DataLoader samples with "
-                f"{actual_sampler or 'no sampler'})")
-    if not actual_sampler:
+    if dropped := _dropped_sampler(ref, actual):
+        return dropped
+    if not _sampler(actual):
         return "the port's ranks draw the same batches: a seed that differs per rank (seed + rank) is missing"
     return "the port's ranks read the same shard of the data"
 
@@ -63,10 +69,10 @@ def _overlap_finding(ref: Run, actual: Run, ref_shards: Shards, actual_shards: S
                 if not shared or ref_shards[rank][step] & ref_shards[other][step]:
                     continue
                 read = actual_shards[rank][step]
-                what = (f"the same samples as rank {other}" if read == actual_shards[other][step]
-                        else f"{len(shared)} of its {len(read)} samples that rank {other} read too")
+                what = (f"the same samples as {actual.rank_name(other)}" if read == actual_shards[other][step]
+                        else f"{len(shared)} of its {len(read)} samples that {actual.rank_name(other)} read too")
                 return Finding(FindingCode.SHARDING, (
-                    f"rank {rank} read {what} at step {step}, where the original's ranks read disjoint "
+                    f"{actual.rank_name(rank)} read {what} at step {step}, where the original's ranks read disjoint "
                     f"shards: {_shared_cause(ref, actual)}"), {"step": step, "rank": rank, "other_rank": other,
                                                               "cause": "overlap"})
     return None
@@ -77,7 +83,8 @@ def _repeated_step(union: list[frozenset[str]], position: int) -> int | None:
     return next((earlier for earlier in range(position) if union[earlier] == union[position]), None)
 
 
-def _reading_finding(ref_shards: Shards, actual_shards: Shards, steps: list[int]) -> Finding | None:
+def _reading_finding(ref: Run, actual: Run, ref_shards: Shards, actual_shards: Shards,
+                     steps: list[int]) -> Finding | None:
     """The first step at which a rank of the port read other samples than the same rank of the original."""
     ref_union = [frozenset().union(*(rank[step] for rank in ref_shards)) for step in steps]
     actual_union = [frozenset().union(*(rank[step] for rank in actual_shards)) for step in steps]
@@ -94,13 +101,17 @@ def _reading_finding(ref_shards: Shards, actual_shards: Shards, steps: list[int]
                        "original does")
             return Finding(FindingCode.SHARDING, message, detail | {"cause": "epoch", "repeats": steps[repeated]})
         if actual_union[position] == ref_union[position]:
-            message = (f"rank {rank} read other samples than the original's rank {rank} at step {step}, though both "
+            message = (f"{actual.rank_name(rank)} read other samples than the original's {ref.rank_name(rank)} at "
+                       f"step {step}, though both "
                        "sides' ranks together read the same: the port shares the data out to its ranks otherwise")
             return Finding(FindingCode.SHARDING, message, detail | {"cause": "assignment"})
         agreeing = [other for other in range(len(actual_shards)) if other not in differing]
-        same = (f" (rank{'s' if len(agreeing) > 1 else ''} {', '.join(map(str, agreeing))} read the same): the port's "
-                "ranks are seeded or sharded differently" if agreeing else ": the data, its order or its seed differ")
-        message = f"rank {rank} read other samples than the original's rank {rank} at step {step}{same}"
+        dropped = _dropped_sampler(ref, actual)  # ranks that each read data of their own: no overlap tells it
+        same = (f": {dropped}" if dropped else f" (rank{'s' if len(agreeing) > 1 else ''} "
+                f"{', '.join(map(str, agreeing))} read the same): the port's ranks are seeded or sharded differently"
+                if agreeing else ": the data, its order or its seed differ")
+        message = (f"{actual.rank_name(rank)} read other samples than the original's {ref.rank_name(rank)} at step "
+                   f"{step}{same}")
         return Finding(FindingCode.SHARDING, message, detail | {"cause": "samples"})
     return None
 
@@ -113,7 +124,7 @@ def sharding(ref: Run, actual: Run) -> tuple[list[Finding], dict[str, Any]]:
         return [], {"checked": False, "why": "a side recorded no samples, or the sides ran other numbers of ranks"}
     steps = _common_steps(ref_shards, actual_shards)
     finding = (_overlap_finding(ref, actual, ref_shards, actual_shards, steps)
-               or _reading_finding(ref_shards, actual_shards, steps))
+               or _reading_finding(ref, actual, ref_shards, actual_shards, steps))
     disjoint = all(not (shards[rank][step] & shards[other][step]) for shards in (ref_shards,) for step in steps
                    for rank in range(len(shards)) for other in range(rank))
     evidence = {"checked": True, "steps": len(steps), "ranks": len(ref_shards), "original_disjoint": disjoint,

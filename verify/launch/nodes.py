@@ -16,7 +16,8 @@ a side still running would lose its store. So a pair uses PORT, PORT+1, ... (one
 
 A node that dies, or never joins: the rendezvous fails after `join_timeout` (torch's rendezvous), a rank whose peer
 died fails in its collective; then `gather` waits at most `join_timeout` for every node's manifest to say how its
-ranks ended, and names the nodes that never did (NodeLost, exit 2).
+ranks ended, and names the nodes that never did (NodeLost, exit 2); not at all for a node whose verify's lock names a
+process of this machine that is gone (SIGKILL left its manifest `running`: run_folders.writer_gone).
 """
 
 from __future__ import annotations
@@ -94,10 +95,9 @@ def gather(run_dir: Path, nodes: Nodes, wait: bool = True) -> dict[int, RunManif
     deadline = time.monotonic() + (nodes.join_timeout if wait else 0)
     while True:
         found = node_manifests(run_dir, nodes)
-        if all(m is not None and m.status != Status.RUNNING.value for m in found.values()):
-            break
-        if time.monotonic() > deadline:
-            break
+        pending = [node for node, m in found.items() if m is None or m.status == Status.RUNNING.value]
+        if all(_writer_gone(run_dir, node) for node in pending) or time.monotonic() > deadline:
+            break  # every node ended, or those still running can never end (a writer gone: no wait for it)
         time.sleep(_POLL_S)
     lost = [_lost_words(run_dir, node, manifest, nodes) for node, manifest in found.items()
             if node != nodes.node_rank and (manifest is None or manifest.status in _LOST)]
@@ -115,9 +115,15 @@ def _lost_words(run_dir: Path, node: int, manifest: RunManifest | None, nodes: N
                 f"{nodes.join_timeout:g} s (the rendezvous at {nodes.endpoint}, id {nodes.rdzv_id})")
     ranks = ", ".join(str(read_manifest(folder).rank) for folder in rank_dirs_of(run_dir, node)) or "none started"
     if manifest.status == Status.RUNNING.value:
-        return (f"node {node} (ranks {ranks}) died: its verify did not say how its ranks ended within "
-                f"{nodes.join_timeout:g} s of this node's end")
+        return f"node {node} (ranks {ranks}) died: " + (_writer_gone(run_dir, node) or (
+            f"its verify did not say how its ranks ended within {nodes.join_timeout:g} s of this node's end"))
     return f"node {node} (ranks {ranks}) was stopped: {manifest.message}"
+
+
+def _writer_gone(run_dir: Path, node: int) -> str:
+    """Why node `node`'s verify can never end its manifest (its lock names a process of this machine that is gone:
+    killed by SIGKILL), or "" (alive, or on another machine: only the timeout tells)."""
+    return run_folders.writer_gone(run_folders.node_dir(run_dir, node))
 
 
 def rank_dirs_of(run_dir: Path, node: int) -> list[Path]:

@@ -215,7 +215,8 @@ _UNKNOWN_START = "?"
 
 def _start_time(pid: int) -> str | None:
     """A process's start time (clock ticks since boot, /proc/PID/stat's 22nd field), which tells it from a later one
-    given the same pid; _UNKNOWN_START without /proc; None for a process that does not exist."""
+    given the same pid; _UNKNOWN_START without /proc; None for a process that does not exist, or ended and waits for
+    its parent to reap it (a zombie writes nothing)."""
     if not Path("/proc/self").is_dir():
         try:
             os.kill(pid, 0)
@@ -230,7 +231,8 @@ def _start_time(pid: int) -> str | None:
         return None
     except OSError:
         return _UNKNOWN_START
-    return stat[stat.rindex(")") + 2:].split()[19]  # the command, in parentheses, may hold spaces
+    fields = stat[stat.rindex(")") + 2:].split()  # the command, in parentheses, may hold spaces
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def _this_writer() -> str:

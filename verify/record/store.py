@@ -266,6 +266,20 @@ class Run:
     # which stand for the run where one rank is read (its precision, its loss scaler). [] for a single process.
     ranks: list[Run] = field(default_factory=list)
 
+    def rank_nodes(self) -> dict[int, int]:
+        """rank -> the node that ran it (its manifest's), for a run across several machines; {} on one machine."""
+        return {rank.manifest.rank: rank.manifest.node for rank in self.ranks} if self.manifest.nodes else {}
+
+    def ranks_by_node(self) -> dict[int, list[int]]:
+        """node -> its ranks, by node, for a run across several machines; {} on one machine."""
+        nodes = self.rank_nodes()
+        return {node: [rank for rank, its in nodes.items() if its == node] for node in sorted(set(nodes.values()))}
+
+    def rank_name(self, rank: int) -> str:
+        """How every report names one of the run's ranks: "rank 1", "rank 1 (node 1)" across machines."""
+        node = self.rank_nodes().get(rank)
+        return f"rank {rank}" if node is None else f"rank {rank} (node {node})"
+
     def load_array(self, relative: str) -> np.ndarray:
         """A tensor saved in the run (a `tensor_file` cell), confined to the run directory and never unpickled."""
         return np.load(resolve_inside(self.root, relative), allow_pickle=False)

@@ -14,7 +14,7 @@ import pandas as pd
 
 from verify.compare.align import MATCHED_STATUSES, AlignStatus
 from verify.compare.metrics import TENSOR_METRICS
-from verify.compare.runs import RANK_COLUMN, ComparisonResult
+from verify.compare.runs import NODE_COLUMN, RANK_COLUMN, ComparisonResult
 from verify.devices import title
 from verify.record.schema import OP_COLUMNS, OP_KEY_PARTS, OP_SHARED_COLUMNS, OP_SIDE_COLUMNS, STAT_COLUMNS
 from verify.record.store import Run, op_keys
@@ -39,7 +39,7 @@ def both_sides(columns: list[str]) -> list[str]:
 def op_report_columns(ops: pd.DataFrame) -> list[str]:
     side_columns = [c for c in OP_SIDE_COLUMNS if c not in (*_LEADING_SIDE_COLUMNS, *_TRAILING_SIDE_COLUMNS)]
     metric_columns = [c for c in ops.columns if not c.startswith(("ref_", "actual_"))
-                      and c not in (RANK_COLUMN, *OP_SHARED_COLUMNS, *_VERDICT_COLUMNS, "note")]
+                      and c not in (*_rank(ops), *OP_SHARED_COLUMNS, *_VERDICT_COLUMNS, "note")]
     return [*_rank(ops), *OP_SHARED_COLUMNS, *_VERDICT_COLUMNS, *both_sides(_LEADING_SIDE_COLUMNS), "stats_error",
             "tolerance",
             *both_sides(side_columns), *(c for c in metric_columns if c not in ("stats_error", "tolerance")),
@@ -47,8 +47,8 @@ def op_report_columns(ops: pd.DataFrame) -> list[str]:
 
 
 def _rank(ops: pd.DataFrame) -> list[str]:
-    """The rank column, where the table holds several ranks' rows."""
-    return [RANK_COLUMN] if RANK_COLUMN in ops.columns else []
+    """The rank column, where the table holds several ranks' rows, and its node's, across machines."""
+    return [column for column in (RANK_COLUMN, NODE_COLUMN) if column in ops.columns]
 
 
 def op_report_frame(result: ComparisonResult) -> pd.DataFrame:
@@ -115,15 +115,19 @@ def shown_rank_first(result: ComparisonResult) -> pd.DataFrame:
 
 
 def other_ranks_line(result: ComparisonResult) -> str:
-    """Where the other ranks' op rows are, with the rows past tolerance of each rank ("" for single processes)."""
+    """Where the other ranks' op rows are, with the rows past tolerance of each rank, by node across machines ("" for
+    single processes)."""
     rank = shown_rank(result)
     if rank is None or result.ops.empty:
         return ""
     failed = (result.ops["passed"] == False).to_numpy(dtype=bool, na_value=False)  # noqa: E712
     counts = result.ops.assign(failed=failed).groupby(RANK_COLUMN)["failed"].sum()
-    per_rank = ", ".join(f"rank {other} {int(count)}" for other, count in counts.items())
-    return (f"rank {rank}'s ops shown; every rank's rows are in ops.csv, ops.parquet, ops.xlsx and report.html (column "
-            f"{RANK_COLUMN}); past tolerance: {per_rank}")
+    by_node = result.actual.ranks_by_node() or {None: list(counts.index)}
+    per_rank = "; ".join(("" if node is None else f"node {node}: ")
+                         + ", ".join(f"rank {other} {int(counts[other])}" for other in ranks if other in counts)
+                         for node, ranks in by_node.items())
+    return (f"{result.actual.rank_name(rank)}'s ops shown; every rank's rows are in ops.csv, ops.parquet, ops.xlsx and "
+            f"report.html (column {RANK_COLUMN}); past tolerance: {per_rank}")
 
 
 def error_ratio(ops: pd.DataFrame) -> pd.Series:
@@ -142,7 +146,7 @@ def module_totals(ops: pd.DataFrame) -> pd.DataFrame:
     the first step where it broke its tolerance; the modules with the most rows past tolerance first."""
     failed = (ops["passed"] == False).to_numpy(dtype=bool, na_value=False)  # noqa: E712
     rows = pd.DataFrame({
-        **({RANK_COLUMN: ops[RANK_COLUMN]} if RANK_COLUMN in ops.columns else {}),
+        **{column: ops[column] for column in _rank(ops)},
         "module": ops["module"].astype("string").replace("", "(top level)"), "phase": ops["phase"],
         "records": 1, "past_tolerance": failed, "unmatched": ops["status"].isin(ONE_SIDED_STATUSES),
         ERROR_RATIO: error_ratio(ops),
