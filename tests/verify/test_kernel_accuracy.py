@@ -4,6 +4,7 @@ computing exactly PASSes. The floors are the devices' accuracy standard (toleran
 reference's envelope at step 0 is its own noise there, never a later step's."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,22 @@ def test_under_exact_emulation_the_calibration_rounds_and_the_envelope_measures_
 def test_a_saturating_kernel_computing_exactly_passes(tmp_path, op, activation):
     summary = pair(tmp_path, "fp32", 1.0, op, saturating(activation))
     assert summary["verdict"] == "PASS", summary["reason"]
+
+
+KERNEL_RUNS = Path(__file__).resolve().parent / "fixtures" / "kernel-runs"
+
+
+def test_a_kernel_off_entering_at_an_earlier_step_is_named_there(tmp_path):
+    """Regression (pytorch/examples' dcgan, fp16 port, its generator's ReLU 0.1% off, below fp16's floor): nothing
+    passes its tolerance at step 0; at step 1 the discriminator's backward does, reading weights the step-0 update
+    left apart, in no recorded data flow. The difference entered at step 0, in the ReLU (a batch-norm backward of
+    step 1 was named)."""
+    folder = tmp_path / "pair"
+    shutil.copytree(KERNEL_RUNS / "dcgan-relu-off-0.1pct-fp16", folder)
+    result = CliRunner().invoke(app, ["compare", str(folder / "ref"), str(folder / "actual"), "-o",
+                                      str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    first = json.loads((tmp_path / "out" / "summary.json").read_text())["first_divergent"]
+    assert (first["op"], first["module"], first["step"]) == ("aten.relu_", "Generator.main.2", 0), first
+    assert first["actual_source"].startswith("main_npu_off01.py:")
+    assert first["past_tolerance_at"].startswith("aten.convolution_backward (Discriminator.main.8 backward, step 1")

@@ -259,21 +259,31 @@ def _where_it_enters(table: pd.DataFrame, rows: np.ndarray, op_id: np.ndarray, p
     earliest call whose output differs beyond the reference's own noise (`_beyond_noise`) while the calls that
     produced its inputs do not, even below its dtype's floor. A kernel 0.01% off in fp32 (its floor 2^-13 is 0.012%)
     shows past it only where a consumer amplifies it (a tanh's backward near saturation, a batch's sum of it); that
-    consumer's inputs agree within the floor, and without the walk it was named. `past` itself where none differs."""
+    consumer's inputs agree within the floor, and without the walk it was named. `past` itself where none differs.
+    A difference also travels from step to step through the state the steps leave (weights, optimizer state), in no
+    recorded data flow: an entry of an earlier step, ancestor or not, comes first (dcgan's fp16 port with its
+    generator's ReLU 0.1% off, below fp16's floor: past tolerance first in the discriminator's backward at step 1,
+    where a batch-norm backward reading the updated weights was named)."""
     step, seq = table["step"].to_numpy("int64"), table["ref_seq"].to_numpy(dtype="int64", na_value=-1)
     calls = {(step[row], seq[row]): call for row, call in zip(rows, op_id)}
     beyond = np.bincount(op_id, weights=_beyond_noise(table, rows), minlength=int(op_id.max()) + 1) > 0
     producers = _producers_through_carriers(table)
     by_call = {call: key for key, call in calls.items()}
+
+    def differing(call: int) -> list[int]:
+        return [up for up in (calls.get(key) for key in producers.get(by_call[call], ()))
+                if up is not None and beyond[up]]
+
     pending, seen, entries = [past], {past}, []
     while pending:
         call = pending.pop()
-        differing = [up for up in (calls.get(key) for key in producers.get(by_call[call], ()))
-                     if up is not None and beyond[up]]
-        entries += [] if differing or call == past else [call]
-        pending += [up for up in differing if up not in seen]
-        seen.update(differing)
-    return min(entries, default=past)
+        inputs_differ = differing(call)
+        entries += [] if inputs_differ or call == past else [call]
+        pending += [up for up in inputs_differ if up not in seen]
+        seen.update(inputs_differ)
+    earlier = [call for call in range(past) if beyond[call] and by_call[call][0] < by_call[past][0]
+               and not differing(call)]
+    return min(entries + earlier, default=past)
 
 
 def _beyond_noise(table: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
