@@ -183,16 +183,17 @@ def _emulations_limit(error: BaseException, emulations: Path = devices.STAND_IN_
     """What an emulation could not do, as verify's error naming the emulation; "" for the script's own errors. Its
     NotEmulated (the script used a name of the real device's API it lacks); and an AttributeError, or a RuntimeError
     or NotImplementedError it raises itself, in its own code (a file under `emulations`), unless it raised it as the
-    real device would (target.as_the_device). A RuntimeError torch raises in a kernel the emulation called (the
+    real device would (device_errors.as_the_device). A RuntimeError torch raises in a kernel the emulation called (the
     script's shapes) is the script's."""
     target = sys.modules.get("npu_port_emulation.target")  # loaded in an emulated process only
     if target is None:
         return ""
     if isinstance(error, target.NotEmulated):
         return str(error)
+    as_the_device = sys.modules["npu_port_emulation.device_errors"].raised_as_the_device(error)
     where = traceback.extract_tb(error.__traceback__)[-1:]
-    if (not isinstance(error, (AttributeError, RuntimeError, NotImplementedError)) or target.raised_as_the_device(error)
-            or not where or not where[0].filename.startswith(str(emulations) + os.sep)):
+    if (not isinstance(error, (AttributeError, RuntimeError, NotImplementedError)) or as_the_device or not where
+            or not where[0].filename.startswith(str(emulations) + os.sep)):
         return ""
     if not isinstance(error, AttributeError) and not (where[0].line or "").lstrip().startswith("raise"):
         return ""

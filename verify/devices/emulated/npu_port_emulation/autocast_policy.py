@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from . import half_precision
 from .half_precision import Computed, HalfCompute, computed_so
-from .target import as_the_device
+from .device_errors import as_the_device
 
 # CUDA autocast's float32 list: (op, overloads); no overloads means every overload that is not an out= variant.
 FLOAT32_OPS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from .device_numerics import OwnGenerator
-from .target import EMULATION, TARGET, as_the_device, check_index, device_index
+from .device_errors import as_the_device
+from .target import EMULATION, TARGET, check_index, device_index
 from .target import device_count as device_count
 
 ON_CUDA = TARGET == "cuda"

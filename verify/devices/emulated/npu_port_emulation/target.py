@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 
+from .device_errors import as_the_device
+
 # The same names as verify.devices.EMULATE_ON_VAR and DEVICE_COUNT_VAR (the stand-ins never import npu-port; a test
 # checks they agree).
 EMULATE_ON_VAR = "NPU_PORT_EMULATE_ON"
@@ -100,18 +102,6 @@ def device_index(device: object = None) -> int | None:
     if not redirected and not (isinstance(device, torch.device) and device.type == TARGET):
         raise ValueError(f"{device!r} is not an npu device ({EMULATION})")
     return index
-
-
-def as_the_device(error: BaseException) -> BaseException:
-    """`error`, marked as one the real device raises too (an index past its devices, an op its autocast refuses, a
-    name its module lacks): the script's error. Every other AttributeError, RuntimeError or NotImplementedError that an
-    emulation raises in its own code is the emulation's failure, which the run records as verify's (exit 2)."""
-    error.npu_port_as_the_device = True
-    return error
-
-
-def raised_as_the_device(error: BaseException) -> bool:
-    return getattr(error, "npu_port_as_the_device", False)
 
 
 class NotEmulated(AttributeError):

@@ -55,7 +55,7 @@ if EMULATED_ON == "cpu":
     from npu_port_emulation.autocast_policy import install_npu_autocast_policy
 
     _autocast_policy_library = install_npu_autocast_policy()
-from npu_port_emulation import device_api, device_numerics  # noqa: E402
+from npu_port_emulation import device_api, device_errors, device_numerics  # noqa: E402
 
 device_numerics.install("NPU", device_api.GENERATOR)  # its own summation order and generator
 globals().update(SUPPORTED)
@@ -64,7 +64,7 @@ globals().update(SUPPORTED)
 def __getattr__(name: str) -> object:
     if name.startswith("npu_"):
         return unsupported(name)
-    raise target.as_the_device(AttributeError(f"module 'torch_npu' has no attribute {name!r} ({EMULATION})"))
+    raise device_errors.as_the_device(AttributeError(f"module 'torch_npu' has no attribute {name!r} ({EMULATION})"))
 
 
 print(f"npu-port: EMULATED NPU on {EMULATED_ON} - a test double, not an Ascend NPU", file=sys.stderr)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 from npu_port_emulation import device_api
+from npu_port_emulation.device_errors import as_the_device
 from npu_port_emulation.device_api import *  # noqa: F401,F403  (the device API, listed in its __all__)
 from npu_port_emulation.device_api import ON_CUDA, _cuda, _host_memory, _is_in_bad_fork  # noqa: F401
 from npu_port_emulation.target import EMULATION, NotEmulated, device_index
