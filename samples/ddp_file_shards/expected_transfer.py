@@ -95,6 +95,7 @@ def main():
     # Rank 0 writes the data, the others wait at the barrier; the folder name comes from rank 0 too.
     data_dir = [args.data_dir or (tempfile.mkdtemp(prefix="shards-") if rank == 0 else None)]
     if distributed:
+        os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")  # read by torch.distributed.broadcast
         dist.broadcast_object_list(data_dir, src=0)
     data_dir = data_dir[0]
     if rank == 0:
