@@ -769,24 +769,25 @@ def test_scripts_ending_by_themselves_after_different_steps_fail_naming_the_diff
 
 def test_an_op_is_judged_by_the_noise_its_recorded_inputs_carry(tmp_path):
     """A bf16 matmul's noise reaches an fp32 residual add four calls later (the data flow, ops.inputs): the add's
-    error is within the bf16 noise it inherits, not a divergence. Without the recorded data flow (a schema version 1
-    run), the stand-ins see only the clean fp32 calls just before the add, and the add is named."""
+    error, past its own floor (under bf16 autocast on both sides a float32 record is judged at bf16's 2^-7:
+    tolerances.py), is within the bf16 noise it inherits, not a divergence. An error past what the matmul's noise
+    explains is named at the add."""
     trace = [("forward", "Net.fc", "aten.mm", "bfloat16", (8, 64)),
              *[("forward", "Net.norm", "aten.mul", "float32", (8, 32))] * 4,
              ("forward", "Net", "aten.add", "float32", (8, 16))]
     ref_ops = trace_ops(trace=trace)
     ref_ops.loc[ref_ops["op"] == "aten.add", "inputs"] = "0"
-    actual_ops = ref_ops.copy()
-    actual_ops.loc[actual_ops["op"] == "aten.mm", "l2_norm"] *= 1.006  # bf16 noise, within bf16's 2^-7
-    actual_ops.loc[actual_ops["op"] == "aten.add", "l2_norm"] *= 1.005  # past fp32's 2^-13
-    flow = compare_runs(read_side(write_run(tmp_path / "ref", ops=ref_ops)),
-                        read_side(write_run(tmp_path / "actual", ops=actual_ops)))
-    assert flow.verdict.passed, flow.verdict.reason
-    unrecorded = {side: ops.assign(inputs=pd.NA).astype({"inputs": "string"}) for side, ops in
-                  (("ref", ref_ops), ("actual", actual_ops))}
-    stand_ins = compare_runs(read_side(write_run(tmp_path / "ref1", ops=unrecorded["ref"])),
-                             read_side(write_run(tmp_path / "actual1", ops=unrecorded["actual"])))
-    assert stand_ins.verdict.reason.startswith("FAIL: first divergent operator: aten.add (Net forward, step 0")
+
+    def judged(name: str, add_error: float):
+        actual_ops = ref_ops.copy()
+        actual_ops.loc[actual_ops["op"] == "aten.mm", "l2_norm"] *= 1.006  # bf16 noise, within bf16's 2^-7
+        actual_ops.loc[actual_ops["op"] == "aten.add", "l2_norm"] *= 1 + add_error
+        return compare_runs(read_side(write_run(tmp_path / f"ref-{name}", ops=ref_ops)),
+                            read_side(write_run(tmp_path / f"actual-{name}", ops=actual_ops))).verdict
+
+    inherited = judged("inherited", 0.010)
+    assert inherited.passed, inherited.reason
+    assert judged("beyond", 0.05).reason.startswith("FAIL: first divergent operator: aten.add (Net forward, step 0")
 
 
 def test_an_overflow_later_in_the_same_step_follows_the_divergent_forward_op(tmp_path):
