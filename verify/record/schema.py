@@ -392,6 +392,9 @@ class RunManifest:
         if not 1 <= data["schema_version"] <= SCHEMA_VERSION:
             raise ManifestError(f"schema_version {data['schema_version']!r} is not one this npu-port reads (1 to "
                                 f"{SCHEMA_VERSION}); compare it with the npu-port that wrote it")
+        if data.get("project_root") and not Path(data["script"]).is_relative_to(data["project_root"]):
+            raise ManifestError(f"field 'project_root' ({data['project_root']!r}) does not hold the script "
+                                f"{data['script']!r}, whose files it names")
         known = hints.keys()
         manifest = cls(**{key: value for key, value in data.items() if key in known})
         manifest.extra.update({key: value for key, value in data.items() if key not in known})
