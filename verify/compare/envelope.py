@@ -175,7 +175,12 @@ def _up_to_each_step(measured: pd.Series, keys: pd.DataFrame, same: list[str]) -
     frame = measured.rename("noise").reset_index().astype({"step": "int64"})
     per_step = frame.groupby([*same, "step"])["noise"].max().reset_index().sort_values("step")
     per_step["noise"] = per_step.groupby(same)["noise"].cummax() if same else per_step["noise"].cummax()
-    joined = pd.merge_asof(rows, per_step, on="step", by=same or None, direction="backward")
+    # merge_asof demands one dtype a key: a name column is object on one side and pandas' str dtype on the other
+    # when one table was read from a run and the other built here (pandas 3)
+    texts = {name: "string" for name in same if not pd.api.types.is_numeric_dtype(rows[name])
+             or not pd.api.types.is_numeric_dtype(per_step[name])}
+    joined = pd.merge_asof(rows.astype(texts), per_step.astype(texts), on="step", by=same or None,
+                           direction="backward")
     return joined.sort_values("row")["noise"].to_numpy("float64")
 
 
