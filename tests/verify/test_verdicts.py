@@ -740,6 +740,8 @@ def test_runs_going_together_build_torch_extensions_in_folders_of_their_own(tmp_
     port.write_text(record + PORT.read_text())
     exit_code, summary, _ = verify(original, port, "-n", 2, "-q", "-o", tmp_path / "out")
     assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
-    folders = sorted(Path(line).name for line in (tmp_path / "folders.txt").read_text().split())
+    # each run wrote folders.txt in its own view of the scripts' folder (RUNDIR/files: test_working_folder.py)
+    folders = sorted(Path(line).name for side in ("actual", "calibration", "ref")
+                     for line in (tmp_path / "out" / side / "files" / "folders.txt").read_text().split())
     assert [folder.split("-torch")[0] for folder in folders] == ["npu-port-actual", "npu-port-calibration",
                                                                   "npu-port-ref"]
