@@ -38,7 +38,11 @@ def verify_on_a_full_disk(tmp_path: Path, *args: str) -> tuple[int, str, float]:
 def training(tmp_path: Path, name: str, output_per_step: int = 0) -> Path:
     script = tmp_path / name
     text = (SCRIPTS / "long_train.py").read_text()
-    script.write_text(text.replace("    time.sleep(0.2)\n", f"    print('x' * {output_per_step}, flush=True)\n"))
+    # a printing script keeps a short pause a step: verify stops it within its poll (0.5 s) of output.log filling,
+    # long before its own records could fill the limit too (unpaused, it ran 107 steps meanwhile and its gradient
+    # stream was named instead)
+    pause = "    time.sleep(0.02)\n" if output_per_step else ""
+    script.write_text(text.replace("    time.sleep(0.2)\n", f"    print('x' * {output_per_step}, flush=True)\n{pause}"))
     return script
 
 
@@ -53,12 +57,13 @@ def error_lines(stderr: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("output_per_step, full", [(0, "ops/steps.arrows"), (20000, "output.log")])
-def test_a_run_on_a_full_disk_is_one_line_and_exit_2_within_seconds(tmp_path, output_per_step, full):
-    """The child's records (the op stream) or the parent's copy of the script's output (output.log) fill it."""
+@pytest.mark.parametrize("output_per_step, full, dump", [(0, "ops/steps.arrows", "stats"), (60000, "output.log", "off")])
+def test_a_run_on_a_full_disk_is_one_line_and_exit_2_within_seconds(tmp_path, output_per_step, full, dump):
+    """The child's records (the op stream) or the parent's copy of the script's output (output.log) fill it; the
+    latter without an op stream (--dump off), which would otherwise fill it as fast."""
     out = tmp_path / "run"
     code, err, took = verify_on_a_full_disk(tmp_path, "run", str(training(tmp_path, "train.py", output_per_step)),
-                                            "--steps", "500", "-q", "-o", str(out), "--", "500")
+                                            "--steps", "500", "--dump", dump, "-q", "-o", str(out), "--", "500")
     assert code == 2, err
     assert took < WITHIN_S and "Traceback" not in err
     assert len(error_lines(err)) == 1
