@@ -34,9 +34,9 @@ __all__ = [
 ]
 
 # The public names of the real torch_npu.npu that this emulation does not model. No torch_npu wheel is at hand where
-# this was written: the names are torch.cuda's public API (torch 2.13's __all__) with CUDA read as NPU, less those
-# /work/shared/design/rules-catalogue.md lists as absent from torch_npu.npu.__all__, less those emulated above
-# (tests/verify/test_emulated_interfaces.py walks both lists).
+# this was written: the names are torch.cuda's public API (torch 2.13's and 2.14's __all__) with CUDA read as NPU,
+# less those /work/shared/design/rules-catalogue.md lists as absent from torch_npu.npu.__all__, less those emulated
+# above (tests/verify/test_emulated_interfaces.py walks both lists).
 NOT_EMULATED = frozenset({
     "BFloat16Storage", "BFloat16Tensor", "BoolStorage", "BoolTensor", "ByteStorage", "ByteTensor", "CharStorage",
     "CharTensor", "DeferredCudaCallError", "DoubleStorage", "DoubleTensor", "ExternalStream", "FloatStorage",
@@ -49,6 +49,8 @@ NOT_EMULATED = frozenset({
     "random", "reset_accumulated_host_memory_stats", "reset_accumulated_memory_stats", "reset_max_memory_cached",
     "reset_peak_host_memory_stats", "set_per_process_memory_fraction", "set_stream", "set_sync_debug_mode", "streams",
     "use_mem_pool", "utilization", "set_deterministic_level", "NPUPluggableAllocator",
+    # torch 2.14's CUDA graph debugging names (torch.cuda.__all__ there)
+    "export_dot", "export_graph_data", "graph_annotations",
 })
 
 
