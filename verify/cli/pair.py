@@ -172,7 +172,7 @@ def _code(script: Path) -> str:
 def runs_with_its_reference(ported: Path, options: RunOptions, ref_run: Path | None) -> bool:
     """Whether the port can run at once with its reference: it starts no ranks, by its text and by verify. A port
     that starts them after all (in a module its text imports) is run first, and its reference again after it
-    (run_sides)."""
+    (run_sides). Never across machines (--nnodes needs --nproc-per-node): no node reruns a reference for that."""
     return (ref_run is None and not options.nproc_per_node
             and not _STARTS_RANKS.search(_code(ported)))
 
@@ -209,18 +209,19 @@ def run_sides(plan: PairPlan, sides: SideRunner) -> PairRuns:
         if plan.amp_effect and imposed != "off":
             followers.append(sides.run_side(_fp32_reference_run(plan)))
     else:
-        _discard(early)
+        _discard(plan, early)
         ref, *followers = _run_reference(sides, actual, _reference_runs(plan, actual, imposed, port_amp))
     unmatched = _crashed_under_autocast(ref, actual) if imposed != "off" else ""
-    if unmatched:
-        _discard(followers)  # they measured a comparison under an autocast the reference cannot run
-        ref.root.rename(plan.out / run_folders.REF_UNDER_AUTOCAST)
+    if unmatched:  # its followers measured a comparison under an autocast the reference cannot run
+        set_aside = plan.out / run_folders.REF_UNDER_AUTOCAST
+        nodes.changed_once(plan.out, plan.options.nodes, "reference-set-aside",
+                           lambda: (_remove(followers), ref.root.rename(set_aside)), made=set_aside)
         imposed = "off"
         ref, *followers = _run_reference(sides, actual, _reference_runs(plan, actual, imposed, port_amp))
     ref_fp32 = followers.pop() if plan.amp_effect and imposed != "off" else None
     # a calibration measures the noise of a comparison that will be made: not after a side that did not run well
     if actual.manifest.status not in RUN_ENDED_WELL or ref.manifest.status not in RUN_ENDED_WELL:
-        followers = _discard(followers)
+        followers = _discard(plan, followers)
     return PairRuns(actual, ref, imposed, port_amp, ref_fp32, unmatched, followers)
 
 
@@ -256,7 +257,7 @@ def _rendezvous(plan: PairPlan, options: RunOptions, side: str, number: int) -> 
 def _own_ranks_ended(plan: PairPlan, runs: PairRuns, node: int) -> int:
     """A node other than node 0, once every side is in: how its own ranks ended on each side, and its exit code."""
     ended = {run.root.name: read_manifest(run_folders.node_dir(run.root, node))
-             for run in (runs.actual, runs.ref, *runs.calibrations)}
+             for run in (runs.actual, runs.ref, *runs.calibrations, *filter(None, [runs.ref_fp32]))}
     for side, manifest in ended.items():
         stdout.print(f"node {node}, {side}: {manifest.status}  {manifest.message}", markup=False)
     stderr.print(f"node 0 compares the runs: reports in {plan.out}")
@@ -329,11 +330,17 @@ def _calibration_runs(plan: PairPlan, options: RunOptions, half: str, port_block
             for number in range(1, plan.calibration_runs + 1)]
 
 
-def _discard(runs: list[Run]) -> list[Run]:
-    """Removes the folders of runs that went with a reference whose comparison will not be made as they measured."""
+def _discard(plan: PairPlan, runs: list[Run]) -> list[Run]:
+    """Removes the folders of runs that went with a reference whose comparison will not be made as they measured
+    (across machines node 0 alone, once every node read them: nodes.changed_once)."""
+    if runs:
+        nodes.changed_once(plan.out, plan.options.nodes, "runs-discarded", lambda: _remove(runs))
+    return []
+
+
+def _remove(runs: list[Run]) -> None:
     for run in runs:
         shutil.rmtree(run.root)
-    return []
 
 
 def _crashed_under_autocast(ref: Run, actual: Run) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -156,10 +156,44 @@ def joined(run_dir: Path, nodes: Nodes) -> Path:
                                         [read_last_collective(folder) for folder in folders])
         write_manifest(run_dir, replace(run, node=0, working_folder=mine.working_folder))
         return run_dir
-    deadline = time.monotonic() + nodes.join_timeout
-    while not (run_dir / MANIFEST).is_file():
-        if time.monotonic() > deadline:
-            raise NodeLost(f"{run_dir}: node 0 did not write the run's {MANIFEST} within {nodes.join_timeout:g} s of "
-                           "every node's end (its verify was stopped, or cannot see this folder)")
-        time.sleep(_POLL_S)
+    if not _within(nodes.join_timeout, (run_dir / MANIFEST).is_file):
+        raise NodeLost(f"{run_dir}: node 0 did not write the run's {MANIFEST} within {nodes.join_timeout:g} s of "
+                       "every node's end (its verify was stopped, or cannot see this folder)")
     return run_dir
+
+
+def _within(timeout: float, done: Callable[[], bool]) -> bool:
+    """Whether `done` came true within `timeout` seconds (polled)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
+
+
+def changed_once(pair_dir: Path, nodes: Nodes | None, change: str, make: Callable[[], Any],
+                 made: Path | None = None) -> None:
+    """A change to a pair's folder that every node decides alike, from the runs node 0 wrote (verify/cli/pair.py:
+    runs removed, a reference renamed before it runs again in its place): on one machine made at once; across
+    machines by node 0 alone, once every other node has said it read those runs (a file `change` in its folder of
+    the pair): two nodes removing one folder fail each other, and a node still reading a run would find it gone. The
+    other nodes go on once `made` exists, where they write next where the change made room. NodeLost where a node
+    does not say so, or node 0 does not make it, within the rendezvous timeout."""
+    if nodes is None:
+        make()
+        return
+    if nodes.node_rank:
+        (run_folders.node_dir(pair_dir, nodes.node_rank) / change).touch()
+        if made is not None and not _within(nodes.join_timeout, made.exists):
+            raise NodeLost(f"{pair_dir}: node 0 did not make {made.name} ({change}) within {nodes.join_timeout:g} s "
+                           "(its verify was stopped, or cannot see this folder)")
+        return
+    def said(node: int) -> bool:
+        return (run_folders.node_dir(pair_dir, node) / change).exists()
+    others = range(1, nodes.nnodes)
+    _within(nodes.join_timeout, lambda: all(said(node) or _writer_gone(pair_dir, node) for node in others))
+    if silent := [str(node) for node in others if not said(node)]:
+        raise NodeLost(f"{pair_dir}: node {', '.join(silent)} did not say it read the runs within "
+                       f"{nodes.join_timeout:g} s ({change}): its verify died, was stopped, or cannot see this folder")
+    make()
