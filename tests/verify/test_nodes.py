@@ -22,7 +22,7 @@ from live_processes import processes_naming
 
 from verify.launch.nodes import asked
 from verify.errors import VerifyError
-from verify.record.run_folders import node_dir, rank_dirs
+from verify.record.run_folders import REF_UNDER_AUTOCAST, node_dir, rank_dirs
 from verify.record.store import read_run
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -186,3 +186,27 @@ def test_the_reports_show_each_rank_by_the_node_its_manifest_names(unsharded):
     ops = pd.read_csv(out / "ops.csv", usecols=["rank", "node"]).drop_duplicates()
     assert dict(zip(ops["rank"], ops["node"])) == nodes
     assert "<th>rank</th><th>node</th>" in (out / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_a_reference_that_crashes_under_the_ports_autocast_runs_again_as_written_on_every_node(tmp_path):
+    """The port computes its forward under fp16 autocast and its binary cross entropy outside it; the reference,
+    under the port's autocast, computes it under autocast, which refuses it. Node 0 alone sets that run aside (two
+    nodes renaming one folder: the other never read its manifest) and every node runs the reference again, as
+    written, once the rename is made."""
+    loss = "            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(inputs), targets)\n"
+    original, port = tmp_path / "bce.py", tmp_path / "bce_npu.py"
+    original.write_text(ORIGINAL.read_text().replace(
+        loss, "            loss = torch.nn.functional.binary_cross_entropy(torch.sigmoid(model(inputs)), targets)\n"))
+    port.write_text(PORT.read_text().replace(loss, (
+        "            with torch.autocast(device_type='cuda', dtype=torch.float16):\n"
+        "                logits = model(inputs)\n"
+        "            loss = torch.nn.functional.binary_cross_entropy(torch.sigmoid(logits.float()), targets)\n")))
+    out = tmp_path / "pair"
+    (code0, output0), (code1, output1) = two_nodes(original, port, *NODE, "-o", out, *ARGS, ports=3)
+    assert code0 == 0 and code1 == 0, output0 + output1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["pair"]["mode"] == "amp-vs-fp32-unmatched", summary["pair"]
+    assert read_run(out / REF_UNDER_AUTOCAST).manifest.status == "crashed"
+    assert read_run(out / "ref").manifest.autocast == "" and len(read_run(out / "ref").ranks) == 2
+    assert "node 1, ref: ok" in output1 and "node 1, calibration: ok" in output1, output1
