@@ -6,6 +6,7 @@ The scripts are tests/verify/scripts/ddp_torchrun.py and its transfer-mode port,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -52,21 +53,21 @@ def _free(port: int) -> bool:
     return True
 
 
-def start_node(node: int, port: int, *args: str | Path) -> subprocess.Popen:
+def start_node(node: int, port: int, *args: str | Path, cwd: Path | None = None) -> subprocess.Popen:
     """`verify ARGS --node-rank NODE --rdzv-endpoint 127.0.0.1:PORT [-- SCRIPT ARGS]` in a process of its own, as on
-    another machine."""
+    another machine, in `cwd` (default: this one's)."""
     words = [str(arg) for arg in args]
     split = words.index("--") if "--" in words else len(words)
     command = [sys.executable, "-m", "verify", *words[:split], "--node-rank", str(node),
                "--rdzv-endpoint", f"127.0.0.1:{port}", *words[split:]]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "COLUMNS": "300"}  # lines whole
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def two_nodes(*args: str | Path, ports: int = 1) -> list[tuple[int, str]]:
+def two_nodes(*args: str | Path, ports: int = 1, cwd: Path | None = None) -> list[tuple[int, str]]:
     """Both nodes of a run to their ends: each one's exit code and output."""
     port = free_port(ports)
-    nodes = [start_node(node, port, *args) for node in (0, 1)]
+    nodes = [start_node(node, port, *args, cwd=cwd) for node in (0, 1)]
     return [(node.wait(timeout=600), node.stdout.read()) for node in nodes]
 
 
@@ -210,3 +211,30 @@ def test_a_reference_that_crashes_under_the_ports_autocast_runs_again_as_written
     assert read_run(out / REF_UNDER_AUTOCAST).manifest.status == "crashed"
     assert read_run(out / "ref").manifest.autocast == "" and len(read_run(out / "ref").ranks) == 2
     assert "node 1, ref: ok" in output1 and "node 1, calibration: ok" in output1, output1
+
+
+def _trainer_bench():
+    """tests/perf/bench_trainer_pair.py: its tiny Trainer project (a GPT-2 of 2 layers, local text, no datasets)."""
+    path = Path(__file__).parents[1] / "perf" / "bench_trainer_pair.py"
+    spec = importlib.util.spec_from_file_location("bench_trainer_pair", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_a_trainer_port_passes_on_two_nodes_of_two_ranks_each_rank_reading_its_own_shard(tmp_path, monkeypatch):
+    """transformers' Trainer sets itself up from torchrun's variables (LOCAL_RANK, RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE): on node 1 its ranks are 2 and 3 of 4, whose batches are none of node 0's."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    original, port = _trainer_bench().write_project(tmp_path)
+    options = ["--nproc-per-node", "2", "--devices", "2", "--nnodes", "2", "--steps", "3", "-q", "--rdzv-timeout", "60"]
+    (code0, output0), (code1, output1) = two_nodes(original.name, port.name, *options, "-o", "pair", ports=3,
+                                                   cwd=tmp_path)
+    assert code0 == 0 and code1 == 0, output0 + output1
+    summary = json.loads((tmp_path / "pair" / "summary.json").read_text())
+    assert summary["reason"].startswith("PASS: on each of the 4 ranks, loss within"), summary["reason"]
+    assert sorted(map(len, summary["ranks"]["nodes"]["actual"].values())) == [2, 2]
+    first_losses = {rank.losses["loss"].iloc[0] for rank in read_run(tmp_path / "pair" / "ref").ranks}
+    assert len(first_losses) == 4  # 4 shards of the data, not node 1 reading node 0's
