@@ -23,8 +23,7 @@ from typing import Any, Callable
 
 from migrate.diff import unified_diff
 from migrate.files import PlanError, sha256, shown_path, write_atomic
-from rules import Settings, rule_by_code
-from rules.framework.original import mapped_line
+from rules import Settings, mapped_line, rule_by_code
 from verify.checklist_items import markdown_code, markdown_text
 
 FIX_RULES = ("AMP201", "AMP202")
@@ -127,9 +126,11 @@ def causes(summary: dict[str, Any], port: Path, original: Path, amp_effect: dict
     first = overflow.get("actual_first") or {}
     if first.get("dtype") in _HALF and (line := _line_in(first.get("source"), port)):
         found.append(Cause("overflow", f"{first['op']} overflows in {first['dtype']} at step {first['step']}", line))
+    # where the sides read other data, every op after it differs: an op that diverges is its symptom, not a cause
+    other_data = any(finding["code"] == "data_order" for finding in summary.get("findings", []))
     for finding in summary.get("findings", []):
         detail = finding.get("detail") or {}
-        if finding["code"] == "op_diverges" and detail.get("actual_dtype") in _HALF and (
+        if finding["code"] == "op_diverges" and not other_data and detail.get("actual_dtype") in _HALF and (
                 line := _line_in(detail.get("actual_source"), port)):
             found.append(Cause("op_diverges", finding["message"], line))
     effect_first = ((amp_effect or {}).get("overflow") or {}).get("actual_first") or {}

@@ -2,9 +2,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules import Case, PortRule, Settings, Unchanged, argument, has_star_args, keyword, replace_argument_value, \
-    with_args
-from rules.framework.original import LOADER, called_name, code, keyed_calls, parsed
+from rules import LOADER, Case, PortRule, Settings, Unchanged, argument, called_name, has_star_args, keyed_calls, \
+    keyword, node_code, parsed, replace_argument_value, with_args
 
 # The DataLoader arguments that decide which samples a batch holds and in what order, with their positions in
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, drop_last,
@@ -120,4 +119,4 @@ def _given_as(call: cst.Call, original: cst.Call, name: str, position: int) -> c
 
 def _value(given: cst.Arg | None) -> str:
     """An argument's value as written; None (every order argument's default) where it is not given."""
-    return code(given.value) if given is not None else "None"
+    return node_code(given.value) if given is not None else "None"

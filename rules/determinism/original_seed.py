@@ -3,9 +3,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules import Case, PortRule, Settings, Unchanged, findall
-from rules.framework.positions import Positions
-from rules.framework.original import called_name, code, keyed_calls, loader_arguments, mapped_line, parsed
+from rules import Case, Positions, PortRule, Settings, Unchanged, called_name, findall, keyed_calls, \
+    loader_arguments, mapped_line, node_code, parsed
 
 # The last names of the calls that seed a generator: random.seed, numpy.random.seed, torch.manual_seed,
 # torch.cuda.manual_seed_all, a Generator's manual_seed, transformers.set_seed, lightning's seed_everything, ...
@@ -19,7 +18,7 @@ def _key(outside: set[cst.Call]):
     def key(call: cst.Call) -> str | None:
         if call in outside or called_name(call) not in _SEEDERS:
             return None
-        return code(call.func).replace(".cuda.", ".npu.").replace("torch_npu.npu.", "torch.npu.")
+        return node_code(call.func).replace(".cuda.", ".npu.").replace("torch_npu.npu.", "torch.npu.")
     return key
 
 
@@ -130,11 +129,12 @@ class OriginalSeed(PortRule):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         theirs = self._theirs.get(self._mine.get(original_node))  # type: ignore[arg-type]
-        if theirs is None or [code(a.value) for a in theirs.args] == [code(a.value) for a in updated_node.args]:
+        if theirs is None or [node_code(a.value) for a in theirs.args] == [
+                node_code(a.value) for a in updated_node.args]:
             return updated_node
         new = updated_node.with_changes(args=theirs.args)
         return self.replace(original_node, updated_node, new,
-                            f"seeded as the original: {code(new)} (was {code(updated_node)})")
+                            f"seeded as the original: {node_code(new)} (was {node_code(updated_node)})")
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
@@ -143,5 +143,5 @@ class OriginalSeed(PortRule):
         if not seeds:
             return updated_node
         return self.replace(original_node, updated_node, cst.FlattenSentinel([*seeds, updated_node]),
-                            f"seeded as the original: {'; '.join(code(s).strip() for s in seeds)} inserted (the "
+                            f"seeded as the original: {'; '.join(node_code(s).strip() for s in seeds)} inserted (the "
                             "port lacked it)", at=original_node)

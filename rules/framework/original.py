@@ -28,7 +28,7 @@ def parsed(source: str) -> cst.Module:
     return cst.parse_module(source)
 
 
-def code(node: cst.CSTNode) -> str:
+def node_code(node: cst.CSTNode) -> str:
     return _EMPTY.code_for_node(node)
 
 
