@@ -23,10 +23,14 @@ from typing import Any, Callable
 
 from migrate.diff import unified_diff
 from migrate.files import PlanError, sha256, shown_path, write_atomic
-from rules import Settings, rule_by_code
+from rules import Settings, mapped_line, rule_by_code
 from verify.checklist_items import markdown_code, markdown_text
 
 FIX_RULES = ("AMP201", "AMP202")
+# with a `data_order` cause: the port's seeds and DataLoader order made the original's, and DATA002's set_epoch where
+# the original calls it
+ORDER_RULES = ("DET201", "DATA201")
+EPOCH_RULE = "DATA002"
 FIXED_SUFFIX = "_fixed"
 _HALF = ("float16", "bfloat16")
 # verify's finding codes a fix never touches: a port bug, named and left (issue 47)
@@ -34,8 +38,14 @@ NEVER_FIXED = {
     "hparam_mismatch": "a changed hyperparameter: make the port's value the original's",
     "op_changed": "a changed operator (activation, reduction, its settings): call the original's",
     "grads_not_reset": "a dropped zero_grad: reset the gradients where the original does",
-    "data_order": "another data order: seed and order the data as the original does",
+    "data_hparam": "a changed DataLoader batch_size or drop_last: make the port's value the original's",
 }
+# what is said of a cause a fix could act on but whose rewrite changed nothing
+UNFIXED = {"data_order": "no seed or DataLoader order argument of the port differs from the original's: seed and "
+                         "order the data as the original does (a file listing, a sampler, the data itself)"}
+ADVICE = {**NEVER_FIXED, **UNFIXED}
+# the DataLoader settings verify records whose difference is a port's changed hyperparameter
+_DATA_HPARAMS = (".batch_size", ".drop_last")
 # The pair's options a round passes on (flags, and options with a value); the reference and output are the round's.
 _FLAGS = ("--no-dropout", "--no-align-random", "--exact-emulation")
 _VALUED = ("--device-ref", "--timeout", "--devices", "--nproc-per-node", "--calibration-runs", "--op-mapping",
@@ -108,19 +118,24 @@ def _carried(command: list[str]) -> list[str]:
 def causes(summary: dict[str, Any], port: Path, original: Path, amp_effect: dict[str, Any] | None) -> list[Cause]:
     """The causes in one verify summary a fix can act on, and those it names and leaves (line and scale None)."""
     port_text, original_text = port.read_text(encoding="utf-8"), original.read_text(encoding="utf-8")
-    found = [Cause(f["code"], f["message"]) for f in summary.get("findings", []) if f["code"] in NEVER_FIXED]
+    found = [Cause(f["code"], f["message"]) for f in summary.get("findings", []) if f["code"] in ADVICE]
+    found += [Cause("data_hparam", f"{d['setting']} differs: ref {d['ref']}, port {d['actual']}")
+              for d in summary.get("environment_differences") or []
+              if d["setting"].startswith("data_loaders.") and d["setting"].endswith(_DATA_HPARAMS)]
     overflow = summary.get("overflow") or {}
     first = overflow.get("actual_first") or {}
     if first.get("dtype") in _HALF and (line := _line_in(first.get("source"), port)):
         found.append(Cause("overflow", f"{first['op']} overflows in {first['dtype']} at step {first['step']}", line))
+    # where the sides read other data, every op after it differs: an op that diverges is its symptom, not a cause
+    other_data = any(finding["code"] == "data_order" for finding in summary.get("findings", []))
     for finding in summary.get("findings", []):
         detail = finding.get("detail") or {}
-        if finding["code"] == "op_diverges" and detail.get("actual_dtype") in _HALF and (
+        if finding["code"] == "op_diverges" and not other_data and detail.get("actual_dtype") in _HALF and (
                 line := _line_in(detail.get("actual_source"), port)):
             found.append(Cause("op_diverges", finding["message"], line))
     effect_first = ((amp_effect or {}).get("overflow") or {}).get("actual_first") or {}
     if effect_first.get("dtype") in _HALF and (line := _line_in(effect_first.get("source"), original)):
-        if (mapped := _mapped_line(original_text, port_text, line)) is not None:
+        if (mapped := mapped_line(original_text, port_text, line)) is not None:
             found.append(Cause("overflow", f"--amp-effect: {effect_first['op']} overflows in {effect_first['dtype']} "
                                f"at step {effect_first['step']} where fp32 does not (the original's line {line})",
                                mapped))
@@ -142,16 +157,6 @@ def _line_in(source: str | None, path: Path) -> int | None:
     return int(line) if Path(name).name == path.name and line.isdigit() else None
 
 
-def _mapped_line(original: str, port: str, line: int) -> int | None:
-    """The port's line holding the original's `line` (compared stripped: migrate indents what it wraps)."""
-    matcher = difflib.SequenceMatcher(None, [s.strip() for s in original.splitlines()],
-                                      [s.strip() for s in port.splitlines()], autojunk=False)
-    for a, b, size in matcher.get_matching_blocks():
-        if a < line <= a + size:
-            return b + line - a
-    return None
-
-
 def fixed_path(port: Path) -> Path:
     return port.with_name(f"{port.stem}{FIXED_SUFFIX}{port.suffix}")
 
@@ -165,13 +170,17 @@ def fix_folder(pair: Path) -> Path:
     return folder
 
 
-def rewrite(text: str, path: Path, fixable: list[Cause]) -> tuple[str, list[dict[str, Any]]]:
+def rewrite(text: str, path: Path, fixable: list[Cause], original: str) -> tuple[str, list[dict[str, Any]]]:
     from migrate.engine import migrate_source  # the engine loads libcst: only when a port is rewritten
 
     lines = tuple(sorted({cause.line for cause in fixable if cause.line is not None}))
     scales = [cause.init_scale for cause in fixable if cause.init_scale is not None]
-    settings = Settings(fp32_lines=lines, init_scale=min(scales) if scales else None)
-    result = migrate_source(text, path.name, settings, rules=[rule_by_code(code) for code in FIX_RULES])
+    order = any(cause.code == "data_order" for cause in fixable)
+    settings = Settings(fp32_lines=lines, init_scale=min(scales) if scales else None,
+                        original_source=original if order else None)
+    codes = [*FIX_RULES, *(ORDER_RULES if order else ()), *((EPOCH_RULE,) if order and ".set_epoch(" in original
+                                                          else ())]
+    result = migrate_source(text, path.name, settings, rules=[rule_by_code(code) for code in codes])
     return result.code, [{"code": f.code, "at": f"{path.name}:{f.line}", "message": f.message}
                          for f in result.findings]
 
@@ -183,7 +192,7 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
     target, folder = fixed_path(port), fix_folder(pair_folder)
     _refuse_edited(target, pair_folder)
     folder.mkdir(parents=True)
-    user_text = port.read_text(encoding="utf-8")
+    user_text, original_text = port.read_text(encoding="utf-8"), pair.original.read_text(encoding="utf-8")
     text, summary, effect = user_text, pair.summary, _amp_effect(pair_folder)
     done: list[Round] = []
     left: list[Cause] = []
@@ -194,8 +203,9 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
         found = causes(summary, current, pair.original, effect)
         fixable = [cause for cause in found if cause.code not in NEVER_FIXED]
         left = [cause for cause in found if cause.code in NEVER_FIXED]
-        new, rewrites = rewrite(text, target, fixable) if fixable else (text, [])
+        new, rewrites = rewrite(text, target, fixable, original_text) if fixable else (text, [])
         if new == text:
+            left += [cause for cause in fixable if cause.code in UNFIXED]
             say(f"round {number}: nothing to fix")
             break
         write_atomic(target, new.encode("utf-8"))
@@ -218,7 +228,7 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
         if passed:
             break
     for cause in left:
-        say(f"left as it is: {cause.code}: {cause.message}: {NEVER_FIXED[cause.code]}")
+        say(f"left as it is: {cause.code}: {cause.message}: {ADVICE[cause.code]}")
     patch = unified_diff(user_text, text, str(port), str(target))
     _report(folder, port, target, pair, done, left, patch, passed)
     return passed and not left, folder
@@ -258,7 +268,7 @@ def _report(folder: Path, port: Path, target: Path, pair: Pair, done: list[Round
     record = {"port": str(port), "fixed": str(target), "fixed_sha256": written, "pair": str(pair.folder),
               "passed": passed and not left,
               "rounds": [asdict(r) for r in done], "left": [asdict(c) for c in left],
-              "never_fixed": {c.code: NEVER_FIXED[c.code] for c in left}}
+              "never_fixed": {c.code: ADVICE[c.code] for c in left}}
     write_atomic(folder / "fix.json", json.dumps(record, indent=1).encode("utf-8"))
     write_atomic(folder / "diff.patch", patch.encode("utf-8"))
     lines = [f"# Fix of {markdown_code(port.name)} from {markdown_code(shown_path(pair.folder))}", "",
@@ -271,6 +281,6 @@ def _report(folder: Path, port: Path, target: Path, pair: Pair, done: list[Round
         lines += [f"- verdict after: **{r.verdict}** {markdown_text(r.reason)}", ""]
     if left:
         lines += ["## Left as they are (a port bug: fix it by hand)", ""]
-        lines += [f"- {markdown_code(c.code)} {markdown_text(c.message)}: {markdown_text(NEVER_FIXED[c.code])}"
+        lines += [f"- {markdown_code(c.code)} {markdown_text(c.message)}: {markdown_text(ADVICE[c.code])}"
                   for c in left]
     write_atomic(folder / "fix.md", ("\n".join(lines) + "\n").encode("utf-8"))

@@ -33,6 +33,10 @@ _PUBLIC = {
         "backward_receivers", "is_innermost_training_loop", "is_optimizer", "method", "own_calls", "training_step",
         "trains",
     ),
+    "rules.framework.original": (
+        "LOADER", "called_name", "keyed_calls", "loader_arguments", "mapped_line", "node_code", "parsed",
+    ),
+    "rules.framework.positions": ("Positions",),
     "rules.framework.rule_set": ("RuleSet",),
     "rules.framework.tree": ("findall", "forget", "matches", "stored_attributes", "visit"),
     "rules.framework.types": ("Action", "AmpPolicy", "Finding", "Mode", "Safety", "Settings", "Severity"),

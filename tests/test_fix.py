@@ -1,5 +1,6 @@
-"""`migrate PORT --fix-from PAIR` (issue 47) on real pairs: scripts that overflow in fp16 are ported by migrate,
-verified by the verify CLI, and fixed; a port broken by a changed lr is left failing with its cause named."""
+"""`migrate PORT --fix-from PAIR` (issue 47) on real pairs: scripts that overflow in fp16, or whose port seeds or
+orders its data otherwise, are ported by migrate, verified by the verify CLI, and fixed; a port broken by a changed lr
+or batch size is left failing with its cause named."""
 
 import json
 import subprocess
@@ -117,3 +118,55 @@ def test_a_changed_lr_is_named_and_left_failing(tmp_path):
     assert record["rounds"] == [] and not record["passed"]
     assert [cause["code"] for cause in record["left"]] == ["hparam_mismatch"]
     assert "hparam\\_mismatch" in report or "hparam_mismatch" in report
+
+
+_LOADER = ("    loader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=8, shuffle=True, "
+           "generator=torch.Generator().manual_seed(7))\n")
+# The original shuffles with a generator of its own: its first batch and initial weights follow from seeds 0 and 7.
+_ORDERED = _SCRIPT.replace("import torch\n", "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n") \
+    .replace("    optimizer = ", _LOADER + "    optimizer = ").replace(
+    "    for step in range(6):\n        x = {scale} * torch.randn(16, 8, device=device)\n",
+    "    for step, (x,) in enumerate(loader):\n        x = x.to(device)\n")
+
+
+def _ordered_pair(tmp_path: Path, edit) -> tuple[Path, Path]:
+    original = tmp_path / "train.py"
+    original.write_text(_ORDERED.format(lines=PLAIN))
+    assert _run("-m", "migrate", "-q", original.name, cwd=tmp_path).returncode == 0
+    port = tmp_path / "train_npu.py"
+    port.write_text(edit(port.read_text()))
+    _run("-m", "verify", original.name, port.name, "--steps", "3", "-q", "-o", "pair", cwd=tmp_path)
+    return port, tmp_path / "pair"
+
+
+def _another_order(text: str) -> str:
+    """The port seeds with 1 where the original seeds with 0, and its DataLoader shuffles from the global generator."""
+    changed = text.replace("torch.manual_seed(0)", "torch.manual_seed(1)").replace(
+        ", generator=torch.Generator().manual_seed(7)", "")
+    assert changed.count("DataLoader(") == 1 and "manual_seed(1)" in changed and "generator=" not in changed
+    return changed
+
+
+def test_a_port_seeded_and_shuffled_otherwise_gets_the_originals_seed_and_generator(tmp_path):
+    port, pair = _ordered_pair(tmp_path, _another_order)
+    summary = json.loads((pair / "summary.json").read_text())
+    assert summary["verdict"] == "FAIL" and "data_order" in {f["code"] for f in summary["findings"]}
+    done, record, report = _fix(port, pair)
+    assert done.returncode == 0, done.stderr
+    fixed = (tmp_path / "train_npu_fixed.py").read_text()
+    assert "torch.manual_seed(0)" in fixed and "generator=torch.Generator().manual_seed(7))" in fixed
+    first = record["rounds"][0]
+    assert first["causes"][0]["code"] == "data_order"
+    assert sorted(r["code"] for r in first["rewrites"]) == ["DATA201", "DET201"]
+    assert first["verdict"] == "PASS" and record["passed"]
+    assert "`DET201`" in report and "`DATA201`" in report and "verdict after: **PASS**" in report
+
+
+def test_a_changed_batch_size_is_named_and_left_failing(tmp_path):
+    port, pair = _ordered_pair(tmp_path, lambda text: text.replace("batch_size=8", "batch_size=16"))
+    assert json.loads((pair / "summary.json").read_text())["verdict"] == "FAIL"
+    done, record, report = _fix(port, pair)
+    assert done.returncode == 1 and not (tmp_path / "train_npu_fixed.py").exists()
+    assert [(c["code"], c["message"]) for c in record["left"]] == [
+        ("data_hparam", "data_loaders.0.batch_size differs: ref 8, port 16")]
+    assert "batch\\_size" in report or "batch_size" in report

@@ -67,6 +67,9 @@ class Settings:
     # fp32), and the initial loss scale that the overflow record settled (AMP202).
     fp32_lines: tuple[int, ...] = ()
     init_scale: float | None = None
+    # The original's source, where verify found the port reads other data or initial weights (`data_order`): DET201
+    # and DATA201 give the port its seeds and data order.
+    original_source: str | None = None
 
 
 @dataclass(frozen=True)
