@@ -105,4 +105,5 @@ def test_a_swapped_activation_is_judged_against_the_envelope_and_says_so(tmp_pat
     first = summary["first_divergent"]
     assert first["stats_error"] > tolerances.ENVELOPE_FACTOR * first["envelope"]
     diverges = next(item for item in summary["findings"] if item["code"] == "op_diverges")
-    assert "where the reference differs from itself by" in diverges["message"]
+    # weighed against the calibration that computes as the port does, and against the reference's own noise
+    assert "from the reference, which differs from itself by" in diverges["message"], diverges["message"]

@@ -313,7 +313,12 @@ def _op_findings(first: dict[str, Any] | None, ref: Run, actual: Run, hparams: p
     code = FindingCode.NONDETERMINISM if same_script and same_device and not follows else FindingCode.OP_DIVERGES
     by_hand = _updates_by_hand(first, ref, actual)
     weighed = _against_noise(first["stats_error"], first.get("envelope"), first["tolerance"], ".3g", "stats error")
-    if not pd.isna(first.get("calibrated_error", np.nan)):
+    if first.get("calibrated_error", np.nan) > first.get("calibrated_tolerance", np.nan):
+        weighed = (f"the port differs by {first['calibrated_error']:.3g} from the reference's calibration run that "
+                   f"computes as the port's device does (tolerance {first['calibrated_tolerance']:.3g}), and by "
+                   f"{first['stats_error']:.3g} from the reference, which differs from itself by "
+                   f"{first['envelope']:.3g} (tolerance {first['tolerance']:.3g})")
+    elif not pd.isna(first.get("calibrated_error", np.nan)):
         weighed += (f", and by {first['calibrated_error']:.3g} from the reference's calibration run that computes as "
                     "the port's device does")
     placed = lines.place(first["ref_source"], first["actual_source"])
@@ -609,6 +614,9 @@ def verdict(findings: list[Finding], loss: LossComparison, table: pd.DataFrame, 
         loss_text = (f"{outputs['overall']['outputs']} inference output(s) within the criterion at every step: "
                      f"{output_figures(outputs['overall'])}")
     within = "within the reference's own noise" if "envelope" in table else "within tolerance"
+    if "calibrated_tolerance" in table:
+        within += (" and the accuracy standard of the reference's calibration run that computes as the port's device "
+                   "does")
     ops_text = (f"operators not compared: {ops_not_compared}" if ops_not_compared else
                 f"{int(table['status'].isin(MATCHED_STATUSES).sum())} op records matched, all {within}")
     ending = f"; {shared_ending.split(';')[0]}" if shared_ending else ""

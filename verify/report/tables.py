@@ -131,8 +131,14 @@ def other_ranks_line(result: ComparisonResult) -> str:
 
 
 def error_ratio(ops: pd.DataFrame) -> pd.Series:
-    """stats_error / tolerance: inf for any error where none is tolerated (integers), NaN where nothing was judged."""
-    return ops["stats_error"].astype("float64") / ops["tolerance"].astype("float64")
+    """stats_error / tolerance: inf for any error where none is tolerated (integers), NaN where nothing was judged;
+    where the calibration run that computes as the port does judged a row too, the larger of that and
+    calibrated_error / calibrated_tolerance."""
+    ratio = ops["stats_error"].astype("float64") / ops["tolerance"].astype("float64")
+    if "calibrated_tolerance" not in ops:
+        return ratio
+    calibrated = ops["calibrated_error"].astype("float64") / ops["calibrated_tolerance"].astype("float64")
+    return ratio.where(ops["judged_by"].astype(str) != "calibration", np.fmax(ratio, calibrated))
 
 
 def worst_rows(ops: pd.DataFrame, count: int) -> pd.DataFrame:
