@@ -154,3 +154,42 @@ def test_a_kernel_off_from_a_later_step_of_a_chaotic_training_is_named_there(tmp
     assert first["actual_source"].startswith("train_npu.py:")
     assert first["stats_error"] < first["tolerance"]  # within 10 times the reference's own noise there
     assert first["calibrated_error"] > first["calibrated_tolerance"]
+
+
+FROZEN_ENCODER = '''import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+encoder = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).to(device).eval()
+head = nn.Linear(16, 1).to(device)
+optimizer = torch.optim.SGD(head.parameters(), lr=0.01)
+x, y = torch.randn(4, 8, 16), torch.randn(4, 1)
+for step in range(3):
+    with torch.no_grad():
+        features = encoder(x.to(device))
+    loss = nn.functional.mse_loss(head(features).mean(1), y.to(device))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+
+
+def test_a_fused_kernel_off_is_named_with_how_to_see_its_parts(tmp_path):
+    """A frozen nn.TransformerEncoderLayer takes PyTorch's fast path: one fused kernel, its ReLU inside it unrecorded
+    (the Lightning transformer example with its ReLU 1% off named aten._transformer_encoder_layer_fwd). The fused op
+    is named, and the advice says what it fuses and how to have its parts recorded (op_catalogue.FUSED)."""
+    original, port = tmp_path / "encoder.py", tmp_path / "encoder_npu.py"
+    original.write_text(FROZEN_ENCODER)
+    port.write_text(kernel_off(FROZEN_ENCODER.replace('"cuda" if torch.cuda.is_available() else "cpu"', '"npu"')
+                               .replace("import torch.nn as nn", "import torch.nn as nn\nimport torch_npu"),
+                               "relu", 1.01))
+    argv = [str(original), str(port), "-q", "-o", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert result.exit_code == 1 and summary["reason"].startswith(
+        "FAIL: first divergent operator: aten._transformer_encoder_layer_fwd (TransformerEncoderLayer forward, step 0"
+    ), summary["reason"]
+    advice = (tmp_path / "out" / "advice.txt").read_text()
+    assert "is a fused kernel of a whole nn.TransformerEncoderLayer" in advice
+    assert "torch.backends.mha.set_fastpath_enabled(False)" in advice

@@ -134,6 +134,19 @@ CONVOLUTIONS = frozenset({
     "aten.conv3d", "aten.conv_transpose1d", "aten.conv_transpose2d", "aten.conv_transpose3d",
     "aten.cudnn_convolution", "aten.mkldnn_convolution", "aten._slow_conv2d_forward",
 })
+# Kernels that compute several ops as one: the ops they fuse run below them, unrecorded, so where one diverges its
+# part that differs is not named. Per op: what it fuses, and how a script computes those parts as eager ops instead.
+# Measured: the Lightning transformer example with its ReLU's kernel 1% off named aten._transformer_encoder_layer_fwd
+# (nn.TransformerEncoderLayer's fast path, taken where no gradient is needed).
+_MHA_FASTPATH_OFF = "torch.backends.mha.set_fastpath_enabled(False)"
+FUSED: dict[str, tuple[str, str]] = {
+    "aten._transformer_encoder_layer_fwd": (
+        "a whole nn.TransformerEncoderLayer (attention, linear layers, activation, layer norms)", _MHA_FASTPATH_OFF),
+    "aten._native_multi_head_attention": ("nn.MultiheadAttention's projections and attention", _MHA_FASTPATH_OFF),
+    "aten._fused_adam_": ("Adam's whole update of every parameter", "Adam(..., fused=False)"),
+    "aten._fused_adamw_": ("AdamW's whole update of every parameter", "AdamW(..., fused=False)"),
+    "aten._fused_sgd_": ("SGD's whole update of every parameter", "SGD(..., fused=False)"),
+}
 # Environment settings (verify/record/environment.py's names) whose difference changes these ops' values by itself.
 CHANGED_BY_SETTING: dict[str, frozenset[str]] = {
     "precision.fp32_matmul": MATMULS,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from verify.compare.findings import Finding, FindingCode
-from verify.compare.op_catalogue import BUILT_IN, NONDETERMINISTIC, OpCatalogue
+from verify.compare.op_catalogue import BUILT_IN, FUSED, NONDETERMINISTIC, OpCatalogue
 from verify.record.schema import HALF_DTYPES
 
 @dataclass(frozen=True)
@@ -162,6 +162,10 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "layer or function, not a numerical issue, and every difference after it may follow from it. Port the "
         "original's op unless the change is intended."), ()),
     AdviceRule(FindingCode.OP_DIVERGES, (
+        "{op} is a fused kernel of {fuses}: the ops it fuses compute below it, unrecorded, so which of them differs "
+        "is not named. Verify again with {unfused_by} in both scripts: its parts are then recorded one by one."), (),
+        lambda finding: finding.detail.get("op") in FUSED),
+    AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} is nondeterministic on GPUs (atomic accumulation): first check that the reference is constant "
         "(`verify determinism`), with torch.use_deterministic_algorithms(True) on both sides."), ("C1",),
         lambda finding: finding.detail.get("op") in NONDETERMINISTIC and not _follows_hparams(finding)),
@@ -203,7 +207,8 @@ def advise(findings: list[Finding], catalogue: OpCatalogue = BUILT_IN) -> list[A
         changed_op = _changed_op(finding, catalogue)
         for rule in ADVICE_RULES:
             if rule.code is finding.code and rule.changed_op in (None, changed_op) and rule.applies(finding):
-                detail = {**finding.detail, "module": finding.detail.get("module") or "the top level (no module)"}
+                detail = {**finding.detail, "module": finding.detail.get("module") or "the top level (no module)",
+                          **dict(zip(("fuses", "unfused_by"), FUSED.get(finding.detail.get("op"), ())))}
                 text = rule.message.format_map(defaultdict(lambda: "?", detail))
                 if all(existing.message != text for existing in advice):
                     advice.append(Advice(finding.code, text, rule.checklist))
