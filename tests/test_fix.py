@@ -129,9 +129,9 @@ _ORDERED = _SCRIPT.replace("import torch\n", "import torch\nfrom torch.utils.dat
     "    for step, (x,) in enumerate(loader):\n        x = x.to(device)\n")
 
 
-def _ordered_pair(tmp_path: Path, edit) -> tuple[Path, Path]:
+def _ordered_pair(tmp_path: Path, edit, script: str = _ORDERED) -> tuple[Path, Path]:
     original = tmp_path / "train.py"
-    original.write_text(_ORDERED.format(lines=PLAIN))
+    original.write_text(script.format(lines=PLAIN))
     assert _run("-m", "migrate", "-q", original.name, cwd=tmp_path).returncode == 0
     port = tmp_path / "train_npu.py"
     port.write_text(edit(port.read_text()))
@@ -160,6 +160,21 @@ def test_a_port_seeded_and_shuffled_otherwise_gets_the_originals_seed_and_genera
     assert sorted(r["code"] for r in first["rewrites"]) == ["DATA201", "DET201"]
     assert first["verdict"] == "PASS" and record["passed"]
     assert "`DET201`" in report and "`DATA201`" in report and "verdict after: **PASS**" in report
+
+
+# pytorch/examples mnist's way: the order arguments in a dict the loader takes as **kwargs, updated from another.
+_KWARGS = _ORDERED.replace(_LOADER, "    kwargs = {{'batch_size': 8}}\n    accel = {{'shuffle': True}}\n"
+                           "    kwargs.update(accel)\n    loader = DataLoader(TensorDataset(torch.randn(64, 8)), **kwargs)\n")
+
+
+def test_a_port_unshuffled_in_its_loaders_kwargs_dict_gets_the_originals_shuffle_there(tmp_path):
+    port, pair = _ordered_pair(tmp_path, lambda text: text.replace("'shuffle': True", "'shuffle': False"), _KWARGS)
+    summary = json.loads((pair / "summary.json").read_text())
+    assert summary["verdict"] == "FAIL" and "data_order" in {f["code"] for f in summary["findings"]}
+    done, record, _ = _fix(port, pair)
+    assert done.returncode == 0, done.stderr
+    assert "accel = {'shuffle': True}" in (tmp_path / "train_npu_fixed.py").read_text()
+    assert [r["code"] for r in record["rounds"][0]["rewrites"]] == ["DATA201"] and record["passed"]
 
 
 def test_a_changed_batch_size_is_named_and_left_failing(tmp_path):

@@ -177,6 +177,23 @@ def test_a_gans_changed_generator_is_a_changed_op_not_different_data(tmp_path):
     assert (first["op"], first["actual_op"], first["step"]) == ("aten.relu", "aten.gelu", 0)
 
 
+def test_an_unshuffled_batch_is_other_data_where_the_calibration_rounds_the_data_pipeline(tmp_path):
+    """--no-match-amp: the calibration rounds every result in fp16, the worker's normalisation too, so the batch's
+    envelope is 0.00016; ten times it let the unshuffled port's first batch (0.0005 off) pass as noise, and no
+    data_order was named (pytorch/examples mnist, `'shuffle': False` in its kwargs). A batch read is data."""
+    code = (SCRIPTS / "near_batches.py").read_text()
+    port = tmp_path / "near_batches_npu.py"
+    port.write_text(code.replace("import torch\n", "import torch\nimport torch_npu\n", 1)
+                    .replace('"cuda" if torch.cuda', '"npu" if torch.npu').replace("shuffle=True", "shuffle=False")
+                    .replace("    loss = F.mse_loss(model(x), y)\n",
+                             "    with torch.autocast(device, dtype=torch.float16):\n"
+                             "        loss = F.mse_loss(model(x), y)\n"))
+    exit_code, summary, _ = verify(SCRIPTS / "near_batches.py", port, "--no-match-amp", "-n", STEPS, "-q", "-o",
+                                   tmp_path / "out")
+    assert exit_code == 1 and summary["reason"].startswith("FAIL: the sides read different data"), summary["reason"]
+    assert finding(summary, "data_order")["detail"]["source"] == "inputs"
+
+
 def test_a_discriminators_batch_copied_from_its_generator_is_judged_as_computed(tmp_path):
     """The discriminator's batch made by the generator, detached and copied (aten.clone, a carrier between), is the
     generator's output, judged with its op's tolerance; the batch read (`real`) with the data's (batch_rtol)."""
