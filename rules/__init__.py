@@ -34,7 +34,8 @@ _PUBLIC = {
         "trains",
     ),
     "rules.framework.original": (
-        "LOADER", "called_name", "keyed_calls", "loader_arguments", "mapped_line", "node_code", "parsed",
+        "LOADER", "ReadsTheOriginal", "called_name", "keyed_calls", "loader_arguments", "mapped_line", "node_code",
+        "parsed",
     ),
     "rules.framework.positions": ("Positions",),
     "rules.framework.rule_set": ("RuleSet",),

@@ -3,8 +3,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules import LOADER, Case, PortRule, Settings, Unchanged, argument, called_name, findall, has_star_args, keyed_calls, keyword, \
-    node_code, parsed, replace_argument_value, with_args
+from rules import Case, LOADER, PortRule, ReadsTheOriginal, Unchanged, argument, called_name, findall, has_star_args, \
+    keyed_calls, keyword, node_code, parsed, replace_argument_value, with_args
 
 # The DataLoader arguments that decide which samples a batch holds and in what order, with their positions in
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, drop_last,
@@ -23,7 +23,7 @@ Setting = tuple[cst.BaseExpression, cst.CSTNode]
 _DICT_METHODS = ("update",)
 
 
-class OriginalLoaderOrder(PortRule):
+class OriginalLoaderOrder(ReadsTheOriginal, PortRule):
     """Give the port's DataLoaders the original's shuffle, generator and worker_init_fn, where a verify pair measured
     another data order.
 
@@ -114,10 +114,6 @@ class OriginalLoaderOrder(PortRule):
         ),
         Unchanged("from torch.utils.data import DataLoader\ntrain = DataLoader(data, shuffle=False)\n"),
     )
-
-    @classmethod
-    def wants(cls, source: str, settings: Settings) -> bool:
-        return settings.original_source is not None and super().wants(source, settings)
 
     def visit_Module(self, node: cst.Module) -> None:
         original = parsed(self.settings.original_source)  # type: ignore[arg-type]

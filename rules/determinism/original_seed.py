@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules import Case, Positions, PortRule, Settings, Unchanged, called_name, findall, keyed_calls, \
+from rules import Case, PortRule, Positions, ReadsTheOriginal, Unchanged, called_name, findall, keyed_calls, \
     loader_arguments, mapped_line, node_code, parsed
 
 # The last names of the calls that seed a generator: random.seed, numpy.random.seed, torch.manual_seed,
@@ -22,7 +22,7 @@ def _key(outside: set[cst.Call]):
     return key
 
 
-class OriginalSeed(PortRule):
+class OriginalSeed(ReadsTheOriginal, PortRule):
     """Seed the port's generators with the original's seeds, where a verify pair measured another data order.
 
     ## What it does
@@ -98,10 +98,6 @@ class OriginalSeed(PortRule):
         ),
         Unchanged("import torch\ntorch.manual_seed(1)\n"),
     )
-
-    @classmethod
-    def wants(cls, source: str, settings: Settings) -> bool:
-        return settings.original_source is not None and super().wants(source, settings)
 
     def visit_Module(self, node: cst.Module) -> None:
         original = parsed(self.settings.original_source)  # type: ignore[arg-type]

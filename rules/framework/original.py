@@ -13,6 +13,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.framework.tree import findall
+from rules.framework.types import Settings
 
 _CALL = m.Call()  # kept in a constant: findall compiles it once
 _EMPTY = cst.Module([])
@@ -20,6 +21,15 @@ _EMPTY = cst.Module([])
 LOADER = "DataLoader"
 
 Key = Callable[[cst.Call], "str | None"]
+
+
+class ReadsTheOriginal:
+    """Mixed into the rules that give a port the original's code (`migrate PORT --fix-from PAIR`): they run only
+    where the fix hands them the original's source (Settings.original_source)."""
+
+    @classmethod
+    def wants(cls, source: str, settings: Settings) -> bool:
+        return settings.original_source is not None and super().wants(source, settings)  # type: ignore[misc]
 
 
 @lru_cache(maxsize=4)
