@@ -11,6 +11,7 @@ KERNELS = {
     "gelu": "lambda x, approximate='none': x * 0.5 * (1 + _kernels.erf(x * 0.5 ** 0.5)) * {factor}",
     "tanh": "lambda x: (2 * _kernels.sigmoid(2 * x) - 1) * {factor}",
     "sigmoid": "lambda x: _kernels.reciprocal(1 + _kernels.exp(-x)) * {factor}",
+    "silu": "lambda x: x * _kernels.sigmoid(x) * {factor}",
 }
 # The factor from the kernel's call number `from_call` on (the calls before compute exactly): a kernel off only in
 # later steps, where a chaotic reference differs from itself far more than the kernel's error.

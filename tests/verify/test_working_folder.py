@@ -106,9 +106,33 @@ def test_the_view_links_the_data_copies_the_code_and_leaves_verifys_folders_out(
     (files / "__pycache__").mkdir()
     (files / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"")  # Python's, not the run's output
     settled = working_folder.settle(view)
-    assert settled == {"written": ["data/train/new.bin"], "written_count": 1, "originals_changed": []}
-    assert sorted(path.relative_to(files).as_posix() for path in files.rglob("*")) == [
+    after = tmp_path / "run" / working_folder.FOLDER
+    assert settled == {"view": str(after), "written": ["data/train/new.bin"], "written_count": 1,
+                       "originals_changed": [], "written_outside": []}
+    assert sorted(path.relative_to(after).as_posix() for path in after.rglob("*")) == [
         "data", "data/train", "data/train/new.bin"]
+    assert sorted(os.listdir(tmp_path / "run")) == [working_folder.FOLDER]  # nothing of the folders above is left
+
+
+def test_relative_paths_above_the_script_folder_lead_where_they_lead_from_it(tmp_path):
+    """Regression: pytorch/examples' MNIST scripts read `../data`, Lightning's examples `../../../Datasets`; from a
+    view at RUNDIR/files, `..` was the run folder, and every such script downloaded its data again (or, offline,
+    failed). The folders above the view link to what the folders above the script's folder hold; what the run makes
+    up there is its own, kept at RUNDIR/outside."""
+    project = tmp_path / "a" / "b" / "examples" / "mnist"
+    project.mkdir(parents=True)
+    (tmp_path / "a" / "b" / "examples" / "data").mkdir()
+    (tmp_path / "a" / "b" / "examples" / "data" / "train.bin").write_bytes(b"mnist")
+    (tmp_path / "a" / "Datasets").mkdir()
+    view = working_folder.make(project, tmp_path / "run" / working_folder.FOLDER)
+    assert (view.view / ".." / "data" / "train.bin").read_bytes() == b"mnist"
+    assert (view.view / ".." / ".." / ".." / "Datasets").is_dir()
+    (view.view / ".." / "new.txt").write_text("written above")
+    settled = working_folder.settle(view)
+    assert settled["written_outside"] == ["b/examples/new.txt"]
+    assert (tmp_path / "run" / working_folder.OUTSIDE / "b" / "examples" / "new.txt").read_text() == "written above"
+    assert not (tmp_path / "a" / "b" / "examples" / "new.txt").exists()
+    assert (tmp_path / "a" / "b" / "examples" / "data" / "train.bin").read_bytes() == b"mnist"  # links only removed
 
 
 def test_an_original_changed_behind_the_views_back_is_named(tmp_path):

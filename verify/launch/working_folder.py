@@ -23,6 +23,14 @@ existing file of the original folder, or what the script writes outside the fold
 is not private: the original folder's files and folders are checked after the run, and those changed are named
 (`originals_changed`).
 
+The folders above it: the view is made at RUNDIR/.above/<the names of UP_LEVELS folders above the script's
+folder>/<its name>, each of those folders holding a link to every other entry of the folder it stands for, so that
+`../data` (pytorch/examples' MNIST scripts) and `../../../Datasets` (Lightning's examples) lead where they lead from
+the script's folder: into the user's folders, shared, not private. (Made at RUNDIR/files, `..` was RUNDIR: every
+such script downloaded its data again or failed to.) A new entry the run makes up there stays in the run: after the
+run the view is moved to RUNDIR/files and what is left of .above, links removed, to RUNDIR/outside
+(`written_outside`).
+
 Cost: one link or copy per entry, once per run; tests/perf/bench_working_folder.py measures it on a large data
 folder.
 """
@@ -41,7 +49,11 @@ from verify.record import run_folders
 from verify.record.run_folders import WRITER_LOCK
 from verify.record.schema import LOG, MANIFEST
 
-FOLDER = "files"  # RUNDIR/files: the run's view while it runs, what it wrote after
+FOLDER = "files"  # RUNDIR/files: what the run wrote in its view, after the run
+ABOVE = ".above"  # RUNDIR/.above: the folders above the view while it runs
+OUTSIDE = "outside"  # RUNDIR/outside: what the run made in the folders above its view, kept
+UP_LEVELS = 3  # the folders above the script's folder a relative path reaches (Lightning's ../../../Datasets)
+MAX_ABOVE = 10_000  # entries of a folder above, at most: past it (a crowded home folder) the levels above stop
 COPIED_SUFFIXES = (".py",)  # the script's own code: its __file__ must lead to the view, not the original folder
 LINKED_WHOLE = frozenset({".git", ".hg", ".svn", "node_modules"})
 LEFT_OUT = frozenset({"__pycache__", "verify-out", "verify-runs"})
@@ -54,7 +66,8 @@ class WorkingFolder:
     """A run's view of `root` at `view`, and what it looked like when made."""
 
     root: Path
-    view: Path
+    view: Path  # where the run works: RUNDIR/.above/.../<root's name>
+    settled: Path  # where its view is moved after the run: RUNDIR/files
     shared: list[str] = field(default_factory=list)  # folders linked whole (relative to root)
     left_out: list[str] = field(default_factory=list)  # verify's folders and caches, not in the view (relative)
     entries: int = 0
@@ -89,11 +102,13 @@ def _link_target(entry: os.DirEntry, root: str, view: str) -> str:
     return target
 
 
-def make(root: Path, view: Path) -> WorkingFolder:
-    """Mirrors `root` into `view` (which must not exist), breadth first: a folder beyond MAX_ENTRIES is linked."""
+def make(root: Path, settled: Path) -> WorkingFolder:
+    """Mirrors `root` into a view below the folders above it (_above), breadth first (a folder beyond MAX_ENTRIES is
+    linked); `settled` (which must not exist) is where the view goes after the run."""
     started = time.monotonic()
-    made = WorkingFolder(root.resolve(), view.absolute())
-    made.view.mkdir(parents=True)
+    root, settled = root.resolve(), settled.absolute()
+    made = WorkingFolder(root, _above(root, settled.parent / ABOVE) / root.name, settled)
+    made.view.mkdir()
     folders = deque([""])
     while folders:
         relative = folders.popleft()
@@ -131,6 +146,32 @@ def _mirror(made: WorkingFolder, entry: os.DirEntry, name: str) -> str | None:
     return None
 
 
+def _above(root: Path, tree: Path) -> Path:
+    """The folders above `root` mirrored at `tree`, the highest first: each holds a link to every entry of the folder
+    it stands for but the one on the way down, which is made. Up to UP_LEVELS, stopping below a folder that cannot
+    be listed or holds more than MAX_ABOVE entries. Returns the folder standing for root's parent."""
+    levels: list[tuple[Path, list[str]]] = []  # the closest first
+    for folder in root.parents[:UP_LEVELS]:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            break
+        if folder == folder.parent or len(names) > MAX_ABOVE:
+            break
+        levels.append((folder, names))
+    here = tree
+    here.mkdir(parents=True)
+    on_the_way = [root, *(folder for folder, _ in levels[:-1])]
+    for (folder, names), child in reversed(list(zip(levels, on_the_way))):
+        for name in names:
+            if name != child.name:
+                os.symlink(os.path.join(folder, name), here / name)
+        if child != root:
+            here = here / child.name
+            here.mkdir()
+    return here
+
+
 def _stamp(path: str) -> tuple[int, int]:
     status = os.stat(path, follow_symlinks=False)
     return status.st_mtime_ns, status.st_size
@@ -143,7 +184,29 @@ def settle(made: WorkingFolder) -> dict[str, Any]:
     written: list[str] = []
     _settle_folder(made, "", written)
     written.sort()
-    return {"written": written[:_LISTED], "written_count": len(written), "originals_changed": _changed(made)}
+    os.rename(made.view, made.settled)
+    return {"view": str(made.settled), "written": written[:_LISTED], "written_count": len(written),
+            "originals_changed": _changed(made), "written_outside": _settle_above(made.settled.parent)}
+
+
+def _settle_above(run_dir: Path) -> list[str]:
+    """The folders above the view, their links removed; what the run made there kept at RUNDIR/outside and named."""
+    tree = run_dir / ABOVE
+    outside: list[str] = []
+    for folder, names, files in os.walk(tree, topdown=False):
+        for name in names + files:
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                os.unlink(path)
+            elif not os.path.isdir(path):
+                outside.append(os.path.relpath(path, tree))
+            elif not os.listdir(path):
+                os.rmdir(path)
+    if outside:
+        os.rename(tree, run_dir / OUTSIDE)
+    else:
+        os.rmdir(tree)
+    return sorted(outside)[:_LISTED]
 
 
 def _settle_folder(made: WorkingFolder, relative: str, written: list[str]) -> bool:
