@@ -98,6 +98,10 @@ def test_a_loss_scale_that_overflows_at_every_step_starts_lower(tmp_path):
     summary = json.loads((pair / "summary.json").read_text())
     trace = summary["overflow"]["actual_scale"]
     assert trace["skipped"] == [0, 1, 2] and trace["scales"] == [65536.0, 32768.0, 16384.0]
+    # the reference followed the port's scaler and skipped alike, but the original has none: the port never trained
+    assert summary["verdict"] == "FAIL" and "updates_skipped" in [finding["code"] for finding in summary["findings"]]
+    assert "skipped the update of each of its 3 steps (loss scale 65536 down to 16384)" in summary["reason"]
+    assert any("init_scale=2.0**k) with 2**k below 16384" in advice for advice in summary["advice"])
     assert summary["pair"]["amp_effect"]["passed"] is False  # the fp32 reference updates where the port skips
     done, record, report = _fix(port, pair)
     assert done.returncode == 0, done.stderr

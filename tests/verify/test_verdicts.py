@@ -392,6 +392,39 @@ def test_fp16_without_loss_scaling_overflows_and_is_told_to_scale(tmp_path):
     assert "GradScaler" in advice and "C4" in advice
 
 
+_SCALED_FROM_THE_START = """import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(8, 8).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cuda")
+for step in range(3):
+    x = torch.randn(16, 8).cuda()
+    optimizer.zero_grad()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x).mean() * 1000  # gradients of ~8: at a scale of 2**16 and its halvings they overflow fp16
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+"""
+
+
+def test_an_original_whose_own_grad_scaler_skips_every_step_passes_with_its_port_and_says_so(tmp_path):
+    """The original's own GradScaler skips every update of a short run, as its faithful port's does: nothing the
+    port changed, so no updates_skipped finding (that is for a port whose original has no loss scaler, test_fix.py),
+    but the PASS says that no update was compared."""
+    original = tmp_path / "train.py"
+    original.write_text(_SCALED_FROM_THE_START)
+    port = tmp_path / "train_npu.py"
+    port.write_text(migrate_source(_SCALED_FROM_THE_START, "train.py", Settings(is_entry=True)).code)
+    exit_code, summary, _ = verify(original, port, "-n", 3, "-q", "-o", tmp_path / "out")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    assert summary["overflow"]["actual_scale"]["skipped"] == summary["overflow"]["ref_scale"]["skipped"] == [0, 1, 2]
+    assert "updates_skipped" not in codes(summary)
+    assert any(note.startswith("neither side applied an update") for note in summary["notes"])
+
+
 def test_a_removed_zero_grad_diverges_in_the_gradients_of_the_second_step(tmp_path, reference):
     exit_code, summary, out = against_reference(tmp_path, reference, "        optimizer.zero_grad()\n", "")
     assert exit_code == 1

@@ -95,6 +95,7 @@ class StepRecorder:
         self._step_open = False  # without an optimizer: a step began with a forward and ends at the next one
         self._in_backward = False
         self._last_scaled: tuple[Any, Any, float] | None = None  # (scaled loss, loss, scale) from GradScaler.scale
+        self._script_scaler: dict[str, Any] = {}  # the script's own GradScaler (script_scaler), where it has one
         plan = manifest.loss_scaler_plan  # a reference following the port's GradScaler
         self.twin = LossScalerTwin(LossScalerPlan.from_record(plan)) if plan else None
         self.followed = followed(manifest)  # the port this reference follows while both run; its twin comes from it
@@ -265,7 +266,8 @@ class StepRecorder:
         # record (its get_scale() says 1.0, which would read as a collapsed scale).
         if self.enabled and hasattr(outputs, "detach") and scaler.is_enabled():
             self._last_scaled = (scaled, outputs, scaler.get_scale())
-            self.manifest.loss_scaler = self.manifest.loss_scaler or script_scaler(scaler)
+            self._script_scaler = self._script_scaler or script_scaler(scaler)
+            self.manifest.loss_scaler = self.manifest.loss_scaler or self._script_scaler
         return scaled
 
     def _scaler_step(self, original, scaler, optimizer, *args, **kwargs):
@@ -417,8 +419,9 @@ class StepRecorder:
         ended = (step, shipment, ops, samples, self._losses, self._hparams, self._grads, outputs,
                  self._resets.take() or self._carried_grads)
         self._carried_grads = None
-        if self.twin is not None:
-            self.manifest.loss_scaler = self.twin.record()
+        if self.twin is not None:  # a script scaling by itself as well keeps saying so: it would skip by itself
+            self.manifest.loss_scaler = self.twin.record() | ({"script_scaler": self._script_scaler}
+                                                              if self._script_scaler else {})
         self._losses, self._hparams, self._grads, self._outputs = [], [], [], []
         self.steps_done += 1
         self.manifest.steps_completed = self.steps_done

@@ -237,6 +237,12 @@ def _scale_trace(run: Run) -> dict[str, Any]:
         # a dynamic scaler grows after `interval` steps without overflow; one that never does is static or stuck
         "stuck": bool(len(scale) and (not run.manifest.loss_scaler.get("dynamic", True) or (
             interval and _longest_unskipped_run(scale.index, skipped) > interval and not (scale.diff() > 0).any()))),
+        # no optimizer update at all: the run proves nothing of training. One skipped step is a GradScaler's usual
+        # first back-off, so it takes two.
+        "every_update_skipped": bool(len(scale) >= tolerances.MIN_STEPS_NEVER_UPDATED and not applied),
+        # a reference without a GradScaler of its own that follows the port's (LossScalerTwin) skips where the port
+        # did, and only because it did
+        "follows_port": "twin" in run.manifest.loss_scaler and "script_scaler" not in run.manifest.loss_scaler,
     }
 
 
@@ -287,6 +293,18 @@ def compare_overflow(ref: Run, actual: Run, measured: Envelope | None = None) ->
     return {"ref_first": ref_first, "actual_first": actual_first, "one_sided": one_sided and not by_noise,
             "firsts_within_noise": by_noise, **_skips_by_noise(_one_sided_skips(ref, actual), measured),
             "ref_scale": _scale_trace(ref), "actual_scale": _scale_trace(actual)}
+
+
+def never_updated(overflow: dict[str, Any]) -> str:
+    """Which side's loss scaler skipped every update of the run for itself: "actual" (the port, whose reference only
+    followed it: the original, which has no loss scaler, updates at each step), "both" (each side's own GradScaler)
+    or ""."""
+    ref, actual = overflow["ref_scale"], overflow["actual_scale"]
+    if not actual["every_update_skipped"]:
+        return ""
+    if ref.get("follows_port"):
+        return "actual"
+    return "both" if ref["every_update_skipped"] else ""
 
 
 def overflow_timing_is_noise(measured: Envelope | None) -> bool:

@@ -18,7 +18,7 @@ from verify.compare.code_lines import CodeLines, Placement
 from verify.compare.crashes import crash_identity, escaped_exception
 from verify.compare.metrics import TOP_K
 from verify.compare.op_catalogue import CARRIERS, CHANGED_BY_SETTING, OpCatalogue
-from verify.compare.curves import LossComparison
+from verify.compare.curves import LossComparison, never_updated
 from verify.compare.op_verdicts import MODEL_PHASES, one_sided_producers, op_label, source_text
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
@@ -51,6 +51,8 @@ class FindingCode(str, Enum):
     LOW_MATCH = "low_match"
     GRADS_NOT_RESET = "grads_not_reset"
     SCALE_STUCK = "scale_stuck"
+    # the port's GradScaler skipped every update of the run, where the original (no loss scaler) updates at each step
+    UPDATES_SKIPPED = "updates_skipped"
     # not failing by itself: it names a cause (verify/record/environment.py)
     ENVIRONMENT_DIFFERS = "environment_differs"
     RANKS_DIFFER = "ranks_differ"  # the sides ran other numbers of ranks
@@ -67,7 +69,7 @@ FAILING = (FindingCode.RUN_FAILED, FindingCode.NO_BACKWARD, FindingCode.STEPS_DI
            FindingCode.SHARDING,
            FindingCode.RANKS_DISAGREE, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
            FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES,
-           FindingCode.NONDETERMINISM,
+           FindingCode.UPDATES_SKIPPED, FindingCode.NONDETERMINISM,
            FindingCode.OUTPUT_DIVERGES, FindingCode.LOSS_DIVERGES, FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)
 
 
@@ -282,7 +284,18 @@ def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
             findings.append(Finding(FindingCode.SCALE_STUCK, (
                 f"{side} loss scale never grows ({trace['scales'][0]:g}): a static scale, or no growth over more steps "
                 "without overflow than its growth interval"), {"side": side, **trace}))
+    if never_updated(overflow) == "actual":
+        trace = overflow["actual_scale"]
+        findings.append(Finding(FindingCode.UPDATES_SKIPPED, (
+            f"the port's GradScaler skipped the update of each of its {len(trace['scales'])} steps (loss scale "
+            f"{_scales_words(trace['scales'])}): its fp16 gradients overflowed at every scale, so the port never "
+            "trained in this run, where the original, which has no loss scaler, updates at each step"),
+            {"side": "actual", **trace, "lowest_scale": min(trace["scales"])}))
     return findings
+
+
+def _scales_words(scales: list[float]) -> str:
+    return f"{scales[0]:g}" if len(set(scales)) == 1 else f"{scales[0]:g} down to {scales[-1]:g}"
 
 
 def _grads_reset_findings(ref: Run, actual: Run) -> list[Finding]:

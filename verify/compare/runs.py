@@ -21,7 +21,7 @@ from verify.record import environment
 from verify.compare.align import AlignStatus, align_ops
 from verify.compare.code_lines import CodeLines
 from verify.compare.curves import (LossComparison, compare_grads, compare_hparams, compare_losses, compare_outputs,
-                           compare_overflow, summarize_outputs)
+                           compare_overflow, never_updated, summarize_outputs)
 from verify.compare.findings import FAILING, Finding, FindingCode, Verdict, collect_findings, how_runs_ended, verdict
 from verify.compare.op_catalogue import BUILT_IN, RANDOM, OpCatalogue
 from verify.compare.op_verdicts import carried_noise_of, first_divergent_op, op_metrics, unscaled_backward
@@ -221,6 +221,10 @@ def _why_no_ops(run: Run) -> str:
 
 def _overflow_noise_notes(overflow: dict[str, Any]) -> list[str]:
     notes = []
+    if never_updated(overflow) == "both":
+        notes.append("neither side applied an update: each side's own GradScaler skipped every step's, its fp16 "
+                     "gradients overflowing at every scale, so the optimizer's updates were not compared; verify more "
+                     "steps (--steps) to compare them")
     apart = ", ".join(map(str, overflow.get("calibration_overflows_apart", [])))
     if overflow["skips_within_noise"]:
         skipped = ", ".join(str(skip["step"]) for skip in overflow["skips_within_noise"])

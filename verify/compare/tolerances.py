@@ -139,6 +139,9 @@ GRAD_NORM_SHARE_OF_LARGEST = 0.1
 # Loss scaling (checklist workflow step 1): "loss scale collapsing, e.g. straight to 1".
 SCALE_COLLAPSE_FLOOR = 1.0  # a GradScaler scale at or below this no longer protects fp16 gradients from underflow
 FREQUENT_OVERFLOW_SHARE = 0.5  # the scale fell (an overflow skipped the step) in at least this share of the steps
+# a port whose GradScaler skipped every update of at least this many steps never trained in the run: one skipped
+# step is a GradScaler's usual first back-off from its initial scale
+MIN_STEPS_NEVER_UPDATED = 2
 
 # Inference outputs: the criteria Ascend adaptation reports use.
 OUTPUT_TOP1_MIN = 0.99  # at most 1% of samples change their top-1 class

@@ -313,7 +313,8 @@ class RunManifest:
     skipped_steps: list[int] = field(default_factory=list)  # steps whose optimizer.step() a GradScaler skipped (inf)
     # The GradScaler the script used (init_scale, growth_factor, backoff_factor, growth_interval, dynamic), or, on a
     # reference that followed a port's scaler, the twin: {"twin": "scale" | "skip-only", "followed": [...],
-    # "overflowed": [steps whose gradients overflowed under the imposed scale]}. Empty: no loss scaling.
+    # "overflowed": [steps whose gradients overflowed under the imposed scale], "script_scaler": {the above, where the
+    # script scaled by itself too}}. Empty: no loss scaling.
     loss_scaler: dict[str, Any] = field(default_factory=dict)
     # A reference following the port's GradScaler: the plan its loss-scaler twin plays (LossScalerPlan.to_record(),
     # set by `verify ORIGINAL PORTED` from the port's run); empty otherwise.

@@ -133,6 +133,11 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "those steps are skipped. "
         "Find the op that first produces inf/nan (above), keep it in fp32; a scale that reaches 1 no longer protects "
         "fp16 gradients from underflow."), ("C4",)),
+    AdviceRule(FindingCode.UPDATES_SKIPPED, (
+        "A GradScaler backs off by halving its scale at each skipped step, and none of this run's steps fit: start it "
+        "at a scale the gradients fit, GradScaler(init_scale=2.0**k) with 2**k below {lowest_scale:g} (`migrate "
+        "PORT --fix-from PAIR` settles it from this run), or verify more steps. A loss summed over a batch "
+        "(reduction='sum') makes gradients that need a low scale."), ("C4",)),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} in {module} diverges although its inputs agree: an operator accuracy issue. Run it in fp32 (exclude it "
         "from autocast), disable fusion (call the unfused eager ops instead of a torch_npu fused kernel; "
