@@ -139,13 +139,13 @@ def causes(summary: dict[str, Any], port: Path, original: Path, amp_effect: dict
             found.append(Cause("overflow", f"--amp-effect: {effect_first['op']} overflows in {effect_first['dtype']} "
                                f"at step {effect_first['step']} where fp32 does not (the original's line {line})",
                                mapped))
-    scale = overflow.get("actual_scale") or {}
-    tried, skipped = scale.get("scales") or [], scale.get("skipped") or []
-    # every step skipped, and no op that overflows in the forward pass explains it (a run stopped at an inf loss)
-    if len(tried) > 1 and len(skipped) == len(tried) and not any(cause.line for cause in found):
-        settled = max(1.0, min(tried) / 2.0 ** len(tried))
-        found.append(Cause("scale_overflow", f"every step overflowed and was skipped under loss scales "
-                           f"{', '.join(f'{s:g}' for s in tried)}", init_scale=settled))
+    # verify's updates_skipped: the port's GradScaler skipped every step where the original has no loss scaler. The
+    # scale starts as many halvings below the lowest it tried as it tried; not where an op that overflows in the
+    # forward pass explains it (a loss that is inf at every scale).
+    for finding in summary.get("findings", []):
+        if finding["code"] == "updates_skipped" and not any(cause.line for cause in found):
+            tried = finding["detail"]["scales"]
+            found.append(Cause(finding["code"], finding["message"], init_scale=max(1.0, min(tried) / 2.0 ** len(tried))))
     return found
 
 
