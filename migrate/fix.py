@@ -12,7 +12,7 @@ operator, reduction, a dropped zero_grad) are named and left; no tolerance is wi
 
 from __future__ import annotations
 
-import difflib
+import ast
 import json
 import subprocess
 import sys
@@ -58,6 +58,7 @@ class Cause:
     message: str
     line: int | None = None  # the port's line to keep in fp32
     init_scale: float | None = None
+    function: str | None = None  # the function of another file of the project whose calls the port keeps in fp32
 
 
 @dataclass
@@ -124,8 +125,12 @@ def causes(summary: dict[str, Any], port: Path, original: Path, amp_effect: dict
               if d["setting"].startswith("data_loaders.") and d["setting"].endswith(_DATA_HPARAMS)]
     overflow = summary.get("overflow") or {}
     first = overflow.get("actual_first") or {}
-    if first.get("dtype") in _HALF and (line := _line_in(first.get("source"), port)):
-        found.append(Cause("overflow", f"{first['op']} overflows in {first['dtype']} at step {first['step']}", line))
+    if first.get("dtype") in _HALF:
+        what = f"{first['op']} overflows in {first['dtype']} at step {first['step']}"
+        if line := _line_in(first.get("source"), port):
+            found.append(Cause("overflow", what, line))
+        elif function := _function_at(first.get("source"), port.parent):
+            found.append(Cause("overflow", f"{what}, in {function} ({first['source']})", function=function))
     # where the sides read other data, every op after it differs: an op that diverges is its symptom, not a cause
     other_data = any(finding["code"] == "data_order" for finding in summary.get("findings", []))
     for finding in summary.get("findings", []):
@@ -143,9 +148,10 @@ def causes(summary: dict[str, Any], port: Path, original: Path, amp_effect: dict
     # scale starts as many halvings below the lowest it tried as it tried; not where an op that overflows in the
     # forward pass explains it (a loss that is inf at every scale).
     for finding in summary.get("findings", []):
-        if finding["code"] == "updates_skipped" and not any(cause.line for cause in found):
+        if finding["code"] == "updates_skipped" and not any(cause.line or cause.function for cause in found):
             tried = finding["detail"]["scales"]
-            found.append(Cause(finding["code"], finding["message"], init_scale=max(1.0, min(tried) / 2.0 ** len(tried))))
+            settled = max(1.0, min(tried) / 2.0 ** len(tried))
+            found.append(Cause(finding["code"], finding["message"], init_scale=settled))
     return found
 
 
@@ -155,6 +161,23 @@ def _line_in(source: str | None, path: Path) -> int | None:
         return None
     name, _, line = source.rpartition(":")
     return int(line) if Path(name).name == path.name and line.isdigit() else None
+
+
+def _function_at(source: str | None, folder: Path) -> str | None:
+    """The module-level function of a project file (`utils.py:25`, from the port's folder) holding that line, by its
+    qualified name (`utils.gram_matrix`); None for a line outside one, a method, or a file that is not there."""
+    name, _, line = (source or "").rpartition(":")
+    path = folder / name
+    if not (line.isdigit() and path.suffix == ".py" and path.is_file()):
+        return None
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError):
+        return None
+    module = ".".join(path.relative_to(folder).with_suffix("").parts)
+    functions = (node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return next((f"{module}.{node.name}" for node in functions
+                 if node.lineno <= int(line) <= (node.end_lineno or node.lineno)), None)
 
 
 def fixed_path(port: Path) -> Path:
@@ -174,9 +197,10 @@ def rewrite(text: str, path: Path, fixable: list[Cause], original: str) -> tuple
     from migrate.engine import migrate_source  # the engine loads libcst: only when a port is rewritten
 
     lines = tuple(sorted({cause.line for cause in fixable if cause.line is not None}))
+    functions = tuple(sorted({cause.function for cause in fixable if cause.function is not None}))
     scales = [cause.init_scale for cause in fixable if cause.init_scale is not None]
     order = any(cause.code == "data_order" for cause in fixable)
-    settings = Settings(fp32_lines=lines, init_scale=min(scales) if scales else None,
+    settings = Settings(fp32_lines=lines, fp32_calls=functions, init_scale=min(scales) if scales else None,
                         original_source=original if order else None)
     codes = [*FIX_RULES, *(ORDER_RULES if order else ()), *((EPOCH_RULE,) if order and ".set_epoch(" in original
                                                           else ())]

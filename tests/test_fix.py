@@ -45,9 +45,10 @@ def _run(*args: object, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=900)
 
 
-def _port_and_pair(tmp_path: Path, lines: str, scale: int = 1, edit=lambda text: text) -> tuple[Path, Path]:
+def _port_and_pair(tmp_path: Path, lines: str, scale: int = 1, edit=lambda text: text,
+                   script: str = _SCRIPT) -> tuple[Path, Path]:
     original = tmp_path / "train.py"
-    original.write_text(_SCRIPT.format(scale=scale, lines=lines))
+    original.write_text(script.format(scale=scale, lines=lines))
     assert _run("-m", "migrate", "-q", original.name, cwd=tmp_path).returncode == 0
     port = tmp_path / "train_npu.py"
     port.write_text(edit(port.read_text()))
@@ -66,7 +67,9 @@ def _fix(port: Path, pair: Path) -> tuple[subprocess.CompletedProcess, dict, str
 def test_an_op_that_overflows_in_fp16_is_kept_in_fp32_and_the_port_passes(tmp_path):
     port, pair = _port_and_pair(tmp_path, OVERFLOWING_OP, scale=20)
     summary = json.loads((pair / "summary.json").read_text())
-    assert summary["verdict"] == "FAIL"  # both sides overflow under the port's autocast: inf loss
+    # both sides overflow under the port's autocast, and the loss with it: the port's half precision, named
+    assert summary["reason"].startswith("FAIL: aten.mul (top level, train_npu.py:")
+    assert "overflows in float16 under the port's autocast" in summary["reason"]
     assert summary["pair"]["amp_effect"]["passed"] is False  # fp32 does not
     done, record, report = _fix(port, pair)
     assert done.returncode == 0, done.stderr
@@ -91,6 +94,29 @@ def test_an_op_that_overflows_in_fp16_is_kept_in_fp32_and_the_port_passes(tmp_pa
     assert refused.returncode == 2 and "train_npu_fixed.py was not written by a fix" in refused.stderr
     assert (tmp_path / "train_npu_fixed.py").read_text() == fixed + "# mine\n"
     assert not (tmp_path / "pair_fix.2").exists()
+
+
+_HELPERS = "import torch\n\n\ndef amplified(h):\n    return h * 4000  # past fp16's 65504 where |h| > 16.4\n"
+
+
+def test_an_op_that_overflows_in_a_function_of_another_file_is_kept_in_fp32_where_the_port_calls_it(tmp_path):
+    """The op is in helpers.py, which the fix does not write: the port's call of helpers.amplified under autocast is
+    kept in fp32 instead, its argument cast."""
+    (tmp_path / "helpers.py").write_text(_HELPERS)
+    script = _SCRIPT.replace("from torch import nn\n", "from torch import nn\n\nimport helpers\n")
+    port, pair = _port_and_pair(tmp_path, "        z = helpers.amplified(h)\n        loss = (z / 4000).mean() * 1e-3",
+                                scale=20, script=script)
+    summary = json.loads((pair / "summary.json").read_text())
+    assert summary["reason"].startswith("FAIL: aten.mul (top level, helpers.py:5, step 0) overflows in float16")
+    done, record, report = _fix(port, pair)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "helpers.py").read_text() == _HELPERS
+    fixed = (tmp_path / "train_npu_fixed.py").read_text()
+    assert ('with torch.autocast(device_type="npu", enabled=False):\n                z = helpers.amplified(h.float())'
+            in fixed)
+    first = record["rounds"][0]
+    assert first["causes"][0]["function"] == "helpers.amplified" and "helpers.py:5" in first["causes"][0]["message"]
+    assert [r["code"] for r in first["rewrites"]] == ["AMP201"] and record["passed"]
 
 
 def test_a_loss_scale_that_overflows_at_every_step_starts_lower(tmp_path):

@@ -38,7 +38,10 @@ class HalfPrecisionOverflow(PortRule):
     left-most name of an arithmetic expression (`h * 4000` -> `h.float() * 4000`; fp32 wins the type promotion),
     both names of a `@`, the first positional name given to a torch function, a module or function called by name
     (`torch.exp(h)`, `self.fc(x)`, `model(x)`), and the name a method is called on (`x.pow(2)`). A statement already
-    inside an autocast that is disabled is left alone, so a second fix of the same line changes nothing.
+    inside an autocast that is disabled is left alone, so a second fix of the same line changes nothing. Where the op
+    is computed in a function of another file of the project (`Settings.fp32_calls`: `utils.gram_matrix`, the
+    function holding the op's recorded line), each statement of the port under an autocast that is on and calling it
+    is kept in fp32 so, with the call's first argument cast: the port's file is the one the fix writes.
 
     ## Why
     Half precision tops out at 65504 and keeps 11 bits: `exp`, a large product or a `pow` that fp32 computes exactly
@@ -103,6 +106,48 @@ class HalfPrecisionOverflow(PortRule):
             lines=[5],
             fp32_lines=(5,),
         ),
+        Case(  # the op overflows in a function of another file of the project: the port's calls under autocast
+            """
+            import torch
+            from utils import gram_matrix
+            gram_style = [gram_matrix(y) for y in features_style]
+            for x in loader:
+                with torch.autocast(device_type="npu", dtype=torch.float16):
+                    features = vgg(x)
+                    gram = gram_matrix(features) + 0
+                    loss = mse(gram, gram_style[0])
+            """,
+            """
+            import torch
+            from utils import gram_matrix
+            gram_style = [gram_matrix(y) for y in features_style]
+            for x in loader:
+                with torch.autocast(device_type="npu", dtype=torch.float16):
+                    features = vgg(x)
+                    with torch.autocast(device_type="npu", enabled=False):
+                        gram = gram_matrix(features.float()) + 0
+                    loss = mse(gram, gram_style[0])
+            """,
+            lines=[7],
+            fp32_calls=("utils.gram_matrix",),
+        ),
+        Case(
+            """
+            import torch
+            import utils
+            with torch.autocast(device_type="npu", dtype=torch.float16):
+                gram = utils.gram_matrix(features)
+            """,
+            """
+            import torch
+            import utils
+            with torch.autocast(device_type="npu", dtype=torch.float16):
+                with torch.autocast(device_type="npu", enabled=False):
+                    gram = utils.gram_matrix(features.float())
+            """,
+            lines=[4],
+            fp32_calls=("utils.gram_matrix",),
+        ),
         Unchanged(
             """
             import torch
@@ -123,10 +168,11 @@ class HalfPrecisionOverflow(PortRule):
 
     @classmethod
     def wants(cls, source: str, settings: Settings) -> bool:
-        return bool(settings.fp32_lines) and super().wants(source, settings)
+        return bool(settings.fp32_lines or settings.fp32_calls) and super().wants(source, settings)
 
     def visit_Module(self, node: cst.Module) -> None:
         self._disabled = 0  # how many autocasts that are switched off enclose the walk
+        self._enabled = 0  # ... and how many that compute in half precision
         self._device = next(filter(None, map(self._autocast_device, findall(node, _CALL))), "npu")
 
     def _autocast_device(self, call: cst.Call) -> str | None:
@@ -139,26 +185,37 @@ class HalfPrecisionOverflow(PortRule):
                     None)
 
     def visit_With(self, node: cst.With) -> None:
-        self._disabled += self._disables_autocast(node)
+        autocast = self._autocast(node)
+        self._disabled += autocast is False
+        self._enabled += autocast is True
 
     def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
-        self._disabled -= self._disables_autocast(original_node)
+        autocast = self._autocast(original_node)
+        self._disabled -= autocast is False
+        self._enabled -= autocast is True
         return updated_node
 
-    def _disables_autocast(self, node: cst.With) -> bool:
+    def _autocast(self, node: cst.With) -> bool | None:
+        """Whether the `with` enters an autocast that is on, one switched off (`enabled=False`), or none (None)."""
         for item in node.items:
             call = item.item
             if isinstance(call, cst.Call) and self.refers_to(call.func, *_AUTOCASTS):
                 enabled = argument(call, None, "enabled")
-                if enabled is not None and isinstance(enabled.value, cst.Name) and enabled.value.value == "False":
-                    return True
-        return False
+                return not (enabled is not None and isinstance(enabled.value, cst.Name)
+                            and enabled.value.value == "False")
+        return None
+
+    def _calls_kept_function(self, node: cst.CSTNode) -> bool:
+        """A call of a function verify measured overflow in half precision, under an autocast that is on."""
+        return bool(self._enabled and self.settings.fp32_calls) and any(
+            self.refers_to(call.func, *self.settings.fp32_calls) for call in findall(node, _CALL))
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
         span = self.file.position(original_node)
-        if self._disabled or not any(span.start.line <= line <= span.end.line for line in self.settings.fp32_lines):
+        named = any(span.start.line <= line <= span.end.line for line in self.settings.fp32_lines)
+        if self._disabled or not (named or self._calls_kept_function(original_node)):
             return updated_node
         autocast = cst.Call(
             func=cst.Attribute(value=cst.Name("torch"), attr=cst.Name("autocast")),
@@ -193,13 +250,15 @@ class _CastInputs(cst.CSTTransformer):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         func = updated_node.func
         torch_function = self.rule.name_under(original_node.func, "torch")
+        kept = bool(self.rule.settings.fp32_calls) and self.rule.refers_to(original_node.func,
+                                                                           *self.rule.settings.fp32_calls)
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value not in (
-                "self", "torch") and func.attr.value != "float" and not torch_function:
+                "self", "torch") and func.attr.value != "float" and not (torch_function or kept):
             return updated_node.with_changes(func=func.with_changes(value=_float(func.value)))  # x.pow(2)
         called_by_name = isinstance(func, cst.Name) and func.value not in _BUILTINS
         own_module = isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"
         first = updated_node.args[0] if updated_node.args else None
         if first is None or first.keyword is not None or first.star or not (
-                called_by_name or own_module or torch_function):
+                called_by_name or own_module or torch_function or kept):
             return updated_node
         return updated_node.with_changes(args=[first.with_changes(value=_float(first.value)), *updated_node.args[1:]])

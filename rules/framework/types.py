@@ -66,6 +66,9 @@ class Settings:
     # of the port whose statements compute an op that overflows or diverges in half precision (AMP201 keeps them in
     # fp32), and the initial loss scale that the overflow record settled (AMP202).
     fp32_lines: tuple[int, ...] = ()
+    # ... and the functions of the port's project (qualified: `utils.gram_matrix`) whose op does, in a file beside the
+    # port: AMP201 keeps in fp32 the port's statements under autocast that call them
+    fp32_calls: tuple[str, ...] = ()
     init_scale: float | None = None
     # The original's source, where verify found the port reads other data or initial weights (`data_order`): DET201
     # and DATA201 give the port its seeds and data order.

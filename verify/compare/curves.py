@@ -16,6 +16,7 @@ from verify.compare import metrics
 from verify.compare import tolerances
 from verify.compare.envelope import Envelope, grad_scale, of_grads, of_losses
 from verify.compare.precision_policy import PrecisionPolicy, amp_dtype
+from verify.record.schema import HALF_DTYPES
 from verify.record.store import Run
 from verify.errors import RunDirError
 
@@ -292,7 +293,19 @@ def compare_overflow(ref: Run, actual: Run, measured: Envelope | None = None) ->
                                                                          for first in firsts)
     return {"ref_first": ref_first, "actual_first": actual_first, "one_sided": one_sided and not by_noise,
             "firsts_within_noise": by_noise, **_skips_by_noise(_one_sided_skips(ref, actual), measured),
+            "under_imposed_autocast": _under_imposed_autocast(ref, actual, ref_first if same_op else None),
             "ref_scale": _scale_trace(ref), "actual_scale": _scale_trace(actual)}
+
+
+def _under_imposed_autocast(ref: Run, actual: Run, first: dict[str, Any] | None) -> bool:
+    """Whether the inf/nan both sides made first, at the same op, is the port's half precision: the reference
+    computed under the autocast imposed from the port (its original computes in fp32 as written), the op computed in
+    half precision outside backward (a gradient overflow is the loss scaler's), and the loss of that step is not
+    finite on the port (an inf a script makes on purpose, an attention mask's -inf, leaves the loss finite)."""
+    if not (first and ref.manifest.autocast and first["dtype"] in HALF_DTYPES and first["phase"] != "backward"):
+        return False
+    losses = actual.losses.loc[actual.losses["step"] == first["step"], "loss"]
+    return bool(len(losses) and not np.isfinite(pd.to_numeric(losses, errors="coerce")).all())
 
 
 def never_updated(overflow: dict[str, Any]) -> str:

@@ -269,6 +269,14 @@ def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
                 f"{side} only: first inf/nan from {first['op']} ({first['module'] or 'top level'}, {first['phase']}, "
                 f"step {first['step']}, {first['dtype']}: {first['nan_count']} nan, {first['inf_count']} inf)"),
                 {"side": side, **first}))
+    if overflow.get("under_imposed_autocast"):
+        first = overflow["actual_first"]
+        findings.append(Finding(FindingCode.OVERFLOW, (
+            f"{first['op']} ({first['module'] or 'top level'}, {_at(first)}step {first['step']}) overflows in "
+            f"{first['dtype']} under the port's autocast ({first['inf_count']} inf, {first['nan_count']} nan), and "
+            "the loss with it: the reference, run under the same autocast, overflows alike, so the port's half "
+            "precision does it, not its device; the original computes it in fp32 (--amp-effect runs it so)"),
+            {"side": "both", **first}))
     for skip in overflow["one_sided_skips"]:
         findings.append(Finding(FindingCode.OVERFLOW, (
             f"{skip['side']} only: gradients overflowed at step {skip['step']} under the same loss scale "
@@ -292,6 +300,10 @@ def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
             "trained in this run, where the original, which has no loss scaler, updates at each step"),
             {"side": "actual", **trace, "lowest_scale": min(trace["scales"])}))
     return findings
+
+
+def _at(record: dict[str, Any]) -> str:
+    return f"{record['source']}, " if record.get("source") else ""
 
 
 def _scales_words(scales: list[float]) -> str:

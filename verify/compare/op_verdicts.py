@@ -72,6 +72,10 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
         # result rounds the data pipeline's Normalize too (0.00013 on mnist), whose 10 times let another shuffle pass.
         noise = np.where(batch, 0.0, table["envelope"].fillna(0.0).to_numpy())
         table["tolerance"] = np.fmax(table["tolerance"].to_numpy(), tolerances.ENVELOPE_FACTOR * noise)
+    flips = _flipped_update_elements(table)
+    table["tolerance"] = np.fmax(table["tolerance"].to_numpy(), flips)
+    if "calibrated_tolerance" in table:
+        table["calibrated_tolerance"] = np.fmax(table["calibrated_tolerance"].to_numpy("float64"), flips)
     nonfinite_agree = np.logical_and.reduce(
         [_has(table, f"ref_{count}") == _has(table, f"actual_{count}") for count in _NONFINITE_COUNTS])
     stats_ok = ~(table["stats_error"].to_numpy() > table["tolerance"].to_numpy())  # NaN (no stats) is not a failure
@@ -90,6 +94,15 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
     judged = matched & ~_scaler_overflow(table, ref, actual, measured) & ~carried & ~_process_bookkeeping(table)
     table["passed"] = pd.arrays.BooleanArray(passed & judged, ~judged)  # unmatched rows: NA, neither pass nor fail
     return table
+
+
+def _flipped_update_elements(table: pd.DataFrame) -> np.ndarray:
+    """Per row: the error of an optimizer update whose few near-zero-gradient elements flipped their whole step
+    (tolerances.UPDATE_FLIPPED_ELEMENTS), 0 for other rows."""
+    update = (table["ref_op"] == UPDATE_OP).to_numpy(dtype=bool, na_value=False)
+    elements = _elements(table["ref_shape"])
+    flips = tolerances.UPDATE_FLIPPED_ELEMENTS * 2.0 / np.maximum(elements, 1.0)
+    return np.where(update & (elements >= tolerances.UPDATE_FLIP_MIN_ELEMENTS), flips, 0.0)
 
 
 def _add_calibrated_error(table: pd.DataFrame, in_port_order: pd.DataFrame | None) -> None:

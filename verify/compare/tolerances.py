@@ -105,6 +105,15 @@ EXTREME_WEIGHT = 0.1
 # loss of samples/imagenet_classifier grows it 13x from step 0 to 1 (0.0064, 0.085). Step 0 starts from the same
 # weights on both sides and is judged by its data flow alone, where a port's own divergence shows.
 STATE_NOISE_GROWTH = 20.0
+# An adaptive optimizer (Adam, Adadelta) moves each element by about lr whatever its gradient's size at its first
+# applied update, so an element whose gradient is within the noise of zero flips its whole step: the mean of an update
+# of n elements moves by 2/n of its largest per flipped element. Up to this many such elements are what the noise of
+# the gradients makes, on updates of at least UPDATE_FLIP_MIN_ELEMENTS elements (a smaller one is all flips). Measured:
+# pytorch/examples fast_neural_style's fp16 port, its GradScaler settled at 16, against its fp32 original: its first
+# Adam update of an InstanceNorm bias (128 elements) 2/128 apart, one element flipped, every gradient within
+# tolerance.
+UPDATE_FLIPPED_ELEMENTS = 2
+UPDATE_FLIP_MIN_ELEMENTS = 64
 
 # The reference's envelope (verify/compare/envelope.py): a record of the port diverges when its difference passes this
 # many times the difference of the reference from its calibration run, and its dtype's tolerance above (the floor).

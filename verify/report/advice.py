@@ -29,6 +29,11 @@ def _half(finding: Finding) -> bool:
     return finding.detail.get("dtype") in HALF_DTYPES
 
 
+def _both_sides(finding: Finding) -> bool:
+    """An overflow both sides made under the port's autocast (curves._under_imposed_autocast)."""
+    return finding.detail.get("side") == "both"
+
+
 def _skipped_update(finding: Finding) -> bool:
     """An overflow seen as a loss scaler's skipped step on one side only (curves._one_sided_skips)."""
     return "scale" in finding.detail
@@ -110,7 +115,11 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "{op} overflows in {dtype} on the {side} side only: keep it in fp32 (exclude it from autocast, or run it "
         "under torch.autocast(enabled=False) on .float() inputs) and check loss scaling: a dynamic GradScaler around "
         "backward and the optimizer step, unscale_ before gradient clipping."), ("C2", "C4"),
-        lambda finding: _half(finding) and not _skipped_update(finding)),
+        lambda finding: _half(finding) and not _skipped_update(finding) and not _both_sides(finding)),
+    AdviceRule(FindingCode.OVERFLOW, (
+        "{op} at {source} overflows in {dtype} under the autocast the port added: keep it in fp32 in the port "
+        "(run it under torch.autocast(enabled=False) on .float() inputs, as Ascend's mixed-precision block list "
+        "does); `migrate PORT --fix-from PAIR` writes that fix and verifies it."), ("C2",), _both_sides),
     AdviceRule(FindingCode.OVERFLOW, (
         "Under the same loss scale {scale:g}, the {side} side's gradients overflowed at step {step} and the other "
         "side's did not: the two compute the backward pass differently near fp16's limit. Dump that step in tensor "
