@@ -127,6 +127,7 @@ class StepRecorder:
         self._wrap(torch.amp.GradScaler, "unscale_", self._scaler_bookkeeping)
         self._wrap(torch.amp.GradScaler, "update", self._scaler_bookkeeping)
         self._wrap(torch.optim.Optimizer, "__init__", self._optimizer_init)
+        self._wrap(torch.utils.data.dataloader._BaseDataLoaderIter, "__next__", self._next_batch)
 
     @staticmethod
     def _wrap(owner: Any, name: str, replacement: Callable[..., Any]) -> None:
@@ -258,6 +259,14 @@ class StepRecorder:
         port that gained a GradScaler would show ops that its reference cannot have."""
         with self._paused_capture():
             return original(scaler, *args, **kwargs)
+
+    def _next_batch(self, original, iterator):
+        """A DataLoader making its next batch: the dataset's transforms and the collation are data, not the model's
+        computation, and run in the main process only without workers (num_workers=0): unrecorded, or a port that
+        loads with other workers than its original pairs a fraction of its ops (the batch is recorded where a model
+        reads it)."""
+        with self._paused_capture():
+            return original(iterator)
 
     def _scale(self, original, scaler, outputs):
         with self._paused_capture():
