@@ -132,10 +132,12 @@ def causes(summary: dict[str, Any], port: Path, original: Path, amp_effect: dict
         elif function := _function_at(first.get("source"), port.parent):
             found.append(Cause("overflow", f"{what}, in {function} ({first['source']})", function=function))
     # where the sides read other data, every op after it differs: an op that diverges is its symptom, not a cause
-    other_data = any(finding["code"] == "data_order" for finding in summary.get("findings", []))
+    # ... nor where the port has a bug the fix names and leaves (a changed activation): the op after it diverges
+    symptoms_only = any(cause.code in NEVER_FIXED for cause in found) or any(
+        finding["code"] == "data_order" for finding in summary.get("findings", []))
     for finding in summary.get("findings", []):
         detail = finding.get("detail") or {}
-        if finding["code"] == "op_diverges" and not other_data and detail.get("actual_dtype") in _HALF and (
+        if finding["code"] == "op_diverges" and not symptoms_only and detail.get("actual_dtype") in _HALF and (
                 line := _line_in(detail.get("actual_source"), port)):
             found.append(Cause("op_diverges", finding["message"], line))
     effect_first = ((amp_effect or {}).get("overflow") or {}).get("actual_first") or {}

@@ -150,6 +150,17 @@ def test_a_changed_lr_is_named_and_left_failing(tmp_path):
     assert "hparam\\_mismatch" in report or "hparam_mismatch" in report
 
 
+def test_a_changed_activation_is_named_and_left_failing(tmp_path):
+    port, pair = _port_and_pair(tmp_path, "        loss = torch.relu(h).pow(2).mean()",
+                                edit=lambda text: text.replace("torch.relu(h)", "torch.sigmoid(h)"))
+    summary = json.loads((pair / "summary.json").read_text())
+    assert summary["verdict"] == "FAIL" and "op_changed" in {f["code"] for f in summary["findings"]}
+    done, record, _ = _fix(port, pair)
+    assert done.returncode == 1 and not (tmp_path / "train_npu_fixed.py").exists()
+    assert record["rounds"] == [] and "op_changed" in [cause["code"] for cause in record["left"]]
+    assert "call the original's" in done.stderr
+
+
 _LOADER = ("    loader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=8, shuffle=True, "
            "generator=torch.Generator().manual_seed(7))\n")
 # The original shuffles with a generator of its own: its first batch and initial weights follow from seeds 0 and 7.

@@ -22,7 +22,7 @@ from verify.compare.curves import LossComparison, never_updated
 from verify.compare.op_verdicts import MODEL_PHASES, one_sided_producers, op_label, source_text
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
-from verify.record.schema import INPUT_OP, Status
+from verify.record.schema import INPUT_OP, Phase, Status
 from verify.errors import CompareError
 from verify.checklist_items import port_name, project_trees
 
@@ -422,13 +422,17 @@ def _lines_detail(placed: Placement | None) -> dict[str, Any]:
     return {"lines": placed.as_detail()} if placed else {}
 
 
+_FORWARD_PHASES = (Phase.FORWARD.value, Phase.OTHER.value)
+
+
 def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue, lines: CodeLines) -> list[Finding]:
     """The first forward record paired with another computation (gelu where the original calls relu) or with the
     same op under other settings (ops.attrs: gelu's tanh approximation, a layer norm's epsilon): a changed layer or
     function, which every numeric difference after it may follow from, and which the devices' noise may hide. Forward
-    only: a backward is derived from its forward, and devices decompose backward ops differently (a GPU's
-    native_dropout_backward is a plain mul where the mask was made apart)."""
-    paired = table.loc[table["status"].isin(MATCHED_STATUSES) & (table["phase"] == "forward")
+    only, in a module's forward or outside any (an activation or loss the script computes at top level): a backward
+    is derived from its forward, and devices decompose backward ops differently (a GPU's native_dropout_backward is a
+    plain mul where the mask was made apart)."""
+    paired = table.loc[table["status"].isin(MATCHED_STATUSES) & table["phase"].isin(_FORWARD_PHASES)
                        & ~table["ref_op"].isin(list(CARRIERS))]
     ops = paired[["ref_op", "actual_op"]].astype(str)
     pairs = ops.loc[ops["ref_op"] != ops["actual_op"]].drop_duplicates()
