@@ -298,7 +298,7 @@ def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
             f"the port's GradScaler skipped the update of each of its {len(trace['scales'])} steps (loss scale "
             f"{_scales_words(trace['scales'])}): its fp16 gradients overflowed at every scale, so the port never "
             "trained in this run, where the original, which has no loss scaler, updates at each step"),
-            {"side": "actual", **trace, "lowest_scale": min(trace["scales"])}))
+            {"side": "actual", **trace, "lowest_scale": f"{min(trace['scales']):g}"}))
     return findings
 
 

@@ -144,7 +144,7 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "fp16 gradients from underflow."), ("C4",)),
     AdviceRule(FindingCode.UPDATES_SKIPPED, (
         "A GradScaler backs off by halving its scale at each skipped step, and none of this run's steps fit: start it "
-        "at a scale the gradients fit, GradScaler(init_scale=2.0**k) with 2**k below {lowest_scale:g} (`migrate "
+        "at a scale the gradients fit, GradScaler(init_scale=2.0**k) with 2**k below {lowest_scale} (`migrate "
         "PORT --fix-from PAIR` settles it from this run), or verify more steps. A loss summed over a batch "
         "(reduction='sum') makes gradients that need a low scale."), ("C4",)),
     AdviceRule(FindingCode.OP_DIVERGES, (
