@@ -147,13 +147,12 @@ def causes(summary: dict[str, Any], port: Path, original: Path, amp_effect: dict
                                f"at step {effect_first['step']} where fp32 does not (the original's line {line})",
                                mapped))
     # verify's updates_skipped: the port's GradScaler skipped every step where the original has no loss scaler. The
-    # scale starts where an fp32 reference measured the gradients fit (fits_scale, the fix rounds), else as many
-    # halvings below the lowest it tried as it tried; not where an op that overflows in the forward pass explains it
-    # (a loss that is inf at every scale).
+    # scale starts as many halvings below the lowest it tried as it tried; not where an op that overflows in the
+    # forward pass explains it (a loss that is inf at every scale).
     for finding in summary.get("findings", []):
         if finding["code"] == "updates_skipped" and not any(cause.line or cause.function for cause in found):
             tried = finding["detail"]["scales"]
-            settled = finding["detail"].get("fits_scale") or max(1.0, min(tried) / 2.0 ** len(tried))
+            settled = max(1.0, min(tried) / 2.0 ** len(tried))
             found.append(Cause(finding["code"], finding["message"], init_scale=settled))
     return found
 

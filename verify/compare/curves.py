@@ -294,29 +294,7 @@ def compare_overflow(ref: Run, actual: Run, measured: Envelope | None = None) ->
     return {"ref_first": ref_first, "actual_first": actual_first, "one_sided": one_sided and not by_noise,
             "firsts_within_noise": by_noise, **_skips_by_noise(_one_sided_skips(ref, actual), measured),
             "under_imposed_autocast": _under_imposed_autocast(ref, actual, ref_first if same_op else None),
-            "ref_scale": _scale_trace(ref),
-            "actual_scale": _scale_trace(actual) | {"fits_scale": _fits_scale(ref, actual)}}
-
-
-def _fits_scale(ref: Run, actual: Run) -> float | None:
-    """The largest power of two under which the backward of the steps the port skipped fits fp16, measured on a
-    reference that computed it in fp32 under the port's scales (--no-match-amp, the fix rounds: its twin scales
-    exactly): its largest magnitude over the step's scale, among the backward records the port computed in half
-    precision (an fp32 op of the port, fast_neural_style's style weight of 1e10, holds what fp16 never has to). None
-    where the reference computed in half precision too (its own backward overflowed), was not scaled, or the port
-    skipped nothing."""
-    if amp_dtype(ref) or ref.manifest.loss_scaler.get("twin") != "scale" or not actual.manifest.skipped_steps:
-        return None
-    scales = pd.to_numeric(ref.losses.groupby("step")["loss_scale"].first(), errors="coerce")
-    skipped = actual.manifest.skipped_steps
-    half = actual.ops.loc[(actual.ops["phase"] == "backward") & actual.ops["step"].isin(skipped)
-                          & actual.ops["dtype"].isin(HALF_DTYPES), "key"]
-    backward = ref.ops.loc[(ref.ops["phase"] == "backward") & ref.ops["key"].isin(half)]
-    magnitude = np.fmax(backward["min"].abs(), backward["max"].abs()) / backward["step"].map(scales)
-    peak = float(magnitude.max()) if len(magnitude) else np.nan
-    if not (np.isfinite(peak) and peak > 0):
-        return None
-    return float(2.0 ** np.floor(np.log2(tolerances.FP16_MAX / tolerances.SCALE_HEADROOM / peak)))
+            "ref_scale": _scale_trace(ref), "actual_scale": _scale_trace(actual)}
 
 
 def _under_imposed_autocast(ref: Run, actual: Run, first: dict[str, Any] | None) -> bool:

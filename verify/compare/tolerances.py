@@ -151,10 +151,6 @@ FREQUENT_OVERFLOW_SHARE = 0.5  # the scale fell (an overflow skipped the step) i
 # a port whose GradScaler skipped every update of at least this many steps never trained in the run: one skipped
 # step is a GradScaler's usual first back-off from its initial scale
 MIN_STEPS_NEVER_UPDATED = 2
-# The loss scale under which a port's skipped backward fits: fp16's largest finite value over the largest magnitude an
-# fp32 reference's backward reached at those steps (unscaled), halved once for the gradients of the steps to come.
-FP16_MAX = 65504.0
-SCALE_HEADROOM = 2.0
 
 # Inference outputs: the criteria Ascend adaptation reports use.
 OUTPUT_TOP1_MIN = 0.99  # at most 1% of samples change their top-1 class
