@@ -100,9 +100,11 @@ def _flipped_update_elements(table: pd.DataFrame) -> np.ndarray:
     """Per row: the error of an optimizer update whose few near-zero-gradient elements flipped their whole step
     (tolerances.UPDATE_FLIPPED_ELEMENTS), 0 for other rows."""
     update = (table["ref_op"] == UPDATE_OP).to_numpy(dtype=bool, na_value=False)
-    elements = _elements(table["ref_shape"])
-    flips = tolerances.UPDATE_FLIPPED_ELEMENTS * 2.0 / np.maximum(elements, 1.0)
-    return np.where(update & (elements >= tolerances.UPDATE_FLIP_MIN_ELEMENTS), flips, 0.0)
+    flips = np.zeros(len(table))
+    elements = _elements(table["ref_shape"][update])  # the updates' shapes alone: parsing every record's costs 0.25 s
+    flips[update] = np.where(elements >= tolerances.UPDATE_FLIP_MIN_ELEMENTS,
+                             tolerances.UPDATE_FLIPPED_ELEMENTS * 2.0 / np.maximum(elements, 1.0), 0.0)
+    return flips
 
 
 def _add_calibrated_error(table: pd.DataFrame, in_port_order: pd.DataFrame | None) -> None:
