@@ -39,6 +39,7 @@ NEVER_FIXED = {
     "op_changed": "a changed operator (activation, reduction, its settings): call the original's",
     "grads_not_reset": "a dropped zero_grad: reset the gradients where the original does",
     "data_hparam": "a changed DataLoader batch_size or drop_last: make the port's value the original's",
+    "no_update_compared": "both scripts' loss scalers skipped every update: give them more steps to compare one",
 }
 # what is said of a cause a fix could act on but whose rewrite changed nothing
 UNFIXED = {"data_order": "no seed or DataLoader order argument of the port differs from the original's: seed and "

@@ -123,16 +123,18 @@ def test_a_loss_scale_that_overflows_at_every_step_starts_lower(tmp_path):
     port, pair = _port_and_pair(tmp_path, OVERFLOWING_SCALE)
     summary = json.loads((pair / "summary.json").read_text())
     trace = summary["overflow"]["actual_scale"]
-    assert trace["skipped"] == [0, 1, 2] and trace["scales"] == [65536.0, 32768.0, 16384.0]
+    # 3 steps asked for, and the pair went on while the scale fell, until the script's 6 steps ended
+    assert trace["skipped"] == list(range(6)) and trace["scales"] == [2.0 ** (16 - k) for k in range(6)]
     # the reference followed the port's scaler and skipped alike, but the original has none: the port never trained
     assert summary["verdict"] == "FAIL" and "updates_skipped" in [finding["code"] for finding in summary["findings"]]
-    assert "skipped the update of each of its 3 steps (loss scale 65536 down to 16384)" in summary["reason"]
-    assert any("init_scale=2.0**k) with 2**k below 16384" in advice for advice in summary["advice"])
+    assert ("skipped the update of each of its 6 steps (loss scale 65536 down to 2048; the script ended while it "
+            "still fell)") in summary["reason"]
+    assert any("init_scale=2.0**k) with 2**k below 2048" in advice for advice in summary["advice"])
     assert summary["pair"]["amp_effect"]["passed"] is False  # the fp32 reference updates where the port skips
     done, record, report = _fix(port, pair)
     assert done.returncode == 0, done.stderr
     first = record["rounds"][0]
-    assert first["causes"][0]["code"] == "updates_skipped" and first["causes"][0]["init_scale"] == 2048.0
+    assert first["causes"][0]["code"] == "updates_skipped" and first["causes"][0]["init_scale"] == 32.0
     assert [r["code"] for r in first["rewrites"]] == ["AMP202"]
     assert "init_scale=2.0**" in (tmp_path / "train_npu_fixed.py").read_text()
     assert record["passed"] and record["rounds"][-1]["verdict"] == "PASS"

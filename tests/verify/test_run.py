@@ -11,7 +11,7 @@ import pytest
 
 from verify.errors import Stopped
 from verify.launch.runner import RunOptions, run_script
-from verify.record.schema import DumpMode, Status
+from verify.record.schema import SETTLING_STEPS, DumpMode, Status
 from verify.record.store import Run, read_run
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -160,6 +160,21 @@ def test_training_without_an_optimizer_steps_from_forward_to_forward(tmp_path):
     assert (ops[ops["step"] == 0]["op"] == "aten.add_").sum() == 4
 
 
+@pytest.mark.parametrize("update", ["optimizer", "by hand"])
+def test_a_frozen_loss_network_called_before_the_loop_starts_no_step(tmp_path, update):
+    """Regression (issue 52): a style-transfer-shaped script calls its frozen loss network, larger than the net it
+    trains, once before the loop (and makes its optimizer after). Its steps were counted from the frozen network's
+    calls: step 0 ran from that call to the network's first call in the loop, and had no loss (a damaged run)."""
+    result = run(tmp_path, "frozen_loss_network.py", *(("--by-hand",) if update == "by hand" else ()), steps=3)
+    manifest = result.manifest
+    assert (manifest.status, manifest.steps_completed, manifest.inference) == (Status.OK.value, 3, False)
+    assert result.losses["step"].tolist() == [0, 1, 2] and not result.damage
+    assert manifest.extra["model"] == {"class": "Sequential", "parameters": 443, "shared_memory": False}
+    assert manifest.extra["frozen_modules"] == [{"class": "Sequential", "parameters": 14768, "shared_memory": False}]
+    if update == "optimizer":  # the trained net's parameters by their own names
+        assert set(result.grads["param"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+
 def test_dataloader_workers_do_not_record(tmp_path):
     result = run(tmp_path, "dataloader_workers.py", steps=4)
     assert result.manifest.status == Status.OK.value and result.manifest.steps_completed == 4
@@ -192,9 +207,14 @@ def test_grad_scaler_loss_is_unscaled_and_accumulation_recorded_per_micro_step(t
     assert losses["loss"].tolist() == pytest.approx(plain.losses["loss"].tolist(), rel=1e-6)
 
 
-def test_steps_skipped_by_grad_scaler_still_count(tmp_path):
+def test_steps_a_grad_scaler_skips_count_and_the_run_goes_on_at_most_settling_steps(tmp_path):
+    """A loss scaler's warm-up is no training step: the run goes on by a step for each skipped update, at most
+    SETTLING_STEPS more (issue 52). This scale is infinite: it never settles."""
     result = run(tmp_path, "tiny_train.py", "--scaler", "--overflow")
-    assert result.manifest.status == Status.OK.value and result.manifest.skipped_steps == [0, 1, 2]
+    manifest = result.manifest
+    assert manifest.status == Status.OK.value and manifest.skipped_steps == list(range(3 + SETTLING_STEPS))
+    assert manifest.message == (f"ran the 3 requested steps and {SETTLING_STEPS} more while the loss scale settled "
+                                "(0 of them applied an update)")
     assert (result.grads["inf_count"] + result.grads["nan_count"] > 0).any()
 
 

@@ -31,8 +31,8 @@ SAMPLE = SAMPLES / "grad_accum_clip"
 ORIGINAL, PORT = SCRIPTS / "verdict_mlp.py", SCRIPTS / "verdict_mlp_npu.py"
 STEPS = 3
 # migrate's fp16 port of verdict_mlp: its GradScaler skips steps 0 to 5 while the scale backs off to where the
-# sum-reduced gradients fit, and applies from step 6; a run of fewer steps never trains (updates_skipped)
-SCALER_SETTLES = 8
+# sum-reduced gradients fit, and applies from step 6: a run goes on while its scale settles
+SCALER_SETTLES = list(range(6))
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the autouse fixture is per test; the shared reference runs before any
 
 
@@ -337,7 +337,7 @@ def test_a_port_runs_at_once_with_its_reference_which_follows_its_precision_as_i
     assert not runs_with_its_reference(PORT, RunOptions(nproc_per_node=2), None)
     port = _migrated(ORIGINAL, tmp_path)
     assert "GradScaler" in port.read_text() and "torch.autocast(" in port.read_text()
-    exit_code, summary, out = verify(ORIGINAL, port, "-n", SCALER_SETTLES, "-q", "-o", tmp_path / "live")
+    exit_code, summary, out = verify(ORIGINAL, port, "-n", STEPS, "-q", "-o", tmp_path / "live")
     assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
     manifests = {side: json.loads((out / side / "manifest.json").read_text()) for side in ("ref", "actual")}
     ref = manifests["ref"]
@@ -355,7 +355,7 @@ def test_a_port_runs_at_once_with_its_reference_which_follows_its_precision_as_i
     commented = tmp_path / "commented_npu.py"
     commented.write_text("# Process features\n" + PORT.read_text())
     assert runs_with_its_reference(commented, RunOptions(), None)
-    exit_code, after_summary, after = verify(original, port, "-n", SCALER_SETTLES, "-q", "-o",
+    exit_code, after_summary, after = verify(original, port, "-n", STEPS, "-q", "-o",
                                              tmp_path / "after" / "out")
     assert json.loads((after / "ref" / "manifest.json").read_text())["follows"] == ""
     assert (exit_code, after_summary["reason"]) == (0, summary["reason"])
@@ -403,7 +403,7 @@ torch.manual_seed(0)
 model = nn.Linear(8, 8).cuda()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 scaler = torch.amp.GradScaler("cuda")
-for step in range(3):
+for step in range({steps}):
     x = torch.randn(16, 8).cuda()
     optimizer.zero_grad()
     with torch.autocast("cuda", dtype=torch.float16):
@@ -414,19 +414,41 @@ for step in range(3):
 """
 
 
-def test_an_original_whose_own_grad_scaler_skips_every_step_passes_with_its_port_and_says_so(tmp_path):
-    """The original's own GradScaler skips every update of a short run, as its faithful port's does: nothing the
-    port changed, so no updates_skipped finding (that is for a port whose original has no loss scaler, test_fix.py),
-    but the PASS says that no update was compared."""
+def _scaled_from_the_start(tmp_path: Path, steps: int) -> tuple[int, dict, Path]:
+    """The original with its own GradScaler, its loop of `steps` steps, and its faithful port, verified for 3 steps."""
     original = tmp_path / "train.py"
-    original.write_text(_SCALED_FROM_THE_START)
+    original.write_text(_SCALED_FROM_THE_START.format(steps=steps))
     port = tmp_path / "train_npu.py"
-    port.write_text(migrate_source(_SCALED_FROM_THE_START, "train.py", Settings(is_entry=True)).code)
-    exit_code, summary, _ = verify(original, port, "-n", 3, "-q", "-o", tmp_path / "out")
+    port.write_text(migrate_source(original.read_text(), "train.py", Settings(is_entry=True)).code)
+    return verify(original, port, "-n", 3, "-q", "-o", tmp_path / "out")
+
+
+def test_both_sides_own_grad_scalers_warming_up_run_on_until_their_updates_are_compared(tmp_path):
+    """Regression (issue 52): each side's own GradScaler skips its first updates while its scale halves, and the 3
+    steps asked for ended inside that warm-up: a PASS was printed on no compared update. The runs go on while the
+    scale settles and compare 3 applied updates."""
+    exit_code, summary, out = _scaled_from_the_start(tmp_path, steps=20)
     assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    skipped = summary["overflow"]["actual_scale"]["skipped"]
+    assert skipped == summary["overflow"]["ref_scale"]["skipped"] == list(range(len(skipped))) and skipped
+    manifest = json.loads((out / "actual" / "manifest.json").read_text())
+    assert manifest["steps_completed"] == 3 + len(skipped)
+    assert any(note.startswith(f"ran {len(skipped)} more step(s) while the loss scale settled (65536 → ")
+               for note in summary["notes"])
+
+
+def test_both_sides_own_grad_scalers_skipping_every_update_of_the_script_is_no_pass(tmp_path):
+    """The script ends (3 steps) while both sides' GradScalers still back off: no update was compared, which is no
+    PASS (issue 52), and no updates_skipped either: nothing the port changed (that is for a port whose original has
+    no loss scaler, test_fix.py)."""
+    exit_code, summary, _ = _scaled_from_the_start(tmp_path, steps=3)
+    assert (exit_code, summary["verdict"]) == (1, "FAIL"), summary["reason"]
     assert summary["overflow"]["actual_scale"]["skipped"] == summary["overflow"]["ref_scale"]["skipped"] == [0, 1, 2]
-    assert "updates_skipped" not in codes(summary)
-    assert any(note.startswith("neither side applied an update") for note in summary["notes"])
+    assert "no_update_compared" in codes(summary) and "updates_skipped" not in codes(summary)
+    assert summary["reason"].startswith("FAIL: no update was compared: each side's own loss scaler skipped the update "
+                                        "of each of its 3 steps (loss scale 65536 down to 16384; the script ended "
+                                        "while it still fell)")
+    assert any("more steps" in advice for advice in summary["advice"])
 
 
 def test_a_port_loading_in_the_main_process_where_its_original_has_workers_passes(tmp_path):
@@ -569,11 +591,11 @@ def test_steps_the_ports_grad_scaler_skips_are_followed_by_the_reference(tmp_pat
     Both are loss scaling at work."""
     original = migrated(tmp_path, ORIGINAL)
     assert "GradScaler" in (tmp_path / "train_npu.py").read_text()
-    exit_code, summary, out = verify(original, "-n", SCALER_SETTLES, "-q", "-o", tmp_path / "out",
+    exit_code, summary, out = verify(original, "-n", STEPS, "-q", "-o", tmp_path / "out",
                                      *(() if match_amp else ("--no-match-amp",)))
     assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
     ref, actual = (json.loads((out / side / "manifest.json").read_text()) for side in ("ref", "actual"))
-    assert actual["skipped_steps"] == ref["skipped_steps"] == [0, 1, 2, 3, 4, 5]  # then it trains
+    assert actual["skipped_steps"] == ref["skipped_steps"] == SCALER_SETTLES  # then it trains
     assert ref["status"] == "ok" and ref["loss_scaler"]["twin"] == "scale"
     assert ref["loss_scaler"]["followed"] == actual["skipped_steps"]
     assert not {"overflow", "scale_collapse"} & set(codes(summary))
@@ -582,6 +604,20 @@ def test_steps_the_ports_grad_scaler_skips_are_followed_by_the_reference(tmp_pat
         assert ref_scales == pd.read_csv(out / "actual" / "losses.csv")["loss_scale"].tolist()
     else:
         assert "were skipped on the reference too" in summary["pair"]["description"]
+
+
+def test_a_faithful_fp16_port_passes_once_its_loss_scale_has_settled(tmp_path):
+    """Regression (issue 52, on a CPU and on an H200): migrate's fp16 port of verdict_mlp at 6 steps FAILed
+    updates_skipped ("65536 down to 2048"), its GradScaler still halving. The pair goes on while the scale falls,
+    until 6 updates are applied, and says so."""
+    original = migrated(tmp_path, ORIGINAL)
+    exit_code, summary, out = verify(original, "-n", 6, "-q", "-o", tmp_path / "out", "--", "--epochs", "2")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    skipped = summary["overflow"]["actual_scale"]["skipped"]
+    assert skipped[:len(SCALER_SETTLES)] == SCALER_SETTLES  # and where a later step overflows, one more step
+    assert summary["reason"].startswith(f"PASS: loss within 1.00% at all {6 + len(skipped)} steps")
+    assert (f"ran {len(skipped)} more step(s) while the loss scale settled (65536 → 1024): {len(skipped)} update(s) "
+            "skipped, 6 applied") in summary["notes"]
 
 
 def test_a_reference_without_a_gpu_takes_its_gpu_code_path_on_emulated_cuda(tmp_path):
@@ -797,7 +833,7 @@ def test_a_port_that_hangs_leaves_its_following_reference_to_run_to_its_end(tmp_
     assert exit_code == 1 and "timed out" in summary["reason"], summary["reason"]
 
 
-def test_runs_going_together_build_torch_extensions_in_folders_of_their_own(tmp_path):
+def test_runs_going_together_build_torch_extensions_in_folders_of_their_own(tmp_path, monkeypatch):
     """Regression: the cuda_extension_model sample's pair crashed now and then ("bias_gelu_ext.so: cannot open shared
     object file"): its reference, calibration run and port, going at once, built one extension in one folder, each
     replacing the library the other was loading. Each run of a pair now builds in a folder of its own."""
@@ -805,6 +841,7 @@ def test_runs_going_together_build_torch_extensions_in_folders_of_their_own(tmp_
     original, port = tmp_path / ORIGINAL.name, tmp_path / PORT.name
     original.write_text(record + ORIGINAL.read_text())
     port.write_text(record + PORT.read_text())
+    monkeypatch.chdir(tmp_path)  # the scripts' folder, the root of each run's view
     exit_code, summary, _ = verify(original, port, "-n", 2, "-q", "-o", tmp_path / "out")
     assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
     # each run wrote folders.txt in its own view of the scripts' folder (RUNDIR/files: test_working_folder.py)

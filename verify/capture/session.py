@@ -213,7 +213,7 @@ def _ended_by_itself(manifest: RunManifest, recorder: StepRecorder, code: Any) -
         manifest.status = Status.CRASHED.value
         manifest.message = f"the script called sys.exit({code!r}) after {_steps(done)}"
     else:
-        status, manifest.message = ended_by_itself(done, manifest.steps_requested)
+        status, manifest.message = ended_by_itself(done, manifest.steps_requested, len(manifest.skipped_steps))
         manifest.status = status.value
         if status == Status.NO_STEPS:
             manifest.message += f": {_no_step(recorder)}"

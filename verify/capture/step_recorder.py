@@ -3,12 +3,16 @@ statistics, op records and inference outputs, written to the run directory step 
 
 Steps. A step ends when the *lead* optimizer (the first one ever to call step()) finishes step(). With several
 optimizers (a GAN) the others' steps fall into whichever step they run in, identically on both sides of a
-comparison. A step that a GradScaler skips (inf/NaN gradients: optimizer.step() is never called) still counts, or
-the run would never end; it is listed in manifest.skipped_steps. Without an optimizer, a step runs from one forward
-of the first outermost module to the next (or to the script's end): inference when no backward() was ever called,
-else training that updates the parameters by hand (pytorch/examples word_language_model's `p.data.add_`). After
-the requested steps `StopRun` (a BaseException, so the script's `except Exception` cannot swallow it) unwinds the
-script.
+comparison. A step that a loss scaler skips (inf/NaN gradients: optimizer.step() is never called) still counts, or
+the run would never end; it is listed in manifest.skipped_steps, and the run goes on by one step for each, at most
+SETTLING_STEPS more: a dynamic loss scale halves through its first steps until the gradients fit (its warm-up), and
+the steps asked for are steps that train. Without an optimizer, a step runs from one forward of the model to the
+next (or to the script's end): inference when no backward() was ever called, else training that updates the
+parameters by hand (pytorch/examples word_language_model's `p.data.add_`). The model is the outermost module the
+lead optimizer trains, else the first with a parameter that requires a gradient: a frozen network beside it (a
+perceptual loss's VGG, a teacher, a diffusion fine-tune's VAE) is recorded as frozen (manifest.extra[FROZEN_KEY]),
+and its calls before the training loop start no step. After the steps `StopRun` (a BaseException, so the script's
+`except Exception` cannot swallow it) unwinds the script.
 
 Loss: the tensor backward() is called on, unscaled when GradScaler.scale() produced it; one losses.csv row per
 backward() (micro-steps of gradient accumulation). Hyperparameters of every optimizer and per-parameter gradient
@@ -36,8 +40,9 @@ from torch.utils._pytree import tree_flatten
 from verify.capture.ops import sample_columns, step_columns, tensors_in
 from verify.capture.module_scopes import unwrapped
 from verify.capture.tensor_stats import Handle, has_readable_data, host_array, summarize
-from verify.record.schema import (GRAD_STATISTIC_NAMES, GRADS_DIR, MODEL_KEY, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR,
-                                   STAT_COLUMNS, LossScalerPlan, RunManifest, Status, step_file)
+from verify.record.schema import (FROZEN_KEY, GRAD_STATISTIC_NAMES, GRADS_DIR, MODEL_KEY, OPS_DIR, OUTPUTS_DIR,
+                                   SAMPLES_DIR, SETTLING_STEPS, STAT_COLUMNS, LossScalerPlan, RunManifest, Status,
+                                   ran_requested_steps, step_file)
 from verify.capture.loss_scaler_twin import LossScalerTwin, script_scaler
 from verify.capture.followed_port import followed
 from verify.capture.gradient_resets import GradientResets
@@ -92,7 +97,9 @@ class StepRecorder:
         self._optimizers: weakref.WeakSet = weakref.WeakSet()  # every optimizer the script made
         self._roots: list[weakref.ref] = []
         self._root_depth = 0
-        self._step_open = False  # without an optimizer: a step began with a forward and ends at the next one
+        # Without an optimizer: the open step's model (a weak reference), which began it with a forward; the step
+        # ends at the model's next forward. None: no step is open.
+        self._step_model: weakref.ref | None = None
         self._in_backward = False
         self._last_scaled: tuple[Any, Any, float] | None = None  # (scaled loss, loss, scale) from GradScaler.scale
         self._script_scaler: dict[str, Any] = {}  # the script's own GradScaler (script_scaler), where it has one
@@ -333,18 +340,20 @@ class StepRecorder:
             self.capture.optimizer_step_ends(self._stepping)
         self._stepping = []  # a backward() from here on runs outside any optimizer's step()
         if self._optimizer_index.get(optimizer) == 0:
+            if self.steps_done == 0:
+                self._record_model()  # the lead optimizer now says which module it trains
             self._end_step()
 
     def _before_forward(self, module, args) -> None:
         if self._root_depth == 0 and self.enabled:
             if not any(ref() is module for ref in self._roots):
                 self._roots.append(weakref.ref(module))
-                # the model is the first outermost module with parameters: a dataset's transform (torchvision's
-                # Normalize is a module) may run first
-                if not self.manifest.extra.get(MODEL_KEY, {}).get("parameters"):
-                    self.manifest.extra[MODEL_KEY] = _model_record(module)
-            if self._step_open and self._roots[0]() is module:
-                self.end_open_step()
+                self._record_model()
+            if self._step_model is not None and self._model() is module:
+                if self._step_model() is module:
+                    self.end_open_step()
+                else:  # the trained model's first call: the step a frozen network's call opened before it goes on
+                    self._step_model = weakref.ref(module)
             if self.capture is not None:
                 self.capture.record_inputs(module, args)
         self._root_depth += 1
@@ -361,13 +370,43 @@ class StepRecorder:
             self.manifest.inference = True  # until a backward() says otherwise
             with self._own_work():
                 self._record_outputs(output)
-        self._step_open = True
+        if self._step_model is None:
+            self._step_model = weakref.ref(self._model())
 
     def end_open_step(self) -> None:
-        """Ends the step that a forward began without an optimizer (at the next forward, or when the script ends)."""
-        if self._step_open:
-            self._step_open = False
+        """Ends the step that a forward began without an optimizer (at the model's next forward, or when the script
+        ends)."""
+        if self._step_model is not None:
             self._end_step()
+
+    # -- the model ------------------------------------------------------------------------------------------------
+
+    def _outermost(self) -> list[torch.nn.Module]:
+        return [module for module in (ref() for ref in self._roots) if module is not None]
+
+    def _model(self) -> torch.nn.Module | None:
+        """The model the script trains: the first outermost module holding a parameter of the lead optimizer, else
+        the first with a parameter that requires a gradient, else the first (an inference script's, frozen or not),
+        never a frozen network beside it."""
+        roots = self._outermost()
+        lead = next((optimizer for optimizer, index in self._optimizer_index.items() if index == 0), None)
+        if lead is not None:
+            trained = {id(p) for group in lead.param_groups for p in group["params"]}
+            holder = next((root for root in roots if any(id(p) in trained for p in root.parameters())), None)
+            if holder is not None:
+                return holder
+        return next((root for root in roots if _trainable(root)), roots[0] if roots else None)
+
+    def _record_model(self) -> None:
+        """manifest.extra: the model (MODEL_KEY) and the frozen networks beside it (FROZEN_KEY), as known so far.
+        A dataset's transform that is a module (torchvision's Normalize) holds no parameters, and is neither."""
+        model = self._model()
+        with_parameters = [root for root in self._outermost() if next(root.parameters(), None) is not None]
+        if model is not None and (model in with_parameters or not with_parameters):
+            self.manifest.extra[MODEL_KEY] = _model_record(model)
+        frozen = [_model_record(root) for root in with_parameters if root is not model and not _trainable(root)]
+        if frozen:
+            self.manifest.extra[FROZEN_KEY] = frozen
 
     # -- records --------------------------------------------------------------------------------------------------
 
@@ -381,10 +420,8 @@ class StepRecorder:
 
     def _parameter_names(self) -> dict[int, str]:
         names: dict[int, str] = {}
-        for ref in self._roots:
-            root = ref()
-            if root is None:
-                continue
+        model = self._model()
+        for root in sorted(self._outermost(), key=lambda root: root is not model):  # the model's names are plain
             for name, parameter in unwrapped(root).named_parameters():  # "conv1.weight", wrapped or not
                 if id(parameter) not in names:  # two models with the same layout: the later one gets its class name
                     names[id(parameter)] = name if name not in names.values() else f"{type(root).__name__}.{name}"
@@ -420,6 +457,7 @@ class StepRecorder:
         at the end of the next one, by when it is, so the device never waits for the host. The last step asked for
         is written at once; one a run ends after, by discard_partial_step (a run killed loses it)."""
         step = self.steps_done
+        self._step_model = None  # a step an optimizer ends closes one a forward before the loop opened
         with self._own_work():
             shipment = self.batch.ship()
             samples = self.capture.samples if self.capture is not None else []
@@ -438,13 +476,20 @@ class StepRecorder:
         previous, self._unwritten = self._unwritten, ended
         if previous is not None:
             self._write_step(*previous)
-        last = self.steps_done >= self.manifest.steps_requested
+        last = self.steps_done >= self._steps_to_run()
         if last or shipment.arrived():
             self._write_unwritten()
         write_manifest(self.run_dir, self.manifest)
         self._step_started = time.perf_counter()
         if last:
-            raise StopRun(Status.OK, f"ran the {self.steps_done} requested steps")
+            raise StopRun(Status.OK, ran_requested_steps(self.steps_done, self.manifest.steps_requested,
+                                                         len(self.manifest.skipped_steps)))
+
+    def _steps_to_run(self) -> int:
+        """The steps asked for, and one more for each update a loss scaler skipped, at most SETTLING_STEPS more: its
+        warm-up (it halves until the gradients fit) is no training step, and a run that ends inside it compares no
+        update. A reference that follows its port's scaler skips the port's steps, so both make the same steps."""
+        return self.manifest.steps_requested + min(len(self.manifest.skipped_steps), SETTLING_STEPS)
 
     def _write_unwritten(self) -> None:
         unwritten, self._unwritten = self._unwritten, None
@@ -505,6 +550,10 @@ class StepRecorder:
         self.batch.fetch()
         if self.capture is not None:
             self.capture.discard_step(self.steps_done)
+
+
+def _trainable(module: torch.nn.Module) -> bool:
+    return any(parameter.requires_grad for parameter in module.parameters())
 
 
 def _model_record(module: torch.nn.Module) -> dict[str, Any]:

@@ -69,7 +69,9 @@ class SideRunner:
         echo = None if self.echo != Echo.EVERYTHING else (
             lambda line: self.progress.console.print(f"[{label}] {line}", markup=False, style="dim"))
         run_script(script, args, replace(options, threads=self.threads), run_dir, on_output=echo,
-                   on_progress=lambda done: self.progress.update(task, completed=done), stop_order=stop_order)
+                   # past the steps asked for (while its loss scale settles) the bar's total grows with the run
+                   on_progress=lambda done: self.progress.update(task, completed=done, total=max(options.steps, done)),
+                   stop_order=stop_order)
         run = read_side(run_dir)
         if run.manifest.verify_error:
             raise PairError(f"{label} run: {run.manifest.verify_error}")

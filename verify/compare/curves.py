@@ -228,6 +228,7 @@ def _scale_trace(run: Run) -> dict[str, Any]:
     drops = int((after_calibration.diff() < 0).sum())
     interval = int(run.manifest.loss_scaler.get("growth_interval") or 0)
     return {
+        "steps": [int(step) for step in scale.index],
         "scales": [float(v) for v in scale.to_numpy()],
         "skipped": sorted(skipped),
         "drops": drops,

@@ -22,7 +22,7 @@ from verify.compare.curves import LossComparison, never_updated
 from verify.compare.op_verdicts import MODEL_PHASES, one_sided_producers, op_label, source_text
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
-from verify.record.schema import INPUT_OP, Phase, Status
+from verify.record.schema import INPUT_OP, SETTLING_STEPS, Phase, Status
 from verify.errors import CompareError
 from verify.checklist_items import port_name, project_trees
 
@@ -53,6 +53,8 @@ class FindingCode(str, Enum):
     SCALE_STUCK = "scale_stuck"
     # the port's GradScaler skipped every update of the run, where the original (no loss scaler) updates at each step
     UPDATES_SKIPPED = "updates_skipped"
+    # each side's own loss scaler skipped every update of the run: no update was compared, so nothing is proven
+    NO_UPDATE_COMPARED = "no_update_compared"
     # not failing by itself: it names a cause (verify/record/environment.py)
     ENVIRONMENT_DIFFERS = "environment_differs"
     RANKS_DIFFER = "ranks_differ"  # the sides ran other numbers of ranks
@@ -69,7 +71,7 @@ FAILING = (FindingCode.RUN_FAILED, FindingCode.NO_BACKWARD, FindingCode.STEPS_DI
            FindingCode.SHARDING,
            FindingCode.RANKS_DISAGREE, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
            FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES,
-           FindingCode.UPDATES_SKIPPED, FindingCode.NONDETERMINISM,
+           FindingCode.UPDATES_SKIPPED, FindingCode.NO_UPDATE_COMPARED, FindingCode.NONDETERMINISM,
            FindingCode.OUTPUT_DIVERGES, FindingCode.LOSS_DIVERGES, FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)
 
 
@@ -260,7 +262,7 @@ def _other_module(side: str, name: str, instead: str, why: str) -> Finding:
                    {"side": side, "file": name, "instead": instead})
 
 
-def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
+def _overflow_findings(overflow: dict[str, Any], actual: Run) -> list[Finding]:
     findings = []
     for side in ("ref", "actual"):
         first = overflow[f"{side}_first"]
@@ -292,14 +294,29 @@ def _overflow_findings(overflow: dict[str, Any]) -> list[Finding]:
             findings.append(Finding(FindingCode.SCALE_STUCK, (
                 f"{side} loss scale never grows ({trace['scales'][0]:g}): a static scale, or no growth over more steps "
                 "without overflow than its growth interval"), {"side": side, **trace}))
-    if never_updated(overflow) == "actual":
-        trace = overflow["actual_scale"]
+    never = never_updated(overflow)
+    trace = overflow["actual_scale"]
+    if never == "actual":
         findings.append(Finding(FindingCode.UPDATES_SKIPPED, (
             f"the port's GradScaler skipped the update of each of its {len(trace['scales'])} steps (loss scale "
-            f"{_scales_words(trace['scales'])}): its fp16 gradients overflowed at every scale, so the port never "
-            "trained in this run, where the original, which has no loss scaler, updates at each step"),
-            {"side": "actual", **trace, "lowest_scale": f"{min(trace['scales']):g}"}))
+            f"{_scales_words(trace['scales'])}{_settling_words(actual)}): its fp16 gradients overflowed at every "
+            "scale, so the port never trained in this run, where the original, which has no loss scaler, updates at "
+            "each step"), {"side": "actual", **trace, "lowest_scale": f"{min(trace['scales']):g}"}))
+    if never == "both":
+        findings.append(Finding(FindingCode.NO_UPDATE_COMPARED, (
+            f"no update was compared: each side's own loss scaler skipped the update of each of its "
+            f"{len(trace['scales'])} steps (loss scale {_scales_words(trace['scales'])}{_settling_words(actual)}), "
+            "so neither side trained in this run and nothing proves the port's training"),
+            {"side": "both", **trace, "lowest_scale": f"{min(trace['scales']):g}"}))
     return findings
+
+
+def _settling_words(run: Run) -> str:
+    """Why a run that skipped every update ended there: the script ended while its scale still fell, or the steps
+    it made past those asked for reached their bound."""
+    if run.manifest.steps_completed < run.manifest.steps_requested + SETTLING_STEPS:
+        return "; the script ended while it still fell"
+    return f"; {SETTLING_STEPS} steps past the {run.manifest.steps_requested} asked for, it never settled"
 
 
 def _at(record: dict[str, Any]) -> str:
@@ -677,7 +694,7 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
           for message, name in zip(hparams["message"], hparams["name"])),
         *_grads_reset_findings(ref, actual),
         *_environment_finding(ref, actual, first),
-        *_overflow_findings(overflow),
+        *_overflow_findings(overflow, actual),
         *_loss_finding(loss),
         *_output_finding(outputs),
         *inputs,

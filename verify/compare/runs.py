@@ -21,7 +21,7 @@ from verify.record import environment
 from verify.compare.align import AlignStatus, align_ops
 from verify.compare.code_lines import CodeLines
 from verify.compare.curves import (LossComparison, compare_grads, compare_hparams, compare_losses, compare_outputs,
-                           compare_overflow, never_updated, summarize_outputs)
+                           compare_overflow, summarize_outputs)
 from verify.compare.findings import FAILING, Finding, FindingCode, Verdict, collect_findings, how_runs_ended, verdict
 from verify.compare.op_catalogue import BUILT_IN, RANDOM, OpCatalogue
 from verify.compare.op_verdicts import carried_noise_of, first_divergent_op, op_metrics, unscaled_backward
@@ -219,12 +219,21 @@ def _why_no_ops(run: Run) -> str:
     return "has no operator table"
 
 
+def _settling_notes(actual: Run, overflow: dict[str, Any]) -> list[str]:
+    """The steps the runs made past those asked for while the loss scale settled (verify/capture/step_recorder.py),
+    from the scale they started at to the one the first update applied at."""
+    settling = actual.manifest.steps_completed - actual.manifest.steps_requested
+    trace = overflow["actual_scale"]
+    if settling <= 0 or not trace["scales"]:
+        return []
+    applied = [scale for step, scale in zip(trace["steps"], trace["scales"]) if step not in trace["skipped"]]
+    settled = f"{applied[0]:g}" if applied else f"{trace['scales'][-1]:g}, still falling"
+    return [f"ran {settling} more step(s) while the loss scale settled ({trace['scales'][0]:g} → {settled}): "
+            f"{len(trace['skipped'])} update(s) skipped, {len(applied)} applied"]
+
+
 def _overflow_noise_notes(overflow: dict[str, Any]) -> list[str]:
     notes = []
-    if never_updated(overflow) == "both":
-        notes.append("neither side applied an update: each side's own GradScaler skipped every step's, its fp16 "
-                     "gradients overflowing at every scale, so the optimizer's updates were not compared; verify more "
-                     "steps (--steps) to compare them")
     apart = ", ".join(map(str, overflow.get("calibration_overflows_apart", [])))
     if overflow["skips_within_noise"]:
         skipped = ", ".join(str(skip["step"]) for skip in overflow["skips_within_noise"])
@@ -387,7 +396,7 @@ def _compare_processes(ref: Run, actual: Run, options: CompareOptions,
     grads = grads.iloc[:0] if racy else grads  # each gradient is of parameters the other processes moved meanwhile
     outputs = compare_outputs(ref, actual, policy, notes)
     overflow = compare_overflow(ref, actual, measured)
-    notes += _overflow_noise_notes(overflow)
+    notes += _settling_notes(actual, overflow) + _overflow_noise_notes(overflow)
     if ops_not_compared:
         evidence = _evidence(loss, not (ref.hparams.empty or actual.hparams.empty), grads, outputs)
         notes.append(f"operators not compared: {ops_not_compared}; judged on the {evidence}")

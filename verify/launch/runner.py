@@ -427,7 +427,8 @@ def _finalise(run_dir: Path, returncode: int, ending: str, timeout: float | None
         manifest.message = f"interrupted: verify was stopped by {stopped.signal_name} ({done})"
     elif manifest.status == Status.RUNNING.value and returncode == 0 and not folders:
         # the script ended its process itself (os._exit(0)) before the bootstrap could write how: ended, not crashed
-        status, words = ended_by_itself(manifest.steps_completed, manifest.steps_requested)
+        status, words = ended_by_itself(manifest.steps_completed, manifest.steps_requested,
+                                        len(manifest.skipped_steps))
         manifest.status, manifest.exit_code = status.value, 0
         manifest.message = f"{words} (its process exited with code 0 before verify could record how it ended)"
     elif manifest.status == Status.RUNNING.value:

@@ -69,8 +69,15 @@ LOG = "output.log"
 LAST_COLLECTIVE = "last-collective.json"
 # manifest.extra: the model the script trained or ran, {"class": its class's name, "parameters": how many it holds,
 # "shared_memory": whether its parameters are in shared memory (hogwild's workers update them without locks)}: the
-# first outermost module that ran forward (inside DataParallel, DistributedDataParallel or torch.compile, the module)
+# outermost module the lead optimizer trains, else the first with a parameter that requires a gradient, else the first
+# that ran forward (inside DataParallel, DistributedDataParallel or torch.compile, the module)
 MODEL_KEY = "model"
+# manifest.extra: the frozen networks beside the model (outermost modules with parameters, none of which requires a
+# gradient: a perceptual loss's VGG, a distillation teacher, a reference model), each recorded as the model is
+FROZEN_KEY = "frozen_modules"
+# The steps a run makes past those asked for, at most, while a loss scaler skips updates: a GradScaler halving from
+# its default 2**16 reaches 1 in 16 steps (verify/capture/step_recorder.py)
+SETTLING_STEPS = 16
 # manifest.extra: the script's torch.compile calls, {"calls": how many, "targets": what it compiled, "graphs": the graphs
 # dynamo compiled during the run} (verify/capture/compile_calls.py); absent where the script never called it
 COMPILE_KEY = "torch_compile"
@@ -92,14 +99,24 @@ class Status(str, Enum):
     NO_STEPS = "no-steps"  # the script ended without a single step (no backward, no forward of a module)
 
 
-def ended_by_itself(steps_done: int, steps_requested: int) -> tuple[Status, str]:
+def ended_by_itself(steps_done: int, steps_requested: int, skipped: int) -> tuple[Status, str]:
     """How a run whose script ended by itself with exit code 0 ended, and the words that say so: the steps asked for
-    ran (OK), fewer (SHORT: not a crash, README's `verify run` exit 0), or none (NO_STEPS)."""
+    ran (OK), fewer (SHORT: not a crash, README's `verify run` exit 0), or none (NO_STEPS). `skipped`: the steps
+    whose update a loss scaler skipped."""
     if steps_done == 0:
         return Status.NO_STEPS, "the script ended without a step"
     if steps_done < steps_requested:
         return Status.SHORT, f"the script ended by itself after {steps_done} of {steps_requested} steps"
-    return Status.OK, f"ran the {steps_done} requested steps"
+    return Status.OK, ran_requested_steps(steps_done, steps_requested, skipped)
+
+
+def ran_requested_steps(steps_done: int, steps_requested: int, skipped: int) -> str:
+    """The words of a run that made the steps asked for, those it made past them while its loss scale settled, and
+    how many applied an update where a loss scaler skipped some."""
+    settling = steps_done - steps_requested
+    words = f"ran the {steps_requested} requested steps" + (
+        f" and {settling} more while the loss scale settled" if settling > 0 else "")
+    return words + (f" ({steps_done - skipped} of them applied an update)" if skipped else "")
 
 
 class Phase(str, Enum):

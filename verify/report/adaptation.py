@@ -1,10 +1,10 @@
 """adaptation.md: the adaptation report that people who port a model to Ascend publish with it (on its hub page),
 made from a comparison: the scripts (paths relative to the folder verify ran in: the report is published, and a home
-directory is nobody's business), the model (its class and parameter count), the command line that made it, each
-side's device as recorded (an emulated device named as emulated, never passed off as hardware), the software
-versions, the run status, the time per step, the accuracy table (inference: the outputs' cosine, max and mean
-absolute error, top-1 and top-5 agreement; training: the loss at each step and the first divergence), the criterion
-and the verdict. Plain Markdown; its figures are summary.json's. No torch.
+directory is nobody's business), the model (its class and parameter count) and the frozen networks beside it, the
+command line that made it, each side's device as recorded (an emulated device named as emulated, never passed off as
+hardware), the software versions, the run status, the time per step, the accuracy table (inference: the outputs'
+cosine, max and mean absolute error, top-1 and top-5 agreement; training: the loss at each step and the first
+divergence), the criterion and the verdict. Plain Markdown; its figures are summary.json's. No torch.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from verify.compare.metrics import OUTPUT_METRICS
 from verify.compare.runs import ComparisonResult
 from verify.devices import title
 from verify.record.environment import ENVIRONMENT_KEY
-from verify.record.schema import MODEL_KEY
+from verify.record.schema import FROZEN_KEY, MODEL_KEY
 from verify.record.store import Run
 
 ADAPTATION_MD = "adaptation.md"
@@ -39,9 +39,10 @@ def adaptation_markdown(result: ComparisonResult, command: list[str], ran_in: Pa
     sides = (("Reference", result.ref), ("Port", result.actual))
     sections = [
         f"# Adaptation report: {markdown_text(Path(result.actual.manifest.script).name)}",
-        _section("Model and source", _table(["", "script", "sha256", "arguments", "model", "parameters"], [
+        _section("Model and source", _table(["", "script", "sha256", "arguments", "model", "parameters",
+                                             "frozen beside it"], [
             [side, markdown_code(_public(run.manifest.script, ran_in)), markdown_text(run.manifest.script_sha256[:12]),
-             markdown_code(shlex.join(_public(arg, ran_in) for arg in run.manifest.argv)), *_model(run)]
+             markdown_code(shlex.join(_public(arg, ran_in) for arg in run.manifest.argv)), *_model(run), _frozen(run)]
             for side, run in sides])),
         _section("Command", markdown_code(shlex.join(_public(word, ran_in) for word in command), block=True)),
         _section("Hardware", _table(["", "device", "name", "emulated"], [
@@ -73,6 +74,12 @@ def _model(run: Run) -> list[str]:
     """The model's class and its parameter count, as the run recorded them (manifest.extra[MODEL_KEY])."""
     model = run.manifest.extra.get(MODEL_KEY)
     return [markdown_code(model["class"]), f"{model['parameters']:,}"] if model else ["-", "-"]
+
+
+def _frozen(run: Run) -> str:
+    """The frozen networks the model trained beside (a loss network, a teacher), as the run recorded them."""
+    frozen = run.manifest.extra.get(FROZEN_KEY, [])
+    return ", ".join(f"{markdown_code(module['class'])} ({module['parameters']:,})" for module in frozen) or "-"
 
 
 def _section(heading: str, body: str) -> str:

@@ -147,6 +147,11 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "at a scale the gradients fit, GradScaler(init_scale=2.0**k) with 2**k below {lowest_scale} (`migrate "
         "PORT --fix-from PAIR` settles it from this run), or verify more steps. A loss summed over a batch "
         "(reduction='sum') makes gradients that need a low scale."), ("C4",)),
+    AdviceRule(FindingCode.NO_UPDATE_COMPARED, (
+        "Both scripts' loss scalers were still backing off when the run ended, so no optimizer update was compared: "
+        "give the scripts more steps (an epoch of more batches, --steps), or start both scalers at a scale the "
+        "gradients fit, GradScaler(init_scale=2.0**k) with 2**k below {lowest_scale}, the same in the original and "
+        "the port."), ("C4",)),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} in {module} diverges although its inputs agree: an operator accuracy issue. Run it in fp32 (exclude it "
         "from autocast), disable fusion (call the unfused eager ops instead of a torch_npu fused kernel; "
