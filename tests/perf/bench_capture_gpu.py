@@ -225,6 +225,7 @@ def msprobe_runner(workload: Workload, out_dir: Path) -> Callable[[int], None] |
         from msprobe.pytorch import PrecisionDebugger
     except Exception as error:  # not installed, or its own imports fail
         return f"msprobe does not import: {type(error).__name__}: {error}"
+    out_dir.mkdir(parents=True, exist_ok=True)  # msprobe makes its dump_path, not the folder of its config
     config = out_dir / "config.json"
     config.write_text(json.dumps({
         "task": "statistics", "dump_path": str(out_dir / "dump"), "rank": [], "step": [], "level": "L1",

@@ -4,13 +4,13 @@ kernels, accumulation orders, TF32), so the verdicts here are the ones a CPU pai
 verdict, first line, is in the fixtures' README."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from fixture_pairs import compared, copied
 from verify.cli import app
 from verify.record.schema import SCHEMA_VERSION
 
@@ -19,20 +19,10 @@ FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu-ru
 pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"no GPU fixtures at {FIXTURES}")
 
 
-def compare(tmp_path: Path, pair: str) -> tuple[int, dict]:
-    """`verify compare` of a copy (the fixtures are read-only, and compare writes its reports)."""
-    folder = tmp_path / pair
-    shutil.copytree(FIXTURES / pair, folder)
-    result = CliRunner().invoke(app, ["compare", str(folder / "ref"), str(folder / "actual"), "-o",
-                                      str(tmp_path / "out")])
-    assert result.exit_code in (0, 1), result.output
-    return result.exit_code, json.loads((tmp_path / "out" / "summary.json").read_text())
-
-
 def test_a_faithful_bf16_port_passes_although_every_op_carries_the_gpus_noise(tmp_path):
     """The fp32 layer norms and the gradient clipping after bf16 matmuls differ by more than the fp32 tolerance: they
     carry the noise of their bf16 inputs, which differ from GPU to NPU, and are judged against it."""
-    exit_code, summary = compare(tmp_path, "nanogpt-bf16-faithful")
+    exit_code, summary = compared(FIXTURES, "nanogpt-bf16-faithful", tmp_path)
     assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
     assert 0 < summary["loss"]["max_rel_diff"] < 0.001
 
@@ -42,7 +32,7 @@ def test_a_changed_activation_is_named_first(tmp_path):
     line names the module where the op ran instead of the lines that made it."""
     manifest = json.loads((FIXTURES / "mnist-fp32ref-gelu" / "actual" / "manifest.json").read_text())
     assert manifest["schema_version"] == 1
-    exit_code, summary = compare(tmp_path, "mnist-fp32ref-gelu")
+    exit_code, summary = compared(FIXTURES, "mnist-fp32ref-gelu", tmp_path)
     assert exit_code == 1
     assert summary["reason"].startswith(
         "FAIL: the port computes aten.gelu where the original computes aten.relu (Net forward, step 0)")
@@ -51,16 +41,14 @@ def test_a_changed_activation_is_named_first(tmp_path):
 
 
 def test_a_changed_learning_rate_is_named_first(tmp_path):
-    exit_code, summary = compare(tmp_path, "mnist-fp32ref-lr")
+    exit_code, summary = compared(FIXTURES, "mnist-fp32ref-lr", tmp_path)
     assert exit_code == 1
     assert summary["reason"].startswith("FAIL: hyperparameter differs: lr ")
 
 
 def test_a_run_directory_of_an_unknown_schema_version_is_refused_on_one_line(tmp_path):
-    folder = tmp_path / "pair"
-    shutil.copytree(FIXTURES / "mnist-fp32ref-lr", folder)
+    folder = copied(FIXTURES, "mnist-fp32ref-lr", tmp_path)
     manifest = folder / "actual" / "manifest.json"
-    manifest.chmod(0o644)
     manifest.write_text(json.dumps(json.loads(manifest.read_text()) | {"schema_version": 99}))
     result = CliRunner().invoke(app, ["compare", str(folder / "ref"), str(folder / "actual")])
     assert result.exit_code == 2 and "Traceback" not in result.output

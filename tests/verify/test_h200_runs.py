@@ -3,26 +3,19 @@ on the GPU, the port on the emulated NPU and the reference's calibration run on 
 scripts pass; a changed activation fails naming it."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
-from typer.testing import CliRunner
 
-from verify.cli import app
+from fixture_pairs import compared
 from verify.compare import tolerances
 
 H200_RUNS = Path(__file__).resolve().parent / "fixtures" / "h200-runs"
 
 
 def compare_h200(tmp_path: Path, pair: str) -> tuple[int, dict, pd.DataFrame]:
-    folder = tmp_path / pair
-    shutil.copytree(H200_RUNS / pair, folder)
-    result = CliRunner().invoke(app, ["compare", str(folder / "ref"), str(folder / "actual"), "-o",
-                                      str(tmp_path / "out")])
-    assert result.exit_code in (0, 1), result.output
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    return result.exit_code, summary, pd.read_parquet(tmp_path / "out" / "ops.parquet")
+    exit_code, summary = compared(H200_RUNS, pair, tmp_path)
+    return exit_code, summary, pd.read_parquet(tmp_path / "out" / "ops.parquet")
 
 
 def test_a_faithful_mnist_port_passes_against_its_h200_reference(tmp_path):

@@ -16,10 +16,12 @@ import typer
 from typer.testing import CliRunner
 
 from verify.cli import app
+from verify.cli.compare_cmd import judged_again
 from verify.cli.pair import route
 from verify.errors import EXIT_ERROR
 from verify.launch.runner import RunOptions, run_script
 from verify.record import run_folders
+from verify.report.writers import write_reports
 
 pytestmark = pytest.mark.slow
 
@@ -189,6 +191,24 @@ def test_report_on_a_summary_without_its_runs_is_exit_2(pair):
     line = error_line(verify("report", reports))
     assert line.startswith(f"{reports / 'summary.json'} was judged from the reference run {pair / 'ref'}, "
                            "which is not there"), line
+
+
+def test_report_of_a_copy_without_its_runs_names_the_folder_whose_runs_it_judged(recorded, tmp_path):
+    """Regression (issue 52 item 6): a copy of a pair's folder whose runs are gone is judged from the original's,
+    which its summary names by their absolute paths, and no report said so: the verdict read as the copy's own."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(recorded / "summary.json", copy)
+    said = (f"judged from runs read in {recorded.resolve()}: the summary names them there, and they are gone from "
+            "beside it")
+    result = verify("report", copy)
+    assert result.exit_code == 0, result.output
+    assert f"note: {said}" in result.output
+    # `verify report` writes no report files; those of its judgment, written, say it too
+    write_reports(judged_again(copy / "summary.json", json.loads((copy / "summary.json").read_text())), copy / "again")
+    summary = json.loads((copy / "again" / "summary.json").read_text())
+    assert said in summary["notes"]
+    assert said in (copy / "again" / "report.html").read_text()
 
 
 def test_report_on_a_pair_whose_run_was_replaced_is_exit_2(pair):

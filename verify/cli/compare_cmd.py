@@ -177,7 +177,7 @@ def _report(run_or_result: Path, adaptation_report: bool, command: tuple[str, ..
         raise VerifyFailure(f"{summary_file} is not a comparison's summary: it holds a JSON {type(summary).__name__}, "
                             "not the object `verify compare -o` writes")
     with adaptation_or_why_not(adaptation_report):
-        result = _judged_again(summary_file, summary)
+        result = judged_again(summary_file, summary)
     print_summary(result, stdout)
     if adaptation_report:  # the pair's own command: the report says the same
         made_by = {"command": list(command), "ran_in": str(Path.cwd())}
@@ -187,13 +187,17 @@ def _report(run_or_result: Path, adaptation_report: bool, command: tuple[str, ..
     return result.verdict.exit_code
 
 
-def _judged_again(summary_file: Path, summary: dict[str, Any]) -> ComparisonResult:
+def judged_again(summary_file: Path, summary: dict[str, Any]) -> ComparisonResult:
     """The comparison a summary reports, made again from the runs it names (verify/record/provenance.py) with its
     options: the verdict is the runs', never the summary's."""
-    ref_run, actual_run, calibrations = provenance.runs_named(summary_file, summary)
-    ref = read_side(ref_run)
+    named = provenance.runs_named(summary_file, summary)
+    ref = read_side(named.ref)
     options = CompareOptions.from_record(summary.get("options"), summary_file)
-    return compare_runs(ref, read_side(actual_run), options, read_calibrations(ref, calibrations))
+    result = compare_runs(ref, read_side(named.actual), options, read_calibrations(ref, named.calibrations))
+    if named.read_elsewhere:  # a copy of a pair's folder is judged from the original's runs: its reports say whose
+        result.notes.insert(0, f"judged from runs read in {', '.join(map(str, named.read_elsewhere))}: the summary "
+                               "names them there, and they are gone from beside it")
+    return result
 
 
 def _read_json(path: Path) -> dict[str, Any]:

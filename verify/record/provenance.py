@@ -8,9 +8,10 @@ device), and evidence is judged only where it is the run it is used as:
   envelope the port is judged against: a FAIL became a PASS);
 - a `--ref-run` is a run of ORIGINAL as it is now (its text and imported files), with the pair's arguments, seed and
   steps, and neither a calibration run nor a run of PORTED (a broken port passed against its own run);
-- a comparison's summary.json names the runs it judged (`named_runs`: each folder, relative to the summary's where it
-  lies inside it, and the sha256 of its manifest), and `verify report` judges again from those runs only
-  (`named_run`).
+- a comparison's summary.json names the runs it judged (`named_runs`: each folder, relative to the summary's and
+  absolute, and the sha256 of its manifest), and `verify report` judges again from those runs only (`runs_named`);
+  where one is gone from beside the summary and read at its absolute path (a copy of a pair's folder without its
+  runs), `NamedRuns.read_elsewhere` names the folder read, and every report says so.
 
 `verify compare A B` compares runs of two scripts, the original's and its port's, made on two machines: it demands
 nothing of A and B alike, only of the calibration runs beside A. Every refusal is a ProvenanceError (exit 2) naming
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,28 +122,44 @@ def _named(run: Run, folder: Path) -> dict[str, str]:
             "manifest_sha256": sha256_of(root / MANIFEST)}
 
 
-def runs_named(summary_file: Path, summary: dict[str, Any]) -> tuple[Path, Path, list[Path]]:
+@dataclass(frozen=True)
+class NamedRuns:
+    """The runs a summary names (named_runs), each where it is still that run."""
+
+    ref: Path
+    actual: Path
+    calibrations: list[Path]
+    # The folders holding those found at their absolute path only, gone from where the summary names them beside
+    # itself: a copy of a pair's folder without its runs is judged from the original's, which its reports name.
+    read_elsewhere: list[Path]
+
+
+def runs_named(summary_file: Path, summary: dict[str, Any]) -> NamedRuns:
     """The reference, the port's run and the calibration runs a summary names (named_runs), where each is still
     that run; ProvenanceError where the summary names none (a hand-written one), or one is gone or another."""
     runs = summary.get("runs")
     if not isinstance(runs, dict) or not isinstance(runs.get("calibrations", []), list):
         raise ProvenanceError(f"{summary_file} names no runs it was judged from: not a summary `verify compare -o` or "
                               "a pair wrote (an older verify's: compare its runs again), and no verdict without runs")
-    return (_named_run(summary_file, runs.get("ref"), "reference"),
-            _named_run(summary_file, runs.get("actual"), "port's"),
-            [_named_run(summary_file, entry, "calibration") for entry in runs.get("calibrations", [])])
+    found = [_named_run(summary_file, runs.get("ref"), "reference"),
+             _named_run(summary_file, runs.get("actual"), "port's"),
+             *(_named_run(summary_file, entry, "calibration") for entry in runs.get("calibrations", []))]
+    elsewhere = sorted({path.parent for path, beside in found if not beside})
+    return NamedRuns(found[0][0], found[1][0], [path for path, _ in found[2:]], elsewhere)
 
 
-def _named_run(summary_file: Path, entry: Any, role: str) -> Path:
+def _named_run(summary_file: Path, entry: Any, role: str) -> tuple[Path, bool]:
+    """The run `entry` names, and whether it lies where the summary names it beside itself (else at its absolute
+    path)."""
     if not isinstance(entry, dict) or not all(isinstance(entry.get(key), str) for key in ("path", "absolute")):
         raise ProvenanceError(f"{summary_file} does not name its {role} run as verify writes it: no verdict without "
                               "runs")
-    places = (Path(os.path.normpath(Path(summary_file).parent / entry["path"])), Path(entry["absolute"]))
-    path = next((place for place in places if place.exists()), places[0])
+    beside = Path(os.path.normpath(Path(summary_file).parent / entry["path"]))
+    path = next((place for place in (beside, Path(entry["absolute"])) if place.exists()), beside)
     if not path.exists():
         raise ProvenanceError(f"{summary_file} was judged from the {role} run {path}, which is not there: a verdict "
                               "is judged again from its runs, and without them there is none")
     if entry.get("manifest_sha256") != sha256_of(path / MANIFEST):
         raise ProvenanceError(f"{path} is not the {role} run {summary_file} was judged from: its {MANIFEST} changed "
                               "since")
-    return path
+    return path, path == beside
