@@ -620,6 +620,19 @@ def test_a_faithful_fp16_port_passes_once_its_loss_scale_has_settled(tmp_path):
             "skipped, 6 applied") in summary["notes"]
 
 
+def test_a_style_shaped_port_is_judged_on_the_net_it_trains_beside_a_frozen_loss_network(tmp_path):
+    """Regression (issue 52): the frozen loss network's call before the loop opened step 0, which then had no loss:
+    exit 2, "damaged run directory". Judged on the trained net, its faithful fp16 port passes."""
+    original = migrated(tmp_path, SCRIPTS / "frozen_loss_network.py")
+    exit_code, summary, out = verify(original, "-n", 3, "-q", "-o", tmp_path / "out", "--adaptation-report")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    for side in ("ref", "actual"):
+        extra = json.loads((out / side / "manifest.json").read_text())["extra"]
+        assert (extra["model"]["parameters"], [frozen["parameters"] for frozen in extra["frozen_modules"]]) == (
+            443, [14768])
+    assert "| `Sequential` (14,768) |" in (out / "adaptation.md").read_text()
+
+
 def test_a_reference_without_a_gpu_takes_its_gpu_code_path_on_emulated_cuda(tmp_path):
     """mnist_cnn shuffles, pins memory and uses a worker only when CUDA is available. The port sees CUDA
     (transfer_to_npu); the reference, on EMULATED CUDA, takes the same branch and reads the same batches: PASS. With
