@@ -209,6 +209,27 @@ def test_the_lightning_port_trains_two_steps_on_the_emulated_npu(tmp_path, mode)
 
 
 @pytest.mark.slow
+def test_a_lightning_16_mixed_pair_compares_updates_once_both_scalers_settle(tmp_path):
+    """Regression (issue 52): both sides' own loss scalers (Lightning's 16-mixed GradScaler) skipped every update of
+    a short run, and a PASS was printed on no compared update. The pair goes on while the scales settle."""
+    pytest.importorskip("lightning")
+    loss = "torch.nn.functional.cross_entropy(self.layer(x), y)"
+    source = LIGHTNING.replace(loss, f"{loss} * 1000").replace("max_steps=2", "max_steps=40")
+    _, _, port = _migrate(tmp_path, "lit", source)
+    done = subprocess.run(
+        [sys.executable, "-m", "verify", "lit.py", port.name, "--steps", "3", "-q", "-o", "out"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    skipped = summary["overflow"]["actual_scale"]["skipped"]
+    assert skipped and skipped == summary["overflow"]["ref_scale"]["skipped"]
+    assert summary["reason"].startswith(f"PASS: loss within 1.00% at all {3 + len(skipped)} steps")
+    assert any(note.startswith(f"ran {len(skipped)} more step(s) while the loss scale settled") and
+               note.endswith(f"{len(skipped)} update(s) skipped, 3 applied") for note in summary["notes"])
+
+
+@pytest.mark.slow
 def test_an_accelerate_port_broadcasts_on_two_emulated_npus(tmp_path):
     """torch 2.12+ broadcast() asks get_device_capability() of a tensor that transfer_to_npu calls cuda; torch_npu
     answers None unless TORCH_NPU_DEVICE_CAPABILITY is set: accelerate/examples/nlp_example.py's port crashed at its
