@@ -137,7 +137,7 @@ def _run(script: Path, args: list[str], options: RunOptions, out: Path | None, q
         run_dir = run_script(
             script, args, options, run_dir=out,
             on_output=None if quiet else lambda line: progress.console.print(line, markup=False, style="dim"),
-            on_progress=lambda done: progress.update(task, completed=done),
+            on_progress=lambda done: progress.update(task, completed=done, total=max(options.steps, done)),
         )
     manifest = read_manifest(run_dir)
     if manifest.verify_error:  # verify's own failure: one line, exit 2 (verify/cli/exits.py)
