@@ -23,6 +23,7 @@ from migrate import hyperparams
 from migrate.facts import FileFacts
 from migrate.types import FileResult, FileStatus
 from rules import Action, AmpPolicy, Finding, Mode, Settings, Severity, all_rules
+import verify.frameworks as frameworks
 from verify.checklist_items import TITLES, Status, markdown_row, markdown_text
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class _Inputs:
         ]
 
     def framework_amp(self) -> list[Evidence]:
-        """Where a framework's mixed precision is switched on (TrainingArguments(fp16=True), ...), with its dtype."""
+        """Where a framework's mixed precision is switched on (verify/frameworks: its switch), with its dtype."""
         return [
             Evidence(path, line, f"{'bf16' if line in facts.ported.framework_bf16 else 'fp16'} {_FRAMEWORK_AMP}")
             for path, facts in self.facts
@@ -169,7 +170,7 @@ def _settle(item: Item, inputs: _Inputs) -> Item:
 
 
 INFERENCE_NOTE = "read as an inference script: no backward() and no optimizer step"
-# Evidence where a framework (TrainingArguments, Accelerator, Lightning's Trainer) does the mixed precision itself.
+# Evidence where a framework (verify/frameworks) does the mixed precision itself.
 _FRAMEWORK_AMP = "mixed precision by the framework"
 _NO_SECOND_AMP = "The framework does autocast and loss scaling: add no torch.autocast or GradScaler of your own."
 
@@ -242,8 +243,8 @@ def _framework_precision(inputs: _Inputs, item_id: str) -> Item | None:
             item_id,
             Status.NOT_CHECKED,
             option,
-            "Turn the framework's mixed precision on where you run it (--fp16 or --bf16 of TrainingArguments, "
-            f"--mixed_precision fp16, precision=\"16-mixed\"). {_NO_SECOND_AMP} {confirm}",
+            f"Turn the framework's mixed precision on where you run it ({frameworks.switch_on_advice()}). "
+            f"{_NO_SECOND_AMP} {confirm}",
         )
     return None
 

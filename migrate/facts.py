@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from itertools import chain
 
 from migrate import hyperparams
+import verify.frameworks as frameworks
 
 
 @dataclass(frozen=True)
@@ -59,25 +60,13 @@ _CALL_KINDS = {
     "autocast": ("autocast", "initialize"),  # torch.autocast, torch.amp.autocast, apex amp.initialize
     "grad_scaler": ("GradScaler", "scale_loss"),
     "process_group": ("init_process_group",),
-    "seeds": ("manual_seed", "manual_seed_all", "seed", "set_seed", "seed_everything"),  # + frameworks' helpers
+    "seeds": ("manual_seed", "manual_seed_all", "seed", *sorted(frameworks.SEED_EVERYTHING_NAMES)),
 }
-# Frameworks that do the mixed precision (autocast, and a loss scaler for fp16) themselves, by the keywords that
-# switch it on: Hugging Face's TrainingArguments (and Seq2SeqTrainingArguments...), accelerate's Accelerator,
-# Lightning's Trainer and Fabric.
-_FRAMEWORK_SWITCHES = {"TrainingArguments": ("fp16", "bf16"), "Accelerator": ("mixed_precision",),
-                       "Trainer": ("precision",), "Fabric": ("precision",)}
-# What a switch's literal value chooses (fp16=True / mixed_precision="fp16" / precision="16-mixed"); other values
-# (False, "no", "32-true", "16-true": half weights, no autocast) are no mixed precision.
-_MIXED = {("fp16", True): "fp16", ("bf16", True): "bf16", ("mixed_precision", "fp16"): "fp16",
-          ("mixed_precision", "bf16"): "bf16", ("precision", "16-mixed"): "fp16", ("precision", "16"): "fp16",
-          ("precision", 16): "fp16", ("precision", "bf16-mixed"): "bf16", ("precision", "bf16"): "bf16"}
-# Command-line options that choose a framework's mixed precision: HfArgumentParser(TrainingArguments) reads --fp16
-# and --bf16; accelerate's examples declare --mixed_precision.
-_PRECISION_OPTIONS = ("--fp16", "--bf16", "--mixed_precision", "--mixed-precision", "--precision")
 _BACKWARD = "backward"  # scaler.scale(loss).backward(), whose dotted name ends with scale.backward
-# What the facts read: calls, by a name their dotted name holds, and imports, by their keyword.
-_NAMES_READ = {*chain(*_CALL_KINDS.values()), _BACKWARD, "import", *hyperparams.CALL_NAMES, *_FRAMEWORK_SWITCHES,
-               "HfArgumentParser", "add_argument"}
+# What the facts read: calls, by a name their dotted name holds, and imports, by their keyword. The frameworks'
+# mixed precision is read from the calls that build their objects or parse their options (verify/frameworks).
+_NAMES_READ = {*chain(*_CALL_KINDS.values()), _BACKWARD, "import", *hyperparams.CALL_NAMES, *frameworks.AMP_NAMES,
+               "add_argument"}
 
 
 def source_facts(code: str) -> SourceFacts:
@@ -135,19 +124,24 @@ _DERIVED_KINDS = ("autocast_bf16", "scaled_backward", "framework_amp", "framewor
 def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText) -> list[str]:
     """The framework mixed-precision facts of one call (named `last`): `framework_amp` (and `framework_bf16`) where
     a literal switches it on, `framework_amp_option` where it is chosen at run time (a value computed, an option
-    parsed)."""
-    if last == "HfArgumentParser":
-        return ["framework_amp_option"] if "TrainingArguments" in text(call) else []
+    parsed, a launcher's choice where the call leaves the switch out)."""
+    if (parses := frameworks.precision_parser(last)) is not None:
+        return ["framework_amp_option"] if parses in text(call) else []
     if last == "add_argument":
         flags = [arg.value for arg in call.args if isinstance(arg, ast.Constant)]
-        return ["framework_amp_option"] if any(flag in _PRECISION_OPTIONS for flag in flags) else []
-    switches = _FRAMEWORK_SWITCHES.get("TrainingArguments" if last.endswith("TrainingArguments") else last, ())
+        return ["framework_amp_option"] if any(flag in frameworks.PRECISION_OPTIONS for flag in flags) else []
+    switch = frameworks.amp_switch(last)
+    if switch is None:
+        return []
+    given = [keyword for keyword in call.keywords if keyword.arg in switch.keywords]
+    if not given:  # accelerate launch --mixed_precision, fabric run --precision
+        return ["framework_amp_option"] if switch.launcher_chooses else []
     kinds = []
-    for given in (keyword for keyword in call.keywords if keyword.arg in switches):
-        if not isinstance(given.value, ast.Constant):
+    for keyword in given:
+        if not isinstance(keyword.value, ast.Constant):
             kinds.append("framework_amp_option")
-        elif (dtype := _MIXED.get((given.arg, given.value.value))) is not None:
-            kinds += ["framework_amp", "framework_bf16"] if dtype == "bf16" else ["framework_amp"]
+        elif (dtype := switch.precision(keyword.arg, keyword.value.value)) is not None:
+            kinds += ["framework_amp", "framework_bf16"] if dtype == frameworks.BF16 else ["framework_amp"]
     return kinds
 
 

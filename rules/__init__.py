@@ -28,6 +28,7 @@ _PUBLIC = {
     ),
     "rules.framework.data_flow": ("names_read", "names_written"),
     "rules.framework.edits": ("Body", "Edit", "StatementEdits", "statement"),
+    "rules.framework.frameworks": ("frameworks",),
     "rules.framework.layout": ("line_limit", "reflow", "with_args"),
     "rules.framework.loops": (
         "backward_receivers", "is_innermost_training_loop", "is_optimizer", "method", "own_calls", "training_step",

@@ -45,6 +45,13 @@ if __name__ == "__main__":
     main()
 """
 
+# Lightning's CLI scripts: the Trainer's arguments, its precision among them, come from the command line or a config
+LIGHTNING_CLI = LIGHTNING[: LIGHTNING.index("def main():")] + """from lightning.pytorch.cli import LightningCLI
+
+if __name__ == "__main__":
+    LightningCLI(Classifier)
+"""
+
 HF_TRAINER = """
 import torch
 from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
@@ -193,6 +200,24 @@ def test_an_accelerate_loop_gets_no_second_amp_and_its_mixed_precision_option_is
     ]
     assert _cited(items["C1"]["evidence"], port) == ["set_seed(42)"]
     assert not [e for e in items["C2"]["evidence"] + items["C4"]["evidence"] if "AMP10" in e]
+
+
+def test_an_accelerator_built_without_its_switch_leaves_the_precision_to_the_launcher(tmp_path):
+    """The AMP rules add no autocast to an accelerate loop, and the checklist does not fail it for want of one: one
+    answer (verify/frameworks) to whether accelerate does the mixed precision."""
+    items, text, port = _migrate(tmp_path, "acc", ACCELERATE_SHUFFLED, "--amp", "fp16")
+    assert "autocast" not in text and "GradScaler" not in text
+    for item in ("C2", "C4"):
+        assert items[item]["status"] == "Not checked"
+        assert _cited(items[item]["evidence"], port) == ["accelerator = Accelerator()"]
+        assert "--mixed_precision fp16" in items[item]["action"]
+
+
+def test_a_lightning_cli_takes_the_trainers_precision_from_the_command_line(tmp_path):
+    items, _, port = _migrate(tmp_path, "cli", LIGHTNING_CLI)
+    for item in ("C2", "C4"):
+        assert items[item]["status"] == "Not checked"
+        assert _cited(items[item]["evidence"], port) == ["LightningCLI(Classifier)"]
 
 
 @pytest.mark.slow

@@ -28,15 +28,20 @@ FORBIDDEN = [
 # modules (`errors`, `checklist_items`) import only the standard library and may be imported by any package.
 VERIFY_LAYERS = {
     "devices": set(),
-    "record": {"devices"},
+    "frameworks": set(),
+    "record": {"devices", "frameworks"},
     "compare": {"record", "devices"},
     "report": {"compare", "record", "devices"},
-    "capture": {"record", "devices"},
+    "capture": {"record", "devices", "frameworks"},
     "launch": {"record", "devices"},
     "cli": {"launch", "report", "compare", "record", "devices"},
 }
 # Only what runs inside the training process imports torch: a report is made from two run folders on any laptop.
 IMPORTS_TORCH = ("verify.capture", "verify.devices.setup")
+# What the project knows of each framework: a leaf of the standard library that migrate, verify's packages and the
+# rules import, the rules through one module of theirs alone.
+FRAMEWORKS = "verify.frameworks"
+RULES_DOOR_TO_FRAMEWORKS = "rules.framework.frameworks"
 TOP_LEVEL_MODULES_AT_MOST = 12
 
 
@@ -101,9 +106,18 @@ def test_package_never_imports_the_layers_above_it(importer: str, forbidden: set
         f"{_modules()[module].relative_to(ROOT)}:{line} imports {imported}"
         for module in modules
         for imported, line in sorted(_imports(module))
-        if imported.split(".")[0] in forbidden
+        if imported.split(".")[0] in forbidden and not _through_the_door(module, imported)
     ]
     assert not violations, "\n".join(violations)
+
+
+def _in_frameworks(module: str) -> bool:
+    return module == FRAMEWORKS or module.startswith(f"{FRAMEWORKS}.")
+
+
+def _through_the_door(module: str, imported: str) -> bool:
+    """Whether `module` may import `imported` as the frameworks leaf: outside the rules, or as the rules' one door."""
+    return _in_frameworks(imported) and (module.split(".")[0] != "rules" or module == RULES_DOOR_TO_FRAMEWORKS)
 
 
 def _verify_package(module: str) -> str | None:
@@ -181,6 +195,7 @@ def test_only_the_capture_and_the_device_setup_import_torch(module: str):
 @pytest.mark.parametrize(
     "module, forbidden",
     [("rules", {"migrate", "verify"}), ("verify.cli", {"migrate", "rules", "libcst"}),
+     (FRAMEWORKS, {"torch", "libcst", "pandas", "numpy", "typer"}),
      *((name, {"torch"}) for name in ("verify.cli", "verify.compare.runs", "verify.report.writers",
                                       "verify.record.msprobe", "verify.launch.runner"))],
 )
@@ -189,7 +204,9 @@ def test_importing_loads_no_forbidden_package(module: str, forbidden: set[str]):
     code = (
         f"import sys, importlib; m = importlib.import_module({module!r}); "
         f"getattr(m, 'all_rules', lambda: None)(); "  # the registry imports every rule module
-        f"print(sorted({{n.split('.')[0] for n in sys.modules}} & set({sorted(forbidden)!r})))"
+        # the frameworks leaf, and the empty `verify` package above it, are no layer of verify's
+        f"print(sorted({{n.split('.')[0] for n in sys.modules if n != 'verify' and not n.startswith({FRAMEWORKS!r})}}"
+        f" & set({sorted(forbidden)!r})))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]", f"importing {module} loaded {loaded.stdout.strip()}"
@@ -208,6 +225,18 @@ def test_rules_and_the_engine_import_only_the_public_rules_module():
             if inside[0] != "rules" or len(inside) == 1 or (is_rule and inside[1] == parts[1]):
                 continue
             violations.append(f"{_modules()[module].relative_to(ROOT)}:{line} imports {imported}")
+    assert not violations, "\n".join(violations)
+
+
+def test_the_frameworks_leaf_imports_only_the_standard_library():
+    """migrate, the rules and verify's every package read it: it loads none of their dependencies, and nothing else
+    of verify."""
+    leaf = [module for module in _modules() if _in_frameworks(module)]
+    assert leaf
+    violations = [f"{_modules()[module].relative_to(ROOT)}:{line} imports {imported}"
+                  for module in leaf for imported, line in sorted(_imports(module))
+                  if not _in_frameworks(imported) and imported.split(".")[0] not in {*sys.stdlib_module_names,
+                                                                                     "__future__"}]
     assert not violations, "\n".join(violations)
 
 

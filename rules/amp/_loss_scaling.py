@@ -10,24 +10,21 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.amp._step_analysis import Step, code
-from rules import Body, Edit, argument, findall, matches, same_quotes, statement, string_value
+from rules import Body, Edit, argument, findall, frameworks, matches, same_quotes, statement, string_value
 
 TORCH = (("torch", None),)
 # A file mentioning one of these already manages its precision: mixed precision is not inserted a second time.
-PRECISION_MARKERS = ("autocast", "GradScaler", "apex", "scale_loss", ".half()", "float16", "bfloat16", "deepspeed")
-# Libraries that run backward and the optimizer step themselves and bring their own mixed precision: accelerate's
-# Accelerator and Lightning's Fabric (whatever the script names them), a LightningModule, DeepSpeed's engine.
-_OWN_BACKWARD = ("Accelerator(", "Fabric(", "accelerator.backward", "self.manual_backward", "engine.backward")
+PRECISION_MARKERS = ("autocast", "GradScaler", "apex", "scale_loss", ".half()", "float16", "bfloat16")
 
 
 def manages_precision(source: str) -> str | None:
-    """The first marker showing that `source` already chooses its precision, else None. Only code counts: a
-    comment or a docstring that mentions float16 or autocast does not."""
-    markers = PRECISION_MARKERS + _OWN_BACKWARD
-    if not any(marker in source for marker in markers):
+    """The first marker showing that `source` already chooses its precision (its own, or a framework's that runs
+    backward itself: `frameworks.own_amp`), else None. Only code counts: a comment or a docstring that mentions
+    float16 or autocast does not."""
+    if not any(marker in source for marker in PRECISION_MARKERS) and frameworks.own_amp(source) is None:
         return None
     code = _without_comments_and_strings(source)
-    return next((marker for marker in markers if marker in code), None)
+    return next((marker for marker in PRECISION_MARKERS if marker in code), None) or frameworks.own_amp(code)
 
 
 @lru_cache(maxsize=8)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules import Flag, PortRule, Safety, Severity, Unchanged
+from rules import Flag, PortRule, Safety, Severity, Unchanged, frameworks
 
 _BF16 = ("torch.bfloat16",)
 _AUTOCAST = (
@@ -77,7 +77,7 @@ class Bfloat16Precision(PortRule):
         elif self.refers_to(node.func, *_SET_DEFAULT_DTYPE):
             wanted = {"dtype", None}
         else:
-            wanted = {"torch_dtype"}
+            wanted = set(frameworks.transformers.DTYPE_KEYWORDS)
         for arg in node.args:
             name = arg.keyword.value if arg.keyword is not None else None
             if name in wanted and self.refers_to(arg.value, *_BF16):

@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Iterator, Protocol
 import libcst as cst
 import libcst.matchers as m
 
-from rules import argument, dotted_name, findall, matches, method, string_value
+from rules import argument, dotted_name, findall, frameworks, matches, method, string_value
 
 LineOf = Callable[[cst.CSTNode], int]
 
@@ -44,12 +44,8 @@ SEED_CALLS = {
     "torch_npu.npu.manual_seed": "device",
     "torch_npu.npu.manual_seed_all": "device",
 }
-# Helpers that seed every generator at once.
-SEED_EVERYTHING = frozenset(
-    {"transformers.set_seed", "lightning.seed_everything", "pytorch_lightning.seed_everything",
-     "lightning.pytorch.seed_everything", "accelerate.utils.set_seed"}
-)
-_SEEDERS = (*SEED_CALLS, *sorted(SEED_EVERYTHING))
+# ... and the frameworks' helpers that seed every generator at once.
+_SEEDERS = (*SEED_CALLS, *sorted(frameworks.SEED_EVERYTHING))
 
 
 @dataclass(frozen=True)
@@ -88,7 +84,7 @@ def seed_calls(module: cst.Module, names: Names) -> list[tuple[cst.Call, str]]:
             continue  # most calls of a file: resolved only when their name could be a seeder's
         qualified = names.qualified_names(call.func)  # type: ignore[attr-defined]
         kinds = [SEED_CALLS[name] for name in qualified if name in SEED_CALLS]
-        found.append((call, kinds[0] if kinds else "all"))  # else one of SEED_EVERYTHING
+        found.append((call, kinds[0] if kinds else "all"))  # else a framework's seed-everything helper
     return found  # type: ignore[return-value]
 
 

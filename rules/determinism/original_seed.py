@@ -3,12 +3,12 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules import Case, PortRule, Positions, ReadsTheOriginal, Unchanged, called_name, findall, keyed_calls, \
-    loader_arguments, mapped_line, node_code, parsed
+from rules import Case, PortRule, Positions, ReadsTheOriginal, Unchanged, called_name, findall, frameworks, \
+    keyed_calls, loader_arguments, mapped_line, node_code, parsed
 
 # The last names of the calls that seed a generator: random.seed, numpy.random.seed, torch.manual_seed,
-# torch.cuda.manual_seed_all, a Generator's manual_seed, transformers.set_seed, lightning's seed_everything, ...
-_SEEDERS = frozenset({"seed", "manual_seed", "manual_seed_all", "seed_all", "set_seed", "seed_everything"})
+# torch.cuda.manual_seed_all, a Generator's manual_seed, and the frameworks' helpers that seed every generator.
+_SEEDERS = frozenset({"seed", "manual_seed", "manual_seed_all", "seed_all", *frameworks.SEED_EVERYTHING_NAMES})
 _CALL_STATEMENT = m.SimpleStatementLine(body=[m.Expr(value=m.Call())])
 
 
@@ -29,7 +29,7 @@ class OriginalSeed(ReadsTheOriginal, PortRule):
     Only under `migrate PORT --fix-from PAIR` when verify found the sides' first batch or initial weights differ
     (`data_order`; `Settings.original_source` holds the original's script): each seeding call of the port
     (`torch.manual_seed`, `random.seed`, `np.random.seed`, `torch.cuda.manual_seed_all`, a Generator's
-    `manual_seed`, `set_seed`, `seed_everything`, ...) gets the arguments of the original's call of the same name,
+    `manual_seed`, a framework's helper that seeds every generator, ...) gets the arguments of the original's call of the same name,
     the k-th call of a name standing for the original's k-th, where they differ. A seeding statement of the
     original that the port lacks is inserted where the original has it: before the port's line that holds the
     original's next line. Seeding calls inside a DataLoader's arguments are DATA201's; a seed the port adds that the

@@ -36,8 +36,8 @@ class UnseededTraining(StatementEdits, PortRule):
     Spawned workers start with fresh generators, so seeding only the parent process is not enough.
 
     ## Safety
-    Safe: seeding changes which random numbers are drawn, not what the script computes. Files that seed through
-    `transformers.set_seed`/`seed_everything` are left alone.
+    Safe: seeding changes which random numbers are drawn, not what the script computes. Files that seed through a
+    framework's helper that seeds every generator (`transformers.set_seed`, Lightning's, accelerate's) are left alone.
 
     ## References
     PyTorch's reproducibility notes (<https://docs.pytorch.org/docs/stable/notes/randomness.html>); torch/random.py

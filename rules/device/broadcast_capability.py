@@ -3,14 +3,13 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules import Case, Edit, Mode, PortRule, StatementEdits, Unchanged, findall, statement
+from rules import Case, Edit, Mode, PortRule, StatementEdits, Unchanged, findall, frameworks, statement
 from rules.device._rewrite import capability_statement, statement_holding
 
 # What broadcasts a tensor of the current device through torch.distributed.broadcast: the call itself, the object
-# collectives built on it, and accelerate's Accelerator (its prepared DataLoaders broadcast the RNG states of rank 0
-# when an epoch starts on several processes).
+# collectives built on it, and what of accelerate's does (verify/frameworks/accelerate.py).
 _BROADCASTERS = (
-    "torch.distributed.broadcast", "torch.distributed.broadcast_object_list", "accelerate.Accelerator",
+    "torch.distributed.broadcast", "torch.distributed.broadcast_object_list", *frameworks.accelerate.BROADCASTERS,
 )
 _CAPABILITY = capability_statement("read by torch.distributed.broadcast")
 
@@ -46,7 +45,7 @@ class BroadcastCapability(StatementEdits, PortRule):
     CODE = "DEV022"
     CHECKLIST = ("C3",)
     MODES = frozenset({Mode.TRANSFER})
-    TRIGGERS = ("broadcast", "Accelerator")
+    TRIGGERS = ("broadcast", *(name.rsplit(".", 1)[-1] for name in frameworks.accelerate.BROADCASTERS))
     EXAMPLES = (
         Case(
             """

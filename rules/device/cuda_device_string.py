@@ -4,7 +4,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
-from rules import Case, Mode, PortRule, Unchanged, findall
+from rules import Case, Mode, PortRule, Unchanged, findall, frameworks
 from rules.device._cuda_api import SHARED
 from rules.device._rewrite import is_device_name, retarget
 
@@ -32,9 +32,10 @@ _MESHES = frozenset(
         "torch.distributed.device_mesh.DeviceMesh",
     }
 )
-# Keywords that take a device besides the `device`-like names (`device`, `device_type`, `pin_memory_device` ...).
-# `device_map=` is Hugging Face's (from_pretrained, accelerate's dispatch): a device, or a dict of modules to devices.
-_DEVICE_KEYWORDS = frozenset({"map_location", "device_id", "device_ids", "output_device", "device_map"})
+# Keywords that take a device besides the `device`-like names (`device`, `device_type`, `pin_memory_device` ...),
+# torch's and the frameworks' (Hugging Face's `device_map=`: a device, or a dict of modules to devices).
+_DEVICE_KEYWORDS = frozenset({"map_location", "device_id", "device_ids", "output_device",
+                              *frameworks.transformers.DEVICE_KEYWORDS})
 # Tensor/Module methods whose first positional argument may be a device.
 _DEVICE_METHODS = frozenset({"to", "pin_memory"})
 

@@ -4,18 +4,12 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules import (
-    Case, Edit, Mode, PortRule, Severity, StatementEdits, Unchanged, argument, findall, statement, string_value,
+    Case, Edit, Mode, PortRule, Severity, StatementEdits, Unchanged, argument, findall, frameworks, statement,
+    string_value,
 )
 from rules.device._rewrite import capability_statement, statement_holding
 
-# Lightning's trainers, under each of its package names; each picks a CUDA accelerator for "auto", "gpu" or "cuda".
-_TRAINERS = tuple(
-    f"{package}.{name}"
-    for package in ("lightning", "lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric")
-    for name in ("Trainer", "Fabric")
-)
-# Accelerators that are not CUDA's: Lightning never asks these for a compute capability.
-_NOT_CUDA = frozenset({"cpu", "mps", "tpu", "xla", "hpu"})
+_TRAINERS = frameworks.lightning.TRAINERS
 _CAPABILITY = capability_statement("read by the CUDA accelerator")
 _TRANSFER = (("torch_npu.contrib", "transfer_to_npu"),)
 
@@ -56,7 +50,7 @@ class LightningAccelerator(StatementEdits, PortRule):
 
     CODE = "DEV021"
     CHECKLIST = ("C3",)
-    TRIGGERS = ("Trainer", "Fabric")
+    TRIGGERS = tuple(sorted({name.rsplit(".", 1)[-1] for name in _TRAINERS}))
     EXAMPLES = (
         Case(
             """
@@ -148,4 +142,4 @@ def _may_be_cuda(call: cst.Call) -> bool:
     if given is None:
         return True
     name = string_value(given.value)
-    return name is None or name.lower() not in _NOT_CUDA
+    return name is None or name.lower() not in frameworks.lightning.NOT_CUDA_ACCELERATORS

@@ -13,14 +13,16 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules.framework.calls import dotted_name
+from rules.framework.frameworks import frameworks
 from rules.framework.tree import findall, preorder
 
 # What steps but is no optimizer: `scheduler.step()`, `lr_sched.step()`, `warmup.step()`, `scaler.step(opt)`, and
 # a reinforcement-learning `env.step(action)`.
 _NOT_AN_OPTIMIZER = re.compile(r"sched|lr_|warmup|scaler|env", re.IGNORECASE)
 _LOOP = m.For() | m.While()
-# A file that trains names one of these; most inference scripts are told apart by their text alone.
-_TRAINING_WORDS = ("backward", ".step(", "fit(", "train(")
+# A file that trains names one of these (a trainer's methods that train are the frameworks': `trainer.fit(model)`);
+# most inference scripts are told apart by their text alone.
+_TRAINING_WORDS = ("backward", ".step(", *(f"{name}(" for name in frameworks.TRAINER_METHODS))
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def trains(module: cst.Module, source: str) -> bool:
 
 
 def _trains(call: cst.Call) -> bool:
-    if method(call) in ("fit", "train"):
+    if method(call) in frameworks.TRAINER_METHODS:
         return "trainer" in dotted_name(call.func.value).lower()  # type: ignore[attr-defined]
     backward = method(call) == "backward" or (isinstance(call.func, cst.Name) and call.func.value == "backward")
     return backward or bool(_stepped(call))

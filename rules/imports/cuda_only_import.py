@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 import libcst as cst
 
-from rules import Flag, PortRule, Safety, Severity, Unchanged, dotted_name
+from rules import Flag, PortRule, Safety, Severity, Unchanged, dotted_name, frameworks
 
 
 class _Verdict(NamedTuple):
@@ -41,11 +41,10 @@ _CUDA_ONLY = {
     "transformer_engine": _Verdict(Severity.ERROR, "NVIDIA's fp8 kernels", "torch.nn layers under torch.autocast"),
     "mamba_ssm": _Verdict(Severity.ERROR, "custom CUDA scan kernels", _KERNELS),
     "causal_conv1d": _Verdict(Severity.ERROR, "custom CUDA kernels", _KERNELS),
-    "deepspeed.ops": _Verdict(
-        Severity.WARNING, "DeepSpeed's CUDA ops", "DeepSpeed's NPU accelerator, checking that it builds each op"
-    ),
     "torch_tensorrt": _Verdict(Severity.ERROR, "TensorRT", "eager mode, or torchair (torch.compile backend 'npu')"),
     "tensorrt": _Verdict(Severity.ERROR, "TensorRT", "eager mode, or torchair (torch.compile backend 'npu')"),
+    # a framework's modules of CUDA kernels: its NPU build may provide them (verify/frameworks)
+    **{module: _Verdict(Severity.WARNING, *what) for module, what in frameworks.CUDA_ONLY_IMPORTS.items()},
 }
 
 

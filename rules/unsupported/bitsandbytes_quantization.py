@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules import Flag, PortRule, Safety, Severity, Unchanged
+from rules import Flag, PortRule, Safety, Severity, Unchanged, frameworks
 
-_QUANTIZATION = ("bitsandbytes", "transformers.BitsAndBytesConfig", "transformers.utils.quantization_config")
-_SWITCHES = {"load_in_8bit", "load_in_4bit"}
+_QUANTIZATION = ("bitsandbytes", *frameworks.transformers.QUANTIZATION_CONFIGS)
+_SWITCHES = frameworks.transformers.QUANTIZED_LOADING
 
 
 class BitsandbytesQuantization(PortRule):
@@ -29,7 +29,7 @@ class BitsandbytesQuantization(PortRule):
     CODE = "UNS006"
     SAFETY = Safety.REPORT
     CHECKLIST = ("C3",)
-    TRIGGERS = ("bitsandbytes", "BitsAndBytes", "load_in_8bit", "load_in_4bit")
+    TRIGGERS = ("bitsandbytes", "BitsAndBytes", *_SWITCHES)
     EXAMPLES = (
         Flag(
             """

@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rules import Flag, PortRule, Safety, Severity, Unchanged, matches, string_value
+from rules import Flag, PortRule, Safety, Severity, Unchanged, frameworks, matches, string_value
 
 _KERNELS = ("flash_attn", "xformers.ops")
 
@@ -67,8 +67,8 @@ class CudaAttentionKernel(PortRule):
 
 
 def _asks_for_flash_attention(arg: cst.Arg) -> bool:
-    if arg.keyword is None:
+    """Whether `arg` is a Hugging Face switch to FlashAttention 2: the keyword's value is the one that asks for it."""
+    if arg.keyword is None or arg.keyword.value not in frameworks.transformers.FLASH_ATTENTION:
         return False
-    if arg.keyword.value == "attn_implementation":
-        return string_value(arg.value) == "flash_attention_2"
-    return arg.keyword.value == "use_flash_attention_2" and matches(arg.value, m.Name("True"))
+    wanted = frameworks.transformers.FLASH_ATTENTION[arg.keyword.value]
+    return matches(arg.value, m.Name("True")) if wanted is True else string_value(arg.value) == wanted

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from rules import Flag, PortRule, Safety, Severity, Unchanged
+from rules import Flag, PortRule, Safety, Severity, Unchanged, frameworks
 
-_COMPILE = ("torch.compile", "torch._dynamo.optimize")
+_COMPILE = frameworks.torch_compile.COMPILE_CALLS
 
 
 class TorchCompile(PortRule):

@@ -14,6 +14,8 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
+from verify.frameworks import torch_compile
+
 
 def leaves(value: Any) -> Sequence[Any]:
     """The pytree leaves of a module's inputs or output, without walking pytree for a tensor or tuple of tensors."""
@@ -25,7 +27,8 @@ def leaves(value: Any) -> Sequence[Any]:
 
 
 # Modules that wrap a model without computing anything of their own, and the attribute holding the model.
-_WRAPPERS = {"DataParallel": "module", "DistributedDataParallel": "module", "OptimizedModule": "_orig_mod"}
+_WRAPPERS = {"DataParallel": "module", "DistributedDataParallel": "module",
+             torch_compile.WRAPPER_CLASS: torch_compile.WRAPPED_MODULE}
 
 
 def _wrapped(module: torch.nn.Module) -> torch.nn.Module | None:

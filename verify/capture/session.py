@@ -71,7 +71,7 @@ def _share_cores(threads: int) -> None:
             torch.set_num_interop_threads(threads)
 
 
-def _seed_everything(seed: int) -> None:
+def _seed_generators(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # every device's generator, cuda and npu included
@@ -258,7 +258,7 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         return Status.CRASHED
     # Each rank its own seed, as each process of a real run starts from its own random state (a script that does
     # not seed draws another model and other data on each rank); rank 0, and a single process, the run's seed.
-    _seed_everything(manifest.seed + manifest.rank)
+    _seed_generators(manifest.seed + manifest.rank)
     _share_cores(manifest.threads)
     writer = RunWriter(run_dir)
     batch = StatBatch()

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from verify import frameworks
 from verify.devices import HF32, TF32
 
 ENVIRONMENT_KEY = "environment"  # the manifest.extra key
@@ -31,6 +32,7 @@ RECORDED_NAMES = frozenset({
     "ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "CUBLAS_WORKSPACE_CONFIG", "PYTORCH_NPU_ALLOC_CONF",
     "PYTORCH_CUDA_ALLOC_CONF", "CUDA_LAUNCH_BLOCKING", "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED", "TORCH_DETERMINISTIC", "LCCL_DETERMINISTIC",
+    *frameworks.ENVIRONMENT,  # a framework's launcher chooses its precision so: ACCELERATE_MIXED_PRECISION
 })
 RECORDED_PREFIXES = ("HCCL_", "NCCL_", "ACL_", "ATB_")
 SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)

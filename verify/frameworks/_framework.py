@@ -1,0 +1,54 @@
+"""The shape of what the project knows of one framework: its `Framework` record, which each module of this package
+fills (verify/frameworks/accelerate.py ...). Standard library only, as the whole package."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+FP16, BF16 = "fp16", "bf16"
+
+
+@dataclass(frozen=True)
+class AmpSwitch:
+    """How a script switches on the mixed precision a framework does itself (autocast, and for fp16 its loss scaler,
+    torch.amp.GradScaler): a keyword of the object the script builds, an option on its command line, or, where the
+    script leaves the keyword out, its launcher."""
+
+    builds: tuple[str, ...]  # the names the script calls to build the object the switch belongs to: `Accelerator`
+    keywords: tuple[str, ...]  # the object's keywords that choose the precision: `mixed_precision`
+    mixed: Mapping[tuple[str, object], str]  # (keyword, literal value) -> FP16 or BF16; any other literal is off
+    subclasses_named_so: bool = False  # a name ending in one of `builds` builds it too: Seq2SeqTrainingArguments
+    options: tuple[str, ...] = ()  # command-line options that choose it: `--mixed_precision`
+    # what parses those options for the script, with the name the parser's call must hold ("": every call does)
+    parsers: Mapping[str, str] = field(default_factory=dict)
+    launcher_chooses: bool = False  # built without its keyword, the launcher's option or environment chooses
+    switch_on: str = ""  # how a user switches it on where they run the script (the checklist's advice)
+
+    def builds_it(self, name: str) -> bool:
+        """Whether a call named `name` (its last dotted part) builds the object."""
+        return name in self.builds or self.subclasses_named_so and name.endswith(self.builds)
+
+    def precision(self, keyword: str, value: object) -> str | None:
+        """FP16 or BF16 where the literal `value` of `keyword` switches the mixed precision on, else None."""
+        return self.mixed.get((keyword, value))
+
+
+@dataclass(frozen=True)
+class Framework:
+    """What the project knows of one framework, beyond the constants its own module keeps for one reader each.
+
+    The source facts (migrate's checklist facts and the rules read them from the script's text) and the runtime facts
+    (verify reads them in the run)."""
+
+    name: str  # as a report names it
+    amp: tuple[AmpSwitch, ...] = ()  # the objects that do their own mixed precision, and their switches
+    # text of a script that hands backward() to the framework, which then brings its own mixed precision: the AMP
+    # rules add no autocast or GradScaler of their own there
+    own_amp_signs: tuple[str, ...] = ()
+    seed_everything: tuple[str, ...] = ()  # qualified names of its helpers that seed every generator at once
+    trainer_methods: tuple[str, ...] = ()  # a trainer's methods that train (`trainer.fit(model)`): the file trains
+    # its modules whose kernels are CUDA's: (what they are, what to use instead), reported where a script imports one
+    cuda_only_imports: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # runtime: the variables through which its launcher chooses what a run computes (recorded with the run)
+    environment: tuple[str, ...] = ()

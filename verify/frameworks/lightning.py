@@ -1,0 +1,42 @@
+"""Lightning: its Trainer and LightningModule, Fabric, and LightningCLI, under each of its package names
+(`lightning`, `lightning.pytorch`, `pytorch_lightning`, `lightning.fabric`, `lightning_fabric`).
+
+Source: `Trainer(precision="16-mixed"|"bf16-mixed")` and Fabric's switch on its mixed precision (torch.autocast, and a
+torch.amp.GradScaler for 16-mixed); LightningCLI reads the Trainer's from the command line or a config file
+(`--trainer.precision`); Fabric built without it takes `fabric run --precision`'s, LT_PRECISION. `trainer.fit(model)`
+trains, `self.manual_backward(loss)` is a LightningModule's backward, `seed_everything` seeds every generator.
+"gpu", "cuda" and "auto" choose its CUDA accelerator, which unpacks the device's capability when it sets the device
+up (DEV021).
+
+Runtime: the loss scaler of 16-mixed is torch.amp.GradScaler, which verify's step recorder follows
+(tests/test_framework_scripts.py: a 16-mixed pair whose scalers skip their first updates). Lightning rebuilds a
+DataLoader from its constructor's signature, which verify's environment record keeps (functools.wraps).
+"""
+
+from __future__ import annotations
+
+from verify.frameworks._framework import BF16, FP16, AmpSwitch, Framework
+
+_MIXED = {("precision", "16-mixed"): FP16, ("precision", "16"): FP16, ("precision", 16): FP16,
+          ("precision", "bf16-mixed"): BF16, ("precision", "bf16"): BF16}  # "16-true" is half weights, no autocast
+FRAMEWORK = Framework(
+    name="Lightning",
+    amp=(
+        AmpSwitch(builds=("Trainer",), keywords=("precision",), mixed=_MIXED, options=("--precision",),
+                  parsers={"LightningCLI": ""}, switch_on='precision="16-mixed"'),
+        AmpSwitch(builds=("Fabric",), keywords=("precision",), mixed=_MIXED, launcher_chooses=True),
+    ),
+    own_amp_signs=("Fabric(", "self.manual_backward"),
+    seed_everything=("lightning.seed_everything", "pytorch_lightning.seed_everything",
+                     "lightning.pytorch.seed_everything"),
+    trainer_methods=("fit",),
+    environment=("LT_PRECISION",),
+)
+# Its trainers under each package name; each picks its CUDA accelerator for "auto", "gpu" or "cuda".
+TRAINERS = tuple(
+    f"{package}.{name}"
+    for package in ("lightning", "lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric")
+    for name in ("Trainer", "Fabric")
+)
+# Its accelerators that are not CUDA's: none asks for a compute capability.
+NOT_CUDA_ACCELERATORS = frozenset({"cpu", "mps", "tpu", "xla", "hpu"})
