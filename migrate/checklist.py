@@ -1,5 +1,5 @@
-"""The accuracy checklist (C1..C9, verify/checklist_items.py) as a report: Passed / Failed / Not checked, each with
-file:line evidence and what to do.
+"""The accuracy checklist (C1..C9, verify/contract/checklist_items.py) as a report: Passed / Failed / Not checked,
+each with file:line evidence and what to do.
 
 Two sources of evidence: the findings the rules recorded (each rule names the items it speaks to), and a few cheap
 facts read from the original and the ported source (where autocast, a GradScaler, seeds, torch_npu imports are).
@@ -24,7 +24,7 @@ from migrate.facts import FileFacts
 from migrate.types import FileResult, FileStatus
 from rules import Action, AmpPolicy, Finding, Mode, Settings, Severity, all_rules
 import verify.frameworks as frameworks
-from verify.checklist_items import TITLES, Status, markdown_row, markdown_text
+from verify.contract.checklist_items import TITLES, Status, markdown_row, markdown_text
 
 if TYPE_CHECKING:
     from migrate.project import Project, ProjectImport

@@ -22,12 +22,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from migrate import __version__, checklist, collector, ownership
-from migrate.files import Job, PlanError, default_report_dir, plan, run_jobs, shown_path
+from migrate.files import Job, PlanError, plan, run_jobs, shown_path
 from migrate.project import Project
 from migrate.report import REPORT_FILES, Summary, finding_text, write_reports
 from migrate.types import FileResult, FileStatus
 from rules import Action, AmpPolicy, Mode, RuleError, Settings, Severity, all_rules, rule_by_code, select_rules
-from verify.checklist_items import PORT_SUFFIX, port_name
+from verify.contract.files import FIX_MD, PORT_SUFFIX, WRITTEN_JSON, port_name, report_folder
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # one error, one line: grep-able
@@ -145,7 +145,7 @@ def migrate(
         try:
             title = f"npu-port migrate report ({mode.value} mode)"
             reports = write_reports(results, directory, title, items, kept)
-            ownership.write_record(directory, planned, results, reports, kept.get(directory / ownership.WRITTEN_JSON))
+            ownership.write_record(directory, planned, results, reports, kept.get(directory / WRITTEN_JSON))
             report = next(iter(reports))
         except OSError as error:
             where = shown_path(error.filename or directory)
@@ -164,7 +164,7 @@ def _fix(paths: list[Path], pair: Path, rounds: int, quiet: bool) -> None:
         raise PlanError("--fix-from PAIR fixes one port: give its file (migrate train_npu.py --fix-from PAIR)")
     passed, folder = fix.run(paths[0], pair, rounds, lambda line: None if quiet else stderr.print(escape(line)))
     outcome = ("written, not verified" if rounds == 0 else "PASS") if passed else "not fixed"
-    stderr.print(f"{outcome}: report in {escape(shown_path(folder / 'fix.md'))}")
+    stderr.print(f"{outcome}: report in {escape(shown_path(folder / FIX_MD))}")
     raise typer.Exit(ExitCode.OK if passed else ExitCode.PENDING)
 
 
@@ -197,7 +197,7 @@ def _default_report_dir(first: Path, out: Optional[Path], in_place: bool, suffix
     if base is None:
         resolved = first.resolve()
         base = resolved.with_name(f"{resolved.name}{suffix}")  # a folder: its whole name, dots included
-    return default_report_dir(base)
+    return report_folder(base)
 
 
 def _exit_code(results: list[FileResult], writes: bool, quiet: bool, report: Optional[Path]) -> int:

@@ -24,12 +24,11 @@ from migrate.line_length import configured_line_length
 from migrate.parsing import check_size, too_deep
 from migrate.types import FileResult, FileStatus, SourceError
 from rules import Settings
-from verify.checklist_items import PORT_SUFFIX, REPORT_SUFFIX, port_name
+from verify.contract.files import PORT_SUFFIX, REPORT_MD, REPORT_SUFFIX, port_name, report_folder
 
 if TYPE_CHECKING:
     from rules import PortRule
 
-REPORT_MD = "report.md"  # migrate/report.py writes it; an earlier port is listed in it
 SKIPPED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", ".tox", ".mypy_cache", ".pytest_cache"}
 
 
@@ -40,13 +39,6 @@ class PlanError(Exception):
 def shown_path(path: Path | str) -> str:
     """A path as reports and the terminal show it: the OS's name as it is, bytes that are not UTF-8 as \\xNN."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
-
-
-def default_report_dir(output: Path) -> Path:
-    """Where the reports of a port written to `output` go: NAME_npu.py -> NAME_npu_report/, src_npu/ ->
-    src_npu_report/. Its presence beside an output is what marks the output as migrate's own."""
-    name = output.stem if output.suffix == ".py" else output.name
-    return output.with_name(name + REPORT_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -116,12 +108,12 @@ def _refuse_user_output(source: Path, target: Path, report_dir: Path | None) -> 
     if taken and not _is_earlier_port(target, report_dir):
         raise PlanError(
             f"{shown_path(target)} already exists and is not an earlier port of {shown_path(source)} (no "
-            f"{default_report_dir(target).name}/ beside it): nothing was written; name the port otherwise with "
+            f"{report_folder(target).name}/ beside it): nothing was written; name the port otherwise with "
             "--suffix or -o")
 
 
 def _is_earlier_port(target: Path, report_dir: Path | None) -> bool:
-    if default_report_dir(target).is_dir():
+    if report_folder(target).is_dir():
         return True
     report = report_dir / REPORT_MD if report_dir is not None else None
     try:
@@ -197,7 +189,7 @@ def _is_port_in_folder(path: Path, siblings: Sequence[str]) -> bool:
     else:
         return False
     original = name.removesuffix(PORT_SUFFIX)
-    return original != name and original + extension in siblings and default_report_dir(path).is_dir()
+    return original != name and original + extension in siblings and report_folder(path).is_dir()
 
 
 def has_main_guard(path: Path) -> bool:

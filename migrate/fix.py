@@ -1,8 +1,9 @@
 """`migrate PORT --fix-from PAIR`: from what a verify pair measured to a port that keeps accuracy.
 
-A round reads a verify summary (the pair's, then each round's) as JSON, never through verify's readers (migrate does
-not import verify), picks the causes a port can fix, has the fix rules (AMP201, AMP202) rewrite the port into
-`<stem>_fixed.py` beside it (never over the user's file), and verifies that file again as a subprocess
+A round reads what a verify pair found (the pair's, then each round's) through the contract between the two tools
+(verify/contract/pair_result.py: its summary.json and its reference's manifest.json, typed; standard library only, the
+one part of verify migrate imports), picks the causes a port can fix, has the fix rules (AMP201, AMP202) rewrite the
+port into `<stem>_fixed.py` beside it (never over the user's file), and verifies that file again as a subprocess
 (`verify ORIGINAL FIXED --no-match-amp`: the reference as written, in fp32, following the port's loss scale, since a
 reference under the port's autocast would compute the kept line in half precision and overflow alike). It goes on
 while a round fixes something, up to `rounds`. The causes it never fixes (a port bug: a changed hyperparameter,
@@ -19,12 +20,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from migrate.diff import unified_diff
 from migrate.files import PlanError, sha256, shown_path, write_atomic
 from rules import Settings, mapped_line, rule_by_code
-from verify.checklist_items import markdown_code, markdown_text
+from verify.contract.checklist_items import markdown_code, markdown_text
+from verify.contract.files import DIFF_PATCH, FIX_JSON, FIX_MD, SUMMARY_JSON
+from verify.contract.finding_codes import FindingCode
+from verify.contract.pair_result import PairResult, RunSetup, UnreadableFile
 
 FIX_RULES = ("AMP201", "AMP202")
 # with a `data_order` cause: the port's seeds and DataLoader order made the original's, and DATA002's set_epoch where
@@ -33,17 +37,21 @@ ORDER_RULES = ("DET201", "DATA201")
 EPOCH_RULE = "DATA002"
 FIXED_SUFFIX = "_fixed"
 _HALF = ("float16", "bfloat16")
-# verify's finding codes a fix never touches: a port bug, named and left (issue 47)
+# a cause of the fix's own beside verify's finding codes: a DataLoader setting verify's environment record shows changed
+DATA_HPARAM = "data_hparam"
+# the causes a fix never touches: a port bug, named and left (issue 47)
 NEVER_FIXED = {
-    "hparam_mismatch": "a changed hyperparameter: make the port's value the original's",
-    "op_changed": "a changed operator (activation, reduction, its settings): call the original's",
-    "grads_not_reset": "a dropped zero_grad: reset the gradients where the original does",
-    "data_hparam": "a changed DataLoader batch_size or drop_last: make the port's value the original's",
-    "no_update_compared": "both scripts' loss scalers skipped every update: give them more steps to compare one",
+    FindingCode.HPARAM_MISMATCH: "a changed hyperparameter: make the port's value the original's",
+    FindingCode.OP_CHANGED: "a changed operator (activation, reduction, its settings): call the original's",
+    FindingCode.GRADS_NOT_RESET: "a dropped zero_grad: reset the gradients where the original does",
+    DATA_HPARAM: "a changed DataLoader batch_size or drop_last: make the port's value the original's",
+    FindingCode.NO_UPDATE_COMPARED: "both scripts' loss scalers skipped every update: give them more steps to compare "
+                                    "one",
 }
 # what is said of a cause a fix could act on but whose rewrite changed nothing
-UNFIXED = {"data_order": "no seed or DataLoader order argument of the port differs from the original's: seed and "
-                         "order the data as the original does (a file listing, a sampler, the data itself)"}
+UNFIXED = {FindingCode.DATA_ORDER: "no seed or DataLoader order argument of the port differs from the original's: "
+                                   "seed and order the data as the original does (a file listing, a sampler, the data "
+                                   "itself)"}
 ADVICE = {**NEVER_FIXED, **UNFIXED}
 # the DataLoader settings verify records whose difference is a port's changed hyperparameter
 _DATA_HPARAMS = (".batch_size", ".drop_last")
@@ -55,7 +63,7 @@ _VALUED = ("--device-ref", "--timeout", "--devices", "--nproc-per-node", "--cali
 
 @dataclass
 class Cause:
-    code: str  # verify's finding code
+    code: str  # verify's finding code (a FindingCode's value), or DATA_HPARAM
     message: str
     line: int | None = None  # the port's line to keep in fp32
     init_scale: float | None = None
@@ -75,10 +83,10 @@ class Round:
 
 @dataclass
 class Pair:
-    """What a verify pair ran, from its summary and its reference's manifest (JSON files)."""
+    """What a verify pair found, and what it ran (its reference run's script, folder, arguments, seed and steps)."""
 
     folder: Path
-    summary: dict[str, Any]
+    result: PairResult
     original: Path
     ran_in: Path
     options: list[str]
@@ -86,16 +94,23 @@ class Pair:
 
     @classmethod
     def read(cls, folder: Path) -> Pair:
-        summary = _json(folder / "summary.json")
-        ref = summary.get("runs", {}).get("ref", {}).get("absolute")
-        if not ref:
-            raise PlanError(f"{shown_path(folder)}/summary.json names no reference run: give a verify pair's folder")
-        manifest = _json(Path(ref) / "manifest.json")
-        pair = summary.get("pair", {})
-        options = ["--steps", str(manifest["steps_requested"]), "--seed", str(manifest["seed"]),
-                   *_carried(pair.get("command", []))]
-        return cls(folder, summary, Path(manifest["script"]), Path(pair.get("ran_in") or manifest["cwd"]), options,
-                   list(manifest.get("argv", [])))
+        result = _read(PairResult.read, folder)
+        if result.reference is None:
+            raise PlanError(f"{shown_path(folder / SUMMARY_JSON)} names no reference run: give a verify pair's folder")
+        ran = _read(RunSetup.read, result.reference)
+        options = ["--steps", str(ran.steps), "--seed", str(ran.seed), *_carried(list(result.command))]
+        return cls(folder, result, ran.script, Path(result.ran_in or ran.cwd), options, list(ran.argv))
+
+
+_Read = TypeVar("_Read")
+
+
+def _read(reader: Callable[[Path], _Read], path: Path) -> _Read:
+    """What `reader` reads of verify's files at `path`; PlanError (exit 2) naming a file it cannot read."""
+    try:
+        return reader(path)
+    except UnreadableFile as error:
+        raise PlanError(f"cannot read {shown_path(error.path)}: {error.why}") from None
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -117,44 +132,43 @@ def _carried(command: list[str]) -> list[str]:
     return carried
 
 
-def causes(summary: dict[str, Any], port: Path, original: Path, amp_effect: dict[str, Any] | None) -> list[Cause]:
-    """The causes in one verify summary a fix can act on, and those it names and leaves (line and scale None)."""
+def causes(result: PairResult, port: Path, original: Path, amp_effect: PairResult | None) -> list[Cause]:
+    """The causes in what one verify pair found that a fix can act on, and those it names and leaves (line and
+    scale None)."""
     port_text, original_text = port.read_text(encoding="utf-8"), original.read_text(encoding="utf-8")
-    found = [Cause(f["code"], f["message"]) for f in summary.get("findings", []) if f["code"] in ADVICE]
-    found += [Cause("data_hparam", f"{d['setting']} differs: ref {d['ref']}, port {d['actual']}")
-              for d in summary.get("environment_differences") or []
-              if d["setting"].startswith("data_loaders.") and d["setting"].endswith(_DATA_HPARAMS)]
-    overflow = summary.get("overflow") or {}
-    first = overflow.get("actual_first") or {}
-    if first.get("dtype") in _HALF:
-        what = f"{first['op']} overflows in {first['dtype']} at step {first['step']}"
-        if line := _line_in(first.get("source"), port):
-            found.append(Cause("overflow", what, line))
-        elif function := _function_at(first.get("source"), port.parent):
-            found.append(Cause("overflow", f"{what}, in {function} ({first['source']})", function=function))
+    found = [Cause(f.code, f.message) for f in result.findings if f.code in ADVICE]
+    found += [Cause(DATA_HPARAM, f"{d.setting} differs: ref {d.ref}, port {d.actual}")
+              for d in result.setting_differences
+              if d.setting.startswith("data_loaders.") and d.setting.endswith(_DATA_HPARAMS)]
+    first = result.first_overflow
+    if first is not None and first.dtype in _HALF:
+        what = f"{first.op} overflows in {first.dtype} at step {first.step}"
+        if line := _line_in(first.source, port):
+            found.append(Cause(FindingCode.OVERFLOW.value, what, line))
+        elif function := _function_at(first.source, port.parent):
+            found.append(Cause(FindingCode.OVERFLOW.value, f"{what}, in {function} ({first.source})",
+                               function=function))
     # where the sides read other data, every op after it differs: an op that diverges is its symptom, not a cause
     # ... nor where the port has a bug the fix names and leaves (a changed activation): the op after it diverges
-    symptoms_only = any(cause.code in NEVER_FIXED for cause in found) or any(
-        finding["code"] == "data_order" for finding in summary.get("findings", []))
-    for finding in summary.get("findings", []):
-        detail = finding.get("detail") or {}
-        if finding["code"] == "op_diverges" and not symptoms_only and detail.get("actual_dtype") in _HALF and (
-                line := _line_in(detail.get("actual_source"), port)):
-            found.append(Cause("op_diverges", finding["message"], line))
-    effect_first = ((amp_effect or {}).get("overflow") or {}).get("actual_first") or {}
-    if effect_first.get("dtype") in _HALF and (line := _line_in(effect_first.get("source"), original)):
+    symptoms_only = any(cause.code in NEVER_FIXED for cause in found) or result.has(FindingCode.DATA_ORDER)
+    for finding in result.findings:
+        if finding.code == FindingCode.OP_DIVERGES and not symptoms_only and finding.port_dtype in _HALF and (
+                line := _line_in(finding.port_source, port)):
+            found.append(Cause(finding.code, finding.message, line))
+    effect_first = amp_effect.first_overflow if amp_effect is not None else None
+    if effect_first is not None and effect_first.dtype in _HALF and (line := _line_in(effect_first.source, original)):
         if (mapped := mapped_line(original_text, port_text, line)) is not None:
-            found.append(Cause("overflow", f"--amp-effect: {effect_first['op']} overflows in {effect_first['dtype']} "
-                               f"at step {effect_first['step']} where fp32 does not (the original's line {line})",
-                               mapped))
+            found.append(Cause(FindingCode.OVERFLOW.value, f"--amp-effect: {effect_first.op} overflows in "
+                               f"{effect_first.dtype} at step {effect_first.step} where fp32 does not (the original's "
+                               f"line {line})", mapped))
     # verify's updates_skipped: the port's GradScaler skipped every step where the original has no loss scaler. The
     # scale starts as many halvings below the lowest it tried as it tried; not where an op that overflows in the
     # forward pass explains it (a loss that is inf at every scale).
-    for finding in summary.get("findings", []):
-        if finding["code"] == "updates_skipped" and not any(cause.line or cause.function for cause in found):
-            tried = finding["detail"]["scales"]
+    for finding in result.findings:
+        if finding.code == FindingCode.UPDATES_SKIPPED and not any(cause.line or cause.function for cause in found):
+            tried = finding.loss_scales
             settled = max(1.0, min(tried) / 2.0 ** len(tried))
-            found.append(Cause(finding["code"], finding["message"], init_scale=settled))
+            found.append(Cause(finding.code, finding.message, init_scale=settled))
     return found
 
 
@@ -202,7 +216,7 @@ def rewrite(text: str, path: Path, fixable: list[Cause], original: str) -> tuple
     lines = tuple(sorted({cause.line for cause in fixable if cause.line is not None}))
     functions = tuple(sorted({cause.function for cause in fixable if cause.function is not None}))
     scales = [cause.init_scale for cause in fixable if cause.init_scale is not None]
-    order = any(cause.code == "data_order" for cause in fixable)
+    order = any(cause.code == FindingCode.DATA_ORDER for cause in fixable)
     settings = Settings(fp32_lines=lines, fp32_calls=functions, init_scale=min(scales) if scales else None,
                         original_source=original if order else None)
     codes = [*FIX_RULES, *(ORDER_RULES if order else ()), *((EPOCH_RULE,) if order and ".set_epoch(" in original
@@ -220,14 +234,14 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
     _refuse_edited(target, pair_folder)
     folder.mkdir(parents=True)
     user_text, original_text = port.read_text(encoding="utf-8"), pair.original.read_text(encoding="utf-8")
-    text, summary, effect = user_text, pair.summary, _amp_effect(pair_folder)
+    text, result, effect = user_text, pair.result, _read(PairResult.amp_effect, pair_folder)
     done: list[Round] = []
     left: list[Cause] = []
     passed = False
     for number in range(1, max(rounds, 1) + 1):
         start = time.monotonic()
         current = port if number == 1 else target
-        found = causes(summary, current, pair.original, effect)
+        found = causes(result, current, pair.original, effect)
         fixable = [cause for cause in found if cause.code not in NEVER_FIXED]
         left = [cause for cause in found if cause.code in NEVER_FIXED]
         new, rewrites = rewrite(text, target, fixable, original_text) if fixable else (text, [])
@@ -245,13 +259,13 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
             passed = True  # written, not verified: what migrate's own port is until verify runs
             break
         round_.folder = f"round-{number}"
-        summary = _verify(pair, target, folder / round_.folder)
+        result = _verify(pair, target, folder / round_.folder)
         effect = None
-        round_.verdict, round_.reason = summary.get("verdict", "ERROR"), summary.get("reason", "")
+        round_.verdict, round_.reason = result.verdict, result.reason
         round_.wall_s = round(time.monotonic() - start, 1)
         say(f"round {number}: {round_.reason} ({round_.wall_s:g} s)")
-        remaining = [c for c in causes(summary, target, pair.original, None) if c.code not in NEVER_FIXED]
-        passed = bool(summary.get("passed")) and not remaining
+        remaining = [c for c in causes(result, target, pair.original, None) if c.code not in NEVER_FIXED]
+        passed = result.passed and not remaining
         if passed:
             break
     for cause in left:
@@ -266,27 +280,22 @@ def _refuse_edited(target: Path, pair_folder: Path) -> None:
     if not target.exists():
         return
     now = sha256(target.read_bytes())
-    for record in pair_folder.parent.glob(f"{pair_folder.name}_fix*/fix.json"):
+    for record in pair_folder.parent.glob(f"{pair_folder.name}_fix*/{FIX_JSON}"):
         if _json(record).get("fixed_sha256") == now:
             return
     raise PlanError(f"{shown_path(target)} was not written by a fix of {shown_path(pair_folder)} as it is now: "
                     "nothing was written; move your edits into the port, or remove it")
 
 
-def _amp_effect(pair_folder: Path) -> dict[str, Any] | None:
-    path = pair_folder / "amp-effect" / "summary.json"
-    return _json(path) if path.is_file() else None
-
-
-def _verify(pair: Pair, fixed: Path, out: Path) -> dict[str, Any]:
-    """One verify round of the fixed port (the verify CLI, as a subprocess): its summary, or an ERROR one."""
+def _verify(pair: Pair, fixed: Path, out: Path) -> PairResult:
+    """One verify round of the fixed port (the verify CLI, as a subprocess): what it found, or an ERROR."""
     command = [sys.executable, "-m", "verify", str(pair.original), str(fixed.resolve()), "--no-match-amp", "-q",
                "-o", str(out.resolve()), *pair.options, "--", *pair.args]
     done = subprocess.run(command, cwd=pair.ran_in, capture_output=True, text=True)
-    if (out / "summary.json").is_file():
-        return _json(out / "summary.json")
+    if (out / SUMMARY_JSON).is_file():
+        return _read(PairResult.read, out)
     last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"verdict": "ERROR", "passed": False, "reason": f"verify exited {done.returncode}: {last}"}
+    return PairResult.not_written(f"verify exited {done.returncode}: {last}")
 
 
 def _report(folder: Path, port: Path, target: Path, pair: Pair, done: list[Round], left: list[Cause], patch: str,
@@ -296,8 +305,8 @@ def _report(folder: Path, port: Path, target: Path, pair: Pair, done: list[Round
               "passed": passed and not left,
               "rounds": [asdict(r) for r in done], "left": [asdict(c) for c in left],
               "never_fixed": {c.code: ADVICE[c.code] for c in left}}
-    write_atomic(folder / "fix.json", json.dumps(record, indent=1).encode("utf-8"))
-    write_atomic(folder / "diff.patch", patch.encode("utf-8"))
+    write_atomic(folder / FIX_JSON, json.dumps(record, indent=1).encode("utf-8"))
+    write_atomic(folder / DIFF_PATCH, patch.encode("utf-8"))
     lines = [f"# Fix of {markdown_code(port.name)} from {markdown_code(shown_path(pair.folder))}", "",
              f"Fixed port: {markdown_code(shown_path(target))} ({'PASS' if record['passed'] else 'not PASS'})", ""]
     for r in done:
@@ -310,4 +319,4 @@ def _report(folder: Path, port: Path, target: Path, pair: Pair, done: list[Round
         lines += ["## Left as they are (a port bug: fix it by hand)", ""]
         lines += [f"- {markdown_code(c.code)} {markdown_text(c.message)}: {markdown_text(ADVICE[c.code])}"
                   for c in left]
-    write_atomic(folder / "fix.md", ("\n".join(lines) + "\n").encode("utf-8"))
+    write_atomic(folder / FIX_MD, ("\n".join(lines) + "\n").encode("utf-8"))

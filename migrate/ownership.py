@@ -16,13 +16,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from migrate.files import Job, PlanError, default_report_dir, fresh_output, sha256, shown_path, write_keeping
+from migrate.files import Job, PlanError, fresh_output, sha256, shown_path, write_keeping
 from migrate.types import FileResult
+from verify.contract.files import WRITTEN_JSON, report_folder
 
 if TYPE_CHECKING:
     from rules import PortRule
 
-WRITTEN_JSON = "written.json"
 SHOWN_PLACES = 6  # places named in one refusal; the others are counted
 
 
@@ -98,9 +98,9 @@ def _written_by_migrate(path: Path, suffix: str, report_dir: Path | None) -> str
     """Why `path` is one of migrate's outputs ("" if it is not): a record of what was written that names it
     (--report-dir's, the report folder beside it, or that of one of its folders: a folder's port), or, for a port
     written before migrate kept records, its name (NAME_npu.py) and the report folder beside it."""
-    beside = default_report_dir(path)
+    beside = report_folder(path)
     folders = [report_dir] if report_dir is not None else []
-    folders += [beside, *(default_report_dir(folder) for folder in Path(os.path.abspath(path)).parents if folder.name)]
+    folders += [beside, *(report_folder(folder) for folder in Path(os.path.abspath(path)).parents if folder.name)]
     for folder in folders:
         if _key(path, folder) in read_record(folder):
             return f"{shown_path(folder / WRITTEN_JSON)} records it"

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from migrate import checklist
-from migrate.files import REPORT_MD, sha256, write_keeping
+from migrate.files import sha256, write_keeping
 from migrate.types import FileResult, FileStatus
 from rules import Action, Finding, Severity
-from verify.checklist_items import CHECKLIST_JSON, markdown_code, markdown_row, markdown_text
+from verify.contract.checklist_items import markdown_code, markdown_row, markdown_text
+from verify.contract.files import (CHANGE_LIST_CSV, CHECKLIST_JSON, CHECKLIST_MD, DIFF_PATCH, FINDINGS_CSV,
+                                   FINDINGS_JSON, HYPERPARAMETERS_CSV, REPORT_MD, UNSUPPORTED_API_CSV)
 
 Row = dict[str, object]
 
@@ -72,8 +74,8 @@ def findings_table(results: Sequence[FileResult]) -> list[Row]:
     return [{column: row[column] for column in FINDING_COLUMNS} for row in rows]
 
 
-REPORT_FILES = (REPORT_MD, "findings.csv", "findings.json", "diff.patch", "change_list.csv", "unsupported_api.csv",
-                "hyperparameters.csv", "checklist.md", CHECKLIST_JSON)
+REPORT_FILES = (REPORT_MD, FINDINGS_CSV, FINDINGS_JSON, DIFF_PATCH, CHANGE_LIST_CSV, UNSUPPORTED_API_CSV,
+                HYPERPARAMETERS_CSV, CHECKLIST_MD, CHECKLIST_JSON)
 
 
 def write_reports(
@@ -85,15 +87,15 @@ def write_reports(
     findings = findings_table(results)
     files = {
         REPORT_MD: render_markdown(results, title).encode(),
-        "findings.csv": to_csv(findings, FINDING_COLUMNS).encode(),
-        "findings.json": json.dumps(findings, indent=1, ensure_ascii=False).encode(),
-        "diff.patch": "".join(result.diff for result in results).encode(),
-        "change_list.csv": to_csv(_change_list(findings), _CHANGE_LIST_COLUMNS).encode(),
-        "unsupported_api.csv": to_csv(_unsupported_api(findings), _UNSUPPORTED_API_COLUMNS).encode(),
-        "hyperparameters.csv": to_csv(hyperparameter_table(results), _HYPERPARAMETER_COLUMNS).encode(),
+        FINDINGS_CSV: to_csv(findings, FINDING_COLUMNS).encode(),
+        FINDINGS_JSON: json.dumps(findings, indent=1, ensure_ascii=False).encode(),
+        DIFF_PATCH: "".join(result.diff for result in results).encode(),
+        CHANGE_LIST_CSV: to_csv(_change_list(findings), _CHANGE_LIST_COLUMNS).encode(),
+        UNSUPPORTED_API_CSV: to_csv(_unsupported_api(findings), _UNSUPPORTED_API_COLUMNS).encode(),
+        HYPERPARAMETERS_CSV: to_csv(hyperparameter_table(results), _HYPERPARAMETER_COLUMNS).encode(),
     }
     if checklist_items:
-        files["checklist.md"] = checklist.to_markdown(checklist_items).encode()
+        files[CHECKLIST_MD] = checklist.to_markdown(checklist_items).encode()
         files[CHECKLIST_JSON] = checklist.to_json(checklist_items).encode()
     written = {}
     for name, data in files.items():

@@ -1,5 +1,6 @@
 """The import graph between the packages (ARCHITECTURE.md): migrate -> rules, never back; verify stands alone and
-never loads libcst; verify's compare, report and store never load torch, so a report can be made on any laptop.
+never loads libcst; verify's compare, report and store never load torch, so a report can be made on any laptop; what
+migrate and verify agree on is verify/contract/, a leaf of the standard library, the one part of verify migrate imports.
 
 Checked twice: every import statement in the package files, at any depth (so an import inside a function counts),
 followed through the project's own modules; and a fresh interpreter's sys.modules after importing the module.
@@ -25,8 +26,9 @@ FORBIDDEN = [
     ("migrate", {"torch", "pandas"}),  # its report tables are a few hundred rows: the csv module writes them
 ]
 # verify's packages along the data's way, each with the packages it may import (ARCHITECTURE.md). The top-level
-# modules (`errors`, `checklist_items`) import only the standard library and may be imported by any package.
+# modules (`errors`) and the contract import nothing else of verify and may be imported by any package.
 VERIFY_LAYERS = {
+    "contract": set(),
     "devices": set(),
     "frameworks": set(),
     "record": {"devices", "frameworks"},
@@ -42,6 +44,11 @@ IMPORTS_TORCH = ("verify.capture", "verify.devices.setup")
 # rules import, the rules through one module of theirs alone.
 FRAMEWORKS = "verify.frameworks"
 RULES_DOOR_TO_FRAMEWORKS = "rules.framework.frameworks"
+# What migrate and verify agree on (file names, the checklist, finding codes, the readers of a pair's result): every
+# verify package may import it, migrate imports nothing else of verify, and it imports the standard library alone.
+CONTRACT = "verify.contract"
+# All migrate imports of verify.
+VERIFY_FOR_MIGRATE = (CONTRACT,)
 TOP_LEVEL_MODULES_AT_MOST = 12
 
 
@@ -142,11 +149,30 @@ def test_verify_packages_import_only_the_layers_below_them():
             if not imported.startswith("verify.") or imported not in _modules() and _verify_package(imported) is None:
                 continue
             target = _verify_package(imported)
-            if package is None:  # a top-level module (errors, checklist_items) imports no other part of verify
+            if package is None:  # a top-level module (errors) imports no other part of verify
                 violations.append(f"{_modules()[module].relative_to(ROOT)}:{line}: {module} imports {imported}")
-            elif target and target != package and target not in VERIFY_LAYERS[package]:
+            elif target and target != package and target not in VERIFY_LAYERS[package] | {"contract"}:
                 violations.append(f"{_modules()[module].relative_to(ROOT)}:{line}: {package} imports {imported}")
     assert not violations, "\n".join(violations)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def test_migrate_imports_of_verify_only_its_leaves():
+    violations = [f"{_modules()[module].relative_to(ROOT)}:{line} imports {imported}"
+                  for module in _modules() if _within(module, "migrate")
+                  for imported, line in sorted(_imports(module))
+                  if _within(imported, "verify") and not any(_within(imported, leaf) for leaf in VERIFY_FOR_MIGRATE)]
+    assert not violations, "\n".join(violations)
+
+
+def test_the_contract_imports_only_the_standard_library():
+    """migrate reads verify's files through it without loading verify's dependencies (pandas, torch, typer)."""
+    outside = {imported for module in _modules() if _within(module, CONTRACT)
+               for imported, _ in _imports(module) if not _within(imported, CONTRACT)}
+    assert {name.split(".")[0] for name in outside} <= {*sys.stdlib_module_names, "__future__"}, sorted(outside)
 
 
 def test_no_import_circle_between_modules():

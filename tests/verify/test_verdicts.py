@@ -19,7 +19,7 @@ from verify.compare import tolerances
 from verify.cli import app
 from verify.cli.determinism import DETERMINISM_JSON
 from verify.cli.pair import follows_its_port, route, runs_with_its_reference
-from verify.record.run_folders import AMP_EFFECT
+from verify.contract.files import AMP_EFFECT
 from verify.record.store import read_run
 from verify.launch.runner import RunOptions, run_script
 

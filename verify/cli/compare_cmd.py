@@ -26,6 +26,7 @@ from verify.report.adaptation import write_adaptation
 from verify.compare.runs import ComparisonResult, compare_runs
 from verify.errors import CompareError
 from verify.compare.op_catalogue import read_catalogue
+from verify.contract.files import SUMMARY_JSON
 from verify.compare.precision_policy import CompareOptions
 from verify.report.terminal import print_run, print_summary
 import verify.cli.options as options  # `from verify.cli import` would import the package, which imports this module
@@ -166,7 +167,7 @@ def report(
 
 
 def _report(run_or_result: Path, adaptation_report: bool, command: tuple[str, ...]) -> int:
-    summary_file = run_or_result / reports.SUMMARY_JSON
+    summary_file = run_or_result / SUMMARY_JSON
     if not summary_file.is_file():
         if adaptation_report:
             return _adaptation_of_pair(run_or_result, command)

@@ -14,7 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from verify.report import writers as reports
-from verify.checklist_items import TITLES, Status as ChecklistStatus
+from verify.contract.checklist_items import TITLES, Status as ChecklistStatus
+from verify.contract.files import DETERMINISM_JSON
 from verify.compare.runs import RANK_COLUMN, ComparisonResult, compare_runs
 from verify.compare.precision_policy import CompareOptions
 from verify import devices
@@ -28,7 +29,6 @@ from verify.errors import PairError
 from verify.record.schema import DumpMode, shown
 from verify.errors import EXIT_FAILED, EXIT_OK
 
-DETERMINISM_JSON = "determinism.json"
 DIFFERING_OPS_SHOWN = 15
 
 

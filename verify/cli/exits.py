@@ -25,10 +25,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from verify.contract.files import TRACEBACK_FILE
 from verify.errors import EXIT_ERROR, STOPPING_SIGNALS, Stopped, VerifyFailure
 from verify.record.schema import shown
 
-TRACEBACK_FILE = "verify-traceback.txt"
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -39,7 +39,7 @@ import pandas as pd
 import typer
 
 from verify.report.adaptation import write_adaptation
-from verify.checklist_items import REPORT_SUFFIX, port_name, project_trees
+from verify.contract.files import AMP_EFFECT, port_name, project_trees, report_folder
 from verify.compare.runs import ComparisonResult, compare_runs
 from verify.compare.precision_policy import CompareOptions, amp_dtype
 from verify.report.terminal import print_summary
@@ -102,7 +102,7 @@ def _positional_indexes(tokens: list[str], valued: set[str]) -> list[int]:
 
 
 def default_port(original: Path) -> Path:
-    """What `migrate ORIGINAL` writes beside it (checklist_items.port_name: <stem>_npu.py)."""
+    """What `migrate ORIGINAL` writes beside it (contract.files.port_name: <stem>_npu.py)."""
     return port_name(original)
 
 
@@ -385,14 +385,14 @@ def judge_pair(plan: PairPlan, runs: PairRuns) -> int:
         stdout.print(f"[bold {colour}]AMP effect (fp32 vs {runs.imposed} reference, not part of the verdict): "
                      f"{amp_effect['reason']}[/]")
     # migrate writes its checklist into <port>_report/ beside the port (its default report folder).
-    migrate_reports = plan.ported.with_name(plan.ported.stem + REPORT_SUFFIX)
+    migrate_reports = report_folder(plan.ported)
     made_by = {"command": list(plan.command), "ran_in": str(Path.cwd())}  # adaptation.md, made again, says the same
     if plan.adaptation:
         write_adaptation(result, plan.out, **made_by)
     write_reports(result, plan.out, plan.out, migrate_reports, plan.original.parent,
                   summary={"pair": how | {"amp_effect": amp_effect} | made_by})
     if effect is not None:
-        write_reports(effect, plan.out / run_folders.AMP_EFFECT)
+        write_reports(effect, plan.out / AMP_EFFECT)
     stderr.print(f"reports in {plan.out}")
     return result.verdict.exit_code
 
@@ -470,7 +470,7 @@ def _amp_effect(effect: ComparisonResult) -> dict[str, Any]:
     loss = effect.summary()["loss"]
     return {"passed": effect.verdict.passed, "reason": effect.verdict.reason, "comparison": effect.policy.description,
             "loss_rtol": effect.loss.rtol, "max_rel_diff": loss["max_rel_diff"], "mean_rel_diff": loss["mean_rel_diff"],
-            "reports": run_folders.AMP_EFFECT}
+            "reports": AMP_EFFECT}
 
 
 def pair(

@@ -16,11 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from verify.checklist_items import REPORT_SUFFIX
-
-DIFF = "diff.patch"
-FINDINGS = "findings.json"
-WRITTEN = "written.json"
+from verify.contract.files import DIFF_PATCH, FINDINGS_JSON, WRITTEN_JSON, report_folder
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -74,19 +70,14 @@ class PortLines:
         return self.migrated[migrated - 1]
 
 
-def report_folder(port: Path) -> Path:
-    """Where migrate writes the report of `port` (checklist_items.REPORT_SUFFIX)."""
-    return port.with_name(port.stem + REPORT_SUFFIX)
-
-
 def read_port_lines(original: Path, port: Path) -> PortLines | None:
     """The origin of each line of `port`, a port of `original`, from migrate's report folder beside it; None where
     there is none, it does not describe this pair of files, or a file cannot be read."""
     folder = report_folder(port)
     try:
-        diff = (folder / DIFF).read_text(encoding="utf-8")
-        findings = json.loads((folder / FINDINGS).read_text(encoding="utf-8"))
-        written = json.loads((folder / WRITTEN).read_text(encoding="utf-8")).get("files", {})
+        diff = (folder / DIFF_PATCH).read_text(encoding="utf-8")
+        findings = json.loads((folder / FINDINGS_JSON).read_text(encoding="utf-8"))
+        written = json.loads((folder / WRITTEN_JSON).read_text(encoding="utf-8")).get("files", {})
         original_lines = original.read_text(encoding="utf-8").splitlines()
         current = port.read_text(encoding="utf-8").splitlines()
     except (OSError, ValueError, AttributeError):

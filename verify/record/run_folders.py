@@ -58,7 +58,6 @@ REF = "ref"
 ACTUAL = "actual"
 REF_UNDER_AUTOCAST = "ref-under-autocast"
 REF_FP32 = "ref-fp32"
-AMP_EFFECT = "amp-effect"
 CALIBRATION = "calibration"  # the reference again under another rounding (verify/capture/perturbation.py)
 WRITER_LOCK = ".verify-writer.lock"
 # What a command that writes its output again wrote into the folder it claimed: {"by": the command, "files": {path

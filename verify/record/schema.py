@@ -47,6 +47,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from verify.contract.files import MANIFEST  # noqa: F401 (the folder's record: migrate reads it too)
 from verify.devices import title
 from verify.errors import ManifestError
 from verify.record.statistics import STATISTIC_COLUMNS
@@ -55,7 +56,6 @@ from verify.record.statistics import STATISTIC_COLUMNS
 # call's settings)
 SCHEMA_VERSION = 4
 
-MANIFEST = "manifest.json"
 LOSSES = "losses.csv"
 HPARAMS = "hparams.csv"
 OPS_DIR = "ops"

@@ -15,7 +15,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from verify.checklist_items import markdown_code, markdown_row, markdown_text
+from verify.contract.checklist_items import markdown_code, markdown_row, markdown_text
+from verify.contract.files import ADAPTATION_MD
 from verify.compare.metrics import OUTPUT_METRICS
 from verify.compare.runs import ComparisonResult
 from verify.devices import title
@@ -23,7 +24,6 @@ from verify.record.environment import ENVIRONMENT_KEY
 from verify.record.schema import FROZEN_KEY, MODEL_KEY
 from verify.record.store import Run
 
-ADAPTATION_MD = "adaptation.md"
 _VERSIONS = ("python", "torch", "torch_npu", "cann")
 
 

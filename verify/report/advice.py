@@ -1,7 +1,7 @@
 """What to do about each finding: a rule table (finding code + condition -> message), evaluated in order.
 
 Messages are templates over the finding's `detail` (op, dtype, side, name...). Checklist ids are
-verify/checklist_items.py's (C1..C9).
+verify/contract/checklist_items.py's (C1..C9).
 """
 
 from __future__ import annotations

@@ -22,19 +22,14 @@ import pyarrow.csv
 import pyarrow.parquet
 
 from verify.report.advice import Advice, advise
-from verify.checklist_items import CHECKLIST_JSON  # written by `migrate` (id, title, status, evidence, action)
-from verify.checklist_items import Status as ChecklistStatus
+from verify.contract.checklist_items import Status as ChecklistStatus
+from verify.contract.files import (ADVICE_TXT, CHECKLIST_JSON, LOSSES_CSV, OPS_CSV, OPS_PARQUET, OPS_XLSX, REPORT_HTML,
+                                   SUMMARY_JSON)
 from verify.compare.runs import ComparisonResult
 from verify.record import provenance
 from verify.report.html import render_html
 from verify.report.tables import op_report_frame
 from verify.report.xlsx import write_xlsx
-
-SUMMARY_JSON = "summary.json"
-OPS_CSV = "ops.csv"
-OPS_PARQUET = "ops.parquet"
-
-
 
 
 def find_checklist(*places: Path | None) -> list[dict[str, Any]] | None:
@@ -98,12 +93,12 @@ def report_writers(result: ComparisonResult, checklist: list[dict[str, Any]] | N
     full_table = pa.Table.from_pandas(op_report_frame(result), preserve_index=False)
     return {
         SUMMARY_JSON: lambda path: write_json(path, summary | judged_from(result, path.parent)),
-        "advice.txt": lambda path: path.write_text(advice_text(result, advice), encoding="utf-8"),
-        "report.html": lambda path: path.write_text(render_html(result, advice, checklist), encoding="utf-8"),
-        "ops.xlsx": lambda path: write_xlsx(result, advice, path),
+        ADVICE_TXT: lambda path: path.write_text(advice_text(result, advice), encoding="utf-8"),
+        REPORT_HTML: lambda path: path.write_text(render_html(result, advice, checklist), encoding="utf-8"),
+        OPS_XLSX: lambda path: write_xlsx(result, advice, path),
         OPS_CSV: lambda path: write_csv(full_table, path),
         OPS_PARQUET: lambda path: write_parquet(full_table, path),
-        "losses.csv": lambda path: result.loss.frame.to_csv(path, index=False),
+        LOSSES_CSV: lambda path: result.loss.frame.to_csv(path, index=False),
     }
 
 
