@@ -47,7 +47,7 @@ def _project(folder: Path, files: int) -> Path:
 def _view_seconds(project: Path, folder: Path) -> tuple[float, float]:
     target = folder / "view"
     started = time.perf_counter()
-    made = working_folder.make(project, target)
+    made = working_folder.make([project], target)
     made_s = time.perf_counter() - started
     started = time.perf_counter()
     working_folder.settle(made)

@@ -1,12 +1,14 @@
 """Inside the child: what the script writes in its working folder stays the run's own (the view the runner made,
 verify/launch/working_folder.py, manifest.working_folder).
 
-The view's files are links to the original folder's. A file the script opens to write (open, io.open, os.open,
+The view's files are links to the original folders'. A file the script opens to write (open, io.open, os.open,
 os.truncate, torch.save), whose entry is still such a link, is first made the run's: copied where the write keeps
-what the file holds (append, read-write), the link removed where the write replaces it. A path into the original
-folder (an absolute path the script built, or found with os.path.realpath through a link) is opened as the same path
-in the view, so that the run reads what it wrote and writes nowhere else. The script's arguments naming the original
-folder are given as the view (manifest.seen_by_script).
+what the file holds (append, read-write), the link removed where the write replaces it. A path into the folders the
+view mirrors, the working folder and the script's (an absolute path the script built, or found with
+os.path.realpath through a link), is opened as the same path in the view, so that the run reads what it wrote and
+writes nowhere else. The script's arguments naming them are given as the view (manifest.seen_by_script). Beside
+them, in the folders on the way to them from the view's root, as in the folders above it, the view's links lead to
+the user's files, shared: written through, not made the run's.
 
 What native code opens itself (safetensors' writer, h5py, sqlite) is not seen here: a new file lands in the view
 (the script's working folder is the view), an existing one it rewrites in place is written through its link; the
@@ -20,36 +22,33 @@ import contextlib
 import io
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.serialization
 
-from verify.record.schema import RunManifest
+from verify.record.schema import RunManifest, seen_in_view
 
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC
 
 
 class PrivateFiles:
-    """The original folder `root`, the run's view of it, and the folders of `root` the view left out (verify's own,
-    which this run and verify write as they are)."""
+    """The run's view (`folder`: manifest.working_folder, which names the folders it left out: verify's own, which this
+    run and verify write as they are)."""
 
-    def __init__(self, root: str, view: str, left_out: list[str]) -> None:
-        self.root, self.view = root, view
-        self._prefix = root + os.sep
-        self._left_out = tuple(os.path.join(root, name) + os.sep for name in left_out)
+    def __init__(self, folder: Mapping[str, Any]) -> None:
+        self.folder = folder
 
     def seen(self, path: Any) -> Any:
-        """`path` as the run sees it: in the view where it names the original folder; anything else as given."""
+        """`path` as the run sees it: in the view where it names a folder the view mirrors; anything else as given."""
         if isinstance(path, os.PathLike):
             path = os.fspath(path)
-        if isinstance(path, str) and os.sep + ".." in path and os.path.isabs(path):
+        if not isinstance(path, str):
+            return path
+        if os.sep + ".." in path and os.path.isabs(path):
             path = os.path.normpath(path)  # "ROOT/../ROOT/x" is ROOT/x; "ROOT/../y" is outside it
-        if isinstance(path, str) and (path == self.root or path.startswith(self._prefix)) and not (
-                path + os.sep).startswith(self._left_out):
-            return self.view + path[len(self.root):]
-        return path
+        return seen_in_view(path, self.folder) or path
 
     def own(self, path: Any, keep: bool) -> None:
         """Makes the view's entry at `path` the run's where it is still a link to an original file: a copy of it
@@ -57,8 +56,8 @@ class PrivateFiles:
         if not isinstance(path, str) or not os.path.islink(path):
             return
         target = os.readlink(path)
-        if not target.startswith(self._prefix) or not os.path.isfile(target):
-            return  # a link of the script's own, or to a folder
+        if seen_in_view(target, self.folder) is None or not os.path.isfile(target):
+            return  # a link of the script's own, to a folder, or to a file beside the folders mirrored: shared
         if keep:
             copy = f"{path}.npu-port-{os.getpid()}.copy"
             shutil.copy2(target, copy)
@@ -80,7 +79,7 @@ class PrivateFiles:
 def of(manifest: RunManifest) -> PrivateFiles | None:
     """The run's PrivateFiles, None where it runs in the original folder."""
     folder = manifest.working_folder
-    return PrivateFiles(folder["root"], folder["view"], folder.get("left_out", [])) if folder.get("view") else None
+    return PrivateFiles(folder) if folder.get("view") else None
 
 
 def _writes(mode: str) -> bool:

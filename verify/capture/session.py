@@ -113,8 +113,8 @@ def _script_traceback(error: BaseException, manifest: RunManifest) -> str:
         [frame for frame in report.stack if not frame.filename.startswith((_VERIFY_DIR, *_DISPATCH_PLUMBING))]
     )
     text = "".join(report.format())
-    if view := manifest.working_folder.get("view"):
-        text = text.replace(f'File "{view}', f'File "{manifest.working_folder["root"]}')
+    if view := manifest.working_folder.get("view"):  # rstrip: the view of `/` holds /x at VIEW/x
+        text = text.replace(f'File "{view}', f'File "{manifest.working_folder["root"].rstrip(os.sep)}')
     return text
 
 

@@ -1,8 +1,9 @@
 """Runs one training script under instrumentation in a child process and leaves a run directory.
 
 This is the only module of verify that starts processes. The parent never imports torch: it writes the initial
-manifest (which is the child's whole configuration), starts `python -P -m verify.capture.bootstrap RUNDIR PID` in the
-script's folder in a new session, streams the script's output into output.log and to a callback, reports progress
+manifest (which is the child's whole configuration), starts `python -P -m verify.capture.bootstrap RUNDIR PID` in a
+new session in the folder verify was started in, as `python SCRIPT ARGS` would run there (in the run's view of it:
+verify/launch/working_folder.py), streams the script's output into output.log and to a callback, reports progress
 from the manifest, enforces the timeout, and finalises the manifest when the child could not (killed, timed out,
 interrupted, died hard). The child dies with the thread that started it (PID is verify's: the bootstrap sets
 PR_SET_PDEATHSIG), so run_script() belongs in a thread that outlives the run, the main thread of a command.
@@ -211,7 +212,7 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         script=str(script),
         script_sha256=hashlib.sha256(script.read_bytes()).hexdigest(),
         argv=list(args),
-        cwd=str(script.parent),
+        cwd=os.getcwd(),  # where `python SCRIPT ARGS` would run: the script's relative paths lead from it
         device=device,
         emulated=devices.row(device).emulated,
         emulated_on=devices.emulated_on(device, options.emulate_on),
@@ -274,7 +275,7 @@ def run_script(
     run_dir = run_folders.claim_node(whole, options.nodes.node_rank) if options.nodes else run_folders.claim(run_dir)
     try:
         manifest = _initial_manifest(script, args, options, device)
-        view = working_folder.make(manifest.files_root, run_dir / working_folder.FOLDER)
+        view = working_folder.make((manifest.files_root, Path(manifest.cwd)), run_dir / working_folder.FOLDER)
         manifest.working_folder = view.record()
         write_manifest(run_dir, manifest)
         calibration = {devices.BLOCKS_VAR: str(options.perturbation["blocks"])} if options.perturbation else {}
@@ -286,9 +287,10 @@ def run_script(
                 manifest.seen_by_script(os.path.abspath(entry)) if entry else entry
                 for entry in env["PYTHONPATH"].split(os.pathsep))
         env["PYTHONUNBUFFERED"] = "1"  # the script's output reaches output.log and the user as it is printed
+        env["PWD"] = manifest.running_cwd  # as a shell says there: a script may build its paths from $PWD
         started = time.monotonic()
-        returncode, ending, stopped = _supervise(_command(run_dir), Path(manifest.running_script).parent, env,
-                                                 run_dir, options.timeout_s, on_output, on_progress, stop_order)
+        returncode, ending, stopped = _supervise(_command(run_dir), manifest.running_cwd, env, run_dir,
+                                                 options.timeout_s, on_output, on_progress, stop_order)
         _finalise(run_dir, returncode, ending, options.timeout_s, time.monotonic() - started, stopped,
                   working_folder.settle(view))
     finally:

@@ -1,38 +1,44 @@
-"""Each run in a working folder of its own: a view of the script's folder that shows every run what was there before
-it, and only the run that wrote it what a run writes.
+"""Each run in a working folder of its own: a view of the folders it works in that shows every run what was there
+before it, and only the run that wrote it what a run writes.
 
 The runs of a pair go at once (the port, its reference, the calibration runs) and one after the other (`verify run`
-on one machine, then on another), in the script's folder. A script that resumes from its own checkpoint (`if
+on one machine, then on another), in the same folders. A script that resumes from its own checkpoint (`if
 os.path.exists("ckpt.pt"): load it`, HF Trainer's `output_dir`) read what another side had written there: the
-reference resumed from the port's step 4 and the pair judged two different trainings (issue 43).
+reference resumed from the port's step 4 and the pair judged two different trainings.
 
-The view (RUNDIR/files/) mirrors the script's folder (manifest.files_root) before the child starts: its folders are
-made anew, its Python files copied (so that `Path(__file__).resolve()` finds the view, not the original folder),
-every other file a symbolic link to the original, read where it lies. Inside the child
-(verify/capture/private_files.py) a file the script opens to write, whose entry in the view is still such a link,
-is first made the run's own (copied, or the link removed where the write replaces it), and a path into the original
-folder is read as the same path in the view; the script's arguments naming the original folder are given as the
-view. After the run, the links are removed: RUNDIR/files/ holds what the run wrote, and the manifest's
-`working_folder` lists it.
+A run works where `python SCRIPT ARGS` would: in the folder verify was started in (manifest.cwd), the script's folder
+first on its search path. The view mirrors both, the script's folder (manifest.files_root) and the working folder,
+whole, before the child starts, below the closest folder holding both (the view's root: the working folder itself
+where the script lies in it, as with `python sub/train.py data/x.txt`): their folders are made anew, their Python
+files copied (so that `Path(__file__).resolve()` finds the view, not the original folder), every other file a
+symbolic link to the original, read where it lies. Where the script lies outside the working folder (`verify
+../other/train.py`), the folders on the way from the root to each are made too, and their other entries linked,
+shared, as the folders above the view link theirs. Inside the child (verify/capture/private_files.py) a file the
+script opens to write, whose entry in a mirrored folder is still such a link, is first made the run's own (copied,
+or the link removed where the write replaces it), and a path into a mirrored folder is read as the same path in the
+view; the script's arguments naming one are given as the view. After the run, the links are removed: RUNDIR/files/
+holds what the run wrote, named from the view's root, and the manifest's `working_folder` lists it.
 
-Left out of the view: verify's own folders (a folder being written by a verify, a run folder, `verify-out/`,
-`verify-runs/`) and `__pycache__`. Linked whole, never written by a training: version control's folders,
-`node_modules` and virtual environments, and every folder still unwalked once MAX_ENTRIES entries are mirrored (a
-script run from a home folder); the manifest names them (`shared`). What a native library writes in place into an
-existing file of the original folder, or what the script writes outside the folder (an absolute path elsewhere),
-is not private: the original folder's files and folders are checked after the run, and those changed are named
-(`originals_changed`).
+Left out of the view: verify's own folders (its package, a folder being written by a verify, a run folder,
+`verify-out/`, `verify-runs/`) and `__pycache__`. Linked whole, never written by a training: version control's folders,
+`node_modules` and virtual environments, a folder the user may not list, and every folder still unwalked once
+MAX_ENTRIES entries are mirrored (a working folder that is a repository with its datasets, a home folder), the
+script's folder walked first so that those are the working folder's, not the script's own; the manifest names them
+(`shared`). What a native library
+writes in place into an existing file of the folders mirrored, or what the script writes into a folder linked or
+outside the view (an absolute path elsewhere), is not private: the mirrored folders' files and folders are checked
+after the run, and those changed are named (`originals_changed`).
 
-The folders above it: the view is made at RUNDIR/.above/<the names of UP_LEVELS folders above the script's
-folder>/<its name>, each of those folders holding a link to every other entry of the folder it stands for, so that
-`../data` (pytorch/examples' MNIST scripts) and `../../../Datasets` (Lightning's examples) lead where they lead from
-the script's folder: into the user's folders, shared, not private. (Made at RUNDIR/files, `..` was RUNDIR: every
-such script downloaded its data again or failed to.) A new entry the run makes up there stays in the run: after the
-run the view is moved to RUNDIR/files and what is left of .above, links removed, to RUNDIR/outside
+The folders above it: the view is made at RUNDIR/.above/<the names of UP_LEVELS folders above its root>/<the root's
+name>, each of those folders holding a link to every other entry of the folder it stands for, so that `../data`
+(pytorch/examples' MNIST scripts) and `../../../Datasets` (Lightning's examples) lead where they lead from the
+original: into the user's folders, shared, not private. A new entry the run makes up there stays in the run: after
+the run the view is moved to RUNDIR/files and what is left of .above, links removed, to RUNDIR/outside
 (`written_outside`).
 
-Cost: one link or copy per entry, once per run; tests/perf/bench_working_folder.py measures it on a large data
-folder.
+Cost: one link or copy per entry walked, once per run (tests/perf/bench_working_folder.py measures it on a large
+data folder): past MAX_ENTRIES the folder being walked is finished and every other linked, so that a run started in
+a large folder walks MAX_ENTRIES entries and the rest of one folder, besides the folders on the way.
 """
 
 from __future__ import annotations
@@ -41,51 +47,79 @@ import os
 import shutil
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from verify.record import run_folders
 from verify.record.run_folders import WRITER_LOCK
-from verify.record.schema import LOG, MANIFEST
+from verify.record.schema import LOG, MANIFEST, in_view
 
 FOLDER = "files"  # RUNDIR/files: what the run wrote in its view, after the run
 ABOVE = ".above"  # RUNDIR/.above: the folders above the view while it runs
 OUTSIDE = "outside"  # RUNDIR/outside: what the run made in the folders above its view, kept
-UP_LEVELS = 3  # the folders above the script's folder a relative path reaches (Lightning's ../../../Datasets)
+UP_LEVELS = 3  # the folders above the view's root a relative path reaches (Lightning's ../../../Datasets)
 MAX_ABOVE = 10_000  # entries of a folder above, at most: past it (a crowded home folder) the levels above stop
 COPIED_SUFFIXES = (".py",)  # the script's own code: its __file__ must lead to the view, not the original folder
 LINKED_WHOLE = frozenset({".git", ".hg", ".svn", "node_modules"})
 LEFT_OUT = frozenset({"__pycache__", "verify-out", "verify-runs"})
 MAX_ENTRIES = 200_000
+FILESYSTEM_ROOT = "root"  # the view's name where its root is `/` (folders mirrored whole with nothing else in common)
 _LISTED = 200  # the written files the manifest names, at most (the count is always whole)
+# verify's own modules (run from a working folder holding its source): the child imports them, and its emulations,
+# from where they lie, as verify's, never as the script's project
+_VERIFY_PACKAGE = Path(__file__).resolve().parents[1]
 
 
 @dataclass
 class WorkingFolder:
     """A run's view of `root` at `view`, and what it looked like when made."""
 
-    root: Path
+    root: Path  # the closest folder holding every folder mirrored whole
     view: Path  # where the run works: RUNDIR/.above/.../<root's name>
     settled: Path  # where its view is moved after the run: RUNDIR/files
+    # the folders mirrored whole, relative to root ("": root itself): the script's folder, then the working folder
+    whole: tuple[str, ...]
     shared: list[str] = field(default_factory=list)  # folders linked whole (relative to root)
     left_out: list[str] = field(default_factory=list)  # verify's folders and caches, not in the view (relative)
     entries: int = 0
     seconds: float = 0.0
-    # relative path -> (mtime_ns, size) of each original file linked and folder mirrored, to find those changed after
+    # relative path -> (mtime_ns, size) of each original file linked and folder mirrored in a folder mirrored whole,
+    # to find those changed after the run
     before: dict[str, tuple[int, int]] = field(default_factory=dict)
     mirrored: set[str] = field(default_factory=set)  # the links and copies made (relative), removed after the run
 
     def record(self) -> dict[str, Any]:
         """What the manifest says of it before the run (manifest.working_folder)."""
-        return {"root": str(self.root), "view": str(self.view), "entries": self.entries,
+        return {"root": str(self.root), "view": str(self.view),
+                "mirrored_whole": [str(self.root / folder) for folder in self.whole], "entries": self.entries,
                 "made_in_s": round(self.seconds, 3), "shared": self.shared, "left_out": self.left_out}
+
+    def holds(self, relative: str) -> bool:
+        """Whether `relative` lies in a folder mirrored whole."""
+        return any(_within(relative, folder) for folder in self.whole)
+
+    def on_the_way(self, relative: str) -> bool:
+        """Whether `relative` is a folder mirrored whole or one above it, below root: made, whatever it is."""
+        return any(_within(folder, relative) for folder in self.whole)
+
+    def walked_first(self, relative: str) -> bool:
+        """Whether `relative` is walked before the others: in the first folder mirrored whole, or on the way to it."""
+        return _within(relative, self.whole[0]) or _within(self.whole[0], relative)
+
+
+def _within(relative: str, folder: str) -> bool:
+    return not folder or relative == folder or relative.startswith(folder + os.sep)
 
 
 def _left_out(entry: os.DirEntry) -> bool:
-    if entry.name in LEFT_OUT:
+    if entry.name in LEFT_OUT or Path(entry.path) == _VERIFY_PACKAGE:
         return True
-    names = set(os.listdir(entry.path))
+    try:
+        names = set(os.listdir(entry.path))
+    except OSError:
+        return False  # not verify's: linked when it is walked
     # verify's: being written, a run folder, or a run across several machines (its nodes' folders)
     return WRITER_LOCK in names or {MANIFEST, LOG} <= names or run_folders.holds_nodes(Path(entry.path))
 
@@ -97,53 +131,85 @@ def _linked_whole(entry: os.DirEntry) -> bool:
 def _link_target(entry: os.DirEntry, root: str, view: str) -> str:
     """A link of the original folder, as the view holds it: one into the folder leads into the view."""
     target = os.readlink(entry.path)
-    if os.path.isabs(target) and (target + os.sep).startswith(root + os.sep):
-        return view + target[len(root):]
-    return target
+    return in_view(target, root, view) or target
 
 
-def make(root: Path, settled: Path) -> WorkingFolder:
-    """Mirrors `root` into a view below the folders above it (_above), breadth first (a folder beyond MAX_ENTRIES is
-    linked); `settled` (which must not exist) is where the view goes after the run."""
+def make(folders: Sequence[Path], settled: Path) -> WorkingFolder:
+    """Mirrors `folders` (the script's folder, the working folder) into one view of the closest folder holding them
+    all, below the folders above it (_above); `settled` (which must not exist) is where the view goes after the run.
+    Breadth first, the first of `folders` before the others, so that a folder past MAX_ENTRIES, which is linked, is
+    one of the working folder's rather than the script's own."""
     started = time.monotonic()
-    root, settled = root.resolve(), settled.absolute()
-    made = WorkingFolder(root, _above(root, settled.parent / ABOVE) / root.name, settled)
-    made.view.mkdir()
-    folders = deque([""])
-    while folders:
-        relative = folders.popleft()
-        made.before[relative] = _stamp(os.path.join(made.root, relative))
-        with os.scandir(os.path.join(made.root, relative)) as entries:
+    folders = [Path(folder).resolve() for folder in folders]
+    root, settled = Path(os.path.commonpath(folders)), settled.absolute()
+    whole = dict.fromkeys("" if folder == root else str(folder.relative_to(root)) for folder in folders)
+    made = WorkingFolder(root, _above(root, settled.parent / ABOVE) / (root.name or FILESYSTEM_ROOT), settled,
+                         tuple(whole))
+    first, then = deque([""]), deque()
+    while first or then:
+        relative = (first or then).popleft()
+        original = os.path.join(made.root, relative)
+        if made.entries > MAX_ENTRIES and not made.on_the_way(relative):
+            _share(made, original, relative)
+            continue
+        try:
+            entries = os.scandir(original)
+        except OSError:
+            if made.on_the_way(relative):
+                raise  # the view cannot be made without it: verify's error (exit 2), naming the folder
+            _share(made, original, relative)  # a folder the user may not list (another user's): read where it lies
+            continue
+        os.mkdir(os.path.join(made.view, relative))
+        if made.holds(relative):
+            made.before[relative] = _stamp(original)
+        with entries:
             for entry in entries:
-                if folder := _mirror(made, entry, os.path.join(relative, entry.name)):
-                    folders.append(folder)
+                name = os.path.join(relative, entry.name)
+                if _mirror(made, entry, name):
+                    (first if made.walked_first(name) else then).append(name)
     made.seconds = time.monotonic() - started
     return made
 
 
-def _mirror(made: WorkingFolder, entry: os.DirEntry, name: str) -> str | None:
-    """Mirrors one entry of the original folder; returns the folder's name where it is a folder to walk."""
+def _mirror(made: WorkingFolder, entry: os.DirEntry, name: str) -> bool:
+    """Mirrors one entry of the original folder; True where it is a folder to walk (made when it is walked)."""
     made.entries += 1
+    if entry.is_dir(follow_symlinks=False):
+        return _walked(made, entry, name)
     destination = os.path.join(made.view, name)
     if entry.is_symlink():
         os.symlink(_link_target(entry, str(made.root), str(made.view)), destination)
-    elif entry.is_dir():
-        if _left_out(entry):
-            made.left_out.append(name)
-            return None
-        if not _linked_whole(entry) and made.entries <= MAX_ENTRIES:
-            os.mkdir(destination)
-            return name
-        os.symlink(entry.path, destination)
-        made.shared.append(name)
     elif entry.name.endswith(COPIED_SUFFIXES):
         shutil.copy2(entry.path, destination)
     else:
         os.symlink(entry.path, destination)
-        status = entry.stat(follow_symlinks=False)
-        made.before[name] = status.st_mtime_ns, status.st_size
+        if made.holds(name):  # watched; beside the way, as in the folders above, the user's files are shared
+            status = entry.stat(follow_symlinks=False)
+            made.before[name] = status.st_mtime_ns, status.st_size
     made.mirrored.add(name)
-    return None
+    return False
+
+
+def _walked(made: WorkingFolder, entry: os.DirEntry, name: str) -> bool:
+    """Whether a folder of the original is walked; one that is not is left out or linked whole."""
+    if made.on_the_way(name):
+        return True
+    if not made.holds(name):
+        _share(made, entry.path, name)
+    elif _left_out(entry):
+        made.left_out.append(name)
+    elif _linked_whole(entry):
+        _share(made, entry.path, name)
+    else:
+        return True
+    return False
+
+
+def _share(made: WorkingFolder, original: str, name: str) -> None:
+    """A folder linked whole: the run reads it where it lies, and what it writes there is not its own."""
+    os.symlink(original, os.path.join(made.view, name))
+    made.shared.append(name)
+    made.mirrored.add(name)
 
 
 def _above(root: Path, tree: Path) -> Path:

@@ -250,12 +250,17 @@ class RunManifest:
     # project_root instead where one is given (a pair of scripts in two trees of one project: the folder holding both).
     project_files: dict[str, str] = field(default_factory=dict)
     project_root: str = ""
-    # The run's own view of files_root (verify/launch/working_folder.py): {"root", "view" (RUNDIR/files), "entries",
-    # "made_in_s", "shared": folders linked whole, "left_out": verify's folders (never seen through the view)}, and after the run "written" (what the run wrote, relative to the
-    # view, where it stays), "written_count", "originals_changed" (original files or folders that changed meanwhile,
-    # by a writer the view could not keep to itself). Empty: the run ran in the original folder (recorded before).
+    # The run's own view of the folders it works in, the script's folder (files_root) and `cwd`
+    # (verify/launch/working_folder.py): {"root" (the closest folder holding both), "view" (RUNDIR/files),
+    # "mirrored_whole" (those two, whose paths the run reads in the view), "entries", "made_in_s", "shared": folders
+    # linked whole, "left_out": verify's folders (never seen through the view)}, and after the run "written" (what
+    # the run wrote, relative to the view, where it stays), "written_count", "originals_changed" (original files or
+    # folders that changed meanwhile, by a writer the view could not keep to itself). Empty: the run ran in the
+    # original folder (recorded before).
     working_folder: dict[str, Any] = field(default_factory=dict)
     argv: list[str] = field(default_factory=list)  # the script's own arguments
+    # The folder verify was started in, where the script runs (in its view) as `python SCRIPT ARGS` would run there:
+    # its relative paths lead from it. Runs recorded before ran in the script's folder, and say so.
     cwd: str = ""
     python_version: str = ""
     torch_version: str = ""
@@ -372,8 +377,13 @@ class RunManifest:
 
     @property
     def running_script(self) -> str:
-        """The script's path as it runs: in its run's view of files_root."""
+        """The script's path as it runs: in its run's view."""
         return self.seen_by_script(self.script)
+
+    @property
+    def running_cwd(self) -> str:
+        """The folder the script runs in: cwd, in its run's view."""
+        return self.seen_by_script(self.cwd)
 
     @property
     def running_root(self) -> Path:
@@ -381,13 +391,9 @@ class RunManifest:
         return Path(self.seen_by_script(str(self.files_root)))
 
     def seen_by_script(self, path: str) -> str:
-        """`path` (under files_root: the script, a folder of its project) as the script sees it while it runs: in
-        the run's view of files_root, where it has one."""
-        view = self.working_folder.get("view")
-        root = str(self.working_folder.get("root", ""))
-        if not view or not (path == root or path.startswith(root + os.sep)):
-            return path
-        return view + path[len(root):]
+        """`path` (the script, its working folder, a folder of its project) as the script sees it while it runs: in
+        the run's view, where it has one."""
+        return seen_in_view(path, self.working_folder) or path
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -438,6 +444,28 @@ class RunManifest:
 SHOWN_CHARS = 2000
 """The most of one string read from a run directory (a message, a traceback, a note, a path) that a terminal or a
 report shows; the run directory keeps it whole."""
+
+
+def lies_in(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or lies below it (every absolute path lies below `/`)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def in_view(path: str, root: str, view: str) -> str | None:
+    """`path` as a view of the folder `root` at `view` shows it, where it lies in root; else None."""
+    return view + path[len(root.rstrip(os.sep)):] if lies_in(path, root) else None
+
+
+def seen_in_view(path: str, working_folder: Mapping[str, Any]) -> str | None:
+    """`path` as a run sees it in its view (manifest.working_folder), where it lies in a folder the view mirrors
+    whole, not in one it left out (verify's own); else None: there, and beside the way to those folders as above the
+    view, the run reads and writes what lies there."""
+    root, view = working_folder.get("root"), working_folder.get("view")
+    if not view or not any(lies_in(path, folder) for folder in working_folder.get("mirrored_whole", [root])):
+        return None
+    if any(lies_in(path, os.path.join(root, name)) for name in working_folder.get("left_out", [])):
+        return None
+    return in_view(path, root, view)
 
 
 def shown(text: str, limit: int = SHOWN_CHARS, tail: bool = False) -> str:
