@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from itertools import chain
+from pathlib import PurePosixPath
 
 from verify.frameworks._framework import BF16, AmpSwitch, Framework
 
@@ -40,6 +41,9 @@ TRAINER_METHODS = tuple(chain.from_iterable(framework.trainer_methods for framew
 CUDA_ONLY_IMPORTS = {module: what for framework in FRAMEWORKS for module, what in framework.cuda_only_imports.items()}
 # The variables a run records because a framework's launcher chooses what the run computes with them.
 ENVIRONMENT = frozenset(chain.from_iterable(framework.environment for framework in FRAMEWORKS))
+# How many folders above the script's folder the frameworks' examples reach (Lightning's ../../../Datasets: 3).
+LEVELS_ABOVE = max((PurePosixPath(path).parts.count("..")
+                    for framework in FRAMEWORKS for path in framework.reads_above), default=0)
 
 
 def own_amp(code: str) -> str | None:

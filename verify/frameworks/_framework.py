@@ -52,3 +52,5 @@ class Framework:
     cuda_only_imports: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     # runtime: the variables through which its launcher chooses what a run computes (recorded with the run)
     environment: tuple[str, ...] = ()
+    # paths above the script's folder its examples read, where a run's view must lead as the original folder does
+    reads_above: tuple[str, ...] = ()

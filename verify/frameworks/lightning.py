@@ -10,7 +10,8 @@ up (DEV021).
 
 Runtime: the loss scaler of 16-mixed is torch.amp.GradScaler, which verify's step recorder follows
 (tests/test_framework_scripts.py: a 16-mixed pair whose scalers skip their first updates). Lightning rebuilds a
-DataLoader from its constructor's signature, which verify's environment record keeps (functools.wraps).
+DataLoader from its constructor's signature, which verify's environment record keeps (functools.wraps). Its
+examples read their data three folders above the script, which a run's working folder mirrors.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ FRAMEWORK = Framework(
                      "lightning.pytorch.seed_everything"),
     trainer_methods=("fit",),
     environment=("LT_PRECISION",),
+    reads_above=("../../../Datasets",),  # its examples' data folder, beside the repository
 )
 # Its trainers under each package name; each picks its CUDA accelerator for "auto", "gpu" or "cuda".
 TRAINERS = tuple(

@@ -31,9 +31,9 @@ after the run, and those changed are named (`originals_changed`).
 
 The folders above it: the view is made at RUNDIR/.above/<the names of UP_LEVELS folders above its root>/<the root's
 name>, each of those folders holding a link to every other entry of the folder it stands for, so that `../data`
-(pytorch/examples' MNIST scripts) and `../../../Datasets` (Lightning's examples) lead where they lead from the
-original: into the user's folders, shared, not private. A new entry the run makes up there stays in the run: after
-the run the view is moved to RUNDIR/files and what is left of .above, links removed, to RUNDIR/outside
+(pytorch/examples' MNIST scripts) and `../../../Datasets` (Lightning's examples: verify/frameworks) lead where they
+lead from the original: into the user's folders, shared, not private. A new entry the run makes up there stays in
+the run: after the run the view is moved to RUNDIR/files and what is left of .above, links removed, to RUNDIR/outside
 (`written_outside`).
 
 Cost: one link or copy per entry walked, once per run (tests/perf/bench_working_folder.py measures it on a large
@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verify import frameworks
 from verify.record import run_folders
 from verify.record.run_folders import WRITER_LOCK
 from verify.record.schema import LOG, MANIFEST, in_view
@@ -59,7 +60,9 @@ from verify.record.schema import LOG, MANIFEST, in_view
 FOLDER = "files"  # RUNDIR/files: what the run wrote in its view, after the run
 ABOVE = ".above"  # RUNDIR/.above: the folders above the view while it runs
 OUTSIDE = "outside"  # RUNDIR/outside: what the run made in the folders above its view, kept
-UP_LEVELS = 3  # the folders above the view's root a relative path reaches (Lightning's ../../../Datasets)
+# The folders above the view's root a relative path reaches: pytorch/examples' ../data, and the frameworks' examples'
+# (Lightning's ../../../Datasets).
+UP_LEVELS = max(1, frameworks.LEVELS_ABOVE)
 MAX_ABOVE = 10_000  # entries of a folder above, at most: past it (a crowded home folder) the levels above stop
 COPIED_SUFFIXES = (".py",)  # the script's own code: its __file__ must lead to the view, not the original folder
 LINKED_WHOLE = frozenset({".git", ".hg", ".svn", "node_modules"})
