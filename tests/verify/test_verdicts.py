@@ -553,6 +553,25 @@ def test_shuffled_data_order_is_a_data_order_finding(tmp_path, reference):
     assert "[checklist C6, C7]" in (out / "advice.txt").read_text()
 
 
+@pytest.mark.parametrize("shuffled", [False, True], ids=["faithful", "shuffled"])
+def test_a_batch_given_as_keyword_arguments_is_recorded_and_its_order_named_first(tmp_path, shuffled):
+    """Regression (issue 54): the batch of `model(**batch)` (Hugging Face models) was never recorded, only positional
+    arguments were, so a port reading its data in another order FAILed on an operator whose inputs agreed."""
+    code = (SCRIPTS / "keyword_batch.py").read_text()
+    original, port = tmp_path / "train.py", tmp_path / "train_npu.py"
+    original.write_text(code)
+    port.write_text(code.replace("shuffle=False", "shuffle=True") if shuffled else code)
+    exit_code, summary, out = verify(original, port, "-n", STEPS, "-q", "-o", tmp_path / "out")
+    batch = read_run(out / "ref").ops.query("op == 'input' and step == 0")
+    assert batch["io"].tolist() == ["in0", "in1", "in2"]  # input_ids, attention_mask, labels
+    if not shuffled:
+        assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+        return
+    assert exit_code == 1 and summary["reason"].startswith(
+        "FAIL: the sides read different data: the in0 input of TinyClassifier's first forward differs at step 0")
+    assert finding(summary, "data_order")["detail"]["source"] == "inputs"
+
+
 def determinism(tmp_path: Path, script: Path) -> tuple[int, dict]:
     result = CliRunner().invoke(app, ["determinism", str(script), "-n", "2", "-q", "-o", str(tmp_path / "out")])
     assert result.exit_code in (0, 1), result.output

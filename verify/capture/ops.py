@@ -307,14 +307,16 @@ class OpCapture:
         return not any(candidate is not None and self._computed.get(id(candidate), _DEAD)() is candidate
                        for candidate in (tensor, tensor._base))
 
-    def record_inputs(self, module: torch.nn.Module, args: Any) -> None:
-        """The data an outermost module's forward receives (op INPUT_OP, io in0, in1...): the batch each side read,
+    def record_inputs(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        """The data an outermost module's forward receives (op INPUT_OP, io in0, in1...: its positional arguments,
+        then its keyword ones in the order given, `model(**batch)`'s input_ids and labels): the batch each side read,
         which the comparison checks before any operator; a loss module's labels too, not the predictions it gets
         (note_outputs). Integer tensors (token ids, labels) are summarised as float64 values, so that their mean and
         norm, not only their min and max, tell two batches apart. Each record's inputs are the recorded calls of the
         step that wrote it (a batch collated or transformed in this process; a GAN's generated samples, detached),
         so that compare tells data read from data computed."""
-        tensors = [leaf for leaf in leaves(args) if isinstance(leaf, torch.Tensor) and self._is_data(leaf)]
+        given = [*leaves(args), *(leaves(kwargs) if kwargs else ())]
+        tensors = [leaf for leaf in given if isinstance(leaf, torch.Tensor) and self._is_data(leaf)]
         if not tensors or not self.recording:
             return
         with self.paused(), torch.no_grad():

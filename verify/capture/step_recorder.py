@@ -26,6 +26,7 @@ import functools
 import itertools
 import math
 import os
+import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -355,7 +356,7 @@ class StepRecorder:
                 else:  # the trained model's first call: the step a frozen network's call opened before it goes on
                     self._step_model = weakref.ref(module)
             if self.capture is not None:
-                self.capture.record_inputs(module, args)
+                self.capture.record_inputs(module, args, _keyword_arguments(module))
         self._root_depth += 1
 
     def _after_forward(self, module, args, output) -> None:
@@ -550,6 +551,24 @@ class StepRecorder:
         self.batch.fetch()
         if self.capture is not None:
             self.capture.discard_step(self.steps_done)
+
+
+_MODULE_CALL_FILE = torch.nn.Module._call_impl.__code__.co_filename  # torch/nn/modules/module.py
+
+
+def _keyword_arguments(module: torch.nn.Module) -> dict[str, Any]:
+    """The keyword arguments of the call of `module` whose global forward pre-hooks run now: torch hands such a hook
+    only the positional ones (register_module_forward_pre_hook has no with_kwargs), and a Hugging Face model is
+    called as `model(**batch)`. Read from the frame of torch's Module call that runs the hook (`_call_impl`, or the
+    `inner` it defines where hooks are registered); {} where none does."""
+    frame = sys._getframe(2)  # _keyword_arguments <- StepRecorder._before_forward <- the module call
+    for _ in range(3):
+        if frame is None:
+            break
+        if frame.f_code.co_filename == _MODULE_CALL_FILE and frame.f_locals.get("self") is module:
+            return frame.f_locals.get("kwargs") or {}
+        frame = frame.f_back
+    return {}
 
 
 def _trainable(module: torch.nn.Module) -> bool:
