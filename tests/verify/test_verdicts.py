@@ -572,6 +572,34 @@ def test_a_batch_given_as_keyword_arguments_is_recorded_and_its_order_named_firs
     assert finding(summary, "data_order")["detail"]["source"] == "inputs"
 
 
+def test_a_changed_dropout_rate_is_named_first(tmp_path):
+    """Regression (issue 54): a dropout rate set through a config (PEFT's lora_dropout doubled) FAILed naming the
+    dropout's aten.mul, not the rate; each dropout module's rate is a hyperparameter verify reads off the model."""
+    port = tmp_path / "dropout_mlp_npu.py"
+    port.write_text((SCRIPTS / "dropout_mlp.py").read_text().replace("nn.Dropout(0.1)", "nn.Dropout(0.2)"))
+    exit_code, summary, _ = verify(SCRIPTS / "dropout_mlp.py", port, "-n", STEPS, "-q", "-o", tmp_path / "out")
+    assert exit_code == 1 and summary["reason"] == "FAIL: hyperparameter differs: dropout 0.1 vs 0.2 in 5", (
+        summary["reason"])
+
+
+@pytest.mark.parametrize("accumulate", [2, 1], ids=["faithful", "accumulation-dropped"])
+def test_a_changed_gradient_accumulation_is_named_first(tmp_path, accumulate):
+    """Regression (issue 54): accumulate's gradient_accumulation.py with 2 micro-steps turned into 1 FAILed at aten.div,
+    "the ops that produced its inputs agree"; the backward() calls per optimizer step are a hyperparameter."""
+    code = (SCRIPTS / "tiny_train.py").read_text()
+    port = tmp_path / "tiny_train_npu.py"
+    port.write_text(code.replace('"--accumulate", type=int, default=1', f'"--accumulate", type=int, default={accumulate}'))
+    original = tmp_path / "tiny_train.py"
+    original.write_text(code.replace('"--accumulate", type=int, default=1', '"--accumulate", type=int, default=2'))
+    exit_code, summary, _ = verify(original, port, "-n", STEPS, "-q", "-o", tmp_path / "out")
+    if accumulate == 2:
+        assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+        return
+    assert exit_code == 1 and summary["reason"] == (
+        "FAIL: hyperparameter differs: gradient accumulation 2 vs 1 backward() calls per optimizer step"), (
+        summary["reason"])
+
+
 def determinism(tmp_path: Path, script: Path) -> tuple[int, dict]:
     result = CliRunner().invoke(app, ["determinism", str(script), "-n", "2", "-q", "-o", str(tmp_path / "out")])
     assert result.exit_code in (0, 1), result.output

@@ -41,8 +41,8 @@ from torch.utils._pytree import tree_flatten
 from verify.capture.ops import sample_columns, step_columns, tensors_in
 from verify.capture.module_scopes import unwrapped
 from verify.capture.tensor_stats import Handle, has_readable_data, host_array, summarize
-from verify.record.schema import (FROZEN_KEY, GRAD_STATISTIC_NAMES, GRADS_DIR, MODEL_KEY, OPS_DIR, OUTPUTS_DIR,
-                                   SAMPLES_DIR, SETTLING_STEPS, STAT_COLUMNS, LossScalerPlan, RunManifest, Status,
+from verify.record.schema import (ACCUMULATION, DROPOUT_RATE, FROZEN_KEY, GRAD_STATISTIC_NAMES, GRADS_DIR, MODEL_KEY,
+                                   MODULE_HPARAMS, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR, SETTLING_STEPS, STAT_COLUMNS, LossScalerPlan, RunManifest, Status,
                                    ran_requested_steps, step_file)
 from verify.capture.loss_scaler_twin import LossScalerTwin, script_scaler
 from verify.capture.followed_port import followed
@@ -418,6 +418,17 @@ class StepRecorder:
             for name, value in group.items():
                 if name != "params":
                     self._hparams.append((step, group_index, name, _json_value(value), index))
+        if index == 0:
+            self._hparams.append((step, "", ACCUMULATION, len(self._losses), index))
+            self._record_dropout_rates(step)
+
+    def _record_dropout_rates(self, step: int) -> None:
+        """The rate of every dropout module that trains (a config's rate, LoRA's lora_dropout, lives in its module),
+        named by its path in its model: a changed rate moves every op after it, which names no cause by itself."""
+        for root in self._outermost():
+            for path, module in unwrapped(root).named_modules():
+                if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.training:
+                    self._hparams.append((step, path, DROPOUT_RATE, float(module.p), MODULE_HPARAMS))
 
     def _parameter_names(self) -> dict[int, str]:
         names: dict[int, str] = {}

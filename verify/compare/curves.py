@@ -16,7 +16,7 @@ from verify.compare import metrics
 from verify.compare import tolerances
 from verify.compare.envelope import Envelope, grad_scale, of_grads, of_losses
 from verify.compare.precision_policy import PrecisionPolicy, amp_dtype
-from verify.record.schema import HALF_DTYPES
+from verify.record.schema import ACCUMULATION, HALF_DTYPES, MODULE_HPARAMS, RECORDED_SETTINGS
 from verify.record.store import Run
 from verify.errors import RunDirError
 
@@ -82,7 +82,10 @@ def compare_hparams(ref: Run, actual: Run) -> pd.DataFrame:
     runs made count: a run that stopped early (a crash, a NaN loss) has not lost its optimizer."""
     keys = [key for key in ("step", "optimizer", "group", "name") if key in ref.hparams and key in actual.hparams]
     common_steps = set(ref.hparams["step"]) & set(actual.hparams["step"])
-    sides = [frame.loc[frame["step"].isin(common_steps)].astype({"group": "string"})
+    # a setting verify reads off the run is compared where both runs were recorded with it (not by an older writer)
+    unrecorded = [name for name in RECORDED_SETTINGS
+                  if not (ref.hparams["name"].eq(name).any() and actual.hparams["name"].eq(name).any())]
+    sides = [frame.loc[frame["step"].isin(common_steps) & ~frame["name"].isin(unrecorded)].astype({"group": "string"})
              .assign(text=lambda rows: rows["value"].map(_hparam_text))[[*keys, "text"]]
              for frame in (ref.hparams, actual.hparams)]
     merged = sides[0].merge(sides[1], on=keys, how="outer", suffixes=("_ref", "_actual"))
@@ -107,11 +110,17 @@ def compare_hparams(ref: Run, actual: Run) -> pd.DataFrame:
 
 def _hparam_message(name: Any, ref_value: str, actual_value: str, group: Any, optimizer: int,
                     since_step: int | None) -> str:
-    """'lr 0.1 vs 0.01 in group 0 of optimizer 1 from step 3': the parts that apply."""
-    group_text = "" if group is None or group is pd.NA or str(group) in ("", "nan", "<NA>") else f" in group {group}"
+    """'lr 0.1 vs 0.01 in group 0 of optimizer 1 from step 3', 'dropout 0.1 vs 0.2 in encoder.drop': the parts
+    that apply."""
+    named = not (group is None or group is pd.NA or str(group) in ("", "nan", "<NA>"))
+    group_text = (f" in {group}" if optimizer == MODULE_HPARAMS else f" in group {group}") if named else ""
     optimizer_text = f" of optimizer {optimizer}" if optimizer > 0 else ""
+    unit = _UNITS.get(str(name), "")
     since = f" from step {since_step}" if since_step is not None else ""
-    return f"{name} {ref_value} vs {actual_value}{group_text}{optimizer_text}{since}"
+    return f"{name} {ref_value} vs {actual_value}{unit}{group_text}{optimizer_text}{since}"
+
+
+_UNITS = {ACCUMULATION: " backward() calls per optimizer step"}
 
 
 def compare_grads(ref: Run, actual: Run, rtol: float, carried: pd.Series | None = None,

@@ -234,7 +234,15 @@ moment (empty without a scaler); `micro_step` counts backward() calls within the
 HPARAM_COLUMNS = ("step", "group", "name", "value", "optimizer")
 """hparams.csv: `group` is the param_group index ("" for optimizer-wide facts such as name="optimizer" whose value
 is the class name); `value` is JSON (numbers, lists for betas, strings); `optimizer` numbers the optimizers in the
-order they first stepped (0: the one whose steps count the run's steps; GANs have 0 and 1)."""
+order they first stepped (0: the one whose steps count the run's steps; GANs have 0 and 1). The settings of the
+model's modules (a dropout's rate) are rows of `optimizer` MODULE_HPARAMS, their `group` the module's path."""
+MODULE_HPARAMS = -1
+# Settings verify reads off the run, beside the optimizers' own, at every step of the lead optimizer: the rate of each
+# dropout module that trains, and the backward() calls made since the last step (gradient accumulation; an LBFGS
+# closure's, made inside step(), are not). A run recorded before one of them has none of its rows.
+DROPOUT_RATE = "dropout"
+ACCUMULATION = "gradient accumulation"
+RECORDED_SETTINGS = (DROPOUT_RATE, ACCUMULATION)
 
 
 @dataclass
