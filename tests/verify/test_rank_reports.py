@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import typer
+from hung_runs import ranks_timed_out_before_their_hang, timed_out_in_the_hang
 from typer.testing import CliRunner
 
 from verify.cli import app
@@ -82,9 +83,10 @@ def test_determinism_runs_every_rank_twice(tmp_path):
 
 
 def test_a_hang_under_dump_off_still_names_the_collective(tmp_path):
-    out = tmp_path / "run"
-    code, output = verify("run", SCRIPTS / "ddp_rank_fails.py", "--nproc-per-node", "2", "--steps", "5", "--dump",
-                          "off", "--timeout", "15", "-q", "-o", out, "--", "hang")
+    (code, output), out, _ = timed_out_in_the_hang(
+        lambda timeout, out: verify("run", SCRIPTS / "ddp_rank_fails.py", "--nproc-per-node", "2", "--steps", "5",
+                                    "--dump", "off", "--timeout", timeout, "-q", "-o", out, "--", "hang"),
+        tmp_path, ranks_timed_out_before_their_hang)
     assert code == 1, output
     message = read_run(out).manifest.message
     assert message.startswith("rank 1 hung at step 2 outside the collectives the others wait for"), message

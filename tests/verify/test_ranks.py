@@ -9,16 +9,17 @@ the broken ports are made from the port by replacing one line. Each run makes 4 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 import typer
+from hung_runs import ranks_timed_out_before_their_hang, timed_out, timed_out_in_the_hang
 from live_processes import processes_naming
 from typer.testing import CliRunner
 
 from verify.cli import app
 from verify.cli.pair import route
+from verify.launch import process_tree
 from verify.record.run_folders import rank_dirs
 from verify.record.store import read_run
 
@@ -217,16 +218,16 @@ FAILS = SCRIPTS / "ddp_rank_fails.py"
 def test_a_rank_that_hangs_is_stopped_at_the_timeout_named_with_the_collective_and_nothing_survives(tmp_path, hang):
     """hang-deaf ignores SIGTERM: the launcher cannot stop it, and verify kills the launcher and the rank's own
     session (torchrun gives each rank one) itself."""
-    out = tmp_path / "run"
-    started = time.monotonic()
-    # 30 s: both ranks start torch and make 2 steps first, which took more than 15 s on a 2-core machine busy with
-    # other runs (CI's README test command, with verify pairs running beside it: rank 0 timed out at 0 steps)
-    code, output, _ = verify("run", FAILS, "--nproc-per-node", "2", "--steps", "5", "--timeout", "30", "-q",
-                             "-o", out, "--", hang)
-    assert time.monotonic() - started < 90
+    (code, output, _), out, timeout = timed_out_in_the_hang(
+        lambda timeout, out: verify("run", FAILS, "--nproc-per-node", "2", "--steps", "5", "--timeout", timeout,
+                                    "-q", "-o", out, "--", hang),
+        tmp_path, ranks_timed_out_before_their_hang)
     assert code == 1, output
     run = read_run(out)
     assert run.manifest.status == "timeout"
+    # stopped within the stop's own bound after the timeout: a grace after SIGTERM, one after SIGKILL, the child's
+    # reaping and the log reader's end, each GRACE_S at most (torch's launcher alone would give a deaf rank 30 s)
+    assert run.manifest.wall_s < timeout + 5 * process_tree.GRACE_S
     assert run.manifest.message.startswith("rank 1 hung at step 2 outside the collectives the others wait for")
     assert "rank 0 waits in c10d.allreduce_ in Sequential.0 of step 2" in run.manifest.message
     assert [len(rank.losses) for rank in run.ranks] == [2, 2]  # every rank's records up to then
@@ -236,7 +237,7 @@ def test_a_rank_that_hangs_is_stopped_at_the_timeout_named_with_the_collective_a
 
 def test_a_rank_that_crashes_is_named_first_and_nothing_survives(tmp_path):
     out = tmp_path / "run"
-    code, output, _ = verify("run", FAILS, "--nproc-per-node", "2", "--steps", "5", "--timeout", "120", "-q",
+    code, output, _ = verify("run", FAILS, "--nproc-per-node", "2", "--steps", "5", "-q",
                              "-o", out, "--", "crash")
     assert code == 1, output
     run = read_run(out)
@@ -252,7 +253,7 @@ def test_the_same_crash_on_both_sides_is_the_same_error_under_the_launcher_too(t
     differs between the sides: one behaviour, judged on the steps made, as in one process (exit 2 before)."""
     port = tmp_path / "ddp_rank_fails_npu.py"
     port.write_text(FAILS.read_text())
-    code, output, summary = verify(FAILS, port, "--nproc-per-node", "2", "--steps", "5", "--timeout", "120", "-q",
+    code, output, summary = verify(FAILS, port, "--nproc-per-node", "2", "--steps", "5", "-q",
                                    "-o", tmp_path / "pair", "--", "crash")
     assert code == 0, output
     assert "with the same error, RuntimeError: rank 1 fails on purpose" in summary["reason"]
@@ -262,9 +263,14 @@ def test_the_same_crash_on_both_sides_is_the_same_error_under_the_launcher_too(t
 def test_a_port_whose_rank_hangs_fails_naming_the_rank_and_the_collective(tmp_path):
     port = tmp_path / "ddp_rank_fails_npu.py"
     port.write_text(FAILS.read_text().replace("MODE = sys.argv[1]", 'MODE = "hang"'))
-    out = tmp_path / "pair"
-    code, output, summary = verify(FAILS, port, "--nproc-per-node", "2", "--steps", "4", "--timeout", "15", "-q",
-                                   "-o", out, "--", "none")
+
+    def too_soon(out: Path) -> bool:  # the reference, run after the hung port, has the timeout too, and must end
+        return ranks_timed_out_before_their_hang(out / "actual") or timed_out(out / "ref")
+
+    (code, output, summary), out, _ = timed_out_in_the_hang(
+        lambda timeout, out: verify(FAILS, port, "--nproc-per-node", "2", "--steps", "4", "--timeout", timeout,
+                                    "-q", "-o", out, "--", "none"),
+        tmp_path, too_soon)
     assert code == 1, output
     assert summary["reason"].startswith("FAIL: actual run timeout: rank 1 hung at step 2")
     assert "rank 0 waits in c10d.allreduce_" in summary["reason"]
@@ -273,7 +279,7 @@ def test_a_port_whose_rank_hangs_fails_naming_the_rank_and_the_collective(tmp_pa
 
 def test_a_script_that_spawns_its_own_ranks_is_captured_in_every_rank_without_an_option(tmp_path):
     spawner = SCRIPTS / "ddp_spawn.py"
-    code, output, summary = verify(spawner, spawner, "--steps", "4", "--timeout", "120", "-q", "-o", tmp_path / "out")
+    code, output, summary = verify(spawner, spawner, "--steps", "4", "-q", "-o", tmp_path / "out")
     assert code == 0, output
     assert summary["reason"].startswith("PASS: on each of the 2 ranks")
     run = read_run(tmp_path / "out" / "actual")

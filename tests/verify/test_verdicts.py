@@ -12,10 +12,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import typer
+from hung_runs import timed_out, timed_out_before_printing, timed_out_in_the_hang
 from typer.testing import CliRunner
 
 from migrate import Settings, migrate_source
 from verify.compare import tolerances
+from verify.errors import EXIT_ERROR
 from verify.cli import app
 from verify.cli.determinism import DETERMINISM_JSON
 from verify.cli.pair import follows_its_port, route, runs_with_its_reference
@@ -36,14 +38,15 @@ SCALER_SETTLES = list(range(6))
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the autouse fixture is per test; the shared reference runs before any
 
 
-def verify(*args: str | Path) -> tuple[int, dict, Path]:
-    """`verify ...` in-process; the exit code, summary.json and the output folder (the -o among args)."""
+def verify(*args: str | Path, exits: tuple[int, ...] = (0, 1)) -> tuple[int, dict, Path]:
+    """`verify ...` in-process, ending with one of `exits` (by default a verdict); the exit code, summary.json and the
+    output folder (the -o among args)."""
     argv = [str(arg) for arg in args]
     result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
     out = Path(argv[argv.index("-o") + 1])
     summary_file = out / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    assert result.exit_code in (0, 1), result.output
+    assert result.exit_code in exits, result.output
     return result.exit_code, summary, out
 
 
@@ -886,7 +889,15 @@ def test_a_port_that_hangs_leaves_its_following_reference_to_run_to_its_end(tmp_
     original.write_text((SCRIPTS / "hang.py").read_text().split("print(")[0].replace("range(2)", "range(6)"))
     port = tmp_path / "steady_npu.py"
     port.write_text((SCRIPTS / "hang.py").read_text())
-    exit_code, summary, out = verify(original, port, "-n", 4, "--timeout", 15, "-q", "-o", tmp_path / "out")
+
+    def too_soon(out: Path) -> bool:  # the reference's run again after the port has the timeout too, and must end
+        return timed_out_before_printing(out / "actual", "now hanging") or timed_out(out / "ref")
+
+    # a run whose timeout came before its first step reads as damaged (exit 2): one made too soon
+    (exit_code, summary, out), _, _ = timed_out_in_the_hang(
+        lambda timeout, out: verify(original, port, "-n", 4, "--timeout", timeout, "-q", "-o", out,
+                                    exits=(0, 1, EXIT_ERROR)),
+        tmp_path, too_soon)
     manifests = {side: json.loads((out / side / "manifest.json").read_text()) for side in ("ref", "actual")}
     assert manifests["actual"]["status"] == "timeout" and manifests["actual"]["steps_completed"] == 2
     assert manifests["ref"]["status"] == "ok" and manifests["ref"]["steps_completed"] == 4
