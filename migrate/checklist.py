@@ -89,7 +89,12 @@ class _Inputs:
         ]
 
     def framework_amp_option(self) -> list[Evidence]:
-        return self.ported("framework_amp_option", f"{_FRAMEWORK_AMP}, chosen at run time")
+        """Where a framework's mixed precision is chosen at run time, and how it is switched on there."""
+        return [
+            Evidence(path, line, f"{_FRAMEWORK_AMP}, chosen at run time" + (f": {how}" if how else ""))
+            for path, facts in self.facts
+            for line, how in facts.ported.framework_amp_switch_on
+        ]
 
     def open_findings(self, item: str) -> list[Finding]:
         return [
@@ -239,12 +244,13 @@ def _framework_precision(inputs: _Inputs, item_id: str) -> Item | None:
     if switched_on:
         return _item(item_id, Status.PASSED, [*switched_on, *option], f"{confirm} {_NO_SECOND_AMP}")
     if option:
+        chosen = sorted({how for _, facts in inputs.facts for _, how in facts.ported.framework_amp_switch_on if how})
         return _item(
             item_id,
             Status.NOT_CHECKED,
             option,
-            f"Turn the framework's mixed precision on where you run it ({frameworks.switch_on_advice()}). "
-            f"{_NO_SECOND_AMP} {confirm}",
+            "Chosen at run time: turn the framework's mixed precision on where you run it "
+            f"({'; or '.join(chosen) or frameworks.switch_on_advice()}). {_NO_SECOND_AMP} {confirm}",
         )
     return None
 

@@ -40,6 +40,8 @@ class SourceFacts:
     framework_amp: tuple[int, ...] = ()  # a framework's mixed precision switched on (fp16 or bf16)
     framework_bf16: tuple[int, ...] = ()  # of those, bf16
     framework_amp_option: tuple[int, ...] = ()  # a framework's mixed precision chosen at run time
+    # of those, (line, how it is switched on where the script runs: the option, variable or config key)
+    framework_amp_switch_on: tuple[tuple[int, str], ...] = ()
     hyperparameters: tuple[hyperparams.Hyperparameter, ...] = ()
 
 
@@ -98,6 +100,7 @@ def _facts(tree: ast.Module, code: str) -> SourceFacts:
     imports, calls = _named_nodes(tree, _lines_naming(code))
     npu_imports = {node.lineno for node in imports if "torch_npu" in text(node)}
     torch_imports = {node.lineno for node in imports if "torch" in _import_roots(node)}
+    switch_on: set[tuple[int, str]] = set()
     for node in calls:
         name = hyperparams.dotted(node.func)
         last = name.rsplit(".", 1)[-1]
@@ -110,8 +113,11 @@ def _facts(tree: ast.Module, code: str) -> SourceFacts:
             lines["scaled_backward"].add(node.lineno)
         for kind in framework_precision(node, last, text):
             lines[kind].add(node.lineno)
+            if kind == "framework_amp_option":
+                switch_on.add((node.lineno, frameworks.run_time_switch(last, _literals(node))))
     return SourceFacts(
         **{kind: tuple(sorted(found)) for kind, found in lines.items()},
+        framework_amp_switch_on=tuple(sorted(switch_on)),
         npu_import=tuple(sorted(npu_imports)),
         torch_import=tuple(sorted(torch_imports)),
         hyperparameters=tuple(hyperparams.extract(tree, text, calls)),
@@ -128,8 +134,8 @@ def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText)
     if (parses := frameworks.precision_parser(last)) is not None:
         return ["framework_amp_option"] if parses in text(call) else []
     if last == "add_argument":
-        flags = [arg.value for arg in call.args if isinstance(arg, ast.Constant)]
-        return ["framework_amp_option"] if any(flag in frameworks.PRECISION_OPTIONS for flag in flags) else []
+        chosen = any(flag in frameworks.PRECISION_OPTIONS for flag in _literals(call))
+        return ["framework_amp_option"] if chosen else []
     switch = frameworks.amp_switch(last)
     if switch is None:
         return []
@@ -143,6 +149,11 @@ def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText)
         elif (dtype := switch.precision(keyword.arg, keyword.value.value)) is not None:
             kinds += ["framework_amp", "framework_bf16"] if dtype == frameworks.BF16 else ["framework_amp"]
     return kinds
+
+
+def _literals(call: ast.Call) -> list[object]:
+    """A call's positional literals: add_argument's option names."""
+    return [arg.value for arg in call.args if isinstance(arg, ast.Constant)]
 
 
 def _import_roots(node: ast.Import | ast.ImportFrom) -> set[str]:
@@ -299,8 +310,9 @@ def _runs(kept: Iterable[tuple[range, int]]) -> Iterator[tuple[range, int]]:
 
 
 # The fields of SourceFacts that are line numbers.
+_LINED_FIELDS = ("hyperparameters", "framework_amp_switch_on")  # of items each on a line: (line, ...) or .line
 _LINE_FIELDS = [
-    field.name for field in dataclasses.fields(SourceFacts) if field.name not in ("readable", "hyperparameters")
+    field.name for field in dataclasses.fields(SourceFacts) if field.name not in ("readable", *_LINED_FIELDS)
 ]
 
 
@@ -311,12 +323,17 @@ def _part(facts: SourceFacts, lines: range, to: int) -> SourceFacts:
     def on_lines(numbers: tuple[int, ...]) -> tuple[int, ...]:
         return numbers[bisect.bisect_right(numbers, lines.start) : bisect.bisect_right(numbers, lines.stop)]
 
-    hyperparameters = facts.hyperparameters
-    first, last = (bisect.bisect_right(hyperparameters, line, key=_line) for line in (lines.start, lines.stop))
+    def items_on_lines(items: tuple, line_of) -> tuple:
+        return items[bisect.bisect_right(items, lines.start, key=line_of) : bisect.bisect_right(items, lines.stop,
+                                                                                               key=line_of)]
+
     return dataclasses.replace(
         facts,
         **{name: tuple(number + by for number in on_lines(getattr(facts, name))) for name in _LINE_FIELDS},
-        hyperparameters=tuple(dataclasses.replace(h, line=h.line + by) for h in hyperparameters[first:last]),
+        hyperparameters=tuple(dataclasses.replace(h, line=h.line + by)
+                              for h in items_on_lines(facts.hyperparameters, _line)),
+        framework_amp_switch_on=tuple((line + by, how)
+                                      for line, how in items_on_lines(facts.framework_amp_switch_on, _first)),
     )
 
 
@@ -324,9 +341,13 @@ def _line(hyperparameter: hyperparams.Hyperparameter) -> int:
     return hyperparameter.line
 
 
+def _first(pair: tuple[int, str]) -> int:
+    return pair[0]
+
+
 def _joined(pieces: list[SourceFacts]) -> SourceFacts:
     """One source's facts from its pieces' facts, in line order: each field stays in line order."""
-    fields = [*_LINE_FIELDS, "hyperparameters"]
+    fields = [*_LINE_FIELDS, *_LINED_FIELDS]
     return SourceFacts(
         **{name: tuple(chain.from_iterable(getattr(piece, name) for piece in pieces)) for name in fields}
     )

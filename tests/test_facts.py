@@ -12,6 +12,7 @@ from migrate.facts import (
 )
 from migrate.hyperparams import SourceText, dotted, extract
 from rules import Case, all_rules
+from verify.frameworks import run_time_switch
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
@@ -25,6 +26,7 @@ def _walked(code: str) -> SourceFacts:
     text = SourceText(code)
     found: dict[str, set[int]] = {name: set() for name in (*_CALL_KINDS, *_DERIVED_KINDS)}
     found |= {"npu_import": set(), "torch_import": set()}
+    switch_on: set[tuple[int, str]] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             if "torch_npu" in text(node):
@@ -44,8 +46,12 @@ def _walked(code: str) -> SourceFacts:
             found["scaled_backward"].add(node.lineno)
         for kind in framework_precision(node, last, text):
             found[kind].add(node.lineno)
+            if kind == "framework_amp_option":
+                switch_on.add((node.lineno, run_time_switch(last, [a.value for a in node.args
+                                                                    if isinstance(a, ast.Constant)])))
     lines = {name: tuple(sorted(numbers)) for name, numbers in found.items()}
-    return SourceFacts(**lines, hyperparameters=tuple(extract(tree, text)))  # extract walks every node itself
+    return SourceFacts(**lines, hyperparameters=tuple(extract(tree, text)),  # extract walks every node itself
+                       framework_amp_switch_on=tuple(sorted(switch_on)))
 
 
 def _roots(node: ast.Import | ast.ImportFrom) -> set[str]:

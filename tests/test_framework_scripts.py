@@ -46,10 +46,38 @@ if __name__ == "__main__":
 """
 
 # Lightning's CLI scripts: the Trainer's arguments, its precision among them, come from the command line or a config
-LIGHTNING_CLI = LIGHTNING[: LIGHTNING.index("def main():")] + """from lightning.pytorch.cli import LightningCLI
+LIGHTNING_CLI = """
+import torch
+import lightning as L
+from lightning.pytorch.cli import LightningCLI
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Classifier(L.LightningModule):
+    def __init__(self, lr: float = 0.1):
+        super().__init__()
+        self.lr = lr
+        self.layer = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def train_dataloader(self):
+        generator = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(64, 8, generator=generator), torch.randint(0, 2, (64,), generator=generator))
+        return DataLoader(data, batch_size=8)
+
+
+def cli_main():
+    LightningCLI(Classifier, seed_everything_default=0)
+
 
 if __name__ == "__main__":
-    LightningCLI(Classifier)
+    cli_main()
 """
 
 HF_TRAINER = """
@@ -168,11 +196,42 @@ def test_a_trainer_whose_precision_comes_from_the_command_line_is_not_checked_an
     for item in ("C2", "C4"):
         assert items[item]["status"] == "Not checked"
         [evidence] = items[item]["evidence"]
-        assert evidence.endswith(": mixed precision by the framework, chosen at run time")
+        assert evidence.endswith(": mixed precision by the framework, chosen at run time: --fp16 or --bf16 of "
+                                 "TrainingArguments")
         assert _cited([evidence], port) == ["(args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()"]
-        assert "--fp16 or --bf16" in items[item]["action"] and "add no torch.autocast" in items[item]["action"]
+        # what to pass where it runs, this framework's alone (issue 54)
+        assert items[item]["action"].startswith("Chosen at run time: turn the framework's mixed precision on where "
+                                                "you run it (--fp16 or --bf16 of TrainingArguments).")
+        assert "add no torch.autocast" in items[item]["action"] and "accelerate" not in items[item]["action"]
     assert _cited(items["C1"]["evidence"], port) == ["set_seed(args.seed)"]
     assert "autocast" not in text and "GradScaler" not in text
+
+
+def test_a_lightning_cli_port_sets_the_capability_and_its_checklist_says_what_to_pass(tmp_path):
+    """Regression (issue 54): a LightningCLI's accelerator comes from the command line (`--trainer.accelerator gpu`),
+    a config file or "auto"; its port got no TORCH_NPU_DEVICE_CAPABILITY and crashed in Lightning's CUDA accelerator,
+    and C2/C4 did not say how its precision is chosen."""
+    items, text, port = _migrate(tmp_path, "cli", LIGHTNING_CLI)
+    assert text.index('os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")') < text.index("LightningCLI(")
+    for item in ("C2", "C4"):
+        assert items[item]["status"] == "Not checked"
+        assert _cited(items[item]["evidence"], port) == ["LightningCLI(Classifier, seed_everything_default=0)"]
+        assert "--trainer.precision 16-mixed" in items[item]["action"]
+    findings = json.loads((tmp_path / "cli_npu_report" / "findings.json").read_text())
+    assert [f["code"] for f in findings if f["code"] == "DEV021"] == ["DEV021"]
+
+
+@pytest.mark.slow
+def test_a_lightning_cli_port_passes_with_the_accelerator_and_precision_on_its_command_line(tmp_path):
+    pytest.importorskip("jsonargparse")
+    _migrate(tmp_path, "cli", LIGHTNING_CLI)
+    done = subprocess.run(
+        [sys.executable, "-m", "verify", "cli.py", "cli_npu.py", "--steps", "2", "-q", "-o", "out", "--", "fit",
+         "--trainer.accelerator", "gpu", "--trainer.precision", "16-mixed", "--trainer.max_steps", "4",
+         "--trainer.logger", "false", "--trainer.enable_checkpointing", "false"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def test_bf16_training_arguments_pass_c2_and_c4_without_a_scaler(tmp_path):
@@ -211,13 +270,6 @@ def test_an_accelerator_built_without_its_switch_leaves_the_precision_to_the_lau
         assert items[item]["status"] == "Not checked"
         assert _cited(items[item]["evidence"], port) == ["accelerator = Accelerator()"]
         assert "--mixed_precision fp16" in items[item]["action"]
-
-
-def test_a_lightning_cli_takes_the_trainers_precision_from_the_command_line(tmp_path):
-    items, _, port = _migrate(tmp_path, "cli", LIGHTNING_CLI)
-    for item in ("C2", "C4"):
-        assert items[item]["status"] == "Not checked"
-        assert _cited(items[item]["evidence"], port) == ["LightningCLI(Classifier)"]
 
 
 @pytest.mark.slow

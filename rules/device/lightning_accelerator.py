@@ -10,6 +10,7 @@ from rules import (
 from rules.device._rewrite import capability_statement, statement_holding
 
 _TRAINERS = frameworks.lightning.TRAINERS
+_CLIS = frameworks.lightning.CLIS
 _CAPABILITY = capability_statement("read by the CUDA accelerator")
 _TRANSFER = (("torch_npu.contrib", "transfer_to_npu"),)
 
@@ -19,7 +20,8 @@ class LightningAccelerator(StatementEdits, PortRule):
 
     ## What it does
     In a file that builds a Lightning `Trainer` or `Fabric` (`lightning`, `lightning.pytorch`, `pytorch_lightning`)
-    whose accelerator may be CUDA's (`"gpu"`, `"cuda"`, `"auto"`, none given, or a value computed at run time):
+    whose accelerator may be CUDA's (`"gpu"`, `"cuda"`, `"auto"`, none given, or a value computed at run time), or a
+    `LightningCLI` (its Trainer's accelerator comes from the command line or a config file):
     - sets `TORCH_NPU_DEVICE_CAPABILITY=8.0` with `os.environ.setdefault` (a launcher's own value wins) right before
       the statement that builds the first such Trainer (the accelerator reads it when `fit` sets the device up);
     - in explicit mode, also imports `transfer_to_npu`, and says so: it is the only way Lightning runs on an NPU.
@@ -50,7 +52,7 @@ class LightningAccelerator(StatementEdits, PortRule):
 
     CODE = "DEV021"
     CHECKLIST = ("C3",)
-    TRIGGERS = tuple(sorted({name.rsplit(".", 1)[-1] for name in _TRAINERS}))
+    TRIGGERS = tuple(sorted({name.rsplit(".", 1)[-1] for name in (*_TRAINERS, *_CLIS)}))
     EXAMPLES = (
         Case(
             """
@@ -91,6 +93,23 @@ class LightningAccelerator(StatementEdits, PortRule):
             lines=[3],
             mode=Mode.EXPLICIT,
         ),
+        Case(  # `--trainer.accelerator gpu` on the command line, or "auto"
+            """
+            from lightning.pytorch.cli import LightningCLI
+
+            def cli_main():
+                cli = LightningCLI(MyModel, MyDataModule)
+            """,
+            """
+            from lightning.pytorch.cli import LightningCLI
+            import os
+
+            def cli_main():
+                os.environ.setdefault("TORCH_NPU_DEVICE_CAPABILITY", "8.0")  # read by the CUDA accelerator
+                cli = LightningCLI(MyModel, MyDataModule)
+            """,
+            lines=[4],
+        ),
         Unchanged(
             """
             import torch
@@ -119,8 +138,9 @@ class LightningAccelerator(StatementEdits, PortRule):
     def visit_Module(self, node: cst.Module) -> None:
         if "TORCH_NPU_DEVICE_CAPABILITY" in self.file.source:
             return  # the script sets it already
-        calls = (call for call in findall(node, m.Call()) if self.refers_to(call.func, *_TRAINERS))  # type: ignore
-        trainer = next((call for call in calls if _may_be_cuda(call)), None)  # type: ignore[arg-type]
+        calls = (call for call in findall(node, m.Call())  # type: ignore[union-attr]
+                 if self.refers_to(call.func, *_TRAINERS, *_CLIS))
+        trainer = next((call for call in calls if self.refers_to(call.func, *_CLIS) or _may_be_cuda(call)), None)
         place = trainer and statement_holding(node, trainer)
         if not place:
             return

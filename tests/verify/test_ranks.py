@@ -86,7 +86,10 @@ def test_an_accelerate_script_runs_as_accelerate_launch_runs_it_with_its_options
                              "-q", "-o", out)
     assert code == 0, output
     ranks = read_run(out).ranks
-    assert [rank.manifest.steps_completed for rank in ranks] == [3, 3]
+    # accelerate's fp16 GradScaler skips its first update while its scale settles, which adds a step, and the script
+    # ends after its 4 batches a rank
+    assert [rank.manifest.steps_completed for rank in ranks] == [4, 4]
+    assert all(rank.manifest.skipped_steps[0] == 0 for rank in ranks)
     assert all("c10d.allreduce_" in set(rank.ops["op"]) for rank in ranks)
 
 

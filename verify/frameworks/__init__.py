@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Sequence
 from itertools import chain
 from pathlib import PurePosixPath
 
@@ -64,6 +65,14 @@ def precision_parser(name: str) -> str | None:
     """Where a call named `name` parses a framework's precision options from the command line: the name its call
     must also hold ("" where any call does: LightningCLI); None where it parses none."""
     return next((switch.parsers[name] for switch in _AMP_SWITCHES if name in switch.parsers), None)
+
+
+def run_time_switch(name: str, flags: Sequence[str] = ()) -> str:
+    """How the mixed precision that a call named `name` (with the literal arguments `flags`: add_argument's) leaves
+    to run time is switched on where the script runs, in its switch's words; "" where no switch is known."""
+    switch = amp_switch(name) or next(
+        (switch for switch in _AMP_SWITCHES if name in switch.parsers or set(flags) & set(switch.options)), None)
+    return switch.switch_on if switch else ""
 
 
 def switch_on_advice() -> str:

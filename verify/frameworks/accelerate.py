@@ -24,7 +24,7 @@ FRAMEWORK = Framework(
             mixed={("mixed_precision", "fp16"): FP16, ("mixed_precision", "bf16"): BF16},
             options=("--mixed_precision", "--mixed-precision"),  # accelerate's examples declare the launcher's
             launcher_chooses=True,
-            switch_on="--mixed_precision fp16",
+            switch_on="accelerate launch --mixed_precision fp16 (or ACCELERATE_MIXED_PRECISION=fp16)",
         ),
     ),
     own_amp_signs=("Accelerator(", "accelerator.backward"),  # whatever the script names its Accelerator

@@ -24,8 +24,11 @@ FRAMEWORK = Framework(
     name="Lightning",
     amp=(
         AmpSwitch(builds=("Trainer",), keywords=("precision",), mixed=_MIXED, options=("--precision",),
-                  parsers={"LightningCLI": ""}, switch_on='precision="16-mixed"'),
-        AmpSwitch(builds=("Fabric",), keywords=("precision",), mixed=_MIXED, launcher_chooses=True),
+                  parsers={"LightningCLI": ""},
+                  switch_on='precision="16-mixed" (through LightningCLI: --trainer.precision 16-mixed, or '
+                            'trainer.precision in its config file)'),
+        AmpSwitch(builds=("Fabric",), keywords=("precision",), mixed=_MIXED, launcher_chooses=True,
+                  switch_on="fabric run --precision 16-mixed (or LT_PRECISION=16-mixed)"),
     ),
     own_amp_signs=("Fabric(", "self.manual_backward"),
     seed_everything=("lightning.seed_everything", "pytorch_lightning.seed_everything",
@@ -40,5 +43,8 @@ TRAINERS = tuple(
     for package in ("lightning", "lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric")
     for name in ("Trainer", "Fabric")
 )
+# LightningCLI builds a Trainer whose accelerator comes from the command line or a config file (`--trainer.accelerator
+# gpu`, default "auto"): CUDA's, for all the script's text says.
+CLIS = tuple(f"{package}.cli.LightningCLI" for package in ("lightning.pytorch", "pytorch_lightning"))
 # Its accelerators that are not CUDA's: none asks for a compute capability.
 NOT_CUDA_ACCELERATORS = frozenset({"cpu", "mps", "tpu", "xla", "hpu"})
