@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from verify.compare.runs import ComparisonResult, compare_runs  # noqa: E402
-from verify.cli.compare_cmd import read_side  # noqa: E402
+from verify.record.evidence import read_side  # noqa: E402
 from verify.report.writers import report_writers  # noqa: E402
 from verify.report.xlsx import op_sheets  # noqa: E402
 from verify.record.schema import OP_COLUMNS, RunManifest  # noqa: E402

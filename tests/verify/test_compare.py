@@ -26,7 +26,7 @@ from verify.errors import CompareError
 from verify.report.writers import write_reports
 from verify.compare.findings import FindingCode
 from verify.compare.precision_policy import CompareOptions
-from verify.cli.compare_cmd import read_side
+from verify.record.evidence import read_side
 from verify.record.schema import GRAD_COLUMNS, OP_COLUMNS, OUTPUT_COLUMNS, TABLE_FILE, RunManifest
 from verify.record.store import RunWriter
 

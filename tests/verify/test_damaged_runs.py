@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from verify.cli import app
-from verify.cli.compare_cmd import read_side
+from verify.record.evidence import read_side
 from verify.errors import EXIT_ERROR, Stopped
 from verify.launch.runner import RunOptions, run_script
 from verify.record.schema import DumpMode, Status

@@ -122,7 +122,7 @@ def test_each_face_sums_in_its_own_order_within_the_noise_of_the_cpu(faces, name
 
 
 def test_a_face_summing_in_the_other_faces_order_computes_its_numbers(faces):
-    """A calibration run of the reference sums in the port's device's order (verify/cli/pair.py): EMULATED CUDA given
+    """A calibration run of the reference sums in the port's device's order (verify/pair/run.py): EMULATED CUDA given
     the emulated NPU's block count computes every modelled product and sum bit for bit as that NPU does."""
     in_npu_order = computed_on("emulated-cuda", blocks=devices.row("emulated-npu").summation_blocks)
     for name in ("mm", "linear", "half_mm", "sum", "mean", "conv", "conv_transpose"):

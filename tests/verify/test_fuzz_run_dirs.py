@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from test_compare import grads, hparams, losses, trace_ops, with_noise, write_run
 from verify.cli import compare_cmd as compare_cli
-from verify.cli.compare_cmd import read_side
+from verify.record.evidence import read_side
 from verify.record.schema import MANIFEST, OUTPUT_COLUMNS
 from verify.errors import EXIT_ERROR, VerifyFailure
 

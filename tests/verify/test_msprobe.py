@@ -9,7 +9,7 @@ from test_compare import trace_ops, with_noise, write_run
 from verify.record import msprobe
 from verify.compare.runs import compare_runs
 from verify.errors import CompareError
-from verify.cli.compare_cmd import read_side
+from verify.record.evidence import read_side
 
 
 def tensor(mx, mn, mean, norm, dtype="torch.float32", shape=(4, 4), **extra):

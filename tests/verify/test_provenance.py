@@ -16,7 +16,7 @@ import typer
 from typer.testing import CliRunner
 
 from verify.cli import app
-from verify.cli.compare_cmd import judged_again
+from verify.compare.again import judged_again
 from verify.cli.pair import route
 from verify.errors import EXIT_ERROR
 from verify.launch.runner import RunOptions, run_script

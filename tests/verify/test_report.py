@@ -18,11 +18,13 @@ from verify.report import writers as report
 from verify.report import xlsx as report_xlsx
 from verify.compare.runs import compare_runs
 from verify.compare.findings import Finding, FindingCode, Verdict
-from verify.cli.compare_cmd import read_side
+from verify.record.evidence import read_side
 from verify.report.html import svg_plot
 from verify.report.tables import STATUS_COLOURS
 from verify.report.terminal import print_summary
 from verify.launch.runner import RunOptions
+from verify.pair.plan import PairPlan
+from verify.pair.run import PairRuns
 
 
 def failing_result(tmp_path, **actual):
@@ -123,12 +125,12 @@ def test_the_verdict_is_printed_before_the_report_files_are_written(tmp_path, mo
                                            str(tmp_path / "out")])
     assert compared.exit_code == 2 and "No space left on device" in compared.stderr
     assert result.verdict.reason in compared.stdout
-    plan = pair.PairPlan(tmp_path / "train.py", tmp_path / "train_npu.py", [], RunOptions(steps=3), "cpu", "npu",
-                         match_amp=True, amp_effect=False, ref_run=None, out=tmp_path / "pair")
+    plan = PairPlan(tmp_path / "train.py", tmp_path / "train_npu.py", [], RunOptions(steps=3), "cpu", "npu",
+                    match_amp=True, amp_effect=False, ref_run=None, out=tmp_path / "pair")
     console = Console(record=True, width=400)
     monkeypatch.setattr(pair, "stdout", console)
     with pytest.raises(OSError):
-        pair.judge_pair(plan, pair.PairRuns(result.actual, result.ref, "off", ""))
+        pair.judge_pair(plan, PairRuns(result.actual, result.ref, "off", ""))
     assert result.verdict.reason in console.export_text()
 
 

@@ -270,7 +270,7 @@ def test_a_model_wrapped_on_one_side_only_pairs_op_for_op(tmp_path):
     """DataParallel on EMULATED CUDA, the bare model on the CPU: module paths and parameter names are the model's on
     both sides (imagenet's port on an NPU skips its DataParallel; only 19% of its ops paired)."""
     from verify.compare.runs import compare_runs
-    from verify.cli.compare_cmd import read_side
+    from verify.record.evidence import read_side
 
     runs = [run_script(SCRIPTS / "wrapped_on_gpu.py", [], RunOptions(steps=2, device=device), tmp_path / device)
             for device in ("emulated-cuda", "cpu")]

@@ -19,11 +19,11 @@ from migrate import Settings, migrate_source
 from verify.compare import tolerances
 from verify.errors import EXIT_ERROR
 from verify.cli import app
-from verify.cli.determinism import DETERMINISM_JSON
-from verify.cli.pair import follows_its_port, route, runs_with_its_reference
-from verify.contract.files import AMP_EFFECT
+from verify.cli.pair import route
+from verify.contract.files import AMP_EFFECT, DETERMINISM_JSON
 from verify.record.store import read_run
 from verify.launch.runner import RunOptions, run_script
+from verify.pair.plan import follows_its_port, runs_with_its_reference
 
 pytestmark = pytest.mark.slow
 

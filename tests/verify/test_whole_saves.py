@@ -1,5 +1,6 @@
-"""Runs going at once share the files their scripts write (verify/capture/whole_saves.py, side_runs._prepared): the
-port prepares the data before the others start, and torch.save writes whole."""
+"""Runs going at once share the files their scripts write (verify/capture/whole_saves.py; verify/pair/sides.py
+`SideRunner.run_together`, led by the port): the port prepares the data before the others start, and torch.save writes
+whole."""
 
 from __future__ import annotations
 

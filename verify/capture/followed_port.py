@@ -3,7 +3,7 @@
 A reference follows its port's precision: it enters each module call under the autocast of the port's call of the
 same number (precision_scopes.FollowedScopes) and plays the port's GradScaler step by step (loss_scaler_twin). After
 the port's run it reads them from the finished run (manifest.autocast_follow, manifest.loss_scaler_plan). Run at once
-with the port (`verify ORIGINAL PORTED`, verify/cli/pair.py), it reads the port's run folder as the port writes it
+with the port (`verify ORIGINAL PORTED`, verify/pair/run.py), it reads the port's run folder as the port writes it
 (its manifest after every step, losses.csv) and waits where the port has not got there yet: a call's autocast until
 the port has made that call, a step's loss scales and skipped updates until the port has written that step. The port
 only appends to what is read, so each record is final once it is there, and where the port ends short of it the
@@ -107,7 +107,7 @@ def after_first_step(run_dir: Path) -> None:
     """Returns once the run in `run_dir` (manifest.starts_after: the port going at once with this run) has made its
     first step or ended."""
     while True:
-        port = read_manifest(run_dir)  # there before this run started (side_runs.run_together), written whole
+        port = read_manifest(run_dir)  # there before this run started (sides.SideRunner.run_together), written whole
         if port.steps_completed > 0 or port.status != Status.RUNNING.value:
             return
         time.sleep(POLL_S * 10)

@@ -1,7 +1,7 @@
 """What a run saves with torch.save to a file name, written whole: into a temporary file beside it, then renamed onto
 it, so that another process reading that file reads the former file whole or the new one whole, never half of one.
 
-The runs of a pair go at once (verify/cli/side_runs.py run_together): the port, its reference and the reference's
+The runs of a pair go at once (verify/pair/sides.py run_together): the port, its reference and the reference's
 calibration runs, each running its script in the same folders. A script that saves the data it then trains on
 (tests/verify/scripts/listed_files.py; a cache, a checkpoint it loads back) has every run rewrite the files the
 others read: a run that loads a file while another one writes it reads half a file ("PytorchStreamReader failed

@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
-from verify.record.schema import DumpMode, RunManifest, Status, shown
+from verify.record.schema import DumpMode, Status
 from verify.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK, VerifyFailure
 
 # Every way in (`python -m verify`, `python -m verify.cli`, a `verify` script, old ones too) imports this module: an
@@ -26,13 +26,10 @@ from verify.errors import EXIT_ERROR, EXIT_FAILED, EXIT_OK, VerifyFailure
 try:
     import typer
     from rich.console import Console
-    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from verify.cli import compare_cmd as compare_cli
     from verify.cli import determinism, options
-    from verify import devices
     from verify.cli import pair
     from verify.devices import Device, EmulateOn
     from verify.cli.exits import exit_with
@@ -40,6 +37,7 @@ try:
     from verify.record import run_folders
     from verify.launch.runner import RunOptions, lead_dir, run_script
     from verify.record.store import read_losses, read_manifest
+    from verify.report.terminal import print_run_ended
 except ModuleNotFoundError as missing:
     if (missing.name or "verify").partition(".")[0] == "verify":
         raise  # a module of verify's own: a bug, not an install step
@@ -59,7 +57,6 @@ app = typer.Typer(
 )
 
 _SUCCESS = {Status.OK.value, Status.SHORT.value}
-_STYLES = {Status.OK.value: "bold green", Status.SHORT.value: "bold yellow"}
 
 
 class Autocast(str, Enum):
@@ -142,7 +139,7 @@ def _run(script: Path, args: list[str], options: RunOptions, out: Path | None, q
     manifest = read_manifest(run_dir)
     if manifest.verify_error:  # verify's own failure: one line, exit 2 (verify/cli/exits.py)
         raise VerifyFailure(f"{run_dir}: {manifest.verify_error}")
-    _print_summary(manifest, run_dir)
+    print_run_ended(manifest, run_dir, _final_loss(run_dir), stderr)
     # every node shows the whole run; each exits with how its own ranks ended
     own = read_manifest(run_folders.node_dir(run_dir, options.nodes.node_rank)) if options.nodes else manifest
     return EXIT_OK if own.status in _SUCCESS else EXIT_FAILED
@@ -151,23 +148,6 @@ def _run(script: Path, args: list[str], options: RunOptions, out: Path | None, q
 def _final_loss(run_dir: Path) -> str:
     losses = read_losses(lead_dir(run_dir))
     return f"{losses['loss'].iloc[-1]:.6g}" if len(losses) else "-"
-
-
-def _print_summary(manifest: RunManifest, run_dir: Path) -> None:
-    if manifest.emulated:
-        stderr.print(f"[bold black on yellow] {devices.title(manifest.device, manifest.emulated_on)} [/] a test "
-                     "double, not the device itself")
-    table = Table.grid(padding=(0, 2))
-    style = _STYLES.get(manifest.status, "bold red")
-    table.add_row("status", f"[{style}]{escape(shown(manifest.status))}[/]  {escape(shown(manifest.message))}")
-    table.add_row("steps", f"{manifest.steps_completed} / {manifest.steps_requested}")
-    table.add_row("final loss", _final_loss(run_dir))
-    table.add_row("device", (f"{manifest.device} ({manifest.device_name})" if manifest.device_name else manifest.device)
-                  + manifest.ranks_words)
-    table.add_row("run dir", str(run_dir))
-    stderr.print(table)
-    if manifest.traceback:
-        stderr.print(shown(manifest.traceback.rstrip(), tail=True), markup=False, highlight=False, style="red")
 
 
 # The offline commands: no torch needed (verify/cli/compare_cmd.py).

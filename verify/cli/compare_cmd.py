@@ -10,21 +10,20 @@ None of this imports torch.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import warnings
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 
-from verify.record import msprobe, provenance
+from verify.record import msprobe
+from verify.record.evidence import read_calibrations, read_run_directory, read_side
 from verify.report import writers as reports
 from verify.record import run_folders
-from verify.report.adaptation import write_adaptation
+from verify.report.adaptation import adaptation_or_why_not, write_adaptation
+from verify.compare.again import judged_again
 from verify.compare.runs import ComparisonResult, compare_runs
-from verify.errors import CompareError
 from verify.compare.op_catalogue import read_catalogue
 from verify.contract.files import SUMMARY_JSON
 from verify.compare.precision_policy import CompareOptions
@@ -33,8 +32,6 @@ import verify.cli.options as options  # `from verify.cli import` would import th
 from verify.cli.options import command_line
 from verify.cli.exits import exit_with
 from verify.errors import EXIT_OK, VerifyFailure
-from verify.record.store import Run, read_run
-from verify.errors import RunDirError
 
 # The commands whose output folder holds only what they write there, which they may write again
 # (run_folders.claim's rewriter).
@@ -53,56 +50,6 @@ OpMappingOption = Annotated[Optional[list[Path]], typer.Option(
 def compare_options(loss_rtol: float | None, op_mapping: list[Path] | None) -> CompareOptions:
     """The comparison's options from the command line; VerifyFailure (exit 2) naming a bad mapping file."""
     return CompareOptions(loss_rtol=loss_rtol, op_catalogue=read_catalogue(op_mapping))
-
-
-
-@contextlib.contextmanager
-def adaptation_or_why_not(wanted: bool) -> Iterator[None]:
-    """Under --adaptation-report, verify's error (a comparison that could not be made, a damaged run) also says that
-    no adaptation.md was written, and why: it reports a comparison."""
-    try:
-        yield
-    except VerifyFailure as error:
-        if not wanted:
-            raise
-        raise VerifyFailure(f"{error}; no adaptation.md was written: it reports a comparison, and none could be "
-                            "made") from None
-
-
-def read_run_directory(root: Path) -> Run:
-    """A run directory via verify.record.store; what it had to skip is in the run's notes (shown in every report).
-    A damaged one (Run.damage: it lacks or cannot read what its manifest promises) is no evidence: CompareError,
-    exit 2, never a verdict."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the same problems come back as Run.notes
-            run = read_run(root)
-    except RunDirError as error:
-        raise CompareError(f"{error} (and it is not an msprobe dump either)") from None
-    if run.damage:
-        raise CompareError(f"damaged run directory {root}: {'; '.join(run.damage)}; damaged evidence is not judged")
-    return run
-
-
-def read_side(path: Path) -> Run:
-    """A verify run directory or an msprobe dump (any layout, see verify/record/msprobe.py)."""
-    if not path.exists():
-        raise CompareError(f"{path}: no such file or directory")
-    if msprobe.is_msprobe_dump(path):
-        return msprobe.read_dump(path)
-    if not path.is_dir():
-        raise CompareError(f"{path}: not a directory")
-    return read_run_directory(path)
-
-
-def read_calibrations(ref: Run, folders: list[Path] | None = None) -> list[Run]:
-    """The reference's calibration runs: `folders`, else those a pair left beside it (none beside an msprobe dump);
-    ProvenanceError (exit 2) for one that is not a calibration of this reference (verify/record/provenance.py)."""
-    folders = run_folders.calibration_dirs(ref.root) if folders is None and ref.root.is_dir() else folders or []
-    calibrations = [read_side(folder) for folder in folders]
-    for calibration in calibrations:
-        provenance.check_calibration(ref, calibration)
-    return calibrations
 
 
 def compare(
@@ -186,19 +133,6 @@ def _report(run_or_result: Path, adaptation_report: bool, command: tuple[str, ..
         made_by |= {key: value for key, value in pair.items() if key in made_by} if isinstance(pair, dict) else {}
         stderr.print(f"wrote {write_adaptation(result, run_or_result, **made_by)}")
     return result.verdict.exit_code
-
-
-def judged_again(summary_file: Path, summary: dict[str, Any]) -> ComparisonResult:
-    """The comparison a summary reports, made again from the runs it names (verify/record/provenance.py) with its
-    options: the verdict is the runs', never the summary's."""
-    named = provenance.runs_named(summary_file, summary)
-    ref = read_side(named.ref)
-    options = CompareOptions.from_record(summary.get("options"), summary_file)
-    result = compare_runs(ref, read_side(named.actual), options, read_calibrations(ref, named.calibrations))
-    if named.read_elsewhere:  # a copy of a pair's folder is judged from the original's runs: its reports say whose
-        result.notes.insert(0, f"judged from runs read in {', '.join(map(str, named.read_elsewhere))}: the summary "
-                               "names them there, and they are gone from beside it")
-    return result
 
 
 def _read_json(path: Path) -> dict[str, Any]:

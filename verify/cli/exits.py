@@ -13,11 +13,9 @@ folder). Imports neither torch nor pandas.
 from __future__ import annotations
 
 import contextlib
-import signal
 import tempfile
-import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -26,9 +24,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from verify.contract.files import TRACEBACK_FILE
-from verify.errors import EXIT_ERROR, STOPPING_SIGNALS, Stopped, VerifyFailure
+from verify.errors import EXIT_ERROR, Stopped, VerifyFailure
+from verify.launch.signals import stopped_by_signals
 from verify.record.schema import shown
-
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -37,7 +35,7 @@ def exit_with(body: Callable[[], int], doing: str, out: Path | None = None) -> N
     """Runs a command's body and exits with the code it returns. `doing` completes "verify could not ..." and names
     the paths (e.g. "compare runs/gpu with runs/npu"); `out` is where a traceback is kept."""
     try:
-        with _stopped_by_signals():
+        with stopped_by_signals():
             code = body()
     except Stopped as stop:
         _stopped_line(stop)
@@ -50,32 +48,6 @@ def exit_with(body: Callable[[], int], doing: str, out: Path | None = None) -> N
                     f"{_keep_traceback(out)})")
         raise typer.Exit(EXIT_ERROR) from None
     raise typer.Exit(code)
-
-
-
-
-@contextlib.contextmanager
-def _stopped_by_signals() -> Iterator[None]:
-    """The first SIGINT, SIGTERM or SIGHUP raises Stopped in the main thread; the others while verify stops are
-    ignored (it stops what it started within a grace period, then kills it). Elsewhere than the main thread, where
-    Python cannot catch signals, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    raised = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal raised
-        if not raised:
-            raised = True
-            raise Stopped(signum)
-
-    previous = {signum: signal.signal(signum, stop) for signum in STOPPING_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _stopped_line(stop: Stopped) -> None:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from verify.devices import Device
+from verify.pair.sides import Echo
 from verify.launch.runner import MAX_CALIBRATION_RUNS, RANK_MEMORY_GIB, TIMEOUT_PER_STEP_S, TIMEOUT_START_S
 from verify.record.schema import DEFAULT_JOIN_TIMEOUT_S, DumpMode
 
@@ -131,16 +132,6 @@ QUIET_PAIRED = "Show nothing of the scripts' output, not even the last lines of 
 def verbose(help: str = "Echo the scripts' output as they run (by default each run's goes to its output.log, and "
                         "a run that did not end well shows its last lines).") -> Any:
     return Annotated[bool, typer.Option("--verbose", "-v", help=help)]
-
-
-class Echo(Enum):
-    """What a paired command (the pair, `verify determinism`) shows of its scripts' output, all of which each run's
-    output.log keeps: nothing (-q), the last lines of a run that did not end well (the default), or every line as
-    it comes (-v)."""
-
-    NOTHING = "nothing"
-    ENDINGS = "endings"
-    EVERYTHING = "everything"
 
 
 def echo_asked(quiet: bool, verbose: bool) -> Echo:

@@ -174,7 +174,7 @@ def _within(timeout: float, done: Callable[[], bool]) -> bool:
 
 def changed_once(pair_dir: Path, nodes: Nodes | None, change: str, make: Callable[[], Any],
                  made: Path | None = None) -> None:
-    """A change to a pair's folder that every node decides alike, from the runs node 0 wrote (verify/cli/pair.py:
+    """A change to a pair's folder that every node decides alike, from the runs node 0 wrote (verify/pair/run.py:
     runs removed, a reference renamed before it runs again in its place): on one machine made at once; across
     machines by node 0 alone, once every other node has said it read those runs (a file `change` in its folder of
     the pair): two nodes removing one folder fail each other, and a node still reading a run would find it gone. The

@@ -1,6 +1,6 @@
 """Running the sides of a paired command (verify ORIGINAL PORTED, verify determinism) under one rich progress
-display, one at a time or several at once, each with the same share of the cores; and writing a comparison's reports
-with what lies beside the scripts (migrate's checklist).
+display, one at a time or several at once, each with the same share of the cores, showing of their output what the
+command was asked (`Echo`).
 """
 
 from __future__ import annotations
@@ -14,33 +14,33 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from verify.report import writers as reports
-from verify.compare.runs import ComparisonResult
-from verify.cli.compare_cmd import read_side
 from verify import devices
-from verify.launch.runner import RunOptions, StopOrder, core_share, run_script
-from verify.record.store import Run
-from verify.record.schema import LOG, MANIFEST, Status, shown
-from verify.cli.options import Echo
 from verify.errors import PairError, Stopped
-
-
-stdout = Console(highlight=False, soft_wrap=True)
-
+from verify.launch.runner import RunOptions, StopOrder, core_share, run_script
+from verify.record.evidence import read_side
+from verify.record.schema import LOG, MANIFEST, Status, shown
+from verify.record.store import Run
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
-
 
 RUN_ENDED_WELL = (Status.OK.value, Status.SHORT.value)  # a side that ran its steps, or ended by itself
 ENDING_LINES = 20  # the lines of output.log shown of a run that did not end well (Echo.ENDINGS)
 
 
+class Echo(Enum):
+    """What a paired command (the pair, `verify determinism`) shows of its scripts' output, all of which each run's
+    output.log keeps: nothing (-q), the last lines of a run that did not end well (the default), or every line as
+    it comes (-v)."""
+
+    NOTHING = "nothing"
+    ENDINGS = "endings"
+    EVERYTHING = "everything"
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,9 @@ class SideRun:
 
 class SideRunner:
     """Runs the sides under one rich progress display (stderr), showing of their output what `echo` asks: one at a
-    time (`run`) or several at once (`run_together`). Every run gets the same share of the cores, that of the most runs the command
-    makes at once, so that runs going together never oversubscribe the machine and the sides compute with the same
-    threads (a thread count changes how a CPU sums)."""
+    time (`run`) or several at once (`run_together`). Every run gets the same share of the cores, that of the most
+    runs the command makes at once, so that runs going together never oversubscribe the machine and the sides compute
+    with the same threads (a thread count changes how a CPU sums)."""
 
     def __init__(self, progress: Progress, echo: Echo, runs_at_once: int) -> None:
         self.progress = progress
@@ -162,10 +162,3 @@ def side_runner(echo: Echo, runs_at_once: int = 1) -> Iterator[SideRunner]:
 
 def device_words(run: Run) -> str:
     return devices.title(run.manifest.device, run.manifest.emulated_on)
-
-
-def write_reports(result: ComparisonResult, out: Path, *checklist_places: Path,
-                   summary: dict[str, Any] | None = None) -> None:
-    """The reports `verify compare -o` writes, with migrate's checklist when one lies beside the scripts, and what
-    only the pair knows in summary.json."""
-    reports.write_reports(result, out, checklist=reports.find_checklist(*checklist_places), summary=summary)

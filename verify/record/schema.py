@@ -313,7 +313,7 @@ class RunManifest:
     # and GradScaler it follows as the port writes them; autocast, autocast_follow and loss_scaler then say what it
     # followed. Empty: it follows a finished port's run, or none.
     follows: str = ""
-    # A run going at once with the port (verify/cli/side_runs.py run_together): the port's run folder. Its script
+    # A run going at once with the port (verify/pair/sides.py run_together): the port's run folder. Its script
     # starts once the port has made its first step or ended (imports and set-up go on meanwhile), so that what the
     # port's script prepares before it trains, a dataset it downloads or writes, is there, written once: three runs
     # downloading one file at once each truncate what another reads.

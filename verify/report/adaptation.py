@@ -9,9 +9,11 @@ divergence), the criterion and the verdict. Plain Markdown; its figures are summ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from verify.contract.files import ADAPTATION_MD
 from verify.compare.metrics import OUTPUT_METRICS
 from verify.compare.runs import ComparisonResult
 from verify.devices import title
+from verify.errors import VerifyFailure
 from verify.record.environment import ENVIRONMENT_KEY
 from verify.record.schema import FROZEN_KEY, MODEL_KEY
 from verify.record.store import Run
@@ -32,6 +35,19 @@ def write_adaptation(result: ComparisonResult, out: Path, command: list[str], ra
     path = out / ADAPTATION_MD
     path.write_text(adaptation_markdown(result, command, Path(ran_in)), encoding="utf-8")
     return path
+
+
+@contextlib.contextmanager
+def adaptation_or_why_not(wanted: bool) -> Iterator[None]:
+    """Under --adaptation-report, verify's error (a comparison that could not be made, a damaged run) also says that
+    no adaptation.md was written, and why: it reports a comparison."""
+    try:
+        yield
+    except VerifyFailure as error:
+        if not wanted:
+            raise
+        raise VerifyFailure(f"{error}; no adaptation.md was written: it reports a comparison, and none could be "
+                            "made") from None
 
 
 def adaptation_markdown(result: ComparisonResult, command: list[str], ran_in: Path) -> str:

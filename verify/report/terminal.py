@@ -1,4 +1,4 @@
-"""The terminal's reports (rich): a comparison's verdict and findings, one run.
+"""The terminal's reports (rich): a comparison's verdict and findings, one run, how `verify run` ended.
 
 `verify compare` and `verify ORIGINAL PORTED` print the verdict before they write the report files, so that what a
 person waits for comes first. No torch.
@@ -6,17 +6,19 @@ person waits for comes first. No torch.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from verify import devices
 from verify.report.advice import advise
 from verify.compare.runs import ComparisonResult
 from verify.report.tables import (cell_text, diverging_rows, emulation_banners, loss_line, ops_line,
                                    other_ranks_line, shown_rank_ops)
-from verify.record.schema import shown
+from verify.record.schema import RunManifest, Status, shown
 from verify.record.store import Run
 
 _DIVERGING_COLUMNS = ("step", "phase", "module", "ref_op", "io", "status", "stats_error", "tolerance")
@@ -79,3 +81,25 @@ def print_run(run: Run, console: Console) -> None:
         console.print(table)
     for note in run.notes:
         console.print(f"[dim]note: {escape(shown(note))}[/]")
+
+
+_RUN_STYLES = {Status.OK.value: "bold green", Status.SHORT.value: "bold yellow"}
+
+
+def print_run_ended(manifest: RunManifest, run_dir: Path, final_loss: str, console: Console) -> None:
+    """How `verify run` ended: an emulated device named as the test double it is, the status, steps, final loss,
+    device and run directory, and the traceback of what the script raised."""
+    if manifest.emulated:
+        console.print(f"[bold black on yellow] {devices.title(manifest.device, manifest.emulated_on)} [/] a test "
+                      "double, not the device itself")
+    table = Table.grid(padding=(0, 2))
+    style = _RUN_STYLES.get(manifest.status, "bold red")
+    table.add_row("status", f"[{style}]{escape(shown(manifest.status))}[/]  {escape(shown(manifest.message))}")
+    table.add_row("steps", f"{manifest.steps_completed} / {manifest.steps_requested}")
+    table.add_row("final loss", final_loss)
+    table.add_row("device", (f"{manifest.device} ({manifest.device_name})" if manifest.device_name else manifest.device)
+                  + manifest.ranks_words)
+    table.add_row("run dir", str(run_dir))
+    console.print(table)
+    if manifest.traceback:
+        console.print(shown(manifest.traceback.rstrip(), tail=True), markup=False, highlight=False, style="red")
