@@ -116,3 +116,32 @@ def test_hyperparameters_are_read_from_argparse_optimizers_schedulers_and_consta
     assert found[("optimizer", "SGD.lr")] == ("0.1", 6) and found[("optimizer", "SGD.momentum")] == ("0.9", 6)
     assert found[("scheduler", "StepLR.step_size")] == ("30", 7)
     assert found[("clip", "clip_grad_norm_.max_norm")] == ("1.0", 8)
+
+
+_QUANTIZED_BEHIND_AN_OPTION = """import argparse
+import torch
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--quantize", action="store_true")
+args = parser.parse_args()
+quantization = None
+if args.quantize:
+    quantization = BitsAndBytesConfig(load_in_4bit=True)
+model = AutoModelForCausalLM.from_pretrained("model", quantization_config=quantization).to("cuda")
+"""
+
+
+def test_a_finding_on_a_path_behind_an_option_warns_naming_it_and_fails_nothing(tmp_path):
+    """Regression (issue 54): PEFT's olora_finetuning.py builds a BitsAndBytesConfig only under `--quantize`, off by
+    default; UNS006 was an ERROR that turned C3 to Failed. A path an option takes warns, naming the option."""
+    script = tmp_path / "train.py"
+    script.write_text(_QUANTIZED_BEHIND_AN_OPTION)
+    result = CliRunner().invoke(app, [str(script), "--quiet"])
+    assert result.exit_code == 0, result.output
+    items = {item["id"]: item for item in json.loads((tmp_path / "train_npu_report" / "checklist.json").read_text())}
+    assert items["C3"]["status"] == "Passed", items["C3"]
+    [finding] = [f for f in json.loads((tmp_path / "train_npu_report" / "findings.json").read_text())
+                 if f["code"] == "UNS006"]
+    assert finding["severity"] == "warning" and finding["message"].endswith(
+        "(it runs only behind the option args.quantize: `if args.quantize:`)")

@@ -16,6 +16,7 @@ from functools import cached_property, lru_cache
 from typing import ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameProvider
@@ -24,6 +25,7 @@ from rules.framework.calls import under
 from rules.framework.loops import trains
 from rules.framework.names import QualifiedNames
 from rules.framework.positions import Positions, excerpt
+from rules.framework.tree import findall
 from rules.framework.types import Action, Finding, Mode, Safety, Settings, Severity
 
 # `# npu-port: ignore` or `# npu-port: ignore[NPU101, DIST001]` on a line silences rules there.
@@ -75,6 +77,11 @@ def _dedent(source: str) -> str:
     return textwrap.dedent(source).lstrip("\n")
 
 
+_IF = m.If()
+# An option parsed from the command line, as scripts name the namespace argparse returns
+_OPTION = m.Attribute(value=m.Name("args") | m.Name("opt") | m.Name("opts") | m.Name("options") | m.Name("flags"))
+
+
 class FileState:
     """What the rules working on one file share: its text, settings, positions, suppressions and findings."""
 
@@ -100,6 +107,19 @@ class FileState:
 
     def position(self, node: cst.CSTNode) -> CodeRange:
         return self.positions[node]
+
+    def option_guarding(self, span: CodeRange) -> str:
+        """The command-line option (`args.quantize`) an `if` around `span` tests, where the code there runs only as
+        that option says; "" where none does."""
+        for branch in findall(self.wrapper.module, _IF):
+            where = self.position(branch)
+            inside = (where.start.line, where.start.column) <= (span.start.line, span.start.column) and (
+                (span.end.line, span.end.column) <= (where.end.line, where.end.column))
+            test = branch.test  # type: ignore[attr-defined]
+            option = next((cst.Module([]).code_for_node(attribute) for attribute in findall(test, _OPTION)), "")
+            if inside and option and span.start.line > self.position(test).end.line:  # in its body, not its test
+                return option
+        return ""
 
     def release(self) -> None:
         """The engine, when the file is done: lets the file's trees go as soon as their last reference does."""
@@ -304,6 +324,11 @@ class PortRule(CheapMatcherScan, VisitorBasedCodemodCommand):
         action: Action,
         new: cst.CSTNode | None,
     ) -> None:
+        if severity is Severity.ERROR and (option := self.file.option_guarding(span)):
+            # a path the script takes only as an option says (`if args.quantize:`, off by default) is no error of
+            # the port's: it warns, naming the option
+            severity = Severity.WARNING
+            message = f"{message} (it runs only behind the option {option}: `if {option}:`)"
         if action is Action.PENDING:  # the message describes the rewrite; say that it was held back
             message = f"not applied (unsafe fix): {message}"
             suggestion = (suggestion + " " if suggestion else "") + "Unsafe fix: apply it with --unsafe-fixes."
