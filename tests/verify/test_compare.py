@@ -151,6 +151,18 @@ def test_identical_runs_pass(tmp_path):
     assert "same precision" in result.policy.description
 
 
+@pytest.mark.parametrize("autocast_scopes", [{}, {"Net": [["float16", 3]]}], ids=["half-weights", "autocast"])
+def test_half_precision_weights_are_not_called_autocast(tmp_path, autocast_scopes):
+    """Regression (issue 54): a model loaded in float16 computes in float16 without any autocast, and the policy
+    called it "float16 autocast on both sides"."""
+    half = trace_ops().assign(dtype="float16")
+    ref = write_run(tmp_path / "ref", ops=half, autocast_scopes=autocast_scopes)
+    actual = write_run(tmp_path / "actual", ops=half, device="npu", autocast_scopes=autocast_scopes)
+    result = compare_runs(read_side(ref), read_side(actual))
+    words = "float16 autocast" if autocast_scopes else "float16 weights or inputs, no autocast"
+    assert result.policy.description == f"same-AMP policy ({words} on both sides): dtype tolerances"
+
+
 def test_changed_learning_rate_fails_as_hyperparameter_difference(tmp_path):
     result = run_pair(tmp_path, hparam=hparams(lr=0.01))
     assert not result.verdict.passed

@@ -573,6 +573,7 @@ def test_a_batch_given_as_keyword_arguments_is_recorded_and_its_order_named_firs
     assert exit_code == 1 and summary["reason"].startswith(
         "FAIL: the sides read different data: the in0 input of TinyClassifier's first forward differs at step 0")
     assert finding(summary, "data_order")["detail"]["source"] == "inputs"
+    assert not any("diverges although its inputs agree" in advice for advice in summary["advice"])  # the data's
 
 
 def test_a_changed_dropout_rate_is_named_first(tmp_path):
@@ -583,6 +584,7 @@ def test_a_changed_dropout_rate_is_named_first(tmp_path):
     exit_code, summary, _ = verify(SCRIPTS / "dropout_mlp.py", port, "-n", STEPS, "-q", "-o", tmp_path / "out")
     assert exit_code == 1 and summary["reason"] == "FAIL: hyperparameter differs: dropout 0.1 vs 0.2 in 5", (
         summary["reason"])
+    assert not any("diverges although its inputs agree" in advice for advice in summary["advice"])  # not an op's
 
 
 @pytest.mark.parametrize("accumulate", [2, 1], ids=["faithful", "accumulation-dropped"])
@@ -601,6 +603,7 @@ def test_a_changed_gradient_accumulation_is_named_first(tmp_path, accumulate):
     assert exit_code == 1 and summary["reason"] == (
         "FAIL: hyperparameter differs: gradient accumulation 2 vs 1 backward() calls per optimizer step"), (
         summary["reason"])
+    assert not any("diverges although its inputs agree" in advice for advice in summary["advice"])
 
 
 def determinism(tmp_path: Path, script: Path) -> tuple[int, dict]:

@@ -21,7 +21,7 @@ from verify.compare.curves import LossComparison, never_updated
 from verify.compare.op_verdicts import MODEL_PHASES, one_sided_producers, op_label, source_text
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
-from verify.record.schema import INPUT_OP, SETTLING_STEPS, Phase, Status
+from verify.record.schema import INPUT_OP, RECORDED_SETTINGS, SETTLING_STEPS, Phase, Status
 from verify.errors import CompareError
 from verify.contract.files import port_name, project_trees
 from verify.contract.finding_codes import FindingCode
@@ -503,7 +503,10 @@ def _hparams_behind(op: dict[str, Any], hparams: pd.DataFrame) -> list[str]:
     just before its optimizer step, so one that differs from step s changes the update of step s and, through the
     weights, every op of later steps; the forward and backward of step s ran before it and owe it nothing."""
     steps = hparams["step"]
-    behind = (steps < op["step"]) | ((steps == op["step"]) & (op["phase"] == "optimizer"))
+    # the settings verify reads off the run (a dropout's rate, the backward() calls of the step) act from the step's
+    # start, the optimizer's at its update
+    from_start = hparams["name"].isin(RECORDED_SETTINGS)
+    behind = (steps < op["step"]) | ((steps == op["step"]) & ((op["phase"] == "optimizer") | from_start))
     return list(dict.fromkeys(hparams.loc[behind, "name"].astype(str)))
 
 

@@ -67,12 +67,21 @@ def amp_dtype(run: Run) -> str:
     return ""
 
 
+def _half_precision_words(dtype: str, *runs: Run) -> str:
+    """'float16 autocast' where a side computed under autocast; else the half dtype its weights or inputs are in
+    (model.half(), a checkpoint loaded in float16), which is no autocast."""
+    under_autocast = any(run.manifest.autocast or any(state in HALF_DTYPES for calls in
+                                                      run.manifest.autocast_scopes.values() for state, _ in calls)
+                         for run in runs)
+    return f"{dtype} autocast" if under_autocast else f"{dtype} weights or inputs, no autocast"
+
+
 def precision_policy(ref: Run, actual: Run, options: CompareOptions) -> PrecisionPolicy:
     ref_amp, actual_amp = amp_dtype(ref), amp_dtype(actual)
     if ref_amp == actual_amp:
         widen, loss_rtol = 1.0, tolerances.LOSS_RTOL
-        description = (f"same-AMP policy ({ref_amp} autocast on both sides): dtype tolerances" if ref_amp
-                       else "same precision (fp32 on both sides): dtype tolerances")
+        description = (f"same-AMP policy ({_half_precision_words(ref_amp, ref, actual)} on both sides): dtype "
+                       "tolerances" if ref_amp else "same precision (fp32 on both sides): dtype tolerances")
     else:
         widen, loss_rtol = tolerances.AMP_VS_FP32_OP_FACTOR, tolerances.AMP_VS_FP32_LOSS_RTOL
         description = (f"fp32-vs-AMP: ref {ref_amp or 'fp32'}, actual {actual_amp or 'fp32'}; op tolerances of the "

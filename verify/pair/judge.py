@@ -93,7 +93,7 @@ def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
                   f"skipping the updates the port skipped{_skipped_words(twin)}"
                   if twin.get("twin") == "scale" and len(scales) else "")
         description = (f"the port computes in {runs.port_amp}, so the reference ran under {runs.imposed} autocast "
-                       f"imposed from outside {_where_imposed(runs.ref)} (on the CPU with the NPU's op casts)"
+                       f"{_how_imposed(runs.ref)} {_where_imposed(runs.ref)} (on the CPU with the NPU's op casts)"
                        f"{scaled}: the comparison isolates the port")
     elif plan.ref_run is not None:
         mode = "given-reference"
@@ -110,6 +110,14 @@ def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
         mode = "as-written"
         description = f"both scripts ran as written (the port computes in fp32){_fp32_twin_words(twin)}"
     return {"mode": mode, "description": description, "ref_autocast": "" if runs.imposed == "off" else runs.imposed}
+
+
+def _how_imposed(ref: Run) -> str:
+    """Whose the reference's autocast is: its own where its script scales its loss itself (a GradScaler of its own,
+    its framework's: Lightning's 16-mixed, accelerate's fp16), held to the port's scopes; else verify's."""
+    if "script_scaler" in ref.manifest.loss_scaler or ref.manifest.loss_scaler.get("init_scale"):
+        return "of its own (its own loss scaler: the same mixed precision on both sides), held by verify"
+    return "imposed from outside"
 
 
 def _where_imposed(ref: Run) -> str:

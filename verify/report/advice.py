@@ -23,6 +23,9 @@ class AdviceRule:
     # Whether it is for a port that computes another op where the original computes the finding's op (not another
     # kernel of it: op_catalogue's families); None: either.
     changed_op: bool | None = None
+    # Whether it is said only where an operator may be the first cause: an op that diverges after other data or a
+    # dropped zero_grad is their symptom, and operator-accuracy advice misleads there
+    operator_first: bool = False
 
 
 def _half(finding: Finding) -> bool:
@@ -157,7 +160,7 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "from autocast), disable fusion (call the unfused eager ops instead of a torch_npu fused kernel; "
         "torch_npu.npu.set_compile_mode(jit_compile=False)), and dump it in tensor mode for cosine/error figures."),
         (), lambda finding: not (_follows_hparams(finding) or _float64_lost(finding) or _update_by_hand(finding)),
-        changed_op=False),
+        changed_op=False, operator_first=True),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} ({phase}, step {step}) is the script's own parameter update (it trains without an optimizer, so no "
         "learning rate is recorded): make the learning rate and the update rule of the two scripts equal (an "
@@ -168,9 +171,10 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "torch.cuda.DoubleTensor to float32): compute the reference in float32 too, or keep this computation on the "
         "CPU in float64 on both sides (migrate reports each float64 use, UNS004)."), ("C3",), _float64_lost),
     AdviceRule(FindingCode.OP_DIVERGES, (
-        "{op} ({phase}, step {step}) and the ops after it diverge because {follows_hparams} differs: the optimizer's "
-        "update uses it and later steps start from the weights it updated, so they are consequences of that "
-        "difference, not an operator accuracy issue. Make {follows_hparams} equal first."), ("C9",),
+        "{op} ({phase}, step {step}) and the ops after it diverge because {follows_hparams} differs: what uses it (the "
+        "optimizer's update, a dropout, the gradients accumulated) and the steps after start from another value, so "
+        "they are consequences of that difference, not an operator accuracy issue. Make {follows_hparams} equal "
+        "first."), ("C9",),
         _follows_hparams),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
@@ -218,14 +222,32 @@ class Advice:
     checklist: tuple[str, ...]
 
 
+# Causes in the script that every op after them follows from, whatever its inputs show: a rank's share of the data,
+# gradients never reset, no backward, other steps; and other data where the batch itself was seen to differ. (A
+# hyperparameter is the op finding's own follows_hparams: only the ops after it took effect follow from it.)
+_SCRIPT_CAUSES = frozenset({FindingCode.SHARDING, FindingCode.GRADS_NOT_RESET, FindingCode.NO_BACKWARD,
+                            FindingCode.STEPS_DIFFER})
+
+
+def _operator_first(findings: list[Finding]) -> bool:
+    """Whether an operator may be the first cause: no cause in the script that the ops follow from."""
+    return not any(finding.code in _SCRIPT_CAUSES or _other_batch(finding) for finding in findings)
+
+
+def _other_batch(finding: Finding) -> bool:
+    return finding.code is FindingCode.DATA_ORDER and finding.detail.get("source") == "inputs"
+
+
 def advise(findings: list[Finding], catalogue: OpCatalogue = BUILT_IN) -> list[Advice]:
     """Advice for each finding, in finding order, without repeating a message; `catalogue` (the comparison's) says
     which ops compute the same thing."""
     advice: list[Advice] = []
+    operator_first = _operator_first(findings)
     for finding in findings:
         changed_op = _changed_op(finding, catalogue)
         for rule in ADVICE_RULES:
-            if rule.code is finding.code and rule.changed_op in (None, changed_op) and rule.applies(finding):
+            if (rule.code is finding.code and rule.changed_op in (None, changed_op) and rule.applies(finding)
+                    and (operator_first or not rule.operator_first)):
                 detail = {**finding.detail, "module": finding.detail.get("module") or "the top level (no module)",
                           **dict(zip(("fuses", "unfused_by"), FUSED.get(finding.detail.get("op"), ())))}
                 text = rule.message.format_map(defaultdict(lambda: "?", detail))
