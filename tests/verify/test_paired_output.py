@@ -73,15 +73,18 @@ def test_a_compiled_model_is_said_to_have_run_eagerly_and_a_passing_pair_shows_n
 @pytest.fixture(scope="module")
 def crashing(tmp_path_factory) -> tuple[Path, Path]:
     """A port that raises after its first step."""
-    return scripts(tmp_path_factory.mktemp("crashing"), crash='    if step == 0:\n        raise RuntimeError("port broke")\n')
+    return scripts(tmp_path_factory.mktemp("crashing"), crash=(
+        '    if step == 0:\n        print("=" * 40 + "\\n|  ~~//~~  |\\n" + "-" * 40)  # a framework\'s logo\n'
+        '        raise RuntimeError("port broke")\n'))
 
 
 def test_a_crashing_side_shows_its_last_lines_and_traceback_and_nothing_of_the_side_that_ran_well(crashing, tmp_path):
     code, output = pair(*crashing, tmp_path / "out")
     assert code == 1 and "FAIL: actual run crashed: RuntimeError: port broke" in output, output
-    assert re.search(rf"\[actual\] crashed: the last \d+ lines of {re.escape(str(tmp_path))}/out/actual/output.log:",
-                     output)
+    assert re.search(rf"\[actual\] crashed: the last \d+ lines that say something of "
+                     rf"{re.escape(str(tmp_path))}/out/actual/output.log:", output)
     assert "[actual] step 0 loss" in output and 'raise RuntimeError("port broke")' in output
+    assert "=====" not in output and "~~//~~" not in output  # regression (issue 54): a logo is no last line
     assert "[ref]" not in output
 
 

@@ -24,6 +24,7 @@ with --nproc-per-node or spawned by the script (the child checks manifest.rank_l
 
 from __future__ import annotations
 
+import collections
 import csv
 import hashlib
 import importlib.metadata
@@ -477,11 +478,24 @@ _EMULATION_BANNER = "npu-port: "  # what an emulation prints when it starts (ver
 _MENTIONS_DEVICES = re.compile(r"\b(gpus?|cuda|npus?|devices?|accelerators?)\b", re.IGNORECASE)
 
 
+def said_last(log: Path, count: int) -> list[str]:
+    """The last `count` lines of a run's output that say something: not blank, not an emulation's banner, not a
+    framework's drawing (a logo, a table's rules: Lightning prints both), whose characters are mostly not letters or
+    digits."""
+    with log.open(errors="replace") as lines:
+        return list(collections.deque((line.rstrip() for line in lines if _says_something(line)), maxlen=count))
+
+
+def _says_something(line: str) -> bool:
+    drawn = line.strip()
+    letters = sum(character.isalnum() for character in drawn)
+    return letters >= 3 and letters >= len(drawn.replace(" ", "")) / 2 and not drawn.startswith(_EMULATION_BANNER)
+
+
 def _last_output_words(log: Path) -> str:
     """What a script that ended without a step said last (it may say why; "" where it said nothing), and --devices
     where it speaks of devices."""
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
-             if line.strip() and not line.startswith(_EMULATION_BANNER)][-_LAST_LINES:]
+    lines = [line.strip() for line in said_last(log, _LAST_LINES)]
     if not lines:
         return ""
     words = f"; its last output: {' | '.join(repr(line) for line in lines)}"

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from verify import devices
 from verify.errors import PairError, Stopped
-from verify.launch.runner import RunOptions, StopOrder, core_share, run_script
+from verify.launch.runner import RunOptions, StopOrder, core_share, run_script, said_last
 from verify.record.evidence import read_side
 from verify.record.schema import LOG, MANIFEST, Status, shown
 from verify.record.store import Run
@@ -86,11 +86,12 @@ class SideRunner:
         output.log keeps whole, then the traceback of what the script raised, which the capture took (its
         manifest.json keeps it)."""
         console = self.progress.console
-        with contextlib.suppress(OSError), log.open(errors="replace") as lines:
-            last = collections.deque(lines, maxlen=ENDING_LINES)
-            console.print(f"[{label}] {run.manifest.status}: the last {len(last)} lines of {log}:", markup=False)
+        with contextlib.suppress(OSError):
+            last = said_last(log, ENDING_LINES)
+            console.print(f"[{label}] {run.manifest.status}: the last {len(last)} lines that say something of {log}:",
+                          markup=False)
             for line in last:
-                console.print(f"[{label}] {line.rstrip()}", markup=False, style="dim")
+                console.print(f"[{label}] {line}", markup=False, style="dim")
         if run.manifest.traceback:
             console.print(shown(run.manifest.traceback.rstrip(), tail=True), markup=False, style="red")
 
