@@ -50,6 +50,11 @@ class VerifyError(VerifyFailure):
     """verify itself cannot do the run (bad options, unusable device, a run directory in the way): exit code 2."""
 
 
+class CaptureFailed(VerifyFailure):
+    """verify's capture failed on what the script computed (its statistics, its records): a bug of verify's, named
+    with where it failed, never the script's crash nor a rank the launcher stopped; exit 2."""
+
+
 class DiskFull(VerifyFailure):
     """A write of verify's own failed for want of space: a full disk, a quota, a file-size limit (RLIMIT_FSIZE). The
     run stops at once and its manifests are closed where any space is left; exit 2 with this line."""

@@ -142,6 +142,12 @@ def _completed(out: Any) -> None:
             item.wait()
 
 
+# Ops whose later outputs are buffers they write only in part, the rest left as the allocator gave it (whatever the
+# memory held, NaN among it) until a collective fills it: only the outputs before that number are recorded. FSDP2's
+# all_gather_copy_in returns this rank's input to the all-gather, and the whole all-gather output it lies in.
+PARTLY_UNWRITTEN = {"fsdp.all_gather_copy_in": 1}
+
+
 class _OpRecorder(TorchDispatchMode):
     """Records a summary of each op's outputs (and inputs, in tensor mode) into `capture.rows`."""
 
@@ -178,6 +184,8 @@ class _OpRecorder(TorchDispatchMode):
         outputs = tensors_in(out)
         if not outputs:  # in-place ops that return nothing (foreach): their results are the written arguments
             outputs = tensors_in(written_arguments(func, args, kwargs))
+        if name in PARTLY_UNWRITTEN:
+            outputs = outputs[:PARTLY_UNWRITTEN[name]]
         capture.record(call, "out", outputs)
         capture.produced(call, outputs)
         return out

@@ -42,6 +42,7 @@ from torch.utils._pytree import tree_map
 
 from verify.capture.module_calls import ModuleCalls
 from verify.capture.ops import written_arguments
+from verify.capture.sharded_stats import is_dtensor, local_part
 
 # The functional dropouts whose masks are drawn from the keyed stream: name -> spatial dimensions dropped together
 # (0: each element on its own).
@@ -282,6 +283,16 @@ def _drawn_on_the_cpu(func: torch._ops.OpOverload, args: tuple, kwargs: dict, ke
         return func(*args, **kwargs) if device.type == "cpu" else _computed_on_the_cpu(func, args, kwargs, device)
 
 
+def _drawn_into_shards(func: torch._ops.OpOverload, args: tuple, kwargs: dict, key: int | None) -> Any:
+    """An in-place draw into a DTensor (a sharded parameter's initialisation): each rank draws its own shard on the
+    CPU as `_drawn_on_the_cpu` draws, never the whole tensor, and never from the device's generator, which differs
+    between the devices (DTensor's RNG tracker moves its offset). An out-of-place draw is DTensor's own."""
+    if not written_arguments(func, args, kwargs):
+        return func(*args, **kwargs)
+    _drawn_on_the_cpu(func, tree_map(local_part, args), tree_map(local_part, kwargs), key)
+    return args[0]
+
+
 class KeyedDraws(TorchDispatchMode):
     """Every op torch tags nondeterministic_seeded, drawn on the CPU from the keyed stream (from the host's generator
     before the first module call), unless the script gave it a generator of its own; the tagged ops in NOT_KEYED,
@@ -314,6 +325,8 @@ class KeyedDraws(TorchDispatchMode):
         if given is not None:
             return func(*args, **kwargs)
         key = self.stream.key(f"{op}{_sizes(args)}/") if self.stream.began else None
+        if any(map(is_dtensor, args)):
+            return _drawn_into_shards(func, args, kwargs, key)
         return _drawn_on_the_cpu(func, args, kwargs, key)
 
 

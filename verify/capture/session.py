@@ -36,7 +36,7 @@ from verify.capture import perturbation, precision_scopes
 from verify.capture import listing_order, private_files, random_streams, whole_saves
 from verify.capture import compile_calls, followed_port, rank_capture
 from verify.capture.lifetime import die_with_parent
-from verify.errors import DiskFull, VerifyError, VerifyFailure
+from verify.errors import CaptureFailed, DiskFull, VerifyError, VerifyFailure
 from verify.record.schema import DumpMode, RunManifest, Status, ended_by_itself
 from verify.capture.step_recorder import StepRecorder, StopRun
 from verify.record.store import RunWriter, now_iso, read_manifest, write_manifest
@@ -274,7 +274,11 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
     with environment_record.recorded(manifest), rank_capture.process_group_recorded(manifest):
         write_manifest(run_dir, manifest)
         _run_script(manifest, recorder, watch, body)
-    recorder.discard_partial_step()
+    try:
+        recorder.discard_partial_step()
+    except CaptureFailed as error:  # a failure of verify's, after the script: the run is verify's error
+        manifest.status, manifest.exit_code = Status.CRASHED.value, 1
+        manifest.verify_error = manifest.message = manifest.verify_error or str(error)
     if capture is not None and capture.saver is not None and capture.saver.budget_exhausted:
         manifest.extra["tensor_cap_reached"] = True
     if computed := device_setup.ops_computed_in_fp32():  # the CPU lacked the device's kernel (an fp16 LSTM)

@@ -28,6 +28,7 @@ import math
 import os
 import sys
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,10 +48,25 @@ from verify.record.schema import (ACCUMULATION, DROPOUT_RATE, FROZEN_KEY, GRAD_S
 from verify.capture.loss_scaler_twin import LossScalerTwin, script_scaler
 from verify.capture.followed_port import followed
 from verify.capture.gradient_resets import GradientResets
+from verify.errors import CaptureFailed, VerifyFailure
 from verify.record.store import RunWriter, write_manifest
 
 
 OUTPUT_ARRAY_CAP_BYTES = 4 << 20  # inference outputs are saved for top-k agreement; logits of a batch fit easily
+
+
+@contextlib.contextmanager
+def verifys_own() -> Iterator[None]:
+    """Work of verify's own (statistics, records): an exception in it is CaptureFailed, naming where it was raised,
+    so that the run ends as verify's error (exit 2), not as the script's crash."""
+    try:
+        yield
+    except (VerifyFailure, StopRun):
+        raise
+    except Exception as error:
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        raise CaptureFailed(f"verify's capture failed at {Path(where.filename).name}:{where.lineno}: "
+                            f"{type(error).__name__}: {error}") from error
 
 
 class StopRun(BaseException):
@@ -155,8 +171,8 @@ class StepRecorder:
 
     @contextlib.contextmanager
     def _own_work(self) -> Iterator[None]:
-        """The recorder's tensor work: not recorded as ops, no autograd graph."""
-        with torch.no_grad(), (self.capture.paused() if self.capture else contextlib.nullcontext()):
+        """The recorder's tensor work: not recorded as ops, no autograd graph; what fails in it is verify's."""
+        with torch.no_grad(), (self.capture.paused() if self.capture else contextlib.nullcontext()), verifys_own():
             yield
 
     # -- hooks ----------------------------------------------------------------------------------------------------
@@ -559,7 +575,9 @@ class StepRecorder:
             self._write_unwritten()
         except StopRun as stop:  # that step's loss is NaN: the run stopped there, whatever came after
             self.manifest.status, self.manifest.message, self.manifest.exit_code = stop.status.value, stop.message, 1
-        self.batch.fetch()
+        self.batch.sharded.discard()  # no collective here: another rank may have ended elsewhere
+        with verifys_own():
+            self.batch.fetch()
         if self.capture is not None:
             self.capture.discard_step(self.steps_done)
 

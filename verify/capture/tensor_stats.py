@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verify.capture.sharded_stats import ShardedStats, describes_the_whole, is_dtensor, local_part
 from verify.record.schema import STAT_COLUMNS
 from verify.record.statistics import STATISTICS, Statistic
 
@@ -83,6 +84,8 @@ class StatBatch:
         self._producers: list[Callable[[], None]] = []
         self._side_copies: dict[torch.device, _SideCopy] = {}
         self.device_stats = DeviceStats(self)
+        self.sharded = ShardedStats(self.add_rows, DeviceStats._point)
+        self.before_fetch(self.sharded.combine_all)
 
     def keeps_on_device(self, tensor: torch.Tensor) -> bool:
         """Whether `tensor`'s statistics are reduced by torch on its device and read only after the step's copy."""
@@ -333,7 +336,10 @@ def reductions(values: torch.Tensor, dim: int | None) -> list[torch.Tensor]:
 def summarize(tensor: torch.Tensor, batch: StatBatch, small: SmallTensorStats | None = None) -> PendingStats:
     """A tensor's dtype, shape and numel, with its statistics queued: on an accelerator (or where the batch sends CPU
     tensors the same way) by `batch.device_stats`, on the CPU by verify.capture._stats, else by torch's reductions
-    (small CPU tensors by `small` when given). Callers outside the dispatch mode hold torch.no_grad()."""
+    (small CPU tensors by `small` when given); a DTensor's, of the whole logical tensor, by `batch.sharded`
+    (verify/capture/sharded_stats.py). Callers outside the dispatch mode hold torch.no_grad()."""
+    if type(tensor) not in _PLAIN_TENSORS and is_dtensor(tensor):
+        return _summarize_sharded(tensor, batch, small)
     stats = describe(tensor)
     if not has_statistics(tensor):
         return stats
@@ -352,6 +358,18 @@ def summarize(tensor: torch.Tensor, batch: StatBatch, small: SmallTensorStats | 
         small.add(tensor, stats)
     else:
         queue_reductions(tensor, stats, batch)
+    return stats
+
+
+def _summarize_sharded(tensor: torch.Tensor, batch: StatBatch, small: SmallTensorStats | None) -> PendingStats:
+    """A DTensor's statistics, combined across its mesh when the step ships; a pending sum's (Partial), this rank's
+    local tensor's."""
+    if not describes_the_whole(tensor):
+        return summarize(tensor._local_tensor, batch, small)
+    stats = describe(tensor)
+    if has_statistics(tensor):
+        with BelowDispatchModes():
+            batch.sharded.add(tensor, stats)
     return stats
 
 
@@ -666,5 +684,5 @@ def md5_of(tensor: torch.Tensor) -> str:
     """Hash of the tensor's bytes in logical order: equal hashes mean bit-identical values (same dtype)."""
     if not has_readable_data(tensor):
         return ""
-    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
+    raw = local_part(tensor).detach().contiguous().reshape(-1).view(torch.uint8).cpu()  # a DTensor: this rank's
     return hashlib.md5(raw.numpy().tobytes()).hexdigest()

@@ -198,9 +198,15 @@ def get_rng_state(device: object = "npu") -> torch.Tensor:
     return _cuda.get_rng_state(_cuda_index_or_current(device)) if ON_CUDA else GENERATOR.generator.get_state()
 
 
+# The bytes of a Philox state (seed and offset), which DTensor's RNG tracker sets (OwnGenerator.philox_state).
+PHILOX_STATE_BYTES = 16
+
+
 def set_rng_state(new_state: torch.Tensor, device: object = "npu") -> None:
     if ON_CUDA:
         _cuda.set_rng_state(new_state, _cuda_index_or_current(device))
+    elif new_state.numel() == PHILOX_STATE_BYTES:
+        GENERATOR.set_philox_state(new_state)
     else:
         GENERATOR.generator.set_state(new_state)
 

@@ -276,7 +276,20 @@ class OwnGenerator:
 
     def manual_seed(self, seed: int) -> None:
         self._seed = seed
+        self.offset = 0
         self.generator.manual_seed(seed if EXACT else stream_seed(seed, self.face))
+
+    def philox_state(self) -> torch.Tensor:
+        """The state as a device's Philox generator gives it (seed and offset, two uint64, as 16 bytes), which
+        DTensor's RNG tracker reads and moves by offsets: the seed it was given and the offset last set."""
+        return torch.tensor([self._seed, self.offset], dtype=torch.int64).view(torch.uint8)
+
+    def set_philox_state(self, state: torch.Tensor) -> None:
+        """Draws from the stream of (seed, offset) of a Philox-shaped state (philox_state): a state set again draws
+        the same numbers again, and each offset its own, as a shard's offset does on the device."""
+        seed, offset = state.view(torch.int64).tolist()
+        self._seed, self.offset = seed, offset
+        self.generator.manual_seed(stream_seed(seed, f"{self.face}+{offset}"))
 
     def seed(self) -> None:
         self._seed = self.generator.seed()

@@ -21,8 +21,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.utils._device
+from torch.utils._python_dispatch import _disable_current_modes
 
-from . import device_api
+from . import device_api, sharding
 from .target import TARGET, redirected_types, target_device, translate
 
 DEVICE_KEYWORDS = ("device", "device_type", "map_location", "device_id")
@@ -132,6 +133,23 @@ def _ddp_init(original: Callable) -> Callable:
     return __init__
 
 
+def _zeroed_as_fresh_device_memory(original: Callable) -> Callable:
+    """Module.to_empty: a model built on the meta device gets memory on the emulated device that reads as zeros, as
+    a device's fresh allocations read (its driver clears pages before a process gets them), never the host's
+    leftovers, which differ from run to run and between the sides (pytorch/examples' FSDP2 Transformer initialises
+    only some of its parameters after to_empty). Zeroed below every dispatch mode: no op of the script's."""
+
+    @functools.wraps(original)
+    def to_empty(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        module = original(self, *args, **kwargs)
+        with torch.no_grad(), _disable_current_modes():
+            for tensor in (*module.parameters(), *module.buffers()):
+                getattr(tensor, "_local_tensor", tensor).zero_()  # a DTensor: this rank's shard
+        return module
+
+    return to_empty
+
+
 def _no_data_parallel_device() -> None:
     """DataParallel asks which accelerator to split the batch over; on the cpu target there is none to split over,
     so it wraps nothing and runs the module as it does on a CPU."""
@@ -199,6 +217,7 @@ def install_device_patches(face: str) -> None:
     _wrap_all(torch.Tensor, TENSOR_METHODS)
     _wrap_all(torch.Tensor, ("to",), ints_are_devices=True)
     _wrap_all(torch.nn.Module, ("to", "to_empty"), ints_are_devices=True)
+    torch.nn.Module.to_empty = _zeroed_as_fresh_device_memory(torch.nn.Module.to_empty)
     _wrap_all(torch.fft, ("fftfreq", "rfftfreq"))
     torch.utils._device.DeviceContext.__init__ = accepting_npu(torch.utils._device.DeviceContext.__init__)
     torch.Tensor.pin_memory = _pin_memory(torch.Tensor.pin_memory)
@@ -309,9 +328,25 @@ def install_distributed_patches(face: str) -> None:
         dist.Backend.default_device_backend_map.setdefault("npu", "hccl")
     if face == "cuda":
         dist.is_nccl_available = lambda: True
-    dist.init_process_group = _init_process_group(dist.init_process_group, "hccl" if face == "npu" else None)
+    _replace_everywhere("init_process_group",
+                        _init_process_group(dist.init_process_group, "hccl" if face == "npu" else None))
     process_group = dist.ProcessGroup
     process_group.barrier = _barrier_on_target(process_group.barrier)
+    sharding.install()
+
+
+# Modules of torch that bind c10d's functions by name at import: DeviceMesh starts the default process group itself
+# (init_process_group() with no backend, from init_device_mesh), which must take the face's backend too.
+_BINDING_MODULES = ("torch.distributed.distributed_c10d", "torch.distributed.device_mesh")
+
+
+def _replace_everywhere(name: str, replacement: Callable) -> None:
+    """torch.distributed.`name`, and the same name where torch's modules imported it, is `replacement`."""
+    setattr(dist, name, replacement)
+    for module_name in _BINDING_MODULES:
+        module = importlib.import_module(module_name)
+        if hasattr(module, name):
+            setattr(module, name, replacement)
 
 
 def _barrier_on_target(original: Callable) -> Callable:

@@ -77,13 +77,21 @@ def get_device_properties(device: object = None) -> NpuProperties:
     return NpuProperties(get_device_name(index), total, cube_core_num=0, vector_core_num=0, L2_cache_size=0)
 
 
+# What torch's own distributed code is told of a tensor that transfer_to_npu calls a CUDA one: c10d's broadcast
+# subscripts the capability of any `is_cuda` tensor (its NCCL fp8 workaround, below 9.0), which HCCL never needs;
+# torch_npu's process groups answer for their own device, so the question must not crash there.
+TORCHS_OWN_CAPABILITY = (8, 0)
+
+
 def get_device_capability(device: object = None) -> tuple[int, int] | None:
-    """As the real torch_npu answers: no CUDA-style capability (None, with a warning) unless the environment sets
-    TORCH_NPU_DEVICE_CAPABILITY to "major.minor", read at each call (migrate's DEV021 sets it for Lightning, which
-    unpacks the answer)."""
+    """As the real torch_npu answers a script: no CUDA-style capability (None, with a warning) unless the environment
+    sets TORCH_NPU_DEVICE_CAPABILITY to "major.minor", read at each call (migrate's DEV021 sets it for Lightning,
+    which unpacks the answer). torch.distributed's own question is answered (TORCHS_OWN_CAPABILITY)."""
     device_index(device)
     value = os.environ.get("TORCH_NPU_DEVICE_CAPABILITY", "")
     parsed = re.fullmatch(r"(\d+)\.(\d+)", value)
+    if parsed is None and _asked_by_torch_distributed():
+        return TORCHS_OWN_CAPABILITY
     if parsed is None:
         warnings.warn(
             f"TORCH_NPU_DEVICE_CAPABILITY={value!r} is not major.minor ('8.0')" if value else
@@ -91,6 +99,11 @@ def get_device_capability(device: object = None) -> tuple[int, int] | None:
         )
         return None
     return int(parsed[1]), int(parsed[2])
+
+
+def _asked_by_torch_distributed() -> bool:
+    """Whether the caller of get_device_capability is a module of torch.distributed (not the script)."""
+    return sys._getframe(2).f_globals.get("__name__", "").startswith("torch.distributed")
 
 
 def is_bf16_supported() -> bool:

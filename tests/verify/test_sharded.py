@@ -1,0 +1,161 @@
+"""Sharded training (issue 55): a DTensor's statistics describe the whole logical tensor, combined across its mesh
+from each shard's partial statistics, never gathered (verify/capture/sharded_stats.py); FSDP2 and DTensor run on
+the emulated devices (npu_port_emulation/sharding.py); an FSDP2 pair passes rank by rank, and a changed lr fails
+naming lr."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from verify.capture import sharded_stats
+from verify.capture.tensor_stats import StatBatch, summarize
+from verify.cli import app
+from verify.cli.pair import route
+from verify.devices import emulation_env
+from verify.record.store import read_run
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+ORIGINAL, PORT = SCRIPTS / "fsdp2_train.py", SCRIPTS / "fsdp2_train_npu.py"
+RANKS = ["--nproc-per-node", "2", "--steps", "2", "-q"]
+
+
+def statistics_of(values: torch.Tensor) -> dict[str, float]:
+    """The definition: a tensor's statistics computed whole."""
+    values = values.double()
+    return {"min": values.min().item(), "max": values.max().item(), "mean": values.mean().item(),
+            "l2_norm": values.norm().item(), "nan_count": 0, "inf_count": 0}
+
+
+def test_partial_statistics_of_shards_combine_to_the_whole_tensors():
+    whole = torch.randn(7, 5, generator=torch.Generator().manual_seed(0))
+    shards = [whole[:4], whole[4:], whole[:0]]  # uneven, and an empty shard
+    gathered = torch.stack([torch.stack([sharded_stats.partials(shard)]) for shard in shards])
+    row = sharded_stats.statistics_rows(sharded_stats.combine(gathered))[0].tolist()
+    low, high, total, norm, nans, infs = row
+    expected = statistics_of(whole)
+    assert (low, high, nans, infs) == (expected["min"], expected["max"], 0, 0)
+    assert math.isclose(total / whole.numel(), expected["mean"], rel_tol=1e-9, abs_tol=1e-12)
+    assert math.isclose(norm, expected["l2_norm"], rel_tol=1e-9)
+
+
+def test_a_dtensors_record_describes_the_logical_tensor(tmp_path):
+    """One rank holding the whole mesh: the record has the logical shape and the statistics of the tensor."""
+    script = tmp_path / "one_rank.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, torch, torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+        from verify.capture.tensor_stats import StatBatch, summarize
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{os.environ['PORT']}")
+        mesh = init_device_mesh("cpu", (1,))
+        values = torch.arange(12.0).reshape(3, 4)
+        batch = StatBatch()
+        with torch.no_grad():
+            sharded = summarize(distribute_tensor(values, mesh, [Shard(0)]), batch)
+            pending = summarize(DTensor.from_local(values * 2, mesh, [Partial()]), batch)
+        fetched = batch.fetch()
+        print("RESULT", json.dumps({"sharded": [sharded.shape, sharded.resolve(fetched)],
+                                    "pending": [pending.shape, pending.resolve(fetched)]}))
+        dist.destroy_process_group()
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PORT": free_port()})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    expected = statistics_of(torch.arange(12.0))
+    assert result["sharded"][0] == "3x4"
+    assert result["sharded"][1] == pytest.approx(expected)
+    assert result["pending"] == ["3x4", pytest.approx(statistics_of(torch.arange(12.0) * 2))]  # this rank's own
+
+
+def free_port() -> str:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
+def test_the_emulated_generator_gives_dtensor_a_philox_seed_and_offset_that_draws_again_when_set(tmp_path):
+    script = tmp_path / "philox_npu.py"
+    script.write_text(textwrap.dedent("""
+        import json, torch, torch_npu
+        torch.manual_seed(3)
+        state = torch.npu.get_rng_state()
+        from npu_port_emulation import device_api
+        philox = device_api.GENERATOR.philox_state()
+        shard = philox.clone(); shard.view(torch.int64)[1] += 8
+        draws = []
+        for _ in range(2):
+            torch.npu.set_rng_state(shard)
+            draws.append(torch.rand(4, generator=device_api.GENERATOR.generator).tolist())
+        torch.npu.set_rng_state(philox)
+        other = torch.rand(4, generator=device_api.GENERATOR.generator).tolist()
+        torch.npu.set_rng_state(state)  # the whole state still round-trips
+        print("RESULT", json.dumps({"philox": philox.view(torch.int64).tolist(), "draws": draws, "other": other}))
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **emulation_env("cpu")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    assert result["philox"] == [3, 0]  # the seed torch.manual_seed gave, the offset not moved yet
+    assert result["draws"][0] == result["draws"][1] and result["draws"][0] != result["other"]
+
+
+def verify(*args: str | Path) -> tuple[int, str, dict]:
+    argv = [str(arg) for arg in args]
+    result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
+    out = Path(argv[argv.index("-o") + 1])
+    summary_file = out / "summary.json"
+    return result.exit_code, result.output, json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+
+
+@pytest.fixture(scope="module")
+def fsdp2_pair(tmp_path_factory) -> tuple[int, str, dict, Path]:
+    out = tmp_path_factory.mktemp("fsdp2") / "pair"
+    return (*verify(ORIGINAL, PORT, *RANKS, "-o", out), out)
+
+
+@pytest.mark.slow
+def test_an_fsdp2_port_passes_rank_by_rank(fsdp2_pair):
+    code, output, summary, _ = fsdp2_pair
+    assert code == 0, output
+    assert [reason[:4] for reason in summary["ranks"]["verdicts"]] == ["PASS", "PASS"]
+    assert "2 ranks (hccl run as gloo)" in summary["actual"]["title"]
+
+
+@pytest.mark.slow
+def test_a_sharded_parameters_statistics_agree_with_the_same_parameter_unsharded(fsdp2_pair, tmp_path):
+    """Every rank reads the same batches, so FSDP2's averaged gradients and Adam's updates are those of one process:
+    the records of rank 0 (each a whole parameter, its shards combined) against a run without sharding."""
+    out = tmp_path / "unsharded"
+    code, output, _ = verify("run", PORT, "--steps", "2", "-q", "-o", out, "--", "--unsharded")
+    assert code == 0, output
+    sharded, unsharded = read_run(fsdp2_pair[3] / "actual").ranks[0], read_run(out)
+    columns = ["param", "shape", "numel", "min", "max", "mean", "norm", "nan_count"]
+    assert sharded.grads["shape"].tolist() == ["16x8", "16", "4x16", "4"] * 2  # the logical shapes, not a shard's
+    for column in columns[3:]:
+        assert sharded.grads[column].tolist() == pytest.approx(unsharded.grads[column].tolist(), rel=1e-4, abs=1e-7)
+    updates = [run.ops[run.ops["op"] == "update"].reset_index() for run in (sharded, unsharded)]
+    for column in ("shape", "min", "max", "mean", "l2_norm"):
+        assert updates[0][column].tolist() == pytest.approx(updates[1][column].tolist(), rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.slow
+def test_an_fsdp2_port_with_another_lr_fails_naming_lr(fsdp2_pair, tmp_path):
+    port = tmp_path / "fsdp2_train_npu.py"
+    port.write_text(PORT.read_text().replace("lr=0.01", "lr=0.02"))
+    code, output, summary = verify(ORIGINAL, port, *RANKS, "--ref-run", fsdp2_pair[3] / "ref", "-o", tmp_path / "o")
+    assert code == 1, output
+    assert "lr" in summary["reason"].split(":", 2)[1], summary["reason"]
