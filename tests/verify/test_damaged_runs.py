@@ -5,6 +5,7 @@ damaged for the end it lost."""
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from pathlib import Path
@@ -123,3 +124,21 @@ def test_a_run_stopped_mid_training_is_judged_on_what_it_wrote(tmp_path):
     assert read_manifest(tmp_path / "run").status == Status.INTERRUPTED.value
     run = read_side(tmp_path / "run")
     assert not run.damage and set(run.losses["step"]) >= {0} and set(run.ops["step"]) >= {0}
+
+
+def test_a_run_killed_before_it_made_its_files_is_its_ending_not_damage(pair):
+    """Regression (issue 52): a side killed at its timeout while torch still imported, on a loaded machine, wrote
+    neither losses.csv nor hparams.csv; the pair said "damaged run directory: losses.csv is missing", exit 2,
+    where the run had only timed out. A run that wrote no step promises no file."""
+    ref, actual = pair
+    manifest = actual / "manifest.json"
+    record = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps(record | {"status": Status.TIMEOUT.value, "steps_completed": 0,
+                                             "message": "timed out after 5 s (0 steps completed)"}))
+    for table in ("ops", "grads", "samples"):
+        shutil.rmtree(actual / table, ignore_errors=True)
+    for written in ("losses.csv", "hparams.csv"):
+        (actual / written).unlink()
+    assert not read_side(actual).damage
+    result = verify("compare", ref, actual)
+    assert result.exit_code == 1 and "actual run timeout: timed out after 5 s (0 steps completed)" in result.output

@@ -298,6 +298,8 @@ class _Reading:
     cut: bool
     damage: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # a run stopped before it wrote a step (killed while torch imported, at a timeout) may not have made its files
+    unstarted: bool = False
 
 
 def _complete_batches(path: Path, folder: str, reading: _Reading) -> list[pa.RecordBatch]:
@@ -381,7 +383,7 @@ def _read_csv(path: Path, columns: Sequence[str], floats: Sequence[str], integer
     cell that is not a number; only a last row cut short in a run killed mid-write is left out with a note."""
     frame = pd.DataFrame({name: pd.Series(dtype="string") for name in columns})
     data, damaged = path.read_bytes() if path.is_file() else None, len(reading.damage)
-    if data is None:
+    if data is None and not reading.unstarted:
         reading.damage.append(f"{path.name} is missing")
     elif data and not data.endswith(b"\n"):  # the writer ends every row: a row cut short
         (reading.notes if reading.cut else reading.damage).append(
@@ -471,7 +473,8 @@ def _closed(manifest: RunManifest, lock_dir: Path) -> RunManifest:
 def _read_process(run_dir: Path, lock_dir: Path | None = None) -> Run:
     """The run directory of one process: a single-process run, or one rank of several (`lock_dir`: its run's)."""
     manifest = _closed(read_manifest(run_dir), lock_dir or run_dir)
-    reading = _Reading(cut=manifest.status not in _ENDED_BY_VERIFY)
+    reading = _Reading(cut=manifest.status not in _ENDED_BY_VERIFY,
+                       unstarted=manifest.steps_completed == 0 and manifest.status != Status.RUNNING.value)
     losses = _read_csv(run_dir / LOSSES, LOSS_COLUMNS, *_LOSS_NUMBERS, reading)
     hparams = _read_csv(run_dir / HPARAMS, HPARAM_COLUMNS, (), ("step", "optimizer"), reading)
     if not reading.damage and (texts := hparams["value"].dropna().map(_is_json).value_counts().get(False, 0)):
