@@ -114,7 +114,7 @@ def _facts(tree: ast.Module, code: str) -> SourceFacts:
         for kind in framework_precision(node, last, text):
             lines[kind].add(node.lineno)
             if kind == "framework_amp_option":
-                switch_on.add((node.lineno, frameworks.run_time_switch(last, _literals(node))))
+                switch_on.add((node.lineno, frameworks.run_time_switch(last, _literals(node), text(node))))
     return SourceFacts(
         **{kind: tuple(sorted(found)) for kind, found in lines.items()},
         framework_amp_switch_on=tuple(sorted(switch_on)),
@@ -136,7 +136,7 @@ def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText)
     if last == "add_argument":
         chosen = any(flag in frameworks.PRECISION_OPTIONS for flag in _literals(call))
         return ["framework_amp_option"] if chosen else []
-    switch = frameworks.amp_switch(last)
+    switch = frameworks.amp_switch(last, text(call))
     if switch is None:
         return []
     given = [keyword for keyword in call.keywords if keyword.arg in switch.keywords]
@@ -144,7 +144,8 @@ def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText)
         return ["framework_amp_option"] if switch.launcher_chooses else []
     kinds = []
     for keyword in given:
-        if not isinstance(keyword.value, ast.Constant):
+        # a value computed, or a literal that is no precision (DeepSpeed's config: a file holding it)
+        if not isinstance(keyword.value, ast.Constant) or not switch.mixed:
             kinds.append("framework_amp_option")
         elif (dtype := switch.precision(keyword.arg, keyword.value.value)) is not None:
             kinds += ["framework_amp", "framework_bf16"] if dtype == frameworks.BF16 else ["framework_amp"]

@@ -47,8 +47,8 @@ def _walked(code: str) -> SourceFacts:
         for kind in framework_precision(node, last, text):
             found[kind].add(node.lineno)
             if kind == "framework_amp_option":
-                switch_on.add((node.lineno, run_time_switch(last, [a.value for a in node.args
-                                                                    if isinstance(a, ast.Constant)])))
+                literals = [arg.value for arg in node.args if isinstance(arg, ast.Constant)]
+                switch_on.add((node.lineno, run_time_switch(last, literals, text(node))))
     lines = {name: tuple(sorted(numbers)) for name, numbers in found.items()}
     return SourceFacts(**lines, hyperparameters=tuple(extract(tree, text)),  # extract walks every node itself
                        framework_amp_switch_on=tuple(sorted(switch_on)))

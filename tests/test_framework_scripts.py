@@ -80,6 +80,31 @@ if __name__ == "__main__":
     cli_main()
 """
 
+DEEPSPEED = """
+import argparse
+import deepspeed
+import torch
+import torch.nn as nn
+
+
+def main():
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    args = parser.parse_args()
+    deepspeed.init_distributed(dist_backend="nccl")
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    model_engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(),
+                                                 config="ds_config.json")
+    for step in range(20):
+        x = torch.randn(8, 16).to(model_engine.device).half()
+        loss = nn.functional.cross_entropy(model_engine(x), torch.randint(0, 4, (8,)).to(model_engine.device))
+        model_engine.backward(loss)
+        model_engine.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
 HF_TRAINER = """
 import torch
 from transformers import HfArgumentParser, Trainer, TrainingArguments, set_seed
@@ -232,6 +257,20 @@ def test_a_lightning_cli_port_passes_with_the_accelerator_and_precision_on_its_c
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_COLOR": "1"},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_a_deepspeed_script_gets_hccl_and_its_config_precision_and_engine_step_are_read(tmp_path):
+    """Regression (issue 55): migrate left `init_distributed(dist_backend="nccl")`; TRN001 said the loop never clears
+    gradients, which the engine's step() does; AMP105 flagged the inputs' `.half()`, and C2/C4 Failed, where
+    DeepSpeed's config does the fp16 and its loss scaling."""
+    items, text, port = _migrate(tmp_path, "ds", DEEPSPEED)
+    assert 'deepspeed.init_distributed(dist_backend="hccl")' in text and "zero_grad" not in text
+    for item in ("C2", "C4"):
+        assert items[item]["status"] == "Not checked"
+        assert '"fp16": {"enabled": true} (or "bf16") in its DeepSpeed config' in items[item]["action"]
+    assert items["C8"]["status"] == "Passed", items["C8"]
+    findings = json.loads((tmp_path / "ds_npu_report" / "findings.json").read_text())
+    assert not {"AMP105", "TRN001"} & {finding["code"] for finding in findings}
 
 
 def test_bf16_training_arguments_pass_c2_and_c4_without_a_scaler(tmp_path):

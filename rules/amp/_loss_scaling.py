@@ -24,7 +24,8 @@ def manages_precision(source: str) -> str | None:
     if not any(marker in source for marker in PRECISION_MARKERS) and frameworks.own_amp(source) is None:
         return None
     code = _without_comments_and_strings(source)
-    return next((marker for marker in PRECISION_MARKERS if marker in code), None) or frameworks.own_amp(code)
+    # a framework's first: DeepSpeed's config does the fp16 its script's `.half()` inputs are cast for
+    return frameworks.own_amp(code) or next((marker for marker in PRECISION_MARKERS if marker in code), None)
 
 
 @lru_cache(maxsize=8)

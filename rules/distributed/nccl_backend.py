@@ -7,7 +7,8 @@ import libcst.matchers as m
 from libcst.metadata import QualifiedNameProvider
 
 from rules import (
-    Case, Mode, PortRule, Unchanged, argument, findall, matches, replace_argument_value, same_quotes, string_value,
+    Case, Mode, PortRule, Unchanged, argument, findall, frameworks, matches, replace_argument_value, same_quotes,
+    string_value,
 )
 
 _C10D = ("torch.distributed", "torch.distributed.distributed_c10d")
@@ -20,7 +21,9 @@ _BACKEND_PARAMETER = {
     "is_backend_available": 0,
     "Backend": 0,
 }
-_BACKEND_CALLS = {f"{prefix}.{name}": index for prefix in _C10D for name, index in _BACKEND_PARAMETER.items()}
+# call -> its backend parameter (keyword, position): torch's and a framework's own set-up (DeepSpeed's)
+_BACKEND_CALLS = {f"{prefix}.{name}": ("backend", index) for prefix in _C10D for name, index in _BACKEND_PARAMETER.items()
+                  } | frameworks.deepspeed.BACKEND_CALLS
 _BACKEND_CALLERS = tuple(_BACKEND_CALLS)
 _NCCL_ATTRIBUTES = {f"{prefix}.Backend.NCCL" for prefix in _C10D}
 _RENAMES = {"nccl": "hccl", "NCCL": "HCCL", "cuda": "npu"}
@@ -43,7 +46,7 @@ class NcclBackend(PortRule):
     ## What it does
     Rewrites the backend string `"nccl"` to `"hccl"` (and `"cuda:nccl,cpu:gloo"` to `"npu:hccl,cpu:gloo"`) where it
     names a process-group backend: the `backend` argument of `init_process_group`, `new_group`, `new_subgroups*`,
-    `is_backend_available` and `Backend(...)`; the default and choices of an argparse flag whose name contains
+    `is_backend_available` and `Backend(...)`, and `dist_backend` of DeepSpeed's `init_distributed`; the default and choices of an argparse flag whose name contains
     "backend" (`--backend`, `--dist-backend`) and `set_defaults(backend=...)`; a variable assigned `"nccl"` whose every
     use is one of those arguments or a comparison with `"nccl"`. `Backend.NCCL` becomes `Backend.HCCL`. A value
     that chooses its backend, `"nccl" if cuda else "gloo"` or `args.backend or "nccl"`, gets its literals ported
@@ -68,6 +71,17 @@ class NcclBackend(PortRule):
     TRIGGERS = ("nccl", "NCCL")
     METADATA_DEPENDENCIES = (QualifiedNameProvider,)
     EXAMPLES = (
+        Case(  # DeepSpeed sets its process group up itself
+            """
+            import deepspeed
+            deepspeed.init_distributed(dist_backend="nccl")
+            """,
+            """
+            import deepspeed
+            deepspeed.init_distributed(dist_backend="hccl")
+            """,
+            lines=[2],
+        ),
         Case(
             """
             import torch.distributed as dist
@@ -199,8 +213,9 @@ class NcclBackend(PortRule):
     def _backend_argument(self, call: cst.Call) -> cst.Arg | None:
         if not self.refers_to(call.func, *_BACKEND_CALLERS):
             return None  # most calls of a file: not resolved
-        index = next((_BACKEND_CALLS[name] for name in self.qualified_names(call.func) if name in _BACKEND_CALLS), None)
-        return None if index is None else argument(call, index, "backend")
+        parameter = next((_BACKEND_CALLS[name] for name in self.qualified_names(call.func) if name in _BACKEND_CALLS),
+                         None)
+        return None if parameter is None else argument(call, parameter[1], parameter[0])
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         args = [self._backend_argument(original_node)]

@@ -31,7 +31,7 @@ class TrainingStep:
 
     backward: tuple[cst.Call, ...]  # `<loss>.backward()` calls
     optimizers: tuple[str, ...]  # source text of what steps: `optimizer`, `opt_g` (via `scaler.step(opt)` too)
-    zero_grad: bool  # gradients are cleared somewhere in the loop
+    zero_grad: bool  # gradients are cleared somewhere in the loop, or by an engine's step
 
 
 def own_calls(loop: cst.For | cst.While) -> list[cst.Call]:
@@ -49,7 +49,11 @@ def training_step(loop: cst.For | cst.While) -> TrainingStep | None:
     optimizers = tuple(dict.fromkeys(name for call in calls for name in _stepped(call)))
     if not backward or not optimizers:
         return None
-    zero_grad = any(method(call) == "zero_grad" for call in calls) or _clears_grads_by_assignment(loop)
+    # an engine that runs the backward and the step itself, `engine.backward(loss)` then `engine.step()` (DeepSpeed's),
+    # clears the gradients in its step
+    engines = {dotted_name(call.func.value) for call in backward if call.args}  # type: ignore[attr-defined]
+    zero_grad = (any(method(call) == "zero_grad" for call in calls) or _clears_grads_by_assignment(loop)
+                 or any(optimizer in engines for optimizer in optimizers))
     return TrainingStep(backward, optimizers, zero_grad)
 
 

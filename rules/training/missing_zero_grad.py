@@ -97,6 +97,14 @@ class MissingZeroGrad(PortRule):
                 loss.backward()  # no optimizer step here: gradients are inspected, not applied
             """
         ),
+        Unchanged(  # DeepSpeed's engine clears the gradients in its step()
+            """
+            for x, y in loader:
+                loss = criterion(model_engine(x), y)
+                model_engine.backward(loss)
+                model_engine.step()
+            """
+        ),
     )
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:

@@ -55,10 +55,10 @@ def own_amp(code: str) -> str | None:
     return next((sign for sign in _OWN_AMP_SIGNS if sign in code), None)
 
 
-def amp_switch(name: str) -> AmpSwitch | None:
-    """The precision switch of the framework object a call named `name` (its last dotted part) builds, where that
-    object does the mixed precision itself; None where it builds none."""
-    return next((switch for switch in _AMP_SWITCHES if switch.builds_it(name)), None)
+def amp_switch(name: str, call: str = "") -> AmpSwitch | None:
+    """The precision switch of the framework object a call named `name` (its last dotted part; its text `call`)
+    builds, where that object does the mixed precision itself; None where it builds none."""
+    return next((switch for switch in _AMP_SWITCHES if switch.builds_it(name, call)), None)
 
 
 def precision_parser(name: str) -> str | None:
@@ -67,10 +67,10 @@ def precision_parser(name: str) -> str | None:
     return next((switch.parsers[name] for switch in _AMP_SWITCHES if name in switch.parsers), None)
 
 
-def run_time_switch(name: str, flags: Sequence[str] = ()) -> str:
-    """How the mixed precision that a call named `name` (with the literal arguments `flags`: add_argument's) leaves
-    to run time is switched on where the script runs, in its switch's words; "" where no switch is known."""
-    switch = amp_switch(name) or next(
+def run_time_switch(name: str, flags: Sequence[str] = (), call: str = "") -> str:
+    """How the mixed precision that a call named `name` (with the literal arguments `flags`: add_argument's; its text
+    `call`) leaves to run time is switched on where the script runs, in its switch's words; "" where none is known."""
+    switch = amp_switch(name, call) or next(
         (switch for switch in _AMP_SWITCHES if name in switch.parsers or set(flags) & set(switch.options)), None)
     return switch.switch_on if switch else ""
 

@@ -24,10 +24,14 @@ class AmpSwitch:
     parsers: Mapping[str, str] = field(default_factory=dict)
     launcher_chooses: bool = False  # built without its keyword, the launcher's option or environment chooses
     switch_on: str = ""  # how a user switches it on where they run the script (the checklist's advice)
+    # a word the call's text must hold, where `builds` is a name other libraries use too: `deepspeed.initialize`
+    # (apex's `amp.initialize` is no framework's switch)
+    qualified_by: str = ""
 
-    def builds_it(self, name: str) -> bool:
-        """Whether a call named `name` (its last dotted part) builds the object."""
-        return name in self.builds or self.subclasses_named_so and name.endswith(self.builds)
+    def builds_it(self, name: str, call: str = "") -> bool:
+        """Whether a call named `name` (its last dotted part), whose text is `call`, builds the object."""
+        named = name in self.builds or self.subclasses_named_so and name.endswith(self.builds)
+        return named and self.qualified_by in call
 
     def precision(self, keyword: str, value: object) -> str | None:
         """FP16 or BF16 where the literal `value` of `keyword` switches the mixed precision on, else None."""
