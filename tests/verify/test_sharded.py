@@ -113,6 +113,49 @@ def test_the_emulated_generator_gives_dtensor_a_philox_seed_and_offset_that_draw
     assert result["draws"][0] == result["draws"][1] and result["draws"][0] != result["other"]
 
 
+def run_emulated_npu(script: str, tmp_path: Path) -> dict:
+    """`script` on the emulated NPU as rank 0 of 1 (torchrun's variables set): what it prints after RESULT."""
+    path = tmp_path / "sharded_npu.py"
+    path.write_text(textwrap.dedent(script))
+    env = {**os.environ, **emulation_env("cpu"), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": free_port()}
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.split("RESULT ", 1)[1])
+
+
+def test_a_device_mesh_on_the_npu_starts_its_process_group_on_hccl_and_shards_there(tmp_path):
+    """init_device_mesh starts the default process group itself, with its own import of init_process_group: it
+    takes hccl (run as gloo), so distribute_tensor's scatter finds a backend for the tensors' device; c10d's
+    broadcast asks the capability of a tensor transfer_to_npu calls a CUDA one, and is answered."""
+    result = run_emulated_npu("""
+        import json, torch, torch_npu
+        from torch_npu.contrib import transfer_to_npu
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        mesh = init_device_mesh("npu", (1,))
+        shard = distribute_tensor(torch.arange(4.0, device="npu"), mesh, [Shard(0)]).to_local()
+        dist.broadcast(shard, 0)
+        print("RESULT", json.dumps({"backend": dist.get_backend(), "shard": shard.tolist(),
+                                    "script_capability": torch.cuda.get_device_capability()}))
+        dist.destroy_process_group()
+    """, tmp_path)
+    assert result == {"backend": "hccl", "shard": [0.0, 1.0, 2.0, 3.0], "script_capability": None}
+
+
+def test_the_emulated_streams_are_torch_streams_that_record_stream_takes(tmp_path):
+    result = run_emulated_npu("""
+        import json, torch, torch_npu
+        stream = torch.npu.Stream()
+        tensor = torch.ones(3, device="npu")
+        tensor.record_stream(stream)
+        tensor.record_stream(torch.npu.current_stream())
+        print("RESULT", json.dumps([isinstance(stream, torch.Stream), stream.priority, stream.query()]))
+    """, tmp_path)
+    assert result == [True, 0, True]
+
+
 def verify(*args: str | Path) -> tuple[int, str, dict]:
     argv = [str(arg) for arg in args]
     result = CliRunner().invoke(app, route(argv, typer.main.get_command(app)))
@@ -133,6 +176,8 @@ def test_an_fsdp2_port_passes_rank_by_rank(fsdp2_pair):
     assert code == 0, output
     assert [reason[:4] for reason in summary["ranks"]["verdicts"]] == ["PASS", "PASS"]
     assert "2 ranks (hccl run as gloo)" in summary["actual"]["title"]
+    port_rank = read_run(fsdp2_pair[3] / "actual").ranks[0]
+    assert "fully_shard's mesh device: the emulation target" in port_rank.manifest.extra["emulated_calls"]
 
 
 @pytest.mark.slow
@@ -148,7 +193,8 @@ def test_a_sharded_parameters_statistics_agree_with_the_same_parameter_unsharded
     for column in columns[3:]:
         assert sharded.grads[column].tolist() == pytest.approx(unsharded.grads[column].tolist(), rel=1e-4, abs=1e-7)
     updates = [run.ops[run.ops["op"] == "update"].reset_index() for run in (sharded, unsharded)]
-    for column in ("shape", "min", "max", "mean", "l2_norm"):
+    assert updates[0]["shape"].tolist() == updates[1]["shape"].tolist()
+    for column in ("min", "max", "mean", "l2_norm"):
         assert updates[0][column].tolist() == pytest.approx(updates[1][column].tolist(), rel=1e-4, abs=1e-7)
 
 
@@ -158,4 +204,17 @@ def test_an_fsdp2_port_with_another_lr_fails_naming_lr(fsdp2_pair, tmp_path):
     port.write_text(PORT.read_text().replace("lr=0.01", "lr=0.02"))
     code, output, summary = verify(ORIGINAL, port, *RANKS, "--ref-run", fsdp2_pair[3] / "ref", "-o", tmp_path / "o")
     assert code == 1, output
-    assert "lr" in summary["reason"].split(":", 2)[1], summary["reason"]
+    assert "hyperparameter differs: lr 0.01 vs 0.02" in summary["reason"].splitlines()[0], summary["reason"]
+
+
+def test_a_failure_of_verifys_own_work_is_verifys_error_naming_where():
+    """The reference's crash of issue 55 (shipping a step's statistics of DTensors) was read as the script's crash,
+    then as a rank the launcher stopped: verify's own work fails as CaptureFailed, which the run records as verify's
+    error (exit 2)."""
+    from verify.capture.step_recorder import verifys_own
+    from verify.errors import CaptureFailed, VerifyFailure
+
+    with pytest.raises(CaptureFailed, match=r"^verify's capture failed at test_sharded\.py:\d+: RuntimeError: mixed"):
+        with verifys_own():
+            raise RuntimeError("mixed torch.Tensor and DTensor")
+    assert issubclass(CaptureFailed, VerifyFailure)

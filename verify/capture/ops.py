@@ -142,6 +142,16 @@ def _completed(out: Any) -> None:
             item.wait()
 
 
+def _functional_completed(out: Any) -> None:
+    """A functional collective's (DTensor's all_gather_into_tensor, ...) outputs, which hold their values only once
+    waited for (their buffer as allocated before): waited for, as _completed waits for c10d's; the script's own
+    wait_tensor then finds the work done."""
+    for tensor in tensors_in(out):
+        torch.ops._c10d_functional.wait_tensor(tensor)
+
+
+_FUNCTIONAL_COLLECTIVES, _FUNCTIONAL_WAIT = "_c10d_functional.", "_c10d_functional.wait_tensor"
+
 # Ops whose later outputs are buffers they write only in part, the rest left as the allocator gave it (whatever the
 # memory held, NaN among it) until a collective fills it: only the outputs before that number are recorded. FSDP2's
 # all_gather_copy_in returns this rank's input to the all-gather, and the whole all-gather output it lies in.
@@ -181,6 +191,8 @@ class _OpRecorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if name.startswith("c10d."):
             _completed(out)
+        elif name.startswith(_FUNCTIONAL_COLLECTIVES) and name != _FUNCTIONAL_WAIT:
+            _functional_completed(out)
         outputs = tensors_in(out)
         if not outputs:  # in-place ops that return nothing (foreach): their results are the written arguments
             outputs = tensors_in(written_arguments(func, args, kwargs))

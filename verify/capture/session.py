@@ -286,6 +286,8 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
     if statistics_path := batch.device_stats.fused.note:  # which path reduced large floating tensors on CUDA
         manifest.extra["device_statistics"] = statistics_path
     manifest.modelled_numerics = device_setup.modelled_numerics()
+    if emulated := device_setup.emulated_calls():  # what FSDP2 and DTensor asked of an emulated device
+        manifest.extra["emulated_calls"] = emulated
     manifest.half_precision = device_setup.half_precision()
     manifest.project_files = project_files.imported(manifest.running_script, manifest.running_root,
                                                       manifest.files_root)

@@ -55,20 +55,6 @@ from verify.record.store import RunWriter, write_manifest
 OUTPUT_ARRAY_CAP_BYTES = 4 << 20  # inference outputs are saved for top-k agreement; logits of a batch fit easily
 
 
-@contextlib.contextmanager
-def verifys_own() -> Iterator[None]:
-    """Work of verify's own (statistics, records): an exception in it is CaptureFailed, naming where it was raised,
-    so that the run ends as verify's error (exit 2), not as the script's crash."""
-    try:
-        yield
-    except (VerifyFailure, StopRun):
-        raise
-    except Exception as error:
-        where = traceback.extract_tb(error.__traceback__)[-1]
-        raise CaptureFailed(f"verify's capture failed at {Path(where.filename).name}:{where.lineno}: "
-                            f"{type(error).__name__}: {error}") from error
-
-
 class StopRun(BaseException):
     """Ends the script from inside a hook. A BaseException: `except Exception` in user code must not swallow it."""
 
@@ -76,6 +62,20 @@ class StopRun(BaseException):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+@contextlib.contextmanager
+def verifys_own() -> Iterator[None]:
+    """Work of verify's own (statistics, records): an exception in it is CaptureFailed, naming where it was raised,
+    so that the run ends as verify's error (exit 2), not as the script's crash."""
+    try:
+        yield
+    except VerifyFailure:  # already verify's (DiskFull); StopRun, a BaseException, passes too
+        raise
+    except Exception as error:
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        raise CaptureFailed(f"verify's capture failed at {Path(where.filename).name}:{where.lineno}: "
+                            f"{type(error).__name__}: {error}") from error
 
 
 def _json_value(value: Any) -> Any:

@@ -145,3 +145,10 @@ def ops_computed_in_fp32() -> list[str]:
     COMPUTED_IN_FLOAT32), for the manifest; none where no emulation or CPU autocast policy was loaded."""
     policy = sys.modules.get(f"{EMULATION_PACKAGE}.autocast_policy")
     return policy.computed_in_float32() if policy is not None else []
+
+
+def emulated_calls() -> list[str]:
+    """What this process's emulation answered for FSDP2 and DTensor (npu_port_emulation/sharding.py USED), for the
+    manifest; none where no emulation was loaded."""
+    sharding = sys.modules.get(f"{EMULATION_PACKAGE}.sharding")
+    return list(sharding.USED) if sharding is not None else []

@@ -272,12 +272,14 @@ else:
                 raise as_the_device(RuntimeError("Both events must be recorded before elapsed_time()"))
             return (end_event._recorded_at - self._recorded_at) * 1000.0
 
-    class Stream:
-        """A CPU stream: everything already runs in order on the calling thread."""
+    class Stream(torch.Stream):
+        """A CPU stream: everything already runs in order on the calling thread. A torch.Stream, which
+        Tensor.record_stream takes (DeepSpeed's ZeRO-3 and FSDP record their tensors on their streams)."""
 
-        def __init__(self, device: object = None, priority: int = 0):
-            self.device = torch.device("cpu")
-            self.priority = priority
+        def __new__(cls, device: object = None, priority: int = 0):
+            stream = super().__new__(cls, device="cpu", priority=priority)
+            stream.priority = priority  # torch.Stream keeps none to read back
+            return stream
 
         def wait_event(self, event: Event) -> None:
             """In order already."""
@@ -301,6 +303,10 @@ else:
             return False
 
     _registered_as_torchs_own(Event, Stream)
+    # record_stream keeps a tensor's memory from reuse until the stream's work is done: work on the CPU is done when
+    # it returns, and torch has no CPU kernel for it.
+    _record_stream_on_cpu = torch.library.Library("aten", "IMPL")
+    _record_stream_on_cpu.impl("record_stream", lambda tensor, stream: None, "CPU")
     _the_stream = Stream()
 
     def current_stream(device: object = None) -> Stream:

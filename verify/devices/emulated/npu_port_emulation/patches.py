@@ -142,6 +142,7 @@ def _zeroed_as_fresh_device_memory(original: Callable) -> Callable:
     @functools.wraps(original)
     def to_empty(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
         module = original(self, *args, **kwargs)
+        sharding.note("fresh_memory")
         with torch.no_grad(), _disable_current_modes():
             for tensor in (*module.parameters(), *module.buffers()):
                 getattr(tensor, "_local_tensor", tensor).zero_()  # a DTensor: this rank's shard

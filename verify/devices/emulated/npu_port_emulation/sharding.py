@@ -6,7 +6,9 @@ An emulated device's tensors live on the target (the CPU), while its device mesh
 - DTensor's RNG tracker (OffsetBasedRNGTracker) reads the device generator's state as Philox's seed and offset and
   moves the offset for each shard; the emulated generator gives its state so (device_numerics.OwnGenerator
   philox_state) and draws from a stream of each (seed, offset) it is set to.
-EMULATED names each of them for the run's manifest.
+- torch.distributed asks the capability of a tensor transfer_to_npu calls a CUDA one (torch_npu.npu
+  get_device_capability answers it), and Module.to_empty's memory reads zeros (patches.py).
+`note()` keeps what a run used of these (USED), which its manifest names (extra["emulated_calls"]).
 """
 
 from __future__ import annotations
@@ -20,10 +22,19 @@ import torch
 from . import device_api
 from .target import redirected_types, translate
 
-EMULATED = (
-    "fully_shard's mesh device (the emulation target)",
-    "DTensor's RNG tracker (Philox seed and offset on the emulated generator)",
-)
+EMULATED = {
+    "mesh_device": "fully_shard's mesh device: the emulation target",
+    "rng_tracker": "DTensor's RNG tracker: a Philox seed and offset of the emulated generator",
+    "capability": "torch.distributed's question of the device capability: (8, 0), where torch_npu tells a script None",
+    "fresh_memory": "Module.to_empty: fresh device memory reads zeros",
+}
+USED: list[str] = []
+
+
+def note(emulation: str) -> None:
+    """The run used `emulation` (a key of EMULATED)."""
+    if EMULATED[emulation] not in USED:
+        USED.append(EMULATED[emulation])
 
 # Where FSDP2 reads the device of its mesh (torch.distributed.fsdp since torch 2.6, torch.distributed._composable.fsdp
 # before), in the module that defines it and in the one that imported it by name.
@@ -56,7 +67,10 @@ def _importable(names: tuple[str, ...]) -> list[Any]:
 def _on_target(original: Callable) -> Callable:
     @functools.wraps(original)
     def device_on_target(*args: Any, **kwargs: Any) -> torch.device:
-        return translate(original(*args, **kwargs))
+        device = original(*args, **kwargs)
+        if device.type in redirected_types:
+            note("mesh_device")
+        return translate(device)
 
     return device_on_target
 
@@ -68,6 +82,7 @@ def _philox_state_of_emulated(original: Callable) -> Callable:
     @functools.wraps(original)
     def _get_device_state(self: Any) -> torch.Tensor:
         if self._device.type in redirected_types and device_api.GENERATOR is not None:
+            note("rng_tracker")
             return device_api.GENERATOR.philox_state()
         return original(self)
 
