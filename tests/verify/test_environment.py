@@ -9,11 +9,12 @@ import typer
 from typer.testing import CliRunner
 
 from verify.cli import app
-from verify.compare.findings import explaining
+from verify.compare.findings import Finding, FindingCode, explaining, how_to_equal
 from verify.record.environment import Difference, differences
 from verify.capture.environment_record import recorded_variables
 from verify.cli.pair import route
 from verify.record.schema import RunManifest
+from verify.report.advice import advise
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -60,6 +61,21 @@ def test_explaining_keys_a_difference_to_the_ops_it_changes(op, step, explained)
     first = {"op": op, "actual_op": op, "step": step}
     assert [d.setting for d in explaining(found, first)] == explained
     assert explaining(found, None) == []
+
+
+@pytest.mark.parametrize(("explained", "says", "never"), [
+    ([Difference("data_loaders.0.shuffle", True, False)], "DataLoader arguments (shuffle=", "allow_tf32"),
+    ([Difference("precision.fp32_matmul", "fp32", "hf32")], "torch.npu.matmul.allow_hf32", "DataLoader"),
+])
+def test_the_environment_advice_says_where_the_explaining_setting_is_set(explained, says, never):
+    """A port whose DataLoader no longer shuffles (accelerate's gradient_accumulation.py with shuffle=False) is told
+    to pass the DataLoader's arguments as the original does, not to set TF32 and HF32; a matmul precision switch
+    still is."""
+    finding = Finding(FindingCode.ENVIRONMENT_DIFFERS, "environments differ", {
+        "explains": "; ".join(d.text for d in explained), "how": how_to_equal(explained), "op": "aten.embedding",
+        "step": 0})
+    text = advise([finding])[0].message
+    assert says in text and never not in text, text
 
 
 def test_recorded_variables_are_allow_listed_and_never_secrets():

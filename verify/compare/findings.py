@@ -156,8 +156,21 @@ def _environment_finding(ref: Run, actual: Run, first: dict[str, Any] | None) ->
     message = f"environments differ in {len(found)} setting(s): " + "; ".join(d.text for d in found[:6]) + (
         f"; and {len(found) - 6} more (summary.json)" if len(found) > 6 else "")
     return [Finding(FindingCode.ENVIRONMENT_DIFFERS, message, {
-        "explains": "; ".join(d.text for d in explains), "op": (first or {}).get("op"),
+        "explains": "; ".join(d.text for d in explains), "how": how_to_equal(explains), "op": (first or {}).get("op"),
         "step": (first or {}).get("step")})]
+
+
+def how_to_equal(explains: list[environment.Difference]) -> str:
+    """Where the settings that explain the divergence are set: a data loader's in the script's DataLoader call, a
+    precision switch in torch's TF32 (GPU) and HF32 (NPU) switches."""
+    where = []
+    if any(d.setting.startswith("data_loaders.") for d in explains):
+        where.append("the port's DataLoader arguments (shuffle=, sampler=, batch_size=, drop_last=) as the original "
+                     "passes them")
+    if any(not d.setting.startswith("data_loaders.") for d in explains):
+        where.append("TF32 on the GPU: torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32; "
+                     "HF32 on the NPU: torch.npu.matmul.allow_hf32 and torch.npu.conv.allow_hf32")
+    return "; ".join(where)
 
 
 def explaining(found: list[environment.Difference],

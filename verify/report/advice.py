@@ -101,9 +101,8 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "compare again: differences further down follow from it."), ("C9",)),
     AdviceRule(FindingCode.ENVIRONMENT_DIFFERS, (
         "{op} (step {step}) diverges with a cause outside the model: the environments differ in {explains}. Make "
-        "that setting equal on both sides (TF32 on the GPU: torch.backends.cuda.matmul.allow_tf32 and "
-        "torch.backends.cudnn.allow_tf32; HF32 on the NPU: torch.npu.matmul.allow_hf32 and torch.npu.conv.allow_hf32) "
-        "and compare again: the operator findings below follow from it."), ("C3",),
+        "that setting equal on both sides ({how}) and compare again: the operator findings below follow from it."),
+        ("C3",),
         lambda finding: bool(finding.detail.get("explains"))),
     AdviceRule(FindingCode.ORIGINAL_MODULE, (
         "The {side} side ran {file} where {instead} belongs: the port must run the ports of the project's modules, "
