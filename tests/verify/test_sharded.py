@@ -180,22 +180,42 @@ def test_an_fsdp2_port_passes_rank_by_rank(fsdp2_pair):
     assert "fully_shard's mesh device: the emulation target" in port_rank.manifest.extra["emulated_calls"]
 
 
-@pytest.mark.slow
-def test_a_sharded_parameters_statistics_agree_with_the_same_parameter_unsharded(fsdp2_pair, tmp_path):
-    """Every rank reads the same batches, so FSDP2's averaged gradients and Adam's updates are those of one process:
-    the records of rank 0 (each a whole parameter, its shards combined) against a run without sharding."""
-    out = tmp_path / "unsharded"
+@pytest.fixture(scope="module")
+def unsharded(tmp_path_factory):
+    """The FSDP2 script's model and batches trained in one process, without sharding."""
+    out = tmp_path_factory.mktemp("unsharded") / "run"
     code, output, _ = verify("run", PORT, "--steps", "2", "-q", "-o", out, "--", "--unsharded")
     assert code == 0, output
-    sharded, unsharded = read_run(fsdp2_pair[3] / "actual").ranks[0], read_run(out)
-    columns = ["param", "shape", "numel", "min", "max", "mean", "norm", "nan_count"]
+    return read_run(out)
+
+
+def assert_records_agree(sharded, unsharded) -> None:
+    """Each gradient and update record of a rank (a whole parameter, its shards combined) as the unsharded run's."""
     assert sharded.grads["shape"].tolist() == ["16x8", "16", "4x16", "4"] * 2  # the logical shapes, not a shard's
-    for column in columns[3:]:
+    for column in ("min", "max", "mean", "norm", "nan_count"):
         assert sharded.grads[column].tolist() == pytest.approx(unsharded.grads[column].tolist(), rel=1e-4, abs=1e-7)
     updates = [run.ops[run.ops["op"] == "update"].reset_index() for run in (sharded, unsharded)]
     assert updates[0]["shape"].tolist() == updates[1]["shape"].tolist()
     for column in ("min", "max", "mean", "l2_norm"):
         assert updates[0][column].tolist() == pytest.approx(updates[1][column].tolist(), rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.slow
+def test_a_sharded_parameters_statistics_agree_with_the_same_parameter_unsharded(fsdp2_pair, unsharded):
+    """Every rank reads the same batches, so FSDP2's averaged gradients and Adam's updates are those of one process."""
+    assert_records_agree(read_run(fsdp2_pair[3] / "actual").ranks[0], unsharded)
+
+
+@pytest.mark.slow
+def test_a_parameter_sharded_over_a_2d_mesh_agrees_with_it_unsharded_on_every_rank(unsharded, tmp_path):
+    """FSDP2 over tensor parallel on 4 ranks: a weight split along the same dimension by both (a strided shard)
+    combines over both mesh dimensions."""
+    out = tmp_path / "mesh2d"
+    code, output, _ = verify("run", PORT, "--nproc-per-node", "4", "--devices", "4", "--force", "--steps", "2", "-q",
+                             "-o", out, "--", "--tensor-parallel")
+    assert code == 0, output
+    for rank in read_run(out).ranks:
+        assert_records_agree(rank, unsharded)
 
 
 @pytest.mark.slow

@@ -54,6 +54,13 @@ def describes_the_whole(tensor: torch.Tensor) -> bool:
     return not any(placement.is_partial() for placement in tensor.placements)
 
 
+def splits(placement: Any) -> bool:
+    """Whether ranks along a mesh dimension of this placement hold different parts of the tensor: neither replicated
+    nor a pending sum. Shard, and the strided shard of FSDP2 over tensor parallel (torch 2.13's _StridedShard, which
+    says is_shard() False)."""
+    return not (placement.is_replicate() or placement.is_partial())
+
+
 def partials(local: torch.Tensor) -> torch.Tensor:
     """One shard's PARTIALS, float64, on its device."""
     if local.numel() == 0:
@@ -109,7 +116,7 @@ class ShardedStats:
     def add(self, tensor: torch.Tensor, stats: Any) -> None:
         """Queues a DTensor's partials (now: an in-place op may change it later in the step) for `stats`."""
         mesh = tensor.device_mesh
-        dims = tuple(dim for dim, placement in enumerate(tensor.placements) if placement.is_shard())
+        dims = tuple(dim for dim, placement in enumerate(tensor.placements) if splits(placement))
         _, rows, owners = self._waiting.setdefault((id(mesh), dims), (mesh, [], []))
         rows.append(partials(tensor._local_tensor))
         owners.append(stats)

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+from types import ModuleType
 from typing import Any, Callable
 
 import torch
@@ -36,32 +40,53 @@ def note(emulation: str) -> None:
     if EMULATED[emulation] not in USED:
         USED.append(EMULATED[emulation])
 
+
 # Where FSDP2 reads the device of its mesh (torch.distributed.fsdp since torch 2.6, torch.distributed._composable.fsdp
-# before), in the module that defines it and in the one that imported it by name.
-_FSDP_MESH_DEVICE = tuple(f"torch.distributed.{package}.{module}"
-                          for package in ("fsdp._fully_shard", "_composable.fsdp")
-                          for module in ("_fsdp_init", "_fully_shard"))
+# before; the module that imports it by name imports this one first, and binds it patched) and DTensor's tracker.
+_FSDP_MESH_DEVICE = ("torch.distributed.fsdp._fully_shard._fsdp_init", "torch.distributed._composable.fsdp._fsdp_init")
 _RNG_TRACKER = "torch.distributed.tensor._random"
 
 
 def install() -> None:
-    for module in _importable(_FSDP_MESH_DEVICE):
-        if hasattr(module, "_get_device_from_mesh"):
-            module._get_device_from_mesh = _on_target(module._get_device_from_mesh)
-    for module in _importable((_RNG_TRACKER,)):
-        tracker = getattr(module, "OffsetBasedRNGTracker", None)
-        if tracker is not None and hasattr(tracker, "_get_device_state"):
-            tracker._get_device_state = _philox_state_of_emulated(tracker._get_device_state)
+    """Patches each module when the script imports it: importing FSDP costs seconds a process, which a run that
+    never shards must not pay."""
+    patches = {name: _fsdp_devices_on_target for name in _FSDP_MESH_DEVICE}
+    patches[_RNG_TRACKER] = _rng_tracker_on_emulated_generator
+    for name in [name for name in patches if name in sys.modules]:  # imported before the device was set up
+        patches.pop(name)(sys.modules[name])
+    sys.meta_path.insert(0, _PatchedWhenImported(patches))
 
 
-def _importable(names: tuple[str, ...]) -> list[Any]:
-    modules = []
-    for name in names:
-        try:
-            modules.append(importlib.import_module(name))
-        except ImportError:  # another torch's layout
-            continue
-    return modules
+def _fsdp_devices_on_target(module: ModuleType) -> None:
+    module._get_device_from_mesh = _on_target(module._get_device_from_mesh)
+
+
+def _rng_tracker_on_emulated_generator(module: ModuleType) -> None:
+    tracker = module.OffsetBasedRNGTracker
+    tracker._get_device_state = _philox_state_of_emulated(tracker._get_device_state)
+
+
+class _PatchedWhenImported(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a module it patches, it takes the spec the other finders give and patches the module
+    once its code has run, before the importer binds any of its names."""
+
+    def __init__(self, patches: dict[str, Callable[[ModuleType], None]]) -> None:
+        self._patches = patches
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        patch = self._patches.pop(name, None)
+        if patch is None:
+            return None
+        spec = importlib.util.find_spec(name)  # the other finders' (this one has no patch for it any more)
+        if spec is not None:
+            run_module = spec.loader.exec_module
+
+            def exec_module(module: ModuleType) -> None:
+                run_module(module)
+                patch(module)
+
+            spec.loader.exec_module = exec_module
+        return spec
 
 
 def _on_target(original: Callable) -> Callable:
