@@ -67,11 +67,21 @@ def amp_dtype(run: Run) -> str:
     return ""
 
 
+def imposed_autocast_entered(run: Run) -> bool:
+    """Whether the autocast verify gave the run (`manifest.autocast`) computed anything: around the whole script, or
+    where it followed the port's scopes, in a call the port made under autocast. A port computing in half precision
+    from its weights alone (PEFT's olora, a model loaded in float16 under a Trainer without fp16=) had autocast off
+    in every call, and so had the reference that followed it."""
+    follow = run.manifest.autocast_follow
+    return bool(run.manifest.autocast) and (not follow or any(
+        state in HALF_DTYPES for calls in follow.values() for state, _ in calls))
+
+
 def _half_precision_words(dtype: str, *runs: Run) -> str:
     """'float16 autocast' where a side computed under autocast; else the half dtype its weights or inputs are in
     (model.half(), a checkpoint loaded in float16), which is no autocast."""
-    under_autocast = any(run.manifest.autocast or any(state in HALF_DTYPES for calls in
-                                                      run.manifest.autocast_scopes.values() for state, _ in calls)
+    under_autocast = any(imposed_autocast_entered(run) or any(
+        state in HALF_DTYPES for calls in run.manifest.autocast_scopes.values() for state, _ in calls)
                          for run in runs)
     return f"{dtype} autocast" if under_autocast else f"{dtype} weights or inputs, no autocast"
 

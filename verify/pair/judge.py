@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verify.compare.precision_policy import imposed_autocast_entered
 from verify.compare.runs import ComparisonResult, compare_runs
 from verify.contract.files import AMP_EFFECT, report_folder
 from verify.launch.runner import search_path
@@ -95,6 +96,10 @@ def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
         description = (f"the port computes in {runs.port_amp}, so the reference ran under {runs.imposed} autocast "
                        f"{_how_imposed(runs.ref)} {_where_imposed(runs.ref)} (on the CPU with the NPU's op casts)"
                        f"{scaled}: the comparison isolates the port")
+        if not imposed_autocast_entered(runs.ref):
+            description = (f"the port computes in {runs.port_amp} under no autocast (its weights or inputs are "
+                           f"{runs.port_amp}), and the reference, held to the port's autocast, computed under none "
+                           f"either{scaled}: the comparison isolates the port")
     elif plan.ref_run is not None:
         mode = "given-reference"
         description = f"the reference is the given run {plan.ref_run}, compared as it is"
