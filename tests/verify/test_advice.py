@@ -95,3 +95,45 @@ def test_a_float64_reference_op_computed_in_float32_by_the_port_is_named_as_the_
     advice = [item.message for item in advise(result.findings) if item.code is FindingCode.OP_DIVERGES]
     assert advice[0].startswith("aten.addmm ran in float64 on the reference and in float32 on the port")
     assert not any("operator accuracy issue" in message for message in advice)
+
+
+def _finding(code: FindingCode, step: int, **detail) -> "Finding":
+    from verify.compare.findings import Finding
+    return Finding(code, str(code), {"op": "aten.relu", "module": "Net", "phase": "forward", "step": step, **detail})
+
+
+def test_an_op_diverging_after_a_changed_operator_gets_no_accuracy_advice():
+    """Regression (issue 54): Lightning's backbone ported with gelu for its first relu FAILed naming the change, and
+    the advice then called the next relu, whose inputs agree, "an operator accuracy issue"."""
+    changed = _finding(FindingCode.OP_CHANGED, 0, actual_op="aten.gelu")
+    diverges = _finding(FindingCode.OP_DIVERGES, 0)
+    advice = [item.message for item in advise([changed, diverges])]
+    assert advice[0].startswith("The port computes aten.gelu where the original computes aten.relu")
+    assert not any("operator accuracy issue" in message for message in advice)
+
+
+def test_a_changed_operator_after_the_first_diverging_step_leaves_the_accuracy_advice():
+    changed = _finding(FindingCode.OP_CHANGED, 2, actual_op="aten.gelu")
+    diverges = _finding(FindingCode.OP_DIVERGES, 0)
+    assert any("operator accuracy issue" in item.message for item in advise([changed, diverges]))
+
+
+def test_a_change_left_unpaired_at_its_first_step_is_named_at_that_step():
+    """Regression (issue 54): Lightning's gelu for relu was unpaired at step 0 (only_ref relu, only_actual gelu) and
+    paired from step 1, and the changed operator was named at step 1 where the ops tables show it at step 0."""
+    from verify.compare.findings import _first_call_of_change
+
+    rows = [
+        dict(step=0, phase="forward", module="Lit.backbone", status="only_ref", ref_op="aten.relu", actual_op=None,
+             ref_seq=17, ref_source="train.py:54", actual_source=None),
+        dict(step=0, phase="forward", module="Lit.backbone", status="only_actual", ref_op=None, actual_op="aten.gelu",
+             ref_seq=None, ref_source=None, actual_source="train_npu.py:57"),
+        dict(step=1, phase="forward", module="Lit.backbone", status="sequence", ref_op="aten.relu",
+             actual_op="aten.gelu", ref_seq=5, ref_source="train.py:54", actual_source="train_npu.py:57"),
+    ]
+    table = pd.DataFrame(rows)
+    original, port = _first_call_of_change(table, table.loc[2])
+    assert (original["step"], original["ref_op"], original["ref_seq"]) == (0, "aten.relu", 17)
+    assert (port["step"], port["actual_op"], port["actual_source"]) == (0, "aten.gelu", "train_npu.py:57")
+    original, port = _first_call_of_change(table.loc[[2]], table.loc[2])  # paired from its first step
+    assert original is port and original["step"] == 1

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from verify.record import environment
-from verify.compare.align import MATCHED_STATUSES
+from verify.compare.align import MATCHED_STATUSES, AlignStatus
 from verify.compare.code_lines import CodeLines, Placement
 from verify.compare.crashes import crash_identity, escaped_exception
 from verify.compare.metrics import TOP_K
@@ -442,15 +442,15 @@ def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue, lines: Cod
     changed = paired.index[other_op | other_settings]
     if changed.empty:
         return []
-    row = table.loc[changed[0]]
-    detail = {"op": str(row["ref_op"]), "actual_op": str(row["actual_op"]), "module": str(row["module"]),
+    row, port_row = _first_call_of_change(table, table.loc[changed[0]])
+    detail = {"op": str(row["ref_op"]), "actual_op": str(port_row["actual_op"]), "module": str(row["module"]),
               "phase": str(row["phase"]), "step": int(row["step"]), "seq": int(row["ref_seq"])}
     original, port = detail["op"], detail["actual_op"]
     if original == port:
         detail["attrs"], detail["actual_attrs"] = settings[0][changed[0]], settings[1][changed[0]]
         original, port = f"{original}({detail['attrs']})", f"{port}({detail['actual_attrs']})"
     where = f"{detail['module']} " if detail["module"] else ""
-    placed = lines.place(row.get("ref_source"), row.get("actual_source"))
+    placed = lines.place(row.get("ref_source"), port_row.get("actual_source"))
     if placed is None:
         return [Finding(FindingCode.OP_CHANGED, (
             f"the port computes {port} where the original computes {original} ({where}"
@@ -459,6 +459,22 @@ def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue, lines: Cod
         f"the port computes {port} where the original computes {original}{placed.words}, in "
         f"{where}{detail['phase']}, step {detail['step']}: a changed operator{placed.origin_words}"),
         {**detail, **_lines_detail(placed)})]
+
+
+def _first_call_of_change(table: pd.DataFrame, row: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """The rows of the first call of the change `row` pairs: where a step's alignment left the two ops unpaired (the
+    original's op only_ref, the port's only_actual, in the same module's forward) at an earlier step than the first
+    that paired them (Lightning's backbone with gelu for relu: unpaired at step 0, paired from step 1), that step's
+    rows, which the ops tables show; else `row` for both sides."""
+    earlier = (table["step"] < row["step"]) & (table["phase"] == row["phase"]) & (table["module"] == row["module"])
+    originals = table.loc[earlier & (table["status"] == AlignStatus.ONLY_REF.value)
+                          & (table["ref_op"] == row["ref_op"])]
+    ports = table.loc[earlier & (table["status"] == AlignStatus.ONLY_ACTUAL.value)
+                      & (table["actual_op"] == row["actual_op"])]
+    steps = sorted(set(originals["step"]) & set(ports["step"]))
+    if not steps:
+        return row, row
+    return originals.loc[originals["step"] == steps[0]].iloc[0], ports.loc[ports["step"] == steps[0]].iloc[0]
 
 
 def _one_sided_findings(table: pd.DataFrame, first: dict[str, Any] | None, catalogue: OpCatalogue,

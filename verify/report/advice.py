@@ -229,8 +229,18 @@ _SCRIPT_CAUSES = frozenset({FindingCode.SHARDING, FindingCode.GRADS_NOT_RESET, F
 
 
 def _operator_first(findings: list[Finding]) -> bool:
-    """Whether an operator may be the first cause: no cause in the script that the ops follow from."""
-    return not any(finding.code in _SCRIPT_CAUSES or _other_batch(finding) for finding in findings)
+    """Whether an operator may be the first cause: no cause in the script that the ops follow from (a changed operator
+    among them, where it comes no later than the step the ops diverge at: Lightning's backbone with gelu for relu,
+    whose next relu then differs although its inputs agree)."""
+    diverging = [finding.detail.get("step") for finding in findings if finding.code is FindingCode.OP_DIVERGES]
+    first_step = min((step for step in diverging if step is not None), default=None)
+    return not any(finding.code in _SCRIPT_CAUSES or _other_batch(finding) or _changed_before(finding, first_step)
+                   for finding in findings)
+
+
+def _changed_before(finding: Finding, step: int | None) -> bool:
+    """A changed operator (gelu for relu) at or before `step`, the first step an op diverges at."""
+    return finding.code is FindingCode.OP_CHANGED and (step is None or finding.detail.get("step", 0) <= step)
 
 
 def _other_batch(finding: Finding) -> bool:
