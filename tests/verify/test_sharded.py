@@ -19,7 +19,6 @@ import typer
 from typer.testing import CliRunner
 
 from verify.capture import sharded_stats
-from verify.capture.tensor_stats import StatBatch, summarize
 from verify.cli import app
 from verify.cli.pair import route
 from verify.devices import emulation_env
@@ -154,6 +153,20 @@ def test_the_emulated_streams_are_torch_streams_that_record_stream_takes(tmp_pat
         print("RESULT", json.dumps([isinstance(stream, torch.Stream), stream.priority, stream.query()]))
     """, tmp_path)
     assert result == [True, 0, True]
+
+
+def test_a_model_built_on_meta_gets_device_memory_that_reads_zeros(tmp_path):
+    """pytorch/examples' FSDP2 Transformer initialises only some of its parameters after to_empty: the others read
+    what the memory held, the host's leftovers (NaN among them) on the emulated device, zeros as a device's fresh
+    memory reads."""
+    result = run_emulated_npu("""
+        import json, torch, torch_npu
+        with torch.device("meta"):
+            model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+        model.to_empty(device="npu")
+        print("RESULT", json.dumps([parameter.abs().max().item() for parameter in model.parameters()]))
+    """, tmp_path)
+    assert result == [0.0] * 16
 
 
 def verify(*args: str | Path) -> tuple[int, str, dict]:

@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_map
 
 from verify.capture.module_calls import ModuleCalls
 from verify.capture.ops import written_arguments
-from verify.capture.sharded_stats import is_dtensor, local_part
+from verify.capture.sharded_stats import is_dtensor, local_part, splits
 
 # The functional dropouts whose masks are drawn from the keyed stream: name -> spatial dimensions dropped together
 # (0: each element on its own).
@@ -285,12 +285,23 @@ def _drawn_on_the_cpu(func: torch._ops.OpOverload, args: tuple, kwargs: dict, ke
 
 def _drawn_into_shards(func: torch._ops.OpOverload, args: tuple, kwargs: dict, key: int | None) -> Any:
     """An in-place draw into a DTensor (a sharded parameter's initialisation): each rank draws its own shard on the
-    CPU as `_drawn_on_the_cpu` draws, never the whole tensor, and never from the device's generator, which differs
-    between the devices (DTensor's RNG tracker moves its offset). An out-of-place draw is DTensor's own."""
-    if not written_arguments(func, args, kwargs):
+    CPU as `_drawn_on_the_cpu` draws, from a key of its shard's place (`_shard_key`), never the whole tensor, and never
+    from the device's generator, which differs between the devices (DTensor's RNG tracker moves its offset). An
+    out-of-place draw is DTensor's own."""
+    written = written_arguments(func, args, kwargs)
+    if not written:
         return func(*args, **kwargs)
-    _drawn_on_the_cpu(func, tree_map(local_part, args), tree_map(local_part, kwargs), key)
+    _drawn_on_the_cpu(func, tree_map(local_part, args), tree_map(local_part, kwargs), _shard_key(key, written[0]))
     return args[0]
+
+
+def _shard_key(key: int | None, tensor: torch.Tensor) -> int:
+    """The draw's key (before the first module call, the host generator's seed) with the shard's coordinates on the
+    mesh dimensions that split the tensor: shards draw apart, replicas alike, the same on every device."""
+    coordinate = tensor.device_mesh.get_coordinate() or []
+    place = [index for index, placement in zip(coordinate, tensor.placements) if splits(placement)]
+    seed = torch.initial_seed() if key is None else key
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{place}".encode(), digest_size=8).digest(), "little") >> 1
 
 
 class KeyedDraws(TorchDispatchMode):
