@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+from free_ports import free_port
 
 from verify import devices
 from verify.devices import NpuProbe, emulation_env, probe_torch_npu
@@ -152,14 +153,6 @@ def run_emulated(script: str, tmp_path, **extra_env: str) -> tuple[dict, str]:
     assert done.returncode == 0, done.stderr[-3000:]
     result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
     return json.loads(result.removeprefix("RESULT ")), done.stderr
-
-
-def free_port() -> str:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return str(probe.getsockname()[1])
 
 
 @pytest.mark.slow

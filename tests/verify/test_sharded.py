@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
+from free_ports import free_port
 from typer.testing import CliRunner
 
 from verify.capture import sharded_stats
@@ -76,14 +77,6 @@ def test_a_dtensors_record_describes_the_logical_tensor(tmp_path):
     assert result["sharded"][0] == "3x4"
     assert result["sharded"][1] == pytest.approx(expected)
     assert result["pending"] == ["3x4", pytest.approx(statistics_of(torch.arange(12.0) * 2))]  # this rank's own
-
-
-def free_port() -> str:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return str(probe.getsockname()[1])
 
 
 def test_the_emulated_generator_gives_dtensor_a_philox_seed_and_offset_that_draws_again_when_set(tmp_path):
