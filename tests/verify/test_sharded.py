@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from verify.capture import sharded_stats
 from verify.cli import app
 from verify.cli.pair import route
-from verify.devices import emulation_env
+from verify.devices import DEVICE_COUNT_VAR, emulation_env
 from verify.record.store import read_run
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -134,6 +134,40 @@ def test_a_device_mesh_on_the_npu_starts_its_process_group_on_hccl_and_shards_th
         dist.destroy_process_group()
     """, tmp_path)
     assert result == {"backend": "hccl", "shard": [0.0, 1.0, 2.0, 3.0], "script_capability": None}
+
+
+COLLECTIVES = """
+    import json, torch, torch_npu
+    import torch.distributed as dist
+    dist.init_process_group("hccl")
+    rank = dist.get_rank()
+    x = torch.arange(4.0, device="npu") + 10 * rank
+    gathered, scattered, averaged, exchanged = (torch.empty(n, device="npu") for n in (8, 2, 2, 4))
+    dist.all_gather_into_tensor(gathered, x)
+    dist.reduce_scatter_tensor(scattered, x.clone())
+    dist.reduce_scatter_tensor(averaged, x.clone(), op=dist.ReduceOp.AVG)
+    dist.all_to_all_single(exchanged, x.clone())
+    if rank == 1:
+        print("RESULT", json.dumps([t.tolist() for t in (gathered, scattered, averaged, exchanged)]))
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_the_collectives_fsdp2_and_dtensor_use_run_on_hccl_as_their_definitions_say(tmp_path):
+    """all_gather_into_tensor, reduce_scatter_tensor (sum, average) and all_to_all_single on 2 ranks of the emulated
+    NPU (hccl run as gloo), against their definitions for x = arange(4) + 10 * rank."""
+    script = tmp_path / "collectives_npu.py"
+    script.write_text(textwrap.dedent(COLLECTIVES))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **emulation_env("cpu"), DEVICE_COUNT_VAR: "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    shards = [torch.arange(4.0) + 10 * rank for rank in (0, 1)]
+    total = shards[0] + shards[1]
+    expected = [torch.cat(shards).tolist(), total[2:].tolist(), (total[2:] / 2).tolist(),
+                torch.cat([shards[0][2:], shards[1][2:]]).tolist()]
+    assert json.loads(done.stdout.split("RESULT ", 1)[1]) == expected
 
 
 def test_the_emulated_streams_are_torch_streams_that_record_stream_takes(tmp_path):
