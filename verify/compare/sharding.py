@@ -17,14 +17,42 @@ Shards = list[dict[int, frozenset[str]]]  # rank -> step -> the fingerprints of 
 _DISTRIBUTED_SAMPLER = "DistributedSampler"
 
 
-def step_samples(run: Run) -> dict[int, frozenset[str]]:
-    """step -> the samples this process's model received: its lead input (the first input of the first outermost
-    module that received data), over every forward of the step."""
+def _lead_rows(run: Run):
+    """The samples of the first outermost module that received data."""
+    samples = run.samples
+    return samples.loc[samples["module"] == samples.iloc[0]["module"]]
+
+
+def lead_input(runs: list[Run]) -> str:
+    """The input of the lead module whose samples tell the most apart, over every run of both sides (one choice for
+    all, so that they compare the same input): a keyword batch (`model(**batch)`) may come labels first, whose samples
+    are a handful of classes, where input_ids tell each sample apart (accelerate's nlp_example: two fingerprints, so
+    two ranks reading the same unsharded data read 'the same samples' as the original's shards). The first input
+    where several tell as much; "" where a run recorded none."""
+    counts: dict[str, int] = {}
+    names: list[set[str]] = []
+    for run in runs:
+        if run.samples.empty:
+            return ""
+        rows = _lead_rows(run)
+        distinct: dict[str, set[str]] = {}
+        for io, fingerprints in zip(rows["io"], rows["fingerprints"]):
+            distinct.setdefault(str(io), set()).update(filter(None, str(fingerprints).split(",")))
+        names.append(set(distinct))
+        for io, found in distinct.items():
+            counts[io] = counts.get(io, 0) + len(found)
+    shared = [io for io in dict.fromkeys(_lead_rows(runs[0])["io"].astype(str)) if all(io in own for own in names)]
+    return max(shared, key=lambda io: counts[io], default="")
+
+
+def step_samples(run: Run, io: str = "") -> dict[int, frozenset[str]]:
+    """step -> the samples this process's model received: an input of the first outermost module that received data
+    (`io`, else its first), over every forward of the step."""
     samples = run.samples
     if samples.empty:
         return {}
-    lead = samples.iloc[0]
-    rows = samples.loc[(samples["module"] == lead["module"]) & (samples["io"] == lead["io"])]
+    rows = _lead_rows(run)
+    rows = rows.loc[rows["io"] == (io if io in set(rows["io"]) else rows.iloc[0]["io"])]
     steps: dict[int, set[str]] = {}
     for step, fingerprints in zip(rows["step"], rows["fingerprints"]):
         steps.setdefault(int(step), set()).update(filter(None, str(fingerprints).split(",")))
@@ -50,10 +78,20 @@ def _dropped_sampler(ref: Run, actual: Run) -> str:
     return f"the port has no {_DISTRIBUTED_SAMPLER} (its DataLoader samples with {actual_sampler or 'no sampler'})"
 
 
+def _loaders(run: Run) -> int:
+    """How many DataLoaders the run made, as the environment record lists them (a DataLoader that accelerate's
+    prepare() shards is one more: the loader it makes for each rank)."""
+    return len(run.manifest.extra.get("environment", {}).get("data_loaders", []))
+
+
 def _shared_cause(ref: Run, actual: Run) -> str:
     """Why the port's ranks read the same samples where the original's do not."""
     if dropped := _dropped_sampler(ref, actual):
         return dropped
+    if (made := _loaders(actual)) < (made_by_original := _loaders(ref)):
+        return (f"the port made {made} DataLoader(s) where the original made {made_by_original}: a loader the original "
+                "shards out to its ranks (passed to accelerate's accelerator.prepare, or given a DistributedSampler) "
+                "the port reads whole on every rank")
     if not _sampler(actual):
         return "the port's ranks draw the same batches: a seed that differs per rank (seed + rank) is missing"
     return "the port's ranks read the same shard of the data"
@@ -119,7 +157,8 @@ def _reading_finding(ref: Run, actual: Run, ref_shards: Shards, actual_shards: S
 def sharding(ref: Run, actual: Run) -> tuple[list[Finding], dict[str, Any]]:
     """The sharding finding (at most one) and the evidence for the reports (checklist items C6 and C7)."""
     ref_ranks, actual_ranks = ref.ranks or [ref], actual.ranks or [actual]
-    ref_shards, actual_shards = ([step_samples(run) for run in ranks] for ranks in (ref_ranks, actual_ranks))
+    io = lead_input([*ref_ranks, *actual_ranks])
+    ref_shards, actual_shards = ([step_samples(run, io) for run in ranks] for ranks in (ref_ranks, actual_ranks))
     if len(ref_shards) != len(actual_shards) or not all(ref_shards + actual_shards):
         return [], {"checked": False, "why": "a side recorded no samples, or the sides ran other numbers of ranks"}
     steps = _common_steps(ref_shards, actual_shards)
