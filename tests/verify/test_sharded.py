@@ -278,3 +278,18 @@ def test_a_failure_of_verifys_own_work_is_verifys_error_naming_where():
         with verifys_own():
             raise RuntimeError("mixed torch.Tensor and DTensor")
     assert issubclass(CaptureFailed, VerifyFailure)
+
+
+@pytest.mark.slow
+def test_a_functional_collective_is_recorded_once_its_values_arrived(tmp_path):
+    """DTensor's all_gather_into_tensor returns its buffer before the collective filled it (wait_tensor completes
+    it): recorded as allocated, it held the host's leftovers (NaN among them) on one side only. The gathered batch
+    of sequence_parallel.py is a ramp from 0 to 1."""
+    out = tmp_path / "run"
+    code, output, _ = verify("run", SCRIPTS / "sequence_parallel.py", *RANKS, "-o", out)
+    assert code == 0, output
+    for rank in read_run(out).ranks:
+        gathered = rank.ops[(rank.ops["op"] == "_c10d_functional.all_gather_into_tensor")
+                            & (rank.ops["module"] == "Sequential.0")]
+        assert len(gathered) == 2 and gathered["shape"].eq("16x8").all()
+        assert gathered["min"].tolist() == [0.0, 0.0] and gathered["max"].tolist() == [1.0, 1.0]
