@@ -145,3 +145,38 @@ def test_a_finding_on_a_path_behind_an_option_warns_naming_it_and_fails_nothing(
                  if f["code"] == "UNS006"]
     assert finding["severity"] == "warning" and finding["message"].endswith(
         "(it runs only behind the option args.quantize: `if args.quantize:`)")
+
+
+_QUANTIZED_BEHIND_A_PARAMETER = """import argparse
+import torch
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+
+def train(base_model: str, quantize: bool = False):
+    model_kwargs = {}
+    if quantize:
+        model_kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True)
+    model = AutoModelForCausalLM.from_pretrained(base_model, **model_kwargs).to("cuda")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quantize", action="store_true")
+    args = parser.parse_args()
+    train(base_model="model", quantize=args.quantize)
+"""
+
+
+def test_a_finding_behind_a_parameter_the_option_is_passed_as_warns_naming_both(tmp_path):
+    """Regression (issue 54): PEFT's olora_finetuning.py tests `if quantize:` in train(), which its __main__ calls
+    with quantize=args.quantize: UNS006 was still an ERROR there, C3 Failed."""
+    script = tmp_path / "train.py"
+    script.write_text(_QUANTIZED_BEHIND_A_PARAMETER)
+    result = CliRunner().invoke(app, [str(script), "--quiet"])
+    assert result.exit_code == 0, result.output
+    items = {item["id"]: item for item in json.loads((tmp_path / "train_npu_report" / "checklist.json").read_text())}
+    assert items["C3"]["status"] == "Passed", items["C3"]
+    [finding] = [f for f in json.loads((tmp_path / "train_npu_report" / "findings.json").read_text())
+                 if f["code"] == "UNS006"]
+    assert finding["severity"] == "warning" and finding["message"].endswith(
+        "(it runs only behind the option args.quantize: `if quantize:` in train())")

@@ -109,17 +109,42 @@ class FileState:
         return self.positions[node]
 
     def option_guarding(self, span: CodeRange) -> str:
-        """The command-line option (`args.quantize`) an `if` around `span` tests, where the code there runs only as
-        that option says; "" where none does."""
+        """How the command-line option (`args.quantize`) an `if` around `span` tests is named in words, where the code
+        there runs only as that option says: `args.quantize: `if args.quantize:``; or, where the `if` tests a
+        parameter of its function that a call in the file passes the option (PEFT's olora: `if quantize:` in
+        `train(..., quantize=args.quantize)`), `args.quantize: `if quantize:` in train()`; "" where none does."""
         for branch in findall(self.wrapper.module, _IF):
             where = self.position(branch)
             inside = (where.start.line, where.start.column) <= (span.start.line, span.start.column) and (
                 (span.end.line, span.end.column) <= (where.end.line, where.end.column))
             test = branch.test  # type: ignore[attr-defined]
-            option = next((cst.Module([]).code_for_node(attribute) for attribute in findall(test, _OPTION)), "")
-            if inside and option and span.start.line > self.position(test).end.line:  # in its body, not its test
-                return option
+            if not inside or span.start.line <= self.position(test).end.line:  # in its body, not its test
+                continue
+            code = cst.Module([]).code_for_node
+            if option := next((code(attribute) for attribute in findall(test, _OPTION)), ""):
+                return f"{option}: `if {option}:`"
+            if passed := self._option_passed(test, where):
+                option, function = passed
+                return f"{option}: `if {code(test)}:` in {function}()"
         return ""
+
+    def _option_passed(self, test: cst.CSTNode, where: CodeRange) -> tuple[str, str] | None:
+        """(the option, the function) where `test` names a parameter of the function around `where` that a call of
+        that function in the file passes a command-line option as (`train(quantize=args.quantize)`)."""
+        names = {name.value for name in findall(test, m.Name())}  # type: ignore[attr-defined]
+        for function in findall(self.wrapper.module, m.FunctionDef()):
+            around = self.position(function)
+            if not (around.start.line <= where.start.line and where.end.line <= around.end.line):
+                continue
+            params = function.params  # type: ignore[attr-defined]
+            tested = names & {param.name.value for param in (*params.params, *params.kwonly_params)}
+            name = function.name.value  # type: ignore[attr-defined]
+            for call in findall(self.wrapper.module, m.Call(func=m.Name(name))):
+                for argument in call.args:  # type: ignore[attr-defined]
+                    if (argument.keyword is not None and argument.keyword.value in tested
+                            and m.matches(argument.value, _OPTION)):
+                        return cst.Module([]).code_for_node(argument.value), name
+        return None
 
     def release(self) -> None:
         """The engine, when the file is done: lets the file's trees go as soon as their last reference does."""
@@ -328,7 +353,7 @@ class PortRule(CheapMatcherScan, VisitorBasedCodemodCommand):
             # a path the script takes only as an option says (`if args.quantize:`, off by default) is no error of
             # the port's: it warns, naming the option
             severity = Severity.WARNING
-            message = f"{message} (it runs only behind the option {option}: `if {option}:`)"
+            message = f"{message} (it runs only behind the option {option})"
         if action is Action.PENDING:  # the message describes the rewrite; say that it was held back
             message = f"not applied (unsafe fix): {message}"
             suggestion = (suggestion + " " if suggestion else "") + "Unsafe fix: apply it with --unsafe-fixes."
