@@ -137,3 +137,13 @@ def test_a_change_left_unpaired_at_its_first_step_is_named_at_that_step():
     assert (port["step"], port["actual_op"], port["actual_source"]) == (0, "aten.gelu", "train_npu.py:57")
     original, port = _first_call_of_change(table.loc[[2]], table.loc[2])  # paired from its first step
     assert original is port and original["step"] == 1
+
+
+def test_a_port_whose_ranks_read_other_shards_is_told_to_share_the_data_out_as_the_original():
+    """Regression (issue 54): accelerate's nlp_example with its train dataloader left out of accelerator.prepare
+    FAILed naming the sharding, and its advice said nothing of it."""
+    from verify.compare.findings import Finding
+    sharding = Finding(FindingCode.SHARDING, "rank 1 read the same samples as rank 0 at step 0", {"step": 0})
+    [advice] = advise([sharding])
+    assert advice.message.startswith("Share the data out to the ranks as the original does")
+    assert "accelerator.prepare" in advice.message and advice.checklist == ("C7",)

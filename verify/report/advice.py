@@ -108,6 +108,11 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "The {side} side ran {file} where {instead} belongs: the port must run the ports of the project's modules, "
         "the reference their originals. Port the project's files in one call (`migrate main.py model.py ...`: the "
         "ports import each other's ports) or its folder (`migrate FOLDER/`), then compare again."), ("C3",)),
+    AdviceRule(FindingCode.SHARDING, (
+        "Share the data out to the ranks as the original does: each rank of the port must read what the same rank of "
+        "the original reads. Pass the port's DataLoader to accelerator.prepare where the original does, or give it "
+        "the original's DistributedSampler (and call its set_epoch(epoch) each epoch), and seed the ranks as the "
+        "original does; the differences after it follow from the other data."), ("C7",)),
     AdviceRule(FindingCode.DATA_ORDER, (
         "The first step's inputs already differ: make the data order identical. Seed the DataLoader (generator=, "
         "worker_init_fn), do not derive num_workers or shuffling from cpu/device counts, sort listdir/glob results "
