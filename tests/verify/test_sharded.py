@@ -170,6 +170,25 @@ def test_the_collectives_fsdp2_and_dtensor_use_run_on_hccl_as_their_definitions_
     assert json.loads(done.stdout.split("RESULT ", 1)[1]) == expected
 
 
+def test_dtensors_rng_tracker_draws_on_the_emulated_generator(tmp_path):
+    """A sharded parameter initialised on the device (FSDP2's reset_parameters after to_empty) draws through DTensor's
+    OffsetBasedRNGTracker, which reads the device generator's state as Philox's seed and offset."""
+    result = run_emulated_npu("""
+        import json, torch, torch_npu
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        from torch.distributed.tensor import _random
+        mesh = init_device_mesh("npu", (1,))
+        torch.manual_seed(0)
+        weight = distribute_tensor(torch.zeros(6, 4, device="npu"), mesh, [Shard(0)])
+        torch.nn.init.uniform_(weight)
+        values = weight.to_local()
+        print("RESULT", json.dumps([type(_random._rng_tracker).__name__, 0 <= values.min().item(),
+                                    values.max().item() < 1, values.unique().numel()]))
+    """, tmp_path)
+    assert result == ["OffsetBasedRNGTracker", True, True, 24]
+
+
 def test_the_emulated_streams_are_torch_streams_that_record_stream_takes(tmp_path):
     result = run_emulated_npu("""
         import json, torch, torch_npu
@@ -218,6 +237,8 @@ def test_an_fsdp2_port_passes_rank_by_rank(fsdp2_pair):
     assert "2 ranks (hccl run as gloo)" in summary["actual"]["title"]
     port_rank = read_run(fsdp2_pair[3] / "actual").ranks[0]
     assert "fully_shard's mesh device: the emulation target" in port_rank.manifest.extra["emulated_calls"]
+    copy_in = port_rank.ops[port_rank.ops["op"] == "fsdp.all_gather_copy_in"]
+    assert set(copy_in["io"]) == {"out0"}  # its all-gather output, not yet gathered, is no record
 
 
 @pytest.fixture(scope="module")
