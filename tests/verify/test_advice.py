@@ -147,3 +147,13 @@ def test_a_port_whose_ranks_read_other_shards_is_told_to_share_the_data_out_as_t
     [advice] = advise([sharding])
     assert advice.message.startswith("Share the data out to the ranks as the original does")
     assert "accelerator.prepare" in advice.message and advice.checklist == ("C7",)
+
+
+def test_an_lr_that_differs_only_from_a_later_step_is_told_of_its_scheduler(tmp_path):
+    """Regression (issue 54): PEFT's peft_no_lora_accelerate.py with its lr_scheduler.step() dropped FAILed on
+    'lr ... from step 1', and the advice spoke of argparse defaults and config files."""
+    result, advice = diverging_from((0, "optimizer"), [0.1, 0.2], tmp_path)
+    [mismatch] = [f for f in result.findings if f.code is FindingCode.HPARAM_MISMATCH]
+    assert mismatch.detail == {"name": "lr", "from_step": 1}
+    assert advice[0].startswith("lr starts equal and differs from step 1: the port schedules it otherwise")
+    assert not any(text.startswith("Make lr equal on both sides") for text in advice)

@@ -688,8 +688,9 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
         *ended,
         *_module_findings(ref, actual),
         *_no_backward_findings(ref, actual),
-        *(Finding(FindingCode.HPARAM_MISMATCH, f"hyperparameter differs: {message}", {"name": name})
-          for message, name in zip(hparams["message"], hparams["name"])),
+        *(Finding(FindingCode.HPARAM_MISMATCH, f"hyperparameter differs: {message}",
+                  {"name": name, **({"from_step": int(step)} if message.endswith(f" from step {step}") else {})})
+          for message, name, step in zip(hparams["message"], hparams["name"], hparams["step"])),
         *_grads_reset_findings(ref, actual),
         *_environment_finding(ref, actual, first),
         *_overflow_findings(overflow, actual),

@@ -68,6 +68,11 @@ def _edited(finding: Finding) -> bool:
     return bool(finding.detail.get("lines", {}).get("user_edit"))
 
 
+def _scheduled_lr(finding: Finding) -> bool:
+    """A learning rate equal at the first step and other from a later one: what a scheduler sets."""
+    return finding.detail.get("name") in ("lr", "learning_rate") and "from_step" in finding.detail
+
+
 def _follows_hparams(finding: Finding) -> bool:
     """The op diverges after a differing hyperparameter took effect (findings._hparams_behind): not evidence of a
     numerical issue, since the runs no longer compute on the same values."""
@@ -98,7 +103,14 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "the dataset, batch size, drop_last and epoch count equal on both sides."), ("C5", "C9")),
     AdviceRule(FindingCode.HPARAM_MISMATCH, (
         "Make {name} equal on both sides (an argparse default, a config file or a literal the port changed), then "
-        "compare again: differences further down follow from it."), ("C9",)),
+        "compare again: differences further down follow from it."), ("C9",),
+        lambda finding: not _scheduled_lr(finding)),
+    AdviceRule(FindingCode.HPARAM_MISMATCH, (
+        "{name} starts equal and differs from step {from_step}: the port schedules it otherwise. Call the "
+        "learning-rate scheduler's step() where the original does, as often (once per optimizer step or per epoch, "
+        "as there; a dropped or moved lr_scheduler.step() shows so), and build it with the original's settings "
+        "(warm-up, total steps, decay), then compare again: differences further down follow from it."), ("C9",),
+        _scheduled_lr),
     AdviceRule(FindingCode.ENVIRONMENT_DIFFERS, (
         "{op} (step {step}) diverges with a cause outside the model: the environments differ in {explains}. Make "
         "that setting equal on both sides ({how}) and compare again: the operator findings below follow from it."),
