@@ -328,28 +328,39 @@ class OpCapture:
                        for candidate in (tensor, tensor._base))
 
     def record_inputs(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
-        """The data an outermost module's forward receives (op INPUT_OP, io in0, in1...: its positional arguments,
-        then its keyword ones in the order given, `model(**batch)`'s input_ids and labels): the batch each side read,
-        which the comparison checks before any operator; a loss module's labels too, not the predictions it gets
+        """The data an outermost module's forward receives (op INPUT_OP): its positional arguments' tensors (io in0,
+        in1...) and its keyword ones by name, in the order of their names (`model(**batch)`: in.attention_mask,
+        in.input_ids, in.labels, however a port's batch orders its keys): the batch each side read, which the
+        comparison checks before any operator; a loss module's labels too, not the predictions it gets
         (note_outputs). Integer tensors (token ids, labels) are summarised as float64 values, so that their mean and
         norm, not only their min and max, tell two batches apart. Each record's inputs are the recorded calls of the
         step that wrote it (a batch collated or transformed in this process; a GAN's generated samples, detached),
         so that compare tells data read from data computed."""
-        given = [*leaves(args), *(leaves(kwargs) if kwargs else ())]
-        tensors = [leaf for leaf in given if isinstance(leaf, torch.Tensor) and self._is_data(leaf)]
-        if not tensors or not self.recording:
+        inputs = self._data_inputs(args, kwargs)
+        if not inputs or not self.recording:
             return
         with self.paused(), torch.no_grad():
             call = self._call(_FORWARD, self.modules.name(module), INPUT_OP, self.sources.here())
-            for position, tensor in enumerate(tensors):
+            for io, tensor in inputs:
                 exact = not tensor.is_floating_point() and has_statistics(tensor)
                 stats = summarize(tensor.double() if exact else tensor, self.batch, self.small_tensors)
                 stats.dtype = dtype_name(tensor.dtype)
                 md5 = md5_of(tensor) if self.dump == DumpMode.MD5 else ""
-                self.rows.append(OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"in{position}",
+                self.rows.append(OpRow(call.seq, call.phase, call.module, call.op, call.call_index, io,
                                        stats, md5, inputs=self.producers([tensor]), source=call.source))
-                self.samples.append((call.module, call.call_index, f"in{position}", stats.shape,
-                                     sample_fingerprints(tensor)))
+                self.samples.append((call.module, call.call_index, io, stats.shape, sample_fingerprints(tensor)))
+
+    def _data_inputs(self, args: Any, kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+        """(io, tensor) of the data among a forward's arguments: positional ones numbered, keyword ones named."""
+        def data(value: Any) -> list[torch.Tensor]:
+            return [leaf for leaf in leaves(value) if isinstance(leaf, torch.Tensor) and self._is_data(leaf)]
+
+        named = [(f"in{position}", tensor) for position, tensor in enumerate(data(args))]
+        for key in sorted(kwargs):
+            tensors = data(kwargs[key])
+            named += [(f"in.{key}" + (str(index) if len(tensors) > 1 else ""), tensor)
+                      for index, tensor in enumerate(tensors)]
+        return named
 
     def producers(self, tensors: Sequence[torch.Tensor]) -> str:
         """The recorded calls of this step that wrote the storage of `tensors` (views included), as "seq,seq"."""
