@@ -26,6 +26,9 @@ from verify.devices import DEVICE_COUNT_VAR, emulation_env
 from verify.record.store import read_run
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+# DTensor's public module and its RNG tracker's device state are torch 2.5's; FSDP2's public fully_shard torch 2.6's
+PUBLIC_DTENSOR = pytest.mark.skipif(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 5),
+                                    reason="DTensor's public API and its RNG tracker's device state need torch 2.5")
 ORIGINAL, PORT = SCRIPTS / "fsdp2_train.py", SCRIPTS / "fsdp2_train_npu.py"
 RANKS = ["--nproc-per-node", "2", "--steps", "2", "-q"]
 
@@ -55,7 +58,10 @@ def test_a_dtensors_record_describes_the_logical_tensor(tmp_path):
     script.write_text(textwrap.dedent("""
         import json, os, torch, torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+        try:
+            from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+        except ImportError:  # torch 2.4: DTensor is not public yet
+            from torch.distributed._tensor import DTensor, Partial, Shard, distribute_tensor
         from verify.capture.tensor_stats import StatBatch, summarize
         dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{os.environ['PORT']}")
         mesh = init_device_mesh("cpu", (1,))
@@ -116,6 +122,7 @@ def run_emulated_npu(script: str, tmp_path: Path) -> dict:
     return json.loads(done.stdout.split("RESULT ", 1)[1])
 
 
+@PUBLIC_DTENSOR
 def test_a_device_mesh_on_the_npu_starts_its_process_group_on_hccl_and_shards_there(tmp_path):
     """init_device_mesh starts the default process group itself, with its own import of init_process_group: it
     takes hccl (run as gloo), so distribute_tensor's scatter finds a backend for the tensors' device; c10d's
@@ -170,6 +177,7 @@ def test_the_collectives_fsdp2_and_dtensor_use_run_on_hccl_as_their_definitions_
     assert json.loads(done.stdout.split("RESULT ", 1)[1]) == expected
 
 
+@PUBLIC_DTENSOR
 def test_dtensors_rng_tracker_draws_on_the_emulated_generator(tmp_path):
     """A sharded parameter initialised on the device (FSDP2's reset_parameters after to_empty) draws through DTensor's
     OffsetBasedRNGTracker, which reads the device generator's state as Philox's seed and offset."""

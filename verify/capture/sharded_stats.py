@@ -32,10 +32,14 @@ _SUMMED = [PARTIALS.index(name) for name in ("count", "sum", "sum_of_squares", "
 _EMPTY = (0.0, 0.0, 0.0, math.inf, -math.inf, 0.0, 0.0)  # an empty shard (uneven sharding) changes nothing
 
 
+# DTensor's module: public from torch 2.5; torch 2.4 has it only as torch.distributed._tensor (2.5+ keeps that alias)
+_DTENSOR_MODULES = ("torch.distributed.tensor", "torch.distributed._tensor")
+
+
 def dtensor_type() -> type | None:
     """DTensor's class, where the script imported it (a DTensor exists only then); None otherwise."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return getattr(module, "DTensor", None)
+    found = (getattr(sys.modules.get(name), "DTensor", None) for name in _DTENSOR_MODULES)
+    return next((cls for cls in found if cls is not None), None)
 
 
 def is_dtensor(tensor: torch.Tensor) -> bool:

@@ -283,10 +283,10 @@ def run_script(
         env = {**os.environ, **device_env, **calibration, **options.extra_env, "PYTHONHASHSEED": str(options.seed)}
         if options.trees is not None and "PYTHONPATH" in env:
             env["PYTHONPATH"] = search_path(env["PYTHONPATH"], *options.trees)
-        if "PYTHONPATH" in env:  # the project's folders as the script sees them: in its view
+        if "PYTHONPATH" in env:  # the project's folders as the script sees them: in its view; verify's where it lies
             env["PYTHONPATH"] = os.pathsep.join(
-                manifest.seen_by_script(os.path.abspath(entry)) if entry else entry
-                for entry in env["PYTHONPATH"].split(os.pathsep))
+                manifest.seen_by_script(os.path.abspath(entry)) if entry and not working_folder.holds_verify(entry)
+                else entry for entry in env["PYTHONPATH"].split(os.pathsep))
         env["PYTHONUNBUFFERED"] = "1"  # the script's output reaches output.log and the user as it is printed
         env["PWD"] = manifest.running_cwd  # as a shell says there: a script may build its paths from $PWD
         started = time.monotonic()

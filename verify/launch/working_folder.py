@@ -75,6 +75,12 @@ _LISTED = 200  # the written files the manifest names, at most (the count is alw
 _VERIFY_PACKAGE = Path(__file__).resolve().parents[1]
 
 
+def holds_verify(folder: str) -> bool:
+    """Whether `folder` (a PYTHONPATH entry) is where verify's own package lies: the view leaves that package out, so
+    the child must import it from there, not from the view."""
+    return bool(folder) and (Path(folder).resolve() / _VERIFY_PACKAGE.name) == _VERIFY_PACKAGE
+
+
 @dataclass
 class WorkingFolder:
     """A run's view of `root` at `view`, and what it looked like when made."""

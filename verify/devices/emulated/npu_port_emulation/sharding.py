@@ -63,7 +63,8 @@ def _fsdp_devices_on_target(module: ModuleType) -> None:
 
 def _rng_tracker_on_emulated_generator(module: ModuleType) -> None:
     tracker = module.OffsetBasedRNGTracker
-    tracker._get_device_state = _philox_state_of_emulated(tracker._get_device_state)
+    if hasattr(tracker, "_get_device_state"):  # torch 2.4's tracker reads the device's state in its own __init__
+        tracker._get_device_state = _philox_state_of_emulated(tracker._get_device_state)
 
 
 class _PatchedWhenImported(importlib.abc.MetaPathFinder):
