@@ -132,21 +132,6 @@ model = AutoModelForCausalLM.from_pretrained("model", quantization_config=quanti
 """
 
 
-def test_a_finding_on_a_path_behind_an_option_warns_naming_it_and_fails_nothing(tmp_path):
-    """Regression (issue 54): PEFT's olora_finetuning.py builds a BitsAndBytesConfig only under `--quantize`, off by
-    default; UNS006 was an ERROR that turned C3 to Failed. A path an option takes warns, naming the option."""
-    script = tmp_path / "train.py"
-    script.write_text(_QUANTIZED_BEHIND_AN_OPTION)
-    result = CliRunner().invoke(app, [str(script), "--quiet"])
-    assert result.exit_code == 0, result.output
-    items = {item["id"]: item for item in json.loads((tmp_path / "train_npu_report" / "checklist.json").read_text())}
-    assert items["C3"]["status"] == "Passed", items["C3"]
-    [finding] = [f for f in json.loads((tmp_path / "train_npu_report" / "findings.json").read_text())
-                 if f["code"] == "UNS006"]
-    assert finding["severity"] == "warning" and finding["message"].endswith(
-        "(it runs only behind the option args.quantize: `if args.quantize:`)")
-
-
 _QUANTIZED_BEHIND_A_PARAMETER = """import argparse
 import torch
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -167,11 +152,16 @@ if __name__ == "__main__":
 """
 
 
-def test_a_finding_behind_a_parameter_the_option_is_passed_as_warns_naming_both(tmp_path):
-    """Regression (issue 54): PEFT's olora_finetuning.py tests `if quantize:` in train(), which its __main__ calls
-    with quantize=args.quantize: UNS006 was still an ERROR there, C3 Failed."""
+@pytest.mark.parametrize(("source", "guard"), [
+    (_QUANTIZED_BEHIND_AN_OPTION, "`if args.quantize:`"),
+    (_QUANTIZED_BEHIND_A_PARAMETER, "`if quantize:` in train()"),
+], ids=["if-option", "if-parameter-given-the-option"])
+def test_a_finding_on_a_path_behind_an_option_warns_naming_it_and_fails_nothing(tmp_path, source, guard):
+    """Regression (issue 54): PEFT's olora_finetuning.py builds a BitsAndBytesConfig only under `--quantize`, off by
+    default (its train() tests `if quantize:`, which its __main__ calls with quantize=args.quantize); UNS006 was an
+    ERROR that turned C3 to Failed. A path an option takes warns, naming the option."""
     script = tmp_path / "train.py"
-    script.write_text(_QUANTIZED_BEHIND_A_PARAMETER)
+    script.write_text(source)
     result = CliRunner().invoke(app, [str(script), "--quiet"])
     assert result.exit_code == 0, result.output
     items = {item["id"]: item for item in json.loads((tmp_path / "train_npu_report" / "checklist.json").read_text())}
@@ -179,4 +169,4 @@ def test_a_finding_behind_a_parameter_the_option_is_passed_as_warns_naming_both(
     [finding] = [f for f in json.loads((tmp_path / "train_npu_report" / "findings.json").read_text())
                  if f["code"] == "UNS006"]
     assert finding["severity"] == "warning" and finding["message"].endswith(
-        "(it runs only behind the option args.quantize: `if quantize:` in train())")
+        f"(it runs only behind the option args.quantize: {guard})")
