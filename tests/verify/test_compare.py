@@ -151,51 +151,19 @@ def test_identical_runs_pass(tmp_path):
     assert "same precision" in result.policy.description
 
 
-@pytest.mark.parametrize("autocast_scopes", [{}, {"Net": [["float16", 3]]}], ids=["half-weights", "autocast"])
-def test_half_precision_weights_are_not_called_autocast(tmp_path, autocast_scopes):
+@pytest.mark.parametrize(("autocast_scopes", "words"), [
+    ({"Net": [["off", 3]]}, "float16 weights or inputs, no autocast"),
+    ({"Net": [["float16", 3]]}, "float16 autocast"),
+    ({}, "float16"),  # recorded before autocast_scopes (the H100 nanoGPT fixture, under autocast): no word on it
+], ids=["half-weights", "autocast", "unrecorded"])
+def test_half_precision_weights_are_not_called_autocast(tmp_path, autocast_scopes, words):
     """Regression (issue 54): a model loaded in float16 computes in float16 without any autocast, and the policy
     called it "float16 autocast on both sides"."""
     half = trace_ops().assign(dtype="float16")
     ref = write_run(tmp_path / "ref", ops=half, autocast_scopes=autocast_scopes)
     actual = write_run(tmp_path / "actual", ops=half, device="npu", autocast_scopes=autocast_scopes)
     result = compare_runs(read_side(ref), read_side(actual))
-    words = "float16 autocast" if autocast_scopes else "float16 weights or inputs, no autocast"
     assert result.policy.description == f"same-AMP policy ({words} on both sides): dtype tolerances"
-
-
-@pytest.mark.parametrize(("follow", "words"), [
-    ({"Net": [["off", 3]], "Net.fc": [["off", 3]]}, "float16 weights or inputs, no autocast"),
-    ({"Net": [["off", 3]], "Net.fc": [["float16", 3]]}, "float16 autocast"),
-    ({}, "float16 autocast"),  # around the whole script
-])
-def test_an_imposed_autocast_off_in_every_call_it_followed_is_no_autocast(tmp_path, follow, words):
-    """Regression (issue 54): PEFT's olora_finetuning.py loads its model in float16 under a Trainer without fp16=;
-    the reference, given fp16 autocast held to the port's scopes, had it off in every call, and the policy still said
-    "float16 autocast on both sides"."""
-    half = trace_ops().assign(dtype="float16")
-    ref = write_run(tmp_path / "ref", ops=half, autocast="fp16", autocast_follow=follow,
-                    autocast_scopes={"Net": [["off", 3]]})
-    actual = write_run(tmp_path / "actual", ops=half, device="npu", autocast_scopes={"Net": [["off", 3]]})
-    result = compare_runs(read_side(ref), read_side(actual))
-    assert result.policy.description == f"same-AMP policy ({words} on both sides): dtype tolerances"
-
-
-def test_the_pair_says_a_reference_held_to_a_port_without_autocast_computed_under_none(tmp_path):
-    """Regression (issue 54): olora's reference, given fp16 autocast off in every call it followed, was said to have
-    run "under fp16 autocast imposed from outside where the port computed under it"."""
-    from types import SimpleNamespace
-
-    from verify.pair.judge import _comparison_made
-    from verify.pair.run import PairRuns
-
-    half = trace_ops().assign(dtype="float16")
-    ref = read_side(write_run(tmp_path / "ref", ops=half, autocast="fp16", autocast_follow={"Net": [["off", 3]]}))
-    actual = read_side(write_run(tmp_path / "actual", ops=half, device="npu"))
-    made = _comparison_made(SimpleNamespace(ref_run=None), PairRuns(actual, ref, "fp16", "float16"))
-    assert made["description"].startswith("the port computes in float16 under no autocast (its weights or inputs are "
-                                          "float16), and the reference, held to the port's autocast, computed under "
-                                          "none either"), made
-    assert "imposed from outside" not in made["description"]
 
 
 def test_changed_learning_rate_fails_as_hyperparameter_difference(tmp_path):

@@ -78,12 +78,16 @@ def imposed_autocast_entered(run: Run) -> bool:
 
 
 def _half_precision_words(dtype: str, *runs: Run) -> str:
-    """'float16 autocast' where a side computed under autocast; else the half dtype its weights or inputs are in
-    (model.half(), a checkpoint loaded in float16), which is no autocast."""
+    """'float16 autocast' where a side computed under autocast; the half dtype its weights or inputs are in
+    (model.half(), a checkpoint loaded in float16) where both sides recorded their module calls' autocast and none
+    was half; the dtype alone where a side recorded none (a run made before autocast_scopes: no word on it)."""
     under_autocast = any(imposed_autocast_entered(run) or any(
         state in HALF_DTYPES for calls in run.manifest.autocast_scopes.values() for state, _ in calls)
                          for run in runs)
-    return f"{dtype} autocast" if under_autocast else f"{dtype} weights or inputs, no autocast"
+    if under_autocast:
+        return f"{dtype} autocast"
+    recorded = all(run.manifest.autocast_scopes for run in runs)
+    return f"{dtype} weights or inputs, no autocast" if recorded else dtype
 
 
 def precision_policy(ref: Run, actual: Run, options: CompareOptions) -> PrecisionPolicy:
