@@ -22,8 +22,8 @@ _BACKEND_PARAMETER = {
     "Backend": 0,
 }
 # call -> its backend parameter (keyword, position): torch's and a framework's own set-up (DeepSpeed's)
-_BACKEND_CALLS = {f"{prefix}.{name}": ("backend", index) for prefix in _C10D for name, index in _BACKEND_PARAMETER.items()
-                  } | frameworks.deepspeed.BACKEND_CALLS
+_BACKEND_CALLS = {f"{prefix}.{name}": ("backend", index)
+                  for prefix in _C10D for name, index in _BACKEND_PARAMETER.items()} | frameworks.deepspeed.BACKEND_CALLS
 _BACKEND_CALLERS = tuple(_BACKEND_CALLS)
 _NCCL_ATTRIBUTES = {f"{prefix}.Backend.NCCL" for prefix in _C10D}
 _RENAMES = {"nccl": "hccl", "NCCL": "HCCL", "cuda": "npu"}
@@ -46,8 +46,9 @@ class NcclBackend(PortRule):
     ## What it does
     Rewrites the backend string `"nccl"` to `"hccl"` (and `"cuda:nccl,cpu:gloo"` to `"npu:hccl,cpu:gloo"`) where it
     names a process-group backend: the `backend` argument of `init_process_group`, `new_group`, `new_subgroups*`,
-    `is_backend_available` and `Backend(...)`, and `dist_backend` of DeepSpeed's `init_distributed`; the default and choices of an argparse flag whose name contains
-    "backend" (`--backend`, `--dist-backend`) and `set_defaults(backend=...)`; a variable assigned `"nccl"` whose every
+    `is_backend_available` and `Backend(...)`, and `dist_backend` of DeepSpeed's `init_distributed`; the default
+    and choices of an argparse flag whose name contains "backend" (`--backend`, `--dist-backend`) and
+    `set_defaults(backend=...)`; a variable assigned `"nccl"` whose every
     use is one of those arguments or a comparison with `"nccl"`. `Backend.NCCL` becomes `Backend.HCCL`. A value
     that chooses its backend, `"nccl" if cuda else "gloo"` or `args.backend or "nccl"`, gets its literals ported
     (not its condition).

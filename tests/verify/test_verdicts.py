@@ -597,9 +597,10 @@ def test_a_changed_gradient_accumulation_is_named_first(tmp_path, accumulate):
     "the ops that produced its inputs agree"; the backward() calls per optimizer step are a hyperparameter."""
     code = (SCRIPTS / "tiny_train.py").read_text()
     port = tmp_path / "tiny_train_npu.py"
-    port.write_text(code.replace('"--accumulate", type=int, default=1', f'"--accumulate", type=int, default={accumulate}'))
+    default = '"--accumulate", type=int, default='
+    port.write_text(code.replace(f"{default}1", f"{default}{accumulate}"))
     original = tmp_path / "tiny_train.py"
-    original.write_text(code.replace('"--accumulate", type=int, default=1', '"--accumulate", type=int, default=2'))
+    original.write_text(code.replace(f"{default}1", f"{default}2"))
     exit_code, summary, _ = verify(original, port, "-n", STEPS, "-q", "-o", tmp_path / "out")
     if accumulate == 2:
         assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
