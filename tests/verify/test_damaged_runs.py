@@ -142,3 +142,18 @@ def test_a_run_killed_before_it_made_its_files_is_its_ending_not_damage(pair):
     assert not read_side(actual).damage
     result = verify("compare", ref, actual)
     assert result.exit_code == 1 and "actual run timeout: timed out after 5 s (0 steps completed)" in result.output
+
+
+def test_a_param_group_that_gains_a_setting_is_no_damage_and_one_that_loses_one_is(pair):
+    """DeepSpeed's FusedAdam adds `step` to its group after the first update, a scheduler made later adds initial_lr
+    (issue 55: such a run was called damaged): a group may gain a setting, never lose one."""
+    rows = (pair[1] / "hparams.csv").read_text().splitlines()
+    lr_rows = [row for row in rows if row.startswith(("1,0,lr,", "2,0,lr,"))]
+    for side in pair:
+        (side / "hparams.csv").write_text(
+            "\n".join([*rows, *(row.replace(",lr,", ",initial_lr,") for row in lr_rows)]) + "\n")
+    result = verify("compare", *pair)
+    assert result.exit_code == 0 and "PASS" in result.output, result.output
+    (pair[1] / "hparams.csv").write_text("\n".join(row for row in rows if not row.startswith("2,0,lr,")) + "\n")
+    line = one_error_line(verify("compare", *pair))
+    assert "hparams.csv: optimizer 0's group 0 loses settings from step to step" in line, line

@@ -8,7 +8,9 @@ model eagerly, op by op: each op is recorded, and inductor's fused kernels, whic
 what is compared. The graphs dynamo did compile (dynamo's own count) say whether that held for the whole run.
 
 torch.compile is wrapped, not changed: the script gets what torch.compile returns. nn.Module.compile() and
-torch.compile(mode=...) used as a decorator call torch.compile with their target, and are counted so.
+torch.compile(mode=...) used as a decorator call torch.compile with their target, and are counted so. A library's
+functions compiled as its module is imported (DeepSpeed's Muon kernels, decorated with torch.compile) are not: no
+step need ever call them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +33,19 @@ def _target_name(target: Any) -> str:
     if isinstance(target, torch.nn.Module) or isinstance(owner, torch.nn.Module):
         return type(target if owner is None else owner).__name__
     return getattr(target, "__qualname__", type(target).__name__)
+
+
+_TORCH = str(Path(torch.__file__).resolve().parent)
+_INSTALLED = ("site-packages", "dist-packages")
+
+
+def _imported_library_compiles() -> bool:
+    """Whether this torch.compile call, past torch's own frames (its decorator form), is a library module's body."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_TORCH):
+        frame = frame.f_back
+    return (frame is not None and frame.f_code.co_name == "<module>"
+            and any(part in _INSTALLED for part in Path(frame.f_code.co_filename).parts))
 
 
 def _graphs_compiled() -> int:
@@ -49,7 +65,8 @@ def counted(extra: dict[str, Any]) -> Iterator[None]:
 
     def compile_counted(*args: Any, **kwargs: Any) -> Any:
         target = args[0] if args else kwargs.get("model")
-        if target is not None:  # torch.compile(mode=...) returns a decorator, which calls torch.compile again
+        # torch.compile(mode=...) returns a decorator, which calls torch.compile again
+        if target is not None and not _imported_library_compiles():
             record["calls"] += 1
             if (name := _target_name(target)) not in record["targets"]:
                 record["targets"].append(name)

@@ -54,11 +54,16 @@ class LossScalerTwin:
             inverse = torch.full((1,), 1.0 / self.scale, device=group[0].device)
             torch._amp_foreach_non_finite_check_and_unscale_(group, found, inverse)
 
+    def overflow_at(self, step: int) -> None:
+        """This side's gradients overflowed at `step`: its own check, or its own loss scaler's, found inf/NaN."""
+        if step not in self.overflowed:
+            self.overflowed.append(step)
+
     def skips(self, step: int, optimizer: int, gradients: list[torch.Tensor]) -> bool:
         """Whether this optimizer's update at this step is skipped: the port's was, or its gradients overflowed."""
         overflow = _any_non_finite(gradients)
-        if overflow and step not in self.overflowed:
-            self.overflowed.append(step)
+        if overflow:
+            self.overflow_at(step)
         if optimizer == 0:
             self._update_dynamically(step, overflow)
         return overflow or [step, optimizer] in self.plan.skipped

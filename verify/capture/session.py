@@ -9,6 +9,7 @@ non-empty: verify itself failed, not the script).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import importlib
@@ -37,6 +38,7 @@ from verify.capture import listing_order, private_files, random_streams, whole_s
 from verify.capture import compile_calls, followed_port, rank_capture
 from verify.capture.lifetime import die_with_parent
 from verify.errors import CaptureFailed, DiskFull, VerifyError, VerifyFailure
+from verify.frameworks import LAUNCHERS
 from verify.record.schema import DumpMode, RunManifest, Status, ended_by_itself
 from verify.capture.step_recorder import StepRecorder, StopRun
 from verify.record.store import RunWriter, now_iso, read_manifest, write_manifest
@@ -154,6 +156,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
         stack.enter_context(perturbation.perturbed(manifest.perturbation, order_set))  # below the capture
         if watch is not None:
             stack.enter_context(watch)
+        stack.enter_context(_argument_errors_kept())
         try:
             body()
             recorder.end_open_step()
@@ -206,12 +209,42 @@ def _steps(count: int) -> str:
     return f"{count} step" if count == 1 else f"{count} steps"
 
 
+_ARGUMENT_ERRORS: list[str] = []  # what the script's argument parser refused, in its words
+
+
+@contextlib.contextmanager
+def _argument_errors_kept() -> Iterator[None]:
+    """argparse's refusal of the script's arguments, kept for the manifest: it exits with 2 after printing it."""
+    error = argparse.ArgumentParser.error
+
+    @functools.wraps(error)
+    def kept(parser: argparse.ArgumentParser, message: str) -> Any:
+        _ARGUMENT_ERRORS.append(message)
+        return error(parser, message)
+
+    argparse.ArgumentParser.error = kept
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = error
+
+
+def _refused_arguments() -> str:
+    """The script's argument error, and the launcher that passes an argument it found missing (--local_rank)."""
+    if not _ARGUMENT_ERRORS:
+        return ""
+    message = _ARGUMENT_ERRORS[-1]
+    launchers = [f"the {name} launcher passes {argument.split('=')[0]}: verify --launcher {name}"
+                 for name, arguments in LAUNCHERS.items() for argument in arguments if argument.split("=")[0] in message]
+    return f" ({'; '.join([message, *launchers])})"
+
+
 def _ended_by_itself(manifest: RunManifest, recorder: StepRecorder, code: Any) -> None:
     done = recorder.steps_done
     manifest.exit_code = code if isinstance(code, int) else (0 if code is None else 1)
     if manifest.exit_code != 0:
         manifest.status = Status.CRASHED.value
-        manifest.message = f"the script called sys.exit({code!r}) after {_steps(done)}"
+        manifest.message = f"the script called sys.exit({code!r}) after {_steps(done)}{_refused_arguments()}"
     else:
         status, manifest.message = ended_by_itself(done, manifest.steps_requested, len(manifest.skipped_steps))
         manifest.status = status.value

@@ -49,10 +49,14 @@ from verify.capture.loss_scaler_twin import LossScalerTwin, script_scaler
 from verify.capture.followed_port import followed
 from verify.capture.gradient_resets import GradientResets
 from verify.errors import CaptureFailed, VerifyFailure
+from verify.frameworks import LOSS_SCALERS, LossScaler, when_imported
 from verify.record.store import RunWriter, write_manifest
 
 
 OUTPUT_ARRAY_CAP_BYTES = 4 << 20  # inference outputs are saved for top-k agreement; logits of a batch fit easily
+# What a param_group holds that is no setting: its parameters, and the update count that DeepSpeed's FusedAdam and
+# FusedLamb keep there (a side whose loss scaler skipped more updates counts fewer)
+_NOT_SETTINGS = {"params", "step"}
 
 
 class StopRun(BaseException):
@@ -152,6 +156,22 @@ class StepRecorder:
         self._wrap(torch.amp.GradScaler, "update", self._scaler_bookkeeping)
         self._wrap(torch.optim.Optimizer, "__init__", self._optimizer_init)
         self._wrap(torch.utils.data.dataloader._BaseDataLoaderIter, "__next__", self._next_batch)
+        for scaler in LOSS_SCALERS:
+            self._follow_when_imported(scaler)
+
+    def _follow_when_imported(self, scaler: LossScaler) -> None:
+        """A framework's own loss scaler, followed as a GradScaler is once the script imports it: the loss it scales
+        is recorded unscaled, and a step whose update its optimizer skipped is a skipped update."""
+        module, name = scaler.scaler
+        patches = {module: functools.partial(self._wrap_class, name, scaler.scales,
+                                             functools.partial(self._framework_scale, scaler))}
+        for module, name in scaler.steppers:
+            patches[module] = functools.partial(self._wrap_class, name, "step",
+                                                functools.partial(self._framework_step, scaler.inner))
+        when_imported(patches)
+
+    def _wrap_class(self, name: str, method: str, replacement: Callable[..., Any], module: Any) -> None:
+        self._wrap(getattr(module, name), method, replacement)
 
     @staticmethod
     def _wrap(owner: Any, name: str, replacement: Callable[..., Any]) -> None:
@@ -303,17 +323,51 @@ class StepRecorder:
             self.manifest.loss_scaler = self.manifest.loss_scaler or self._script_scaler
         return scaled
 
+    def _framework_scale(self, row: LossScaler, original, scaler, loss, *args, **kwargs):
+        with self._paused_capture():
+            scaled = original(scaler, loss, *args, **kwargs)
+        scale = float(getattr(scaler, row.scale))
+        # a static scaler's (fixed scale) settings are only its scale; one that multiplies by 1 (DeepSpeed in fp32)
+        # scales nothing, as a disabled GradScaler
+        settings = {word: getattr(scaler, attribute) for word, attribute in row.settings.items()
+                    if hasattr(scaler, attribute)}
+        if self.enabled and hasattr(loss, "detach") and (scale != 1.0 or settings.get("dynamic", True)):
+            self._last_scaled = (scaled, loss, scale)
+            if not self._script_scaler:
+                growth = settings.get("growth_factor", 1.0)
+                self._script_scaler = {"init_scale": scale, "growth_factor": growth, "backoff_factor": 1 / growth,
+                                       "dynamic": False} | settings
+                self.manifest.loss_scaler = self.manifest.loss_scaler or self._script_scaler
+        return scaled
+
     def _scaler_step(self, original, scaler, optimizer, *args, **kwargs):
         steps_before = self._optimizer_steps.get(optimizer, 0)
         result = original(scaler, optimizer, *args, **kwargs)
-        if self.enabled and self._optimizer_steps.get(optimizer, 0) == steps_before:  # skipped: inf/NaN gradients
+        self._skipped_unless_stepped(optimizer, steps_before)
+        return result
+
+    def _framework_step(self, inner: str, original, stepper, *args, **kwargs):
+        """The step() of a framework's optimizer holding a torch optimizer as `inner` (DeepSpeed's ZeRO)."""
+        optimizer = getattr(stepper, inner, None)
+        steps_before = self._optimizer_steps.get(optimizer, 0)
+        result = original(stepper, *args, **kwargs)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            self._skipped_unless_stepped(optimizer, steps_before)
+        return result
+
+    def _skipped_unless_stepped(self, optimizer, steps_before: int) -> None:
+        """A loss scaler that had `optimizer` step skipped it (inf/NaN gradients): the step is a skipped update, and
+        an overflow of this side's, which the twin of a reference with a scaler of its own may not see (DeepSpeed's
+        inner optimizer holds no gradients of the model)."""
+        if self.enabled and self._optimizer_steps.get(optimizer, 0) == steps_before:
+            if self.twin is not None:
+                self.twin.overflow_at(self.steps_done)
             index = self._optimizer_index.setdefault(optimizer, len(self._optimizer_index))
             self.manifest.loss_scaler.setdefault("skipped_updates", []).append([self.steps_done, index])
             if self.steps_done not in self.manifest.skipped_steps:
                 self.manifest.skipped_steps.append(self.steps_done)
             self._before_optimizer_step(optimizer, (), {})
             self._after_optimizer_step(optimizer, (), {})
-        return result
 
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         if not self.enabled:
@@ -432,7 +486,7 @@ class StepRecorder:
         self._hparams.append((step, "", "optimizer", type(optimizer).__name__, index))
         for group_index, group in enumerate(optimizer.param_groups):
             for name, value in group.items():
-                if name != "params":
+                if name not in _NOT_SETTINGS:
                     self._hparams.append((step, group_index, name, _json_value(value), index))
         if index == 0:
             self._hparams.append((step, "", ACCUMULATION, len(self._losses), index))

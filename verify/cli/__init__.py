@@ -95,6 +95,7 @@ def run(
     nproc_per_node: options.nproc_per_node(
         "Run the script as N ranks through torch.distributed.run (each writes RUNDIR/rankK/); without it, as one "
         "process.") = None,
+    launcher: options.launcher() = None,
     emulated_devices: options.emulated_devices() = None,
     nnodes: options.nnodes() = None,
     node_rank: options.node_rank() = None,
@@ -116,7 +117,8 @@ def run(
     options = RunOptions(
         steps=steps, seed=seed, device=device.value, emulate_on=emulate_on.value, dump=dump, ops=ops,
         no_dropout=no_dropout, align_random=not no_align_random, exact_emulation=exact_emulation,
-        autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb, nproc_per_node=nproc_per_node or 0,
+        autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb,
+        nproc_per_node=nproc_per_node or (1 if launcher else 0), launcher=launcher.value if launcher else "",
         devices=emulated_devices or 0, force=force,
     )
     def across_nodes() -> int:

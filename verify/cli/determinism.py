@@ -39,6 +39,7 @@ def determinism(
     nproc_per_node: options.nproc_per_node(
         "Run the script as N ranks through torch.distributed.run, each rank compared with its twin; without it, as "
         "one process.") = None,
+    launcher: options.launcher() = None,
     emulated_devices: options.emulated_devices() = None,
     force: options.force() = False,
     out: options.out("Folder for the runs and the reports (default: verify-out/STEM-TIME-RANDOM beside SCRIPT).") = (
@@ -53,7 +54,8 @@ def determinism(
     migrate) beside the usual reports.
     """
     options = RunOptions(steps=steps, seed=seed, device=device.value, dump=dump, no_dropout=no_dropout,
-                         timeout=timeout, nproc_per_node=nproc_per_node or 0, devices=emulated_devices or 0,
+                         timeout=timeout, nproc_per_node=nproc_per_node or (1 if launcher else 0),
+                         launcher=launcher.value if launcher else "", devices=emulated_devices or 0,
                          force=force)
     out = out or run_folders.default_pair_dir(script)
     echo = echo_asked(quiet, verbose)

@@ -18,7 +18,8 @@ import typer
 
 from verify.devices import Device
 from verify.pair.sides import Echo
-from verify.launch.runner import MAX_CALIBRATION_RUNS, RANK_MEMORY_GIB, TIMEOUT_PER_STEP_S, TIMEOUT_START_S
+from verify.launch.runner import (LAUNCHERS, MAX_CALIBRATION_RUNS, RANK_MEMORY_GIB, TIMEOUT_PER_STEP_S,
+                                  TIMEOUT_START_S)
 from verify.record.schema import DEFAULT_JOIN_TIMEOUT_S, DumpMode
 
 def script_args(help: str = "The script's own arguments, after `--`.") -> Any:
@@ -78,6 +79,15 @@ def force(help: str = "Start more ranks than this machine holds (its cores, its 
 
 def nproc_per_node(help: str) -> Any:
     return Annotated[Optional[int], typer.Option("--nproc-per-node", min=1, help=help, show_default=False)]
+
+
+Launcher = Enum("Launcher", {name: name for name in LAUNCHERS}, type=str)  # --launcher's choices
+
+
+def launcher(help: str = "Start the ranks as this framework's launcher does: `deepspeed` adds --local_rank=K to each "
+                          "rank's arguments, as `deepspeed --num_gpus N SCRIPT ARGS` does (default: as torchrun "
+                          "does; implies --nproc-per-node 1 where it is not given).") -> Any:
+    return Annotated[Optional[Launcher], typer.Option("--launcher", help=help, show_default=False)]
 
 
 def nnodes(help: str = "Run across N machines (nodes), each running this command with its own --node-rank and the "

@@ -108,6 +108,7 @@ def pair(
     nproc_per_node: options.nproc_per_node(
         "Run each side as N ranks through torch.distributed.run, compared rank by rank; without it, as one "
         "process.") = None,
+    launcher: options.launcher() = None,
     emulated_devices: options.emulated_devices() = None,
     nnodes: options.nnodes() = None,
     node_rank: options.node_rank() = None,
@@ -149,7 +150,8 @@ def pair(
     echo = echo_asked(quiet, verbose)
     out = out or run_folders.default_pair_dir(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
-                         exact_emulation=exact_emulation, timeout=timeout, nproc_per_node=nproc_per_node or 0,
+                         exact_emulation=exact_emulation, timeout=timeout,
+                         nproc_per_node=nproc_per_node or (1 if launcher else 0), launcher=launcher.value if launcher else "",
                          devices=emulated_devices or 0, force=force, pair=secrets.token_hex(8))
     def across_nodes() -> int:
         options.nodes = nodes.asked(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_backend, rdzv_timeout, out)

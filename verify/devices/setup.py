@@ -148,7 +148,7 @@ def ops_computed_in_fp32() -> list[str]:
 
 
 def emulated_calls() -> list[str]:
-    """What this process's emulation answered for FSDP2 and DTensor (npu_port_emulation/sharding.py USED), for the
-    manifest; none where no emulation was loaded."""
-    sharding = sys.modules.get(f"{EMULATION_PACKAGE}.sharding")
-    return list(sharding.USED) if sharding is not None else []
+    """What this process's emulation answered for FSDP2, DTensor and DeepSpeed (npu_port_emulation/asked.py USED),
+    for the manifest; none where no emulation was loaded."""
+    asked = sys.modules.get(f"{EMULATION_PACKAGE}.asked")
+    return list(asked.USED) if asked is not None else []

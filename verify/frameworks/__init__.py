@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from itertools import chain
 from pathlib import PurePosixPath
 
-from verify.frameworks._framework import BF16, AmpSwitch, Framework
+from verify.frameworks._framework import BF16, AmpSwitch, Framework, LossScaler
+from verify.frameworks._on_import import when_imported  # noqa: F401  (patches a framework's module as it is imported)
 
 FRAMEWORKS: tuple[Framework, ...] = tuple(
     importlib.import_module(f"{__name__}.{module.name}").FRAMEWORK
@@ -40,6 +41,10 @@ SEED_EVERYTHING = frozenset(chain.from_iterable(framework.seed_everything for fr
 SEED_EVERYTHING_NAMES = frozenset(name.rsplit(".", 1)[-1] for name in SEED_EVERYTHING)
 TRAINER_METHODS = tuple(chain.from_iterable(framework.trainer_methods for framework in FRAMEWORKS))
 CUDA_ONLY_IMPORTS = {module: what for framework in FRAMEWORKS for module, what in framework.cuda_only_imports.items()}
+# The frameworks' own loss scalers, which a run follows as it follows a GradScaler.
+LOSS_SCALERS: tuple[LossScaler, ...] = tuple(chain.from_iterable(framework.loss_scalers for framework in FRAMEWORKS))
+# The frameworks' launchers (`verify --launcher NAME`): what each adds to the arguments of each rank it starts.
+LAUNCHERS = {framework.launcher: framework.rank_arguments for framework in FRAMEWORKS if framework.launcher}
 # The variables a run records because a framework's launcher chooses what the run computes with them.
 ENVIRONMENT = frozenset(chain.from_iterable(framework.environment for framework in FRAMEWORKS))
 # How many folders above the script's folder the frameworks' examples reach (Lightning's ../../../Datasets: 3).

@@ -39,6 +39,23 @@ class AmpSwitch:
 
 
 @dataclass(frozen=True)
+class LossScaler:
+    """A framework's own loss scaler, which a run follows as it follows a GradScaler: the class (module, name) whose
+    method `scales` returns the loss times the scale, with the scale and its settings in attributes, and the classes
+    whose step() steps the torch optimizer they hold (`inner`) or, past an overflow, skips it."""
+
+    scaler: tuple[str, str]
+    scales: str  # scaler.scales(loss) -> loss * scale
+    scale: str  # the scale it multiplies by now
+    # GradScaler's words for a scaler's settings that a run records (growth_factor, growth_interval, dynamic) -> the
+    # scaler's attributes holding them; its scale when it first scales a loss is its init_scale, and where no
+    # backoff_factor is named, it divides by its growth factor
+    settings: Mapping[str, str]
+    steppers: tuple[tuple[str, str], ...]
+    inner: str
+
+
+@dataclass(frozen=True)
 class Framework:
     """What the project knows of one framework, beyond the constants its own module keeps for one reader each.
 
@@ -56,5 +73,10 @@ class Framework:
     cuda_only_imports: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     # runtime: the variables through which its launcher chooses what a run computes (recorded with the run)
     environment: tuple[str, ...] = ()
+    loss_scalers: tuple[LossScaler, ...] = ()  # runtime: its own loss scalers
+    # runtime: its launcher's command (`deepspeed`), which starts ranks as torchrun does, and what it adds to each
+    # rank's arguments (its local rank as "{local_rank}")
+    launcher: str = ""
+    rank_arguments: tuple[str, ...] = ()
     # paths above the script's folder its examples read, where a run's view must lead as the original folder does
     reads_above: tuple[str, ...] = ()

@@ -1,5 +1,5 @@
-"""DeepSpeed, as far as the project knows it so far (the sharded-training work completes it: its config file's
-precision, its launcher, its loss scaler, its ranks).
+"""DeepSpeed: its engine, its config's precision and loss scaling, its loss scaler as a run follows it, its process
+group set-up. What an emulated device answers for DeepSpeed's runtime is npu_port_emulation/deepspeed_runtime.py's.
 
 Source: a script that names DeepSpeed hands backward() to its engine (`engine.backward(loss)`), whose config chooses
 its mixed precision and loss scaling; `deepspeed.ops` holds CUDA kernels.
@@ -7,7 +7,9 @@ its mixed precision and loss scaling; `deepspeed.ops` holds CUDA kernels.
 
 from __future__ import annotations
 
-from verify.frameworks._framework import AmpSwitch, Framework
+from verify.frameworks._framework import AmpSwitch, Framework, LossScaler
+
+_ZERO = "deepspeed.runtime.zero"
 
 FRAMEWORK = Framework(
     name="DeepSpeed",
@@ -21,6 +23,21 @@ FRAMEWORK = Framework(
     own_amp_signs=("deepspeed", "engine.backward"),
     cuda_only_imports={"deepspeed.ops": ("DeepSpeed's CUDA ops",
                                          "DeepSpeed's NPU accelerator, checking that it builds each op")},
+    # its launcher (`deepspeed --num_gpus N train.py ARGS`) runs each rank as `python train.py --local_rank=K ARGS`,
+    # with the variables torchrun sets
+    launcher="deepspeed",
+    rank_arguments=("--local_rank={local_rank}",),
+    # fp16's dynamic loss scaler: the engine's backward() scales the loss with it (ZeRO's scale_if_loss), and its
+    # optimizers (ZeRO stages 1 and 2, stage 3, stage 0's fp16 one) skip the update of a step that overflowed
+    loss_scalers=(
+        LossScaler(scaler=("deepspeed.runtime.fp16.loss_scaler", "LossScalerBase"), scales="scale_loss",
+                   scale="cur_scale", settings={"growth_factor": "scale_factor",
+                             "growth_interval": "scale_window", "dynamic": "dynamic"},
+                   steppers=((f"{_ZERO}.stage_1_and_2", "DeepSpeedZeroOptimizer"),
+                             (f"{_ZERO}.stage3", "DeepSpeedZeroOptimizer_Stage3"),
+                             ("deepspeed.runtime.fp16.fused_optimizer", "FP16_Optimizer")),
+                   inner="optimizer"),
+    ),
 )
 # Its process group set-up, which takes a backend ("nccl" on a GPU): the call and its backend parameter (keyword,
 # position)

@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verify import devices
+from verify import devices, frameworks
 from verify.launch import nodes as multi_node
 from verify.launch import process_tree, rank_outcome, working_folder
 from verify.record import run_folders
 from verify.record.schema import (AUTOCAST_DTYPES, LOG, LOSS_COLUMNS, LOSSES, DumpMode, LossScalerPlan, Nodes,
-                                  RunManifest, Status, ended_by_itself)
+                                  LAUNCHER_KEY, RunManifest, Status, ended_by_itself)
 from verify.errors import DiskFull, EmulationError, RunDirError, Stopped, VerifyError
 from verify.record.store import now_iso, read_last_collective, read_manifest, space_needed, write_manifest
 
@@ -140,6 +140,7 @@ class RunOptions:
     trees: tuple[Path, Path] | None = None
     perturbation: dict[str, Any] = field(default_factory=dict)  # a calibration run (manifest.perturbation)
     nproc_per_node: int = 0  # ranks launched through torch.distributed.run (0: the script as one process)
+    launcher: str = ""  # a framework's launcher the ranks start as (manifest.extra[LAUNCHER_KEY]; "": torchrun's)
     devices: int = 0  # devices each emulation presents (--devices; 0: one a rank, for ranks the script spawns too)
     force: bool = False  # start more ranks than the machine holds (rank_limit())
     nodes: Nodes | None = None  # this node's place in a run across several machines (None: this machine alone)
@@ -175,6 +176,10 @@ def _tool_version() -> str:
         return "0+unknown"
 
 
+# The frameworks' launchers a run's ranks may start as (--launcher), besides torchrun
+LAUNCHERS = tuple(sorted(frameworks.LAUNCHERS))
+
+
 def check_options(options: RunOptions) -> None:
     """VerifyError naming the option where a run could not be made with these options (the bounds the command line
     checks too, for callers of run_script, and what depends on the machine); commands call it before anything runs."""
@@ -186,6 +191,8 @@ def check_options(options: RunOptions) -> None:
         raise VerifyError(f"--seed must be between 0 and {2**32 - 1}")
     if options.nproc_per_node < 0:
         raise VerifyError("--nproc-per-node must be at least 1")
+    if options.launcher not in ("", *LAUNCHERS):
+        raise VerifyError(f"--launcher {options.launcher}: verify knows {', '.join(LAUNCHERS)}")
     if options.nodes and not options.nproc_per_node:
         raise VerifyError("--nnodes needs --nproc-per-node: the ranks torch.distributed.run starts on each node")
     if options.devices < 0:
@@ -242,7 +249,8 @@ def _initial_manifest(script: Path, args: list[str], options: RunOptions, device
         node=options.nodes.node_rank if options.nodes else 0,
         nodes=options.nodes.to_record() if options.nodes else {},
         threads=max(1, options.threads // max(1, options.nproc_per_node)) if options.threads else 0,
-        extra={"devices": options.devices} if options.devices else {},
+        extra=({"devices": options.devices} if options.devices else {})
+        | ({LAUNCHER_KEY: options.launcher} if options.launcher else {}),
     )
 
 

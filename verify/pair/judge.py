@@ -90,7 +90,9 @@ def _comparison_made(plan: PairPlan, runs: PairRuns) -> dict[str, Any]:
     if runs.imposed != "off":
         mode = "same-amp-imposed"
         scales = runs.ref.losses["loss_scale"].dropna()
-        scaled = (f", its loss scaled by {scales.iloc[0]:g} and on as the port's GradScaler scaled it, step for step, "
+        whose = ("by its own loss scaler, as the port's scaled it" if "script_scaler" in twin
+                 else "as the port's GradScaler scaled it")
+        scaled = (f", its loss scaled by {scales.iloc[0]:g} and on {whose}, step for step, "
                   f"skipping the updates the port skipped{_skipped_words(twin)}"
                   if twin.get("twin") == "scale" and len(scales) else "")
         description = (f"the port computes in {runs.port_amp}, so the reference ran under {runs.imposed} autocast "

@@ -81,6 +81,8 @@ SETTLING_STEPS = 16
 # manifest.extra: the script's torch.compile calls, {"calls": how many, "targets": what it compiled, "graphs": the graphs
 # dynamo compiled during the run} (verify/capture/compile_calls.py); absent where the script never called it
 COMPILE_KEY = "torch_compile"
+# manifest.extra: the framework launcher its ranks started as (--launcher: "deepspeed"); absent for torchrun's
+LAUNCHER_KEY = "launcher"
 
 
 def step_file(step: int, suffix: str) -> str:

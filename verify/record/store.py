@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import itertools
 import json
 import os
 import warnings
@@ -527,13 +528,13 @@ def _broken_promises(run_dir: Path, manifest: RunManifest, losses: pd.DataFrame,
 
 def _uneven_hparams(hparams: pd.DataFrame) -> list[str]:
     """Rows of hparams.csv lost or renamed: every optimizer step writes its optimizer's class (group "") and each
-    param_group's settings, whose names torch fixes when the group is made, so each group names the same settings at
-    every step it appears in."""
+    param_group's settings. A group may gain a setting (a scheduler made after the first step adds initial_lr), never
+    lose one."""
     names = hparams.groupby(["optimizer", "group", "step"])["name"].agg(frozenset)
     for (optimizer, group), steps in names.groupby(level=[0, 1]):
-        if steps.nunique() > 1:
-            return [f"{HPARAMS}: optimizer {optimizer}'s {'group ' + group if group else 'class'} names other "
-                    "settings from step to step (rows lost or damaged)"]
+        if any(not later >= earlier for earlier, later in itertools.pairwise(steps.sort_index())):
+            return [f"{HPARAMS}: optimizer {optimizer}'s {'group ' + group if group else 'class'} loses settings "
+                    "from step to step (rows lost or damaged)"]
         classless = set(hparams.loc[hparams["optimizer"] == optimizer, "step"]) - set(
             steps.index.get_level_values("step") if group == "" else ())
         if group == "" and classless:

@@ -24,7 +24,7 @@ import torch
 
 from .device_numerics import OwnGenerator
 from .device_errors import as_the_device
-from .target import EMULATION, TARGET, check_index, device_index
+from .target import EMULATION, TARGET, check_index, device_index, target_device
 from .target import device_count as device_count
 
 ON_CUDA = TARGET == "cuda"
@@ -35,6 +35,14 @@ _cuda = types.SimpleNamespace(**{name: getattr(torch.cuda, name) for name in dir
 # (become()).
 FACE = "NPU"
 
+# The legacy tensor types of a device module (torch.cuda.IntTensor): DeepSpeed's accelerators make their buffers with
+# them (get_accelerator().IntTensor([0]))
+LEGACY_TENSOR_TYPES = {
+    "FloatTensor": torch.float32, "DoubleTensor": torch.float64, "HalfTensor": torch.float16,
+    "BFloat16Tensor": torch.bfloat16, "ByteTensor": torch.uint8, "CharTensor": torch.int8, "ShortTensor": torch.int16,
+    "IntTensor": torch.int32, "LongTensor": torch.int64, "BoolTensor": torch.bool,
+}
+
 __all__ = [
     "is_available", "is_initialized", "init", "device_count", "set_device", "current_device", "device", "synchronize",
     "get_device_name", "mem_get_info",
@@ -43,7 +51,7 @@ __all__ = [
     "max_memory_reserved", "memory_stats", "memory_summary", "empty_cache", "reset_peak_memory_stats",
     "reset_max_memory_allocated", "Stream", "Event", "stream", "current_stream", "default_stream",
     "is_current_stream_capturing", "is_autocast_enabled", "set_autocast_enabled", "get_autocast_dtype",
-    "set_autocast_dtype",
+    "set_autocast_dtype", *LEGACY_TENSOR_TYPES,
 ]
 
 def is_available() -> bool:
@@ -342,3 +350,24 @@ def set_autocast_dtype(dtype: torch.dtype) -> None:
     torch.set_autocast_dtype(TARGET, dtype)
 
 
+
+
+class _LegacyTensorType(type):
+    """torch.<device>.FloatTensor and its kin: called with data, a tensor of it; with sizes, an uninitialised tensor of
+    them; both of the type's dtype on the device. As an isinstance check, a tensor of that dtype on the target (where
+    the emulated device's tensors are)."""
+
+    dtype: torch.dtype
+
+    def __call__(cls, *args: Any) -> torch.Tensor:
+        if len(args) == 1 and not isinstance(args[0], int):
+            return torch.tensor(args[0], dtype=cls.dtype, device=target_device())
+        return torch.empty(*args, dtype=cls.dtype, device=target_device())
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return (isinstance(instance, torch.Tensor) and instance.dtype == cls.dtype
+                and instance.device.type == TARGET)
+
+
+for _name, _dtype in LEGACY_TENSOR_TYPES.items():
+    globals()[_name] = _LegacyTensorType(_name, (), {"dtype": _dtype})

@@ -23,7 +23,8 @@ import torch.distributed as dist
 import torch.utils._device
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import device_api, sharding
+from . import deepspeed_runtime, device_api, sharding
+from .asked import note
 from .target import TARGET, redirected_types, target_device, translate
 
 DEVICE_KEYWORDS = ("device", "device_type", "map_location", "device_id")
@@ -142,7 +143,7 @@ def _zeroed_as_fresh_device_memory(original: Callable) -> Callable:
     @functools.wraps(original)
     def to_empty(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
         module = original(self, *args, **kwargs)
-        sharding.note("fresh_memory")
+        note("fresh_memory")
         with torch.no_grad(), _disable_current_modes():
             for tensor in (*module.parameters(), *module.buffers()):
                 getattr(tensor, "_local_tensor", tensor).zero_()  # a DTensor: this rank's shard
@@ -334,6 +335,7 @@ def install_distributed_patches(face: str) -> None:
     process_group = dist.ProcessGroup
     process_group.barrier = _barrier_on_target(process_group.barrier)
     sharding.install()
+    deepspeed_runtime.install(face)
 
 
 # Modules of torch that bind c10d's functions by name at import: DeviceMesh starts the default process group itself

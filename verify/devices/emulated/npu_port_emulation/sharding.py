@@ -8,38 +8,20 @@ An emulated device's tensors live on the target (the CPU), while its device mesh
   philox_state) and draws from a stream of each (seed, offset) it is set to.
 - torch.distributed asks the capability of a tensor transfer_to_npu calls a CUDA one (torch_npu.npu
   get_device_capability answers it), and Module.to_empty's memory reads zeros (patches.py).
-`note()` keeps what a run used of these (USED), which its manifest names (extra["emulated_calls"]).
+Each is a row of asked.EMULATED, named in the manifest of a run that used it.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.abc
-import importlib.util
-import sys
 from types import ModuleType
 from typing import Any, Callable
 
 import torch
 
 from . import device_api
+from .asked import note, when_imported
 from .target import redirected_types, translate
-
-EMULATED = {
-    "mesh_device": "fully_shard's mesh device: the emulation target",
-    "rng_tracker": "DTensor's RNG tracker: a Philox seed and offset of the emulated generator",
-    "capability": "torch.distributed's question of the device capability: (8, 0), where torch_npu tells a script None",
-    "fresh_memory": "Module.to_empty: fresh device memory reads zeros",
-}
-USED: list[str] = []
-
-
-def note(emulation: str) -> None:
-    """The run used `emulation` (a key of EMULATED)."""
-    if EMULATED[emulation] not in USED:
-        USED.append(EMULATED[emulation])
-
 
 # Where FSDP2 reads the device of its mesh (torch.distributed.fsdp since torch 2.6, torch.distributed._composable.fsdp
 # before; the module that imports it by name imports this one first, and binds it patched) and DTensor's tracker.
@@ -48,13 +30,9 @@ _RNG_TRACKER = "torch.distributed.tensor._random"
 
 
 def install() -> None:
-    """Patches each module when the script imports it: importing FSDP costs seconds a process, which a run that
-    never shards must not pay."""
-    patches = {name: _fsdp_devices_on_target for name in _FSDP_MESH_DEVICE}
-    patches[_RNG_TRACKER] = _rng_tracker_on_emulated_generator
-    for name in [name for name in patches if name in sys.modules]:  # imported before the device was set up
-        patches.pop(name)(sys.modules[name])
-    sys.meta_path.insert(0, _PatchedWhenImported(patches))
+    """Patches FSDP's and DTensor's modules when the script imports them."""
+    when_imported({name: _fsdp_devices_on_target for name in _FSDP_MESH_DEVICE}
+                  | {_RNG_TRACKER: _rng_tracker_on_emulated_generator})
 
 
 def _fsdp_devices_on_target(module: ModuleType) -> None:
@@ -65,29 +43,6 @@ def _rng_tracker_on_emulated_generator(module: ModuleType) -> None:
     tracker = module.OffsetBasedRNGTracker
     if hasattr(tracker, "_get_device_state"):  # torch 2.4's tracker reads the device's state in its own __init__
         tracker._get_device_state = _philox_state_of_emulated(tracker._get_device_state)
-
-
-class _PatchedWhenImported(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for a module it patches, it takes the spec the other finders give and patches the module
-    once its code has run, before the importer binds any of its names."""
-
-    def __init__(self, patches: dict[str, Callable[[ModuleType], None]]) -> None:
-        self._patches = patches
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        patch = self._patches.pop(name, None)
-        if patch is None:
-            return None
-        spec = importlib.util.find_spec(name)  # the other finders' (this one has no patch for it any more)
-        if spec is not None:
-            run_module = spec.loader.exec_module
-
-            def exec_module(module: ModuleType) -> None:
-                run_module(module)
-                patch(module)
-
-            spec.loader.exec_module = exec_module
-        return spec
 
 
 def _on_target(original: Callable) -> Callable:

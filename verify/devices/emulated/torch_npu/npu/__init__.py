@@ -18,7 +18,7 @@ import warnings
 from typing import Any, NamedTuple
 
 import torch
-from npu_port_emulation import device_api, sharding
+from npu_port_emulation import asked, device_api
 from npu_port_emulation.device_errors import as_the_device
 from npu_port_emulation.device_api import *  # noqa: F401,F403  (the device API, listed in its __all__)
 from npu_port_emulation.device_api import ON_CUDA, _cuda, _host_memory, _is_in_bad_fork  # noqa: F401
@@ -91,7 +91,7 @@ def get_device_capability(device: object = None) -> tuple[int, int] | None:
     value = os.environ.get("TORCH_NPU_DEVICE_CAPABILITY", "")
     parsed = re.fullmatch(r"(\d+)\.(\d+)", value)
     if parsed is None and _asked_by_torch_distributed():
-        sharding.note("capability")
+        asked.note("capability")
         return TORCHS_OWN_CAPABILITY
     if parsed is None:
         warnings.warn(
