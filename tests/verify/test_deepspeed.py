@@ -61,6 +61,21 @@ def test_a_zero2_fp16_port_passes_through_its_loss_scalers_warm_up(zero2_fp16_pa
     assert "torch_compile" not in port.manifest.extra  # DeepSpeed's Muon kernels, compiled as it is imported
 
 
+@pytest.mark.parametrize("port_config, cause", [
+    ({"train_batch_size": None, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2},
+     "hyperparameter differs: gradient accumulation 1 vs 2 backward() calls per optimizer step"),
+    ({"fp16": {"enabled": True, "initial_scale_power": 16}},
+     "hyperparameter differs: initial loss scale 16777216.0 vs 65536.0"),
+], ids=["gradient_accumulation_steps", "initial_scale_power"])
+def test_a_port_whose_config_changes_how_it_trains_fails_naming_the_setting(zero2_fp16_pair, tmp_path, port_config,
+                                                                           cause):
+    settings = {key: value for key, value in (config(2, True) | port_config).items() if value is not None}
+    ref, port = sides(tmp_path, config(2, True), settings)
+    code, output, summary = verify(ref, port, *RANKS, "--ref-run", zero2_fp16_pair[3] / "ref", "-o", tmp_path / "o")
+    assert code == 1, output
+    assert cause in summary["reason"].splitlines()[0], summary["reason"]
+
+
 def test_a_zero3_fp32_port_with_another_lr_in_its_config_fails_naming_lr(tmp_path):
     code, output, summary = verify(*sides(tmp_path, config(3, False), config(3, False, lr=2e-3)), *RANKS,
                                    "-o", tmp_path / "o")

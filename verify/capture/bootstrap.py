@@ -23,8 +23,7 @@ from pathlib import Path
 from verify.capture import rank_capture
 from verify.capture.lifetime import die_with_parent, signals_heard
 from verify.capture.session import instrumented, spawned_ranks_captured
-from verify.frameworks import LAUNCHERS
-from verify.record.schema import LAUNCHER_KEY, Nodes, Status
+from verify.record.schema import Nodes, Status
 from verify.record.store import read_manifest
 
 def run(run_dir: Path, launched: list[str] | None = None) -> Status:
@@ -36,9 +35,6 @@ def run(run_dir: Path, launched: list[str] | None = None) -> Status:
     if launched is not None:
         if launched:
             manifest = replace(manifest, script=launched[0], argv=launched[1:])
-        elif launcher := manifest.extra.get(LAUNCHER_KEY):  # a framework's launcher adds its arguments to each rank's
-            added = [argument.format(local_rank=os.environ["LOCAL_RANK"]) for argument in LAUNCHERS[launcher]]
-            manifest = replace(manifest, argv=[*added, *manifest.argv])
         run_dir, manifest = rank_capture.open_rank_dir(run_dir, manifest, rank_capture.launched_rank(),
                                                        int(os.environ["WORLD_SIZE"]))
     with spawned_ranks_captured(run_dir, manifest):

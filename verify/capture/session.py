@@ -39,7 +39,7 @@ from verify.capture import compile_calls, followed_port, rank_capture
 from verify.capture.lifetime import die_with_parent
 from verify.errors import CaptureFailed, DiskFull, VerifyError, VerifyFailure
 from verify.frameworks import LAUNCHERS
-from verify.record.schema import DumpMode, RunManifest, Status, ended_by_itself
+from verify.record.schema import LAUNCHER_KEY, DumpMode, RunManifest, Status, ended_by_itself
 from verify.capture.step_recorder import StepRecorder, StopRun
 from verify.record.store import RunWriter, now_iso, read_manifest, write_manifest
 
@@ -120,6 +120,15 @@ def _script_traceback(error: BaseException, manifest: RunManifest) -> str:
     return text
 
 
+def _launchers_arguments(manifest: RunManifest) -> list[str]:
+    """What a framework's launcher adds to the arguments of the rank it starts (--launcher deepspeed: --local_rank=K),
+    before the script's own; the manifest keeps the script's arguments as given."""
+    launcher = manifest.extra.get(LAUNCHER_KEY)
+    if not launcher or "LOCAL_RANK" not in os.environ:
+        return []
+    return [argument.format(local_rank=os.environ["LOCAL_RANK"]) for argument in LAUNCHERS[launcher]]
+
+
 def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispatchMode | None,
                 body: Callable[[], Any]) -> None:
     """Runs `body` (the script as `python SCRIPT ARGS` would; in a rank the script spawned, its function) under the
@@ -128,7 +137,8 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
     if manifest.starts_after:
         followed_port.after_first_step(Path(manifest.starts_after))
     private = private_files.of(manifest)
-    sys.argv = [manifest.running_script, *(private.argv(manifest.argv) if private else manifest.argv)]
+    sys.argv = [manifest.running_script, *_launchers_arguments(manifest),
+                *(private.argv(manifest.argv) if private else manifest.argv)]
     sys.path.insert(0, str(Path(manifest.running_script).parent))  # as `python SCRIPT` does (the bootstrap runs -P)
     with contextlib.ExitStack() as stack:
         stack.enter_context(listing_order.sorted_listings(manifest.extra))

@@ -42,9 +42,9 @@ from torch.utils._pytree import tree_flatten
 from verify.capture.ops import sample_columns, step_columns, tensors_in
 from verify.capture.module_scopes import unwrapped
 from verify.capture.tensor_stats import Handle, has_readable_data, host_array, summarize
-from verify.record.schema import (ACCUMULATION, DROPOUT_RATE, FROZEN_KEY, GRAD_STATISTIC_NAMES, GRADS_DIR, MODEL_KEY,
-                                   MODULE_HPARAMS, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR, SETTLING_STEPS, STAT_COLUMNS,
-                                   LossScalerPlan, RunManifest, Status, ran_requested_steps, step_file)
+from verify.record.schema import (ACCUMULATION, DROPOUT_RATE, FROZEN_KEY, GRAD_STATISTIC_NAMES, GRADS_DIR,
+                                   INITIAL_LOSS_SCALE, MODEL_KEY, MODULE_HPARAMS, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR,
+                                   SETTLING_STEPS, STAT_COLUMNS, LossScalerPlan, RunManifest, Status, ran_requested_steps, step_file)
 from verify.capture.loss_scaler_twin import LossScalerTwin, script_scaler
 from verify.capture.followed_port import followed
 from verify.capture.gradient_resets import GradientResets
@@ -490,6 +490,8 @@ class StepRecorder:
                     self._hparams.append((step, group_index, name, _json_value(value), index))
         if index == 0:
             self._hparams.append((step, "", ACCUMULATION, len(self._losses), index))
+            if self._script_scaler:
+                self._hparams.append((step, "", INITIAL_LOSS_SCALE, self._script_scaler["init_scale"], index))
             self._record_dropout_rates(step)
 
     def _record_dropout_rates(self, step: int) -> None:

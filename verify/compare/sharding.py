@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from verify.compare.findings import Finding, FindingCode
+from verify.record.schema import ACCUMULATION
 from verify.record.store import Run
 
 Shards = list[dict[int, frozenset[str]]]  # rank -> step -> the fingerprints of the samples it read
@@ -154,6 +155,14 @@ def _reading_finding(ref: Run, actual: Run, ref_shards: Shards, actual_shards: S
     return None
 
 
+def _accumulation(run: Run) -> set[str]:
+    """The backward() calls of each step of the run's lead optimizer (hparams.csv), as recorded."""
+    hparams = run.hparams
+    if not len(hparams) or "name" not in hparams:
+        return set()
+    return set(hparams.loc[hparams["name"] == ACCUMULATION, "value"].astype(str))
+
+
 def sharding(ref: Run, actual: Run) -> tuple[list[Finding], dict[str, Any]]:
     """The sharding finding (at most one) and the evidence for the reports (checklist items C6 and C7)."""
     ref_ranks, actual_ranks = ref.ranks or [ref], actual.ranks or [actual]
@@ -162,8 +171,10 @@ def sharding(ref: Run, actual: Run) -> tuple[list[Finding], dict[str, Any]]:
     if len(ref_shards) != len(actual_shards) or not all(ref_shards + actual_shards):
         return [], {"checked": False, "why": "a side recorded no samples, or the sides ran other numbers of ranks"}
     steps = _common_steps(ref_shards, actual_shards)
+    # a step of a side that accumulates more backward() calls reads more samples: the hyperparameter's finding says it
+    reads_alike = _accumulation(ref_ranks[0]) == _accumulation(actual_ranks[0])
     finding = (_overlap_finding(ref, actual, ref_shards, actual_shards, steps)
-               or _reading_finding(ref, actual, ref_shards, actual_shards, steps))
+               or (_reading_finding(ref, actual, ref_shards, actual_shards, steps) if reads_alike else None))
     disjoint = all(not (shards[rank][step] & shards[other][step]) for shards in (ref_shards,) for step in steps
                    for rank in range(len(shards)) for other in range(rank))
     evidence = {"checked": True, "steps": len(steps), "ranks": len(ref_shards), "original_disjoint": disjoint,

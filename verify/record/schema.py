@@ -240,11 +240,14 @@ order they first stepped (0: the one whose steps count the run's steps; GANs hav
 model's modules (a dropout's rate) are rows of `optimizer` MODULE_HPARAMS, their `group` the module's path."""
 MODULE_HPARAMS = -1
 # Settings verify reads off the run, beside the optimizers' own, at every step of the lead optimizer: the rate of each
-# dropout module that trains, and the backward() calls made since the last step (gradient accumulation; an LBFGS
-# closure's, made inside step(), are not). A run recorded before one of them has none of its rows.
+# dropout module that trains, the backward() calls made since the last step (gradient accumulation; an LBFGS
+# closure's, made inside step(), are not), and the scale the script's own loss scaler started from (a GradScaler's
+# init_scale, DeepSpeed's 2**initial_scale_power; none without one). A run recorded before one of them has none of
+# its rows, and one is compared only where both runs have it.
 DROPOUT_RATE = "dropout"
 ACCUMULATION = "gradient accumulation"
-RECORDED_SETTINGS = (DROPOUT_RATE, ACCUMULATION)
+INITIAL_LOSS_SCALE = "initial loss scale"
+RECORDED_SETTINGS = (DROPOUT_RATE, ACCUMULATION, INITIAL_LOSS_SCALE)
 
 
 @dataclass
