@@ -8,9 +8,9 @@ model eagerly, op by op: each op is recorded, and inductor's fused kernels, whic
 what is compared. The graphs dynamo did compile (dynamo's own count) say whether that held for the whole run.
 
 torch.compile is wrapped, not changed: the script gets what torch.compile returns. nn.Module.compile() and
-torch.compile(mode=...) used as a decorator call torch.compile with their target, and are counted so. A library's
-functions compiled as its module is imported (DeepSpeed's Muon kernels, decorated with torch.compile) are not: no
-step need ever call them.
+torch.compile(mode=...) used as a decorator call torch.compile with their target, and are counted so. An installed
+library's functions compiled as its module is imported (DeepSpeed's Muon kernels, Megatron's MoE router methods,
+decorated with torch.compile) are not: no step need ever call them.
 """
 
 from __future__ import annotations
@@ -37,15 +37,20 @@ def _target_name(target: Any) -> str:
 
 _TORCH = str(Path(torch.__file__).resolve().parent)
 _INSTALLED = ("site-packages", "dist-packages")
+_IMPORTING = "<frozen importlib._bootstrap"  # importlib's frames: a module is being imported
 
 
 def _imported_library_compiles() -> bool:
-    """Whether this torch.compile call, past torch's own frames (its decorator form), is a library module's body."""
+    """Whether this torch.compile call is made by an installed library (its first caller past torch's own frames,
+    which its decorator form adds) while a module is being imported (importlib's frames are on the stack)."""
     frame = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith(_TORCH):
         frame = frame.f_back
-    return (frame is not None and frame.f_code.co_name == "<module>"
-            and any(part in _INSTALLED for part in Path(frame.f_code.co_filename).parts))
+    if frame is None or not any(part in _INSTALLED for part in Path(frame.f_code.co_filename).parts):
+        return False
+    while frame is not None and not frame.f_code.co_filename.startswith(_IMPORTING):
+        frame = frame.f_back
+    return frame is not None
 
 
 def _graphs_compiled() -> int:

@@ -82,6 +82,8 @@ def install() -> None:
     device_api.become("CUDA")
     for name in device_api.__all__:
         setattr(torch.cuda, name, getattr(device_api, name))
+        if hasattr(torch.cuda.random, name):  # its generator's functions, which Megatron calls by this module's name
+            setattr(torch.cuda.random, name, getattr(device_api, name))
     for name, function in CUDA_ONLY.items():
         setattr(torch.cuda, name, function)
     torch.cuda._is_in_bad_fork = device_api._is_in_bad_fork

@@ -51,7 +51,7 @@ __all__ = [
     "max_memory_reserved", "memory_stats", "memory_summary", "empty_cache", "reset_peak_memory_stats",
     "reset_max_memory_allocated", "Stream", "Event", "stream", "current_stream", "default_stream",
     "is_current_stream_capturing", "is_autocast_enabled", "set_autocast_enabled", "get_autocast_dtype",
-    "set_autocast_dtype", *LEGACY_TENSOR_TYPES,
+    "set_autocast_dtype", "default_generators", *LEGACY_TENSOR_TYPES,
 ]
 
 def is_available() -> bool:
@@ -217,6 +217,27 @@ def set_rng_state(new_state: torch.Tensor, device: object = "npu") -> None:
         GENERATOR.set_philox_state(new_state)
     else:
         GENERATOR.generator.set_state(new_state)
+
+
+class _DeviceGenerator:
+    """torch.<device>.default_generators[i] on cpu: the device's generator, as torch.Generator's methods reach it
+    (Megatron's RNG tracker reads and sets its state so), answered by the functions above."""
+
+    def get_state(self) -> torch.Tensor:
+        return get_rng_state()
+
+    def set_state(self, new_state: torch.Tensor) -> None:
+        set_rng_state(new_state)
+
+    def manual_seed(self, seed: int) -> "_DeviceGenerator":
+        manual_seed(seed)
+        return self
+
+    def initial_seed(self) -> int:
+        return initial_seed()
+
+
+default_generators = _cuda.default_generators if ON_CUDA else tuple(_DeviceGenerator() for _ in range(device_count()))
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
