@@ -209,6 +209,24 @@ def test_the_emulated_streams_are_torch_streams_that_record_stream_takes(tmp_pat
     assert result == [True, 0, True]
 
 
+def test_what_deepspeed_and_megatron_ask_of_the_device_is_the_emulated_devices(tmp_path):
+    """DeepSpeed's accelerator makes buffers with the legacy tensor types (torch.npu.IntTensor) and its NPU op builders
+    read ASCEND_HOME_PATH; Megatron's RNG tracker sets the device generator's state through default_generators."""
+    result = run_emulated_npu("""
+        import json, os, torch, torch_npu
+        state = torch.npu.get_rng_state()
+        first = torch.randn(3, device="npu").tolist()
+        torch.npu.default_generators[0].set_state(state)
+        again = torch.randn(3, device="npu").tolist()
+        ints = torch.npu.IntTensor([1, 2])
+        shaped = torch.npu.FloatTensor(2, 3)
+        print("RESULT", json.dumps([first == again, str(ints.dtype), ints.tolist(), list(shaped.shape),
+                                    isinstance(ints, torch.npu.IntTensor), isinstance(ints.float(), torch.npu.IntTensor),
+                                    os.path.isdir(os.environ["ASCEND_HOME_PATH"])]))
+    """, tmp_path)
+    assert result == [True, "torch.int32", [1, 2], [2, 3], True, False, True]
+
+
 def test_a_model_built_on_meta_gets_device_memory_that_reads_zeros(tmp_path):
     """pytorch/examples' FSDP2 Transformer initialises only some of its parameters after to_empty: the others read
     what the memory held, the host's leftovers (NaN among them) on the emulated device, zeros as a device's fresh

@@ -245,7 +245,8 @@ def _refused_arguments() -> str:
         return ""
     message = _ARGUMENT_ERRORS[-1]
     launchers = [f"the {name} launcher passes {argument.split('=')[0]}: verify --launcher {name}"
-                 for name, arguments in LAUNCHERS.items() for argument in arguments if argument.split("=")[0] in message]
+                 for name, arguments in LAUNCHERS.items() for argument in arguments
+                 if argument.split("=")[0] in message]
     return f" ({'; '.join([message, *launchers])})"
 
 

@@ -44,7 +44,8 @@ from verify.capture.module_scopes import unwrapped
 from verify.capture.tensor_stats import Handle, has_readable_data, host_array, summarize
 from verify.record.schema import (ACCUMULATION, DROPOUT_RATE, FROZEN_KEY, GRAD_STATISTIC_NAMES, GRADS_DIR,
                                    INITIAL_LOSS_SCALE, MODEL_KEY, MODULE_HPARAMS, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR,
-                                   SETTLING_STEPS, STAT_COLUMNS, LossScalerPlan, RunManifest, Status, ran_requested_steps, step_file)
+                                   SETTLING_STEPS, STAT_COLUMNS, LossScalerPlan, RunManifest, Status,
+                                   ran_requested_steps, step_file)
 from verify.capture.loss_scaler_twin import LossScalerTwin, script_scaler
 from verify.capture.followed_port import followed
 from verify.capture.gradient_resets import GradientResets

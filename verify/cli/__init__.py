@@ -118,7 +118,7 @@ def run(
         steps=steps, seed=seed, device=device.value, emulate_on=emulate_on.value, dump=dump, ops=ops,
         no_dropout=no_dropout, align_random=not no_align_random, exact_emulation=exact_emulation,
         autocast=autocast.value, timeout=timeout, tensor_cap_mb=tensor_cap_mb,
-        nproc_per_node=nproc_per_node or (1 if launcher else 0), launcher=launcher.value if launcher else "",
+        nproc_per_node=nproc_per_node or 0, launcher=launcher.value if launcher else "",
         devices=emulated_devices or 0, force=force,
     )
     def across_nodes() -> int:

@@ -54,7 +54,7 @@ def determinism(
     migrate) beside the usual reports.
     """
     options = RunOptions(steps=steps, seed=seed, device=device.value, dump=dump, no_dropout=no_dropout,
-                         timeout=timeout, nproc_per_node=nproc_per_node or (1 if launcher else 0),
+                         timeout=timeout, nproc_per_node=nproc_per_node or 0,
                          launcher=launcher.value if launcher else "", devices=emulated_devices or 0,
                          force=force)
     out = out or run_folders.default_pair_dir(script)

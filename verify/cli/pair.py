@@ -151,7 +151,8 @@ def pair(
     out = out or run_folders.default_pair_dir(original)
     options = RunOptions(steps=steps, seed=seed, dump=dump, no_dropout=no_dropout, align_random=not no_align_random,
                          exact_emulation=exact_emulation, timeout=timeout,
-                         nproc_per_node=nproc_per_node or (1 if launcher else 0), launcher=launcher.value if launcher else "",
+                         nproc_per_node=nproc_per_node or 0,
+                         launcher=launcher.value if launcher else "",
                          devices=emulated_devices or 0, force=force, pair=secrets.token_hex(8))
     def across_nodes() -> int:
         options.nodes = nodes.asked(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_backend, rdzv_timeout, out)

@@ -146,6 +146,10 @@ class RunOptions:
     nodes: Nodes | None = None  # this node's place in a run across several machines (None: this machine alone)
     threads: int = 0  # the run's share of the cores (core_share()), split among its ranks; 0: torch's default
 
+    def __post_init__(self) -> None:
+        if self.launcher and not self.nproc_per_node:  # a framework's launcher starts one rank at the least
+            self.nproc_per_node = 1
+
     @property
     def device_count(self) -> int:
         """The devices an emulation presents: --devices, else one a rank --nproc-per-node launches."""
