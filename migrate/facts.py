@@ -144,10 +144,12 @@ def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText)
         return ["framework_amp_option"] if switch.launcher_chooses else []
     kinds = []
     for keyword in given:
+        # a literal, or a dtype named as torch names it (torch.bfloat16)
+        value = keyword.value.value if isinstance(keyword.value, ast.Constant) else hyperparams.dotted(keyword.value)
         # a value computed, or a literal that is no precision (DeepSpeed's config: a file holding it)
-        if not isinstance(keyword.value, ast.Constant) or not switch.mixed:
+        if not (isinstance(keyword.value, ast.Constant) or value.startswith("torch.")) or not switch.mixed:
             kinds.append("framework_amp_option")
-        elif (dtype := switch.precision(keyword.arg, keyword.value.value)) is not None:
+        elif (dtype := switch.precision(keyword.arg, value)) is not None:
             kinds += ["framework_amp", "framework_bf16"] if dtype == frameworks.BF16 else ["framework_amp"]
     return kinds
 

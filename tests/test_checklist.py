@@ -170,3 +170,27 @@ def test_a_finding_on_a_path_behind_an_option_warns_naming_it_and_fails_nothing(
                  if f["code"] == "UNS006"]
     assert finding["severity"] == "warning" and finding["message"].endswith(
         f"(it runs only behind the option args.quantize: {guard})")
+
+
+def test_fsdp2s_mixed_precision_policy_is_the_scripts_bf16_with_no_loss_scaling_needed(tmp_path):
+    """pytorch/examples' FSDP2 example trains in bfloat16 through a MixedPrecisionPolicy: it was read as float16
+    (`bfloat16` holds `float16`), AMP105 said so at line 1, and C2 and C4 failed (issue 55)."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n\n"
+        "model = torch.nn.Linear(8, 8)\n"
+        "policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)\n"
+        "fully_shard(model, mp_policy=policy)\n"
+        "optimizer = torch.optim.Adam(model.parameters())\n"
+        "for batch in loader:\n"
+        "    model(batch).sum().backward()\n"
+        "    optimizer.step()\n"
+        "    optimizer.zero_grad()\n")
+    result = CliRunner().invoke(app, [str(script), "--quiet"])
+    assert result.exit_code == 0, result.output
+    items = {item["id"]: item for item in json.loads((tmp_path / "train_npu_report" / "checklist.json").read_text())}
+    assert items["C2"]["status"] == items["C4"]["status"] == "Passed", items
+    assert items["C2"]["evidence"][0].endswith("train_npu.py:7: bf16 mixed precision by the framework")
+    findings = (tmp_path / "train_npu_report" / "findings.csv").read_text()
+    assert "AMP105" not in findings and "autocast" not in (tmp_path / "train_npu.py").read_text()

@@ -14,7 +14,8 @@ from rules import Body, Edit, argument, findall, frameworks, matches, same_quote
 
 TORCH = (("torch", None),)
 # A file mentioning one of these already manages its precision: mixed precision is not inserted a second time.
-PRECISION_MARKERS = ("autocast", "GradScaler", "apex", "scale_loss", ".half()", "float16", "bfloat16")
+# bfloat16 before float16, which it holds
+PRECISION_MARKERS = ("autocast", "GradScaler", "apex", "scale_loss", ".half()", "bfloat16", "float16")
 
 
 def manages_precision(source: str) -> str | None:

@@ -18,7 +18,7 @@ def test_every_public_module_of_the_package_is_a_framework_of_the_registry():
     modules = [module.name for module in pkgutil.iter_modules(frameworks.__path__) if not module.name.startswith("_")]
     assert [getattr(frameworks, name).FRAMEWORK for name in modules] == list(frameworks.FRAMEWORKS)
     assert {framework.name for framework in frameworks.FRAMEWORKS} == {
-        "Transformers", "accelerate", "Lightning", "torch.compile", "DeepSpeed"}
+        "Transformers", "accelerate", "Lightning", "torch.compile", "DeepSpeed", "FSDP2"}
 
 
 @pytest.mark.parametrize(("code", "sign"), [

@@ -314,6 +314,20 @@ def test_an_fsdp2_port_with_another_lr_fails_naming_lr(fsdp2_pair, tmp_path):
     assert "hyperparameter differs: lr 0.01 vs 0.02" in summary["reason"].splitlines()[0], summary["reason"]
 
 
+@pytest.mark.slow
+def test_an_fsdp2_port_with_another_mixed_precision_policy_fails_naming_it(fsdp2_pair, tmp_path):
+    """A reduce_dtype of bfloat16 trains within bfloat16's noise of float32's on a tiny model: the policy of each
+    module fully_shard made is a recorded setting, so the port fails naming it, not passing."""
+    port = tmp_path / "fsdp2_train_npu.py"
+    policy = "mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)"
+    port.write_text(PORT.read_text().replace("import fully_shard", "import MixedPrecisionPolicy, fully_shard")
+                    .replace("fully_shard(model, mesh=mesh)", f"fully_shard(model, mesh=mesh, {policy})"))
+    code, output, summary = verify(ORIGINAL, port, *RANKS, "--ref-run", fsdp2_pair[3] / "ref", "-o", tmp_path / "o")
+    assert code == 1, output
+    assert ("hyperparameter differs: mp_policy.reduce_dtype None vs torch.bfloat16 in the model"
+            in summary["reason"].splitlines()[0]), summary["reason"]
+
+
 def test_a_failure_of_verifys_own_work_is_verifys_error_naming_where():
     """The reference's crash of issue 55 (shipping a step's statistics of DTensors) was read as the script's crash,
     then as a rank the launcher stopped: verify's own work fails as CaptureFailed, which the run records as verify's

@@ -50,7 +50,7 @@ from verify.capture.loss_scaler_twin import LossScalerTwin, script_scaler
 from verify.capture.followed_port import followed
 from verify.capture.gradient_resets import GradientResets
 from verify.errors import CaptureFailed, VerifyFailure
-from verify.frameworks import LOSS_SCALERS, LossScaler, when_imported
+from verify.frameworks import LOSS_SCALERS, LossScaler, fsdp, when_imported
 from verify.record.store import RunWriter, write_manifest
 
 
@@ -494,6 +494,7 @@ class StepRecorder:
             if self._script_scaler:
                 self._hparams.append((step, "", INITIAL_LOSS_SCALE, self._script_scaler["init_scale"], index))
             self._record_dropout_rates(step)
+            self._record_sharding_policies(step)
 
     def _record_dropout_rates(self, step: int) -> None:
         """The rate of every dropout module that trains (a config's rate, LoRA's lora_dropout, lives in its module),
@@ -502,6 +503,22 @@ class StepRecorder:
             for path, module in unwrapped(root).named_modules():
                 if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.training:
                     self._hparams.append((step, path, DROPOUT_RATE, float(module.p), MODULE_HPARAMS))
+
+    def _record_sharding_policies(self, step: int) -> None:
+        """The MixedPrecisionPolicy dtypes of every module fully_shard made (verify/frameworks/fsdp.py), named by its
+        path in its model (the model itself so)."""
+        classes = tuple(found for module, name in fsdp.MODULE_CLASSES
+                        if (found := getattr(sys.modules.get(module), name, None)) is not None)
+        if not classes:
+            return
+        for root in self._outermost():
+            for path, module in unwrapped(root).named_modules():
+                state = getattr(module, "_get_fsdp_state", None) if isinstance(module, classes) else None
+                policy = getattr(state(), "_mp_policy", None) if state is not None else None
+                for name, setting in zip(fsdp.POLICY_DTYPES, fsdp.POLICY_SETTINGS):
+                    if policy is not None:
+                        self._hparams.append((step, path or "the model", setting,
+                                              str(getattr(policy, name, None)), MODULE_HPARAMS))
 
     def _parameter_names(self) -> dict[int, str]:
         names: dict[int, str] = {}

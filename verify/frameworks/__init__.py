@@ -1,6 +1,7 @@
 """What the project knows of the frameworks a training script may use, one module each: Hugging Face Transformers
 (`transformers.py`: Trainer, TrainingArguments, HfArgumentParser, from_pretrained), accelerate, Lightning (Trainer,
-LightningModule, Fabric, LightningCLI), torch.compile, and DeepSpeed as far as it is known.
+LightningModule, Fabric, LightningCLI), torch.compile, DeepSpeed (its engine, config, loss scaler and launcher) and
+FSDP2 (its MixedPrecisionPolicy).
 
 Each module holds both halves of its framework: the source facts that migrate's checklist facts and the rules read
 (precision switches, seeding helpers, what trains, device idioms, CUDA-only modules) and the runtime facts verify reads

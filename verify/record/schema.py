@@ -49,6 +49,7 @@ from typing import Any
 
 from verify.contract.files import MANIFEST  # noqa: F401 (the folder's record: migrate reads it too)
 from verify.devices import title
+from verify.frameworks import fsdp
 from verify.errors import ManifestError
 from verify.record.statistics import STATISTIC_COLUMNS
 
@@ -247,7 +248,8 @@ MODULE_HPARAMS = -1
 DROPOUT_RATE = "dropout"
 ACCUMULATION = "gradient accumulation"
 INITIAL_LOSS_SCALE = "initial loss scale"
-RECORDED_SETTINGS = (DROPOUT_RATE, ACCUMULATION, INITIAL_LOSS_SCALE)
+# and, rows of MODULE_HPARAMS, the dtypes of FSDP2's MixedPrecisionPolicy of each module fully_shard made
+RECORDED_SETTINGS = (DROPOUT_RATE, ACCUMULATION, INITIAL_LOSS_SCALE, *fsdp.POLICY_SETTINGS)
 
 
 @dataclass
