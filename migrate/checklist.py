@@ -243,6 +243,9 @@ def _framework_precision(inputs: _Inputs, item_id: str) -> Item | None:
     )
     if switched_on:
         return _item(item_id, Status.PASSED, [*switched_on, *option], f"{confirm} {_NO_SECOND_AMP}")
+    if off := inputs.ported("framework_amp_off", f"{_FRAMEWORK_AMP}, turned off by its config file"):
+        return _item(item_id, Status.FAILED, off, "Turn the framework's mixed precision on in its config file "
+                     f"({frameworks.switch_on_advice(in_config_files=True)}). {_NO_SECOND_AMP} {confirm}")
     if option:
         chosen = sorted({how for _, facts in inputs.facts for _, how in facts.ported.framework_amp_switch_on if how})
         return _item(

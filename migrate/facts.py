@@ -13,11 +13,14 @@ from __future__ import annotations
 import ast
 import bisect
 import dataclasses
+import json
 import re
 from collections import deque
 from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from itertools import chain
+from pathlib import Path
 
 from migrate import hyperparams
 import verify.frameworks as frameworks
@@ -40,6 +43,7 @@ class SourceFacts:
     framework_amp: tuple[int, ...] = ()  # a framework's mixed precision switched on (fp16 or bf16)
     framework_bf16: tuple[int, ...] = ()  # of those, bf16
     framework_amp_option: tuple[int, ...] = ()  # a framework's mixed precision chosen at run time
+    framework_amp_off: tuple[int, ...] = ()  # a framework's mixed precision that its config file turns off
     # of those, (line, how it is switched on where the script runs: the option, variable or config key)
     framework_amp_switch_on: tuple[tuple[int, str], ...] = ()
     hyperparameters: tuple[hyperparams.Hyperparameter, ...] = ()
@@ -77,8 +81,17 @@ def source_facts(code: str) -> SourceFacts:
     return _facts(tree, code) if tree else SourceFacts(readable=False)
 
 
-def file_facts(original: str, ported: str, rules_run: Iterable[str] = ()) -> FileFacts:
-    """The facts of one file; `rules_run` are the codes of the rules that had something to look at in it."""
+def file_facts(original: str, ported: str, rules_run: Iterable[str] = (), folder: Path | None = None) -> FileFacts:
+    """The facts of one file; `rules_run` are the codes of the rules that had something to look at in it; config
+    files its framework calls name (DeepSpeed's ds_config.json) are read from `folder`, where given."""
+    token = _CONFIG_FOLDER.set(folder)
+    try:
+        return _file_facts(original, ported, rules_run)
+    finally:
+        _CONFIG_FOLDER.reset(token)
+
+
+def _file_facts(original: str, ported: str, rules_run: Iterable[str]) -> FileFacts:
     tree = _parsed(original)
     facts = _facts(tree, original) if tree else SourceFacts(readable=False)
     if ported == original:
@@ -124,7 +137,8 @@ def _facts(tree: ast.Module, code: str) -> SourceFacts:
     )
 
 
-_DERIVED_KINDS = ("autocast_bf16", "scaled_backward", "framework_amp", "framework_bf16", "framework_amp_option")
+_DERIVED_KINDS = ("autocast_bf16", "scaled_backward", "framework_amp", "framework_bf16", "framework_amp_option",
+                  "framework_amp_off")
 
 
 def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText) -> list[str]:
@@ -146,12 +160,32 @@ def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText)
     for keyword in given:
         # a literal, or a dtype named as torch names it (torch.bfloat16)
         value = keyword.value.value if isinstance(keyword.value, ast.Constant) else hyperparams.dotted(keyword.value)
-        # a value computed, or a literal that is no precision (DeepSpeed's config: a file holding it)
-        if not (isinstance(keyword.value, ast.Constant) or value.startswith("torch.")) or not switch.mixed:
+        if (in_config := _config_precision(switch, value)) is not None:
+            kinds += {"": ["framework_amp_off"], frameworks.BF16: ["framework_amp", "framework_bf16"]}.get(
+                in_config, ["framework_amp"])
+        # a value computed, or a literal that is no precision (DeepSpeed's config: a file not read)
+        elif not (isinstance(keyword.value, ast.Constant) or value.startswith("torch.")) or not switch.mixed:
             kinds.append("framework_amp_option")
         elif (dtype := switch.precision(keyword.arg, value)) is not None:
             kinds += ["framework_amp", "framework_bf16"] if dtype == frameworks.BF16 else ["framework_amp"]
     return kinds
+
+
+# The folder a port's config files are read from (file_facts' `folder`): None, read none
+_CONFIG_FOLDER: ContextVar[Path | None] = ContextVar("config_folder", default=None)
+
+
+def _config_precision(switch: frameworks.AmpSwitch, value: object) -> str | None:
+    """The precision a config file named by the literal `value` switches on (DeepSpeed's JSON beside the script:
+    FP16, BF16, "" for none), where the switch reads one and the file is there; else None."""
+    folder = _CONFIG_FOLDER.get()
+    if folder is None or switch.config_precision is None or not isinstance(value, str) or not value.endswith(".json"):
+        return None
+    try:
+        config = json.loads((folder / value).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return switch.config_precision(config) if isinstance(config, dict) else None
 
 
 def _literals(call: ast.Call) -> list[object]:

@@ -282,7 +282,7 @@ def _port(job: Job, rules: Sequence[type[PortRule]]) -> FileResult:
     decoded = read_source(job.source)
     with collector.paused():  # the checklist's facts, one more parse, only for a run that writes its reports
         result = migrate_source(decoded.text, source, job.settings, rules)
-        facts = file_facts(result.original, result.code, result.rules_run) if job.write else None
+        facts = file_facts(result.original, result.code, result.rules_run, job.source.parent) if job.write else None
     diff = unified_diff(result.original, result.code, str(job.source), str(job.target))  # names quoted as git does
     writes = job.write and _writes(job, result.changed)
     written = write_output(job, encode(result.code, decoded)) if writes else ""

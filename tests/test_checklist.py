@@ -194,3 +194,28 @@ def test_fsdp2s_mixed_precision_policy_is_the_scripts_bf16_with_no_loss_scaling_
     assert items["C2"]["evidence"][0].endswith("train_npu.py:7: bf16 mixed precision by the framework")
     findings = (tmp_path / "train_npu_report" / "findings.csv").read_text()
     assert "AMP105" not in findings and "autocast" not in (tmp_path / "train_npu.py").read_text()
+
+
+@pytest.mark.parametrize(("precision", "status", "evidence"), [
+    ({"fp16": {"enabled": True}}, "Passed", "fp16 mixed precision by the framework"),
+    ({"bf16": {"enabled": True}}, "Passed", "bf16 mixed precision by the framework"),
+    ({"fp16": {"enabled": False}}, "Failed", "mixed precision by the framework, turned off by its config file"),
+    ({"fp16": {"enabled": "auto"}}, "Not checked", "mixed precision by the framework, chosen at run time"),
+], ids=["fp16", "bf16", "off", "auto"])
+def test_a_deepspeed_scripts_precision_is_read_from_the_config_file_it_names(tmp_path, precision, status, evidence):
+    """deepspeed.initialize(config="ds_config.json"): the JSON beside the script says whether fp16 or bf16 is on."""
+    (tmp_path / "ds_config.json").write_text(json.dumps({"train_batch_size": 8, **precision}))
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import deepspeed\nimport torch\n\n"
+        "model = torch.nn.Linear(8, 8)\n"
+        "engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),\n"
+        "                                      config=\"ds_config.json\")\n"
+        "for batch in loader:\n"
+        "    engine.backward(engine(batch).sum())\n"
+        "    engine.step()\n")
+    result = CliRunner().invoke(app, [str(script), "--quiet"])
+    assert result.exit_code == 0, result.output
+    items = {item["id"]: item for item in json.loads((tmp_path / "train_npu_report" / "checklist.json").read_text())}
+    assert items["C2"]["status"] == status, items["C2"]
+    assert f"train_npu.py:7: {evidence}" in items["C2"]["evidence"][0], items["C2"]

@@ -81,6 +81,8 @@ def run_time_switch(name: str, flags: Sequence[str] = (), call: str = "") -> str
     return switch.switch_on if switch else ""
 
 
-def switch_on_advice() -> str:
-    """How each framework's mixed precision is switched on where the script runs, for the checklist's advice."""
-    return ", ".join(switch.switch_on for switch in _AMP_SWITCHES if switch.switch_on)
+def switch_on_advice(in_config_files: bool = False) -> str:
+    """How each framework's mixed precision is switched on where the script runs (of those a config file switches
+    on, DeepSpeed's, with `in_config_files`), for the checklist's advice."""
+    return ", ".join(switch.switch_on for switch in _AMP_SWITCHES
+                     if switch.switch_on and (switch.config_precision or not in_config_files))

@@ -4,7 +4,7 @@ fills (verify/frameworks/accelerate.py ...). Standard library only, as the whole
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 FP16, BF16 = "fp16", "bf16"
 
@@ -27,6 +27,9 @@ class AmpSwitch:
     # a word the call's text must hold, where `builds` is a name other libraries use too: `deepspeed.initialize`
     # (apex's `amp.initialize` is no framework's switch)
     qualified_by: str = ""
+    # a config file that a keyword's literal names (DeepSpeed's JSON), read for its precision: FP16, BF16, "" (off),
+    # None (chosen elsewhere: HF's "auto")
+    config_precision: Callable[[Mapping[str, Any]], str | None] | None = None
 
     def builds_it(self, name: str, call: str = "") -> bool:
         """Whether a call named `name` (its last dotted part), whose text is `call`, builds the object."""

@@ -7,9 +7,24 @@ its mixed precision and loss scaling; `deepspeed.ops` holds CUDA kernels.
 
 from __future__ import annotations
 
-from verify.frameworks._framework import AmpSwitch, Framework, LossScaler
+from typing import Any, Mapping
+
+from verify.frameworks._framework import BF16, FP16, AmpSwitch, Framework, LossScaler
 
 _ZERO = "deepspeed.runtime.zero"
+
+def config_precision(config: Mapping[str, Any]) -> str | None:
+    """The mixed precision a DeepSpeed config switches on: its "bf16" (or "bfloat16") or "fp16" section enabled; ""
+    where neither is; None where one is left to the launcher (Hugging Face's "auto")."""
+    for key, dtype in (("bf16", BF16), ("bfloat16", BF16), ("fp16", FP16)):
+        section = config.get(key)
+        enabled = section.get("enabled") if isinstance(section, dict) else None
+        if enabled == "auto":
+            return None
+        if enabled is True:
+            return dtype
+    return ""
+
 
 FRAMEWORK = Framework(
     name="DeepSpeed",
@@ -18,7 +33,8 @@ FRAMEWORK = Framework(
         # --deepspeed_config): chosen where the script runs
         AmpSwitch(builds=("initialize",), keywords=("config", "config_params"), mixed={}, launcher_chooses=True,
                   qualified_by="deepspeed", options=("--deepspeed_config",),
-                  switch_on='"fp16": {"enabled": true} (or "bf16") in its DeepSpeed config'),
+                  switch_on='"fp16": {"enabled": true} (or "bf16") in its DeepSpeed config',
+                  config_precision=config_precision),
     ),
     own_amp_signs=("deepspeed", "engine.backward"),
     cuda_only_imports={"deepspeed.ops": ("DeepSpeed's CUDA ops",
