@@ -43,8 +43,9 @@ _CUDA_ONLY = {
     "causal_conv1d": _Verdict(Severity.ERROR, "custom CUDA kernels", _KERNELS),
     "torch_tensorrt": _Verdict(Severity.ERROR, "TensorRT", "eager mode, or torchair (torch.compile backend 'npu')"),
     "tensorrt": _Verdict(Severity.ERROR, "TensorRT", "eager mode, or torchair (torch.compile backend 'npu')"),
-    # a framework's modules of CUDA kernels: its NPU build may provide them (verify/frameworks)
+    # a framework's modules of CUDA kernels: its NPU build may provide them (verify/frameworks), and does some
     **{module: _Verdict(Severity.WARNING, *what) for module, what in frameworks.CUDA_ONLY_IMPORTS.items()},
+    **{module: _Verdict(Severity.INFO, what, "") for module, what in frameworks.NPU_PROVIDED_IMPORTS.items()},
 }
 
 
@@ -59,7 +60,9 @@ class CudaOnlyImport(PortRule):
 
     ## What it does
     Reports each `import` / `from ... import` statement that loads a package with no NPU build, once per statement,
-    with what the package is and what to use instead. `from numba import cuda` counts as `numba.cuda`.
+    with what the package is and what to use instead. `from numba import cuda` counts as `numba.cuda`. A framework's
+    module that its NPU build provides all the same (DeepSpeed's FusedAdam) is reported as information: nothing to
+    port.
     Imports inside `try:` blocks are reported too: the fallback they guard should be checked, not trusted.
 
     ## Why
@@ -90,6 +93,13 @@ class CudaOnlyImport(PortRule):
             """,
             lines=[1, 2, 3, 4, 5],
         ),
+        Flag(  # DeepSpeed's NPU accelerator provides its optimizers (info), not its transformer kernels (warning)
+            """
+            from deepspeed.ops.adam import FusedAdam
+            from deepspeed.ops.transformer import DeepSpeedTransformerLayer
+            """,
+            lines=[1, 2],
+        ),
         Unchanged(
             """
             import numba
@@ -116,10 +126,12 @@ class CudaOnlyImport(PortRule):
         if not keys:
             return
         verdicts = [_CUDA_ONLY[key] for key in keys]
-        severity = Severity.ERROR if any(v.severity is Severity.ERROR for v in verdicts) else Severity.WARNING
+        severity = max((v.severity for v in verdicts), key=[Severity.INFO, Severity.WARNING, Severity.ERROR].index)
         self.report(
             node,
-            "; ".join(f"{key} is {verdict.why}, with no NPU build" for key, verdict in zip(keys, verdicts)),
-            "; ".join(f"instead of {key}: {verdict.instead}" for key, verdict in zip(keys, verdicts)),
+            "; ".join(f"{key}: {verdict.why}" if verdict.severity is Severity.INFO
+                      else f"{key} is {verdict.why}, with no NPU build" for key, verdict in zip(keys, verdicts)),
+            "; ".join(f"instead of {key}: {verdict.instead}" if verdict.instead else f"{key}: nothing to port"
+                      for key, verdict in zip(keys, verdicts)),
             severity=severity,
         )

@@ -42,6 +42,8 @@ SEED_EVERYTHING = frozenset(chain.from_iterable(framework.seed_everything for fr
 SEED_EVERYTHING_NAMES = frozenset(name.rsplit(".", 1)[-1] for name in SEED_EVERYTHING)
 TRAINER_METHODS = tuple(chain.from_iterable(framework.trainer_methods for framework in FRAMEWORKS))
 CUDA_ONLY_IMPORTS = {module: what for framework in FRAMEWORKS for module, what in framework.cuda_only_imports.items()}
+NPU_PROVIDED_IMPORTS = {module: what for framework in FRAMEWORKS
+                        for module, what in framework.npu_provided_imports.items()}
 # The frameworks' own loss scalers, which a run follows as it follows a GradScaler.
 LOSS_SCALERS: tuple[LossScaler, ...] = tuple(chain.from_iterable(framework.loss_scalers for framework in FRAMEWORKS))
 # The frameworks' launchers (`verify --launcher NAME`): what each adds to the arguments of each rank it starts.

@@ -74,6 +74,8 @@ class Framework:
     trainer_methods: tuple[str, ...] = ()  # a trainer's methods that train (`trainer.fit(model)`): the file trains
     # its modules whose kernels are CUDA's: (what they are, what to use instead), reported where a script imports one
     cuda_only_imports: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # of those, the modules its NPU build provides all the same: what it runs there
+    npu_provided_imports: Mapping[str, str] = field(default_factory=dict)
     # runtime: the variables through which its launcher chooses what a run computes (recorded with the run)
     environment: tuple[str, ...] = ()
     loss_scalers: tuple[LossScaler, ...] = ()  # runtime: its own loss scalers

@@ -37,8 +37,16 @@ FRAMEWORK = Framework(
                   config_precision=config_precision),
     ),
     own_amp_signs=("deepspeed", "engine.backward"),
-    cuda_only_imports={"deepspeed.ops": ("DeepSpeed's CUDA ops",
-                                         "DeepSpeed's NPU accelerator, checking that it builds each op")},
+    cuda_only_imports={"deepspeed.ops": ("DeepSpeed's CUDA kernels (its transformer, sparse-attention and inference "
+                                         "ops)", "torch operators, or DeepSpeed's NPU accelerator where it builds the op "
+                                         "(ds_report lists what it builds)")},
+    # the optimizers its NPU accelerator provides (deepspeed/ops/op_builder/npu/): the same classes, nothing to port
+    npu_provided_imports={
+        "deepspeed.ops.adam": "DeepSpeed's NPU accelerator runs FusedAdam as torch._fused_adam_ and builds "
+                              "DeepSpeedCPUAdam (cpu_adam) with CANN's toolkit",
+        "deepspeed.ops.lamb": "DeepSpeed's NPU accelerator runs FusedLamb as torch operators",
+        "deepspeed.ops.lion": "DeepSpeed's NPU accelerator runs FusedLion as torch operators and builds its CPU Lion",
+    },
     # its launcher (`deepspeed --num_gpus N train.py ARGS`) runs each rank as `python train.py --local_rank=K ARGS`,
     # with the variables torchrun sets
     launcher="deepspeed",
