@@ -22,11 +22,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from migrate import ownership
 from migrate.diff import unified_diff
 from migrate.files import PlanError, sha256, shown_path, write_atomic
 from rules import Settings, mapped_line, rule_by_code
 from verify.contract.checklist_items import markdown_code, markdown_text
-from verify.contract.files import DIFF_PATCH, FIX_JSON, FIX_MD, SUMMARY_JSON
+from verify.contract.files import DIFF_PATCH, FIX_JSON, FIX_MD, SUMMARY_JSON, report_folder
 from verify.contract.finding_codes import FindingCode
 from verify.contract.pair_result import PairResult, RunSetup, UnreadableFile
 
@@ -231,7 +232,7 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
     fix was written), and the fix folder."""
     pair = Pair.read(pair_folder)
     target, folder = fixed_path(port), fix_folder(pair_folder)
-    _refuse_edited(target, pair_folder)
+    _take_over(target, port, pair_folder, say)
     folder.mkdir(parents=True)
     user_text, original_text = port.read_text(encoding="utf-8"), pair.original.read_text(encoding="utf-8")
     text, result, effect = user_text, pair.result, _read(PairResult.amp_effect, pair_folder)
@@ -250,6 +251,8 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
             say(f"round {number}: nothing to fix")
             break
         write_atomic(target, new.encode("utf-8"))
+        report_folder(port).mkdir(exist_ok=True)  # the record of what was written, which the next fix reads
+        ownership.write_record(report_folder(port), [], [], {target: sha256(new.encode("utf-8"))})
         text = new
         round_ = Round(number, fixable, rewrites)
         done.append(round_)
@@ -275,16 +278,20 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
     return passed and not left, folder
 
 
-def _refuse_edited(target: Path, pair_folder: Path) -> None:
-    """A fixed port that no earlier fix of this pair wrote as it is now (edited, or the user's) is not replaced."""
+def _take_over(target: Path, port: Path, pair_folder: Path, say: Callable[[str], None]) -> None:
+    """The fixed port an earlier fix wrote, of any pair (its record in the port's report folder, written.json; or,
+    written before fixes kept one there, a fix of this pair), is the fix's to replace; one edited since, or the user's,
+    is kept as NAME.bak first."""
     if not target.exists():
         return
     now = sha256(target.read_bytes())
-    for record in pair_folder.parent.glob(f"{pair_folder.name}_fix*/{FIX_JSON}"):
-        if _json(record).get("fixed_sha256") == now:
-            return
-    raise PlanError(f"{shown_path(target)} was not written by a fix of {shown_path(pair_folder)} as it is now: "
-                    "nothing was written; move your edits into the port, or remove it")
+    if ownership.recorded(target, report_folder(port)) == now or any(
+            _json(record).get("fixed_sha256") == now
+            for record in pair_folder.parent.glob(f"{pair_folder.name}_fix*/{FIX_JSON}")):
+        return
+    backup = ownership.backup_path(target)
+    target.rename(backup)
+    say(f"{shown_path(target)} was not written by a fix as it is now (edited since?): kept as {shown_path(backup)}")
 
 
 def _verify(pair: Pair, fixed: Path, out: Path) -> PairResult:

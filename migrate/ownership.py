@@ -129,6 +129,11 @@ def backup_path(target: Path) -> Path:
     return candidate
 
 
+def recorded(path: Path, report_dir: Path) -> str | None:
+    """The sha256 of what migrate last wrote at `path`, as `report_dir`'s record has it; None where it has none."""
+    return read_record(report_dir).get(_key(path, report_dir))
+
+
 def read_record(report_dir: Path) -> dict[str, str]:
     """path (relative to the report folder) -> sha256 of what migrate wrote there; {} where none can be read."""
     try:

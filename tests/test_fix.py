@@ -88,12 +88,17 @@ def test_an_op_that_overflows_in_fp16_is_kept_in_fp32_and_the_port_passes(tmp_pa
     assert again.returncode == 0 and "written, not verified" in again.stderr
     assert (tmp_path / "train_npu_fixed.py").read_text() == fixed
     assert json.loads((tmp_path / "pair_fix.1" / "fix.json").read_text())["rounds"][0]["verdict"] == "not verified"
-    # a fixed port edited since is the user's: nothing is written
+    # a fix from a new pair (verify run again) replaces the earlier fix's file, which the port's report folder records
+    _run("-m", "verify", "train.py", port.name, "--steps", "3", "-q", "-o", "pair2", cwd=tmp_path)
+    again = _run("-m", "migrate", port.name, "--fix-from", "pair2", "--fix-rounds", "0", cwd=tmp_path)
+    assert again.returncode == 0 and "was not written by a fix" not in again.stderr, again.stderr
+    assert (tmp_path / "train_npu_fixed.py").read_text() == fixed
+    # a fixed port edited since is the user's: kept as .bak, and the fix written again
     (tmp_path / "train_npu_fixed.py").write_text(fixed + "# mine\n")
-    refused = _run("-m", "migrate", port.name, "--fix-from", pair.name, cwd=tmp_path)
-    assert refused.returncode == 2 and "train_npu_fixed.py was not written by a fix" in refused.stderr
-    assert (tmp_path / "train_npu_fixed.py").read_text() == fixed + "# mine\n"
-    assert not (tmp_path / "pair_fix.2").exists()
+    kept = _run("-m", "migrate", port.name, "--fix-from", pair.name, "--fix-rounds", "0", cwd=tmp_path)
+    assert kept.returncode == 0 and "train_npu_fixed.py was not written by a fix as it is now" in kept.stderr
+    assert (tmp_path / "train_npu_fixed.py.bak").read_text() == fixed + "# mine\n"
+    assert (tmp_path / "train_npu_fixed.py").read_text() == fixed
 
 
 _HELPERS = "import torch\n\n\ndef amplified(h):\n    return h * 4000  # past fp16's 65504 where |h| > 16.4\n"
