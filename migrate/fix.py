@@ -69,6 +69,7 @@ class Cause:
     line: int | None = None  # the port's line to keep in fp32
     init_scale: float | None = None
     function: str | None = None  # the function of another file of the project whose calls the port keeps in fp32
+    callee: str | None = None  # of `line`, the module whose forward op overflowed, by its last name (self.big: big)
 
 
 @dataclass
@@ -145,7 +146,8 @@ def causes(result: PairResult, port: Path, original: Path, amp_effect: PairResul
     if first is not None and first.dtype in _HALF:
         what = f"{first.op} overflows in {first.dtype} at step {first.step}"
         if line := _line_in(first.source, port):
-            found.append(Cause(FindingCode.OVERFLOW.value, what, line))
+            callee = first.module.rpartition(".")[2] if first.phase == "forward" and first.module else None
+            found.append(Cause(FindingCode.OVERFLOW.value, what, line, callee=callee))
         elif function := _function_at(first.source, port.parent):
             found.append(Cause(FindingCode.OVERFLOW.value, f"{what}, in {function} ({first.source})",
                                function=function))
@@ -218,8 +220,9 @@ def rewrite(text: str, path: Path, fixable: list[Cause], original: str) -> tuple
     functions = tuple(sorted({cause.function for cause in fixable if cause.function is not None}))
     scales = [cause.init_scale for cause in fixable if cause.init_scale is not None]
     order = any(cause.code == FindingCode.DATA_ORDER for cause in fixable)
-    settings = Settings(fp32_lines=lines, fp32_calls=functions, init_scale=min(scales) if scales else None,
-                        original_source=original if order else None)
+    callees = tuple(sorted({(cause.line, cause.callee) for cause in fixable if cause.line and cause.callee}))
+    settings = Settings(fp32_lines=lines, fp32_calls=functions, fp32_callees=callees,
+                        init_scale=min(scales) if scales else None, original_source=original if order else None)
     codes = [*FIX_RULES, *(ORDER_RULES if order else ()), *((EPOCH_RULE,) if order and ".set_epoch(" in original
                                                           else ())]
     result = migrate_source(text, path.name, settings, rules=[rule_by_code(code) for code in codes])

@@ -101,6 +101,56 @@ def test_an_op_that_overflows_in_fp16_is_kept_in_fp32_and_the_port_passes(tmp_pa
     assert (tmp_path / "train_npu_fixed.py").read_text() == fixed
 
 
+_MODULE_OVERFLOWS = '''import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.big = nn.Linear(8, 64)
+        self.norm = nn.LayerNorm(64)
+        self.head = nn.Linear(64, 1)
+        with torch.no_grad():
+            self.big.weight.mul_(5000)  # its outputs pass fp16's 65504; the layer norm brings them back
+
+    def forward(self, x):
+        return self.head(torch.relu(self.norm(self.big(x))))
+
+
+def main():
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = Net().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(6):
+        x = 20 * torch.randn(16, 8, device=device)
+        optimizer.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_an_op_that_overflows_in_a_module_is_kept_in_fp32_alone_the_rest_of_its_line_in_half_precision(tmp_path):
+    """Issue 56: AMP201 kept the whole line in fp32 (four ops, where self.big's one overflowed): the call of the
+    module verify named is computed first, in fp32, and the rest of the line stays under the port's autocast."""
+    port, pair = _port_and_pair(tmp_path, "", script=_MODULE_OVERFLOWS.replace("{", "{{").replace("}", "}}"))
+    summary = json.loads((pair / "summary.json").read_text())
+    assert summary["overflow"]["actual_first"]["module"].endswith("big"), summary["overflow"]
+    done, record, _ = _fix(port, pair)
+    assert done.returncode == 0, done.stderr
+    fixed = (tmp_path / "train_npu_fixed.py").read_text()
+    assert ('        with torch.autocast(device_type="npu", enabled=False):\n'
+            '            big_fp32 = self.big(x.float())\n'
+            '        return self.head(torch.relu(self.norm(big_fp32)))\n') in fixed, fixed
+    assert record["rounds"][0]["causes"][0]["callee"] == "big" and record["passed"]
+
+
 _HELPERS = "import torch\n\n\ndef amplified(h):\n    return h * 4000  # past fp16's 65504 where |h| > 16.4\n"
 
 

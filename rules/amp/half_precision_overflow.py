@@ -6,6 +6,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from rules import Case, PortRule, Settings, Unchanged, argument, findall, keyword, string_value
+from rules.amp._loss_scaling import free_name
 
 _AUTOCASTS = (
     "torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
@@ -41,7 +42,10 @@ class HalfPrecisionOverflow(PortRule):
     inside an autocast that is disabled is left alone, so a second fix of the same line changes nothing. Where the op
     is computed in a function of another file of the project (`Settings.fp32_calls`: `utils.gram_matrix`, the
     function holding the op's recorded line), each statement of the port under an autocast that is on and calling it
-    is kept in fp32 so, with the call's first argument cast: the port's file is the one the fix writes.
+    is kept in fp32 so, with the call's first argument cast: the port's file is the one the fix writes. Where verify
+    names the module whose forward op it was (`Settings.fp32_callees`: `big` for `self.big`) and the statement calls
+    it once, before any other call of the statement, that call alone is kept in fp32, on a line of its own before
+    the statement (`big_fp32 = self.big(x.float())`), and the rest of the statement stays in the port's precision.
 
     ## Why
     Half precision tops out at 65504 and keeps 11 bits: `exp`, a large product or a `pow` that fp32 computes exactly
@@ -105,6 +109,51 @@ class HalfPrecisionOverflow(PortRule):
             """,
             lines=[5],
             fp32_lines=(5,),
+        ),
+        Case(  # the op overflowed in self.big: that call alone is kept in fp32, the rest stays under autocast
+            """
+            import torch
+            class Net(torch.nn.Module):
+                def forward(self, x):
+                    return self.head(torch.relu(self.norm(self.big(x))))
+            with torch.autocast("npu", dtype=torch.float16):
+                loss = Net()(inputs).sum()
+            """,
+            """
+            import torch
+            class Net(torch.nn.Module):
+                def forward(self, x):
+                    with torch.autocast(device_type="npu", enabled=False):
+                        big_fp32 = self.big(x.float())
+                    return self.head(torch.relu(self.norm(big_fp32)))
+            with torch.autocast("npu", dtype=torch.float16):
+                loss = Net()(inputs).sum()
+            """,
+            lines=[4],
+            fp32_lines=(4,),
+            fp32_callees=((4, "big"),),
+        ),
+        Case(  # ... but not where another call runs before it: the statement is kept whole
+            """
+            import torch
+            class Net(torch.nn.Module):
+                def forward(self, x):
+                    return self.small(x) + self.big(x)
+            with torch.autocast("npu", dtype=torch.float16):
+                loss = Net()(inputs).sum()
+            """,
+            """
+            import torch
+            class Net(torch.nn.Module):
+                def forward(self, x):
+                    with torch.autocast(device_type="npu", enabled=False):
+                        return self.small(x.float()) + self.big(x.float())
+            with torch.autocast("npu", dtype=torch.float16):
+                loss = Net()(inputs).sum()
+            """,
+            lines=[4],
+            fp32_lines=(4,),
+            fp32_callees=((4, "big"),),
         ),
         Case(  # the op overflows in a function of another file of the project: the port's calls under autocast
             """
@@ -171,6 +220,7 @@ class HalfPrecisionOverflow(PortRule):
         return bool(settings.fp32_lines or settings.fp32_calls) and super().wants(source, settings)
 
     def visit_Module(self, node: cst.Module) -> None:
+        self._module = node
         self._disabled = 0  # how many autocasts that are switched off enclose the walk
         self._enabled = 0  # ... and how many that compute in half precision
         self._device = next(filter(None, map(self._autocast_device, findall(node, _CALL))), "npu")
@@ -222,6 +272,21 @@ class HalfPrecisionOverflow(PortRule):
             args=[keyword("device_type", cst.SimpleString(f'"{self._device}"')),
                   keyword("enabled", cst.Name("False"))],
         )
+        callee = next((name for line, name in self.settings.fp32_callees if span.start.line <= line <= span.end.line),
+                      None)
+        if named and callee and (call := _first_called(original_node, callee)) is not None:
+            result = free_name(self._module, f"{callee}_fp32", f"{callee}_in_fp32")
+            kept = cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(result))],
+                                                            value=call.visit(_CastInputs(self)))])
+            new = cst.FlattenSentinel([
+                cst.With(items=[cst.WithItem(autocast)], body=cst.IndentedBlock(body=[kept]),
+                         leading_lines=original_node.leading_lines),
+                original_node.deep_replace(call, cst.Name(result)).with_changes(leading_lines=()),
+            ])
+            return self.replace(original_node, updated_node, new,
+                                f"kept in fp32: the call of {callee} at line {span.start.line} alone, autocast "
+                                "disabled around it, its inputs cast .float() (verify measured its op overflow or "
+                                "diverge in half precision)", imports=[("torch", None)], at=original_node)
         body = updated_node.with_changes(leading_lines=()).visit(_CastInputs(self))
         new = cst.With(items=[cst.WithItem(autocast)], body=cst.IndentedBlock(body=[body]),
                        leading_lines=updated_node.leading_lines)
@@ -229,6 +294,22 @@ class HalfPrecisionOverflow(PortRule):
                             f"kept in fp32: autocast disabled around line {span.start.line}, its inputs cast .float() "
                             "(verify measured its op overflow or diverge in half precision)",
                             imports=[("torch", None)])
+
+
+def _first_called(statement: cst.SimpleStatementLine, callee: str) -> cst.Call | None:
+    """The one call of `callee` (`self.big(...)`, `big(...)`) in a statement of one small statement, where Python
+    calls it before any other call of the statement (every other call holds it, or is in its arguments): it can be
+    computed first, on a line of its own, without changing the order of anything it does; None otherwise."""
+    if len(statement.body) != 1:
+        return None
+    calls = findall(statement, _CALL)
+    named = [call for call in calls if m.matches(call.func, m.Name(callee) | m.Attribute(attr=m.Name(callee)))]
+    if len(named) != 1:
+        return None
+    inside = {id(call) for call in findall(named[0], _CALL)}
+    if all(id(call) in inside or any(found is named[0] for found in findall(call, _CALL)) for call in calls):
+        return named[0]
+    return None
 
 
 class _CastInputs(cst.CSTTransformer):

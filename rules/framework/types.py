@@ -69,6 +69,9 @@ class Settings:
     # ... and the functions of the port's project (qualified: `utils.gram_matrix`) whose op does, in a file beside the
     # port: AMP201 keeps in fp32 the port's statements under autocast that call them
     fp32_calls: tuple[str, ...] = ()
+    # ... and of fp32_lines, the module or function whose op it was, by its last name (line, "big" for self.big):
+    # AMP201 keeps that call alone in fp32 where it can
+    fp32_callees: tuple[tuple[int, str], ...] = ()
     init_scale: float | None = None
     # The original's source, where verify found the port reads other data or initial weights (`data_order`): DET201
     # and DATA201 give the port its seeds and data order.

@@ -56,6 +56,8 @@ class FirstOverflow:
     dtype: str
     step: int
     source: str | None  # the user's line that computed it, `file:line`
+    phase: str = ""  # forward, backward, optimizer ...
+    module: str = ""  # the module path it ran in (`Net.big`), "" at the top level
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,8 @@ class PairResult:
                 tuple(Finding(f["code"], f["message"], f.get("detail") or {}) for f in summary.get("findings", [])),
                 tuple(SettingDifference(d["setting"], d["ref"], d["actual"])
                       for d in summary.get("environment_differences") or []),
-                FirstOverflow(overflow["op"], overflow["dtype"], overflow["step"], overflow.get("source"))
+                FirstOverflow(overflow["op"], overflow["dtype"], overflow["step"], overflow.get("source"),
+                              str(overflow.get("phase") or ""), str(overflow.get("module") or ""))
                 if overflow else None,
                 Path(reference) if reference else None, tuple(pair.get("command", [])), pair.get("ran_in") or "")
         except (AttributeError, KeyError, TypeError) as error:
