@@ -172,6 +172,14 @@ def test_a_finding_on_a_path_behind_an_option_warns_naming_it_and_fails_nothing(
         f"(it runs only behind the option args.quantize: {guard})")
 
 
+def _checklist_of(script: Path) -> dict[str, dict]:
+    """migrate `script` (beside it: its port and report folder): the checklist items by id."""
+    result = CliRunner().invoke(app, [str(script), "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = script.with_name(f"{script.stem}_npu_report")
+    return {item["id"]: item for item in json.loads((report / "checklist.json").read_text())}
+
+
 def test_fsdp2s_mixed_precision_policy_is_the_scripts_bf16_with_no_loss_scaling_needed(tmp_path):
     """pytorch/examples' FSDP2 example trains in bfloat16 through a MixedPrecisionPolicy: it was read as float16
     (`bfloat16` holds `float16`), AMP105 said so at line 1, and C2 and C4 failed (issue 55)."""
@@ -187,9 +195,7 @@ def test_fsdp2s_mixed_precision_policy_is_the_scripts_bf16_with_no_loss_scaling_
         "    model(batch).sum().backward()\n"
         "    optimizer.step()\n"
         "    optimizer.zero_grad()\n")
-    result = CliRunner().invoke(app, [str(script), "--quiet"])
-    assert result.exit_code == 0, result.output
-    items = {item["id"]: item for item in json.loads((tmp_path / "train_npu_report" / "checklist.json").read_text())}
+    items = _checklist_of(script)
     assert items["C2"]["status"] == items["C4"]["status"] == "Passed", items
     assert items["C2"]["evidence"][0].endswith("train_npu.py:7: bf16 mixed precision by the framework")
     findings = (tmp_path / "train_npu_report" / "findings.csv").read_text()
@@ -214,8 +220,6 @@ def test_a_deepspeed_scripts_precision_is_read_from_the_config_file_it_names(tmp
         "for batch in loader:\n"
         "    engine.backward(engine(batch).sum())\n"
         "    engine.step()\n")
-    result = CliRunner().invoke(app, [str(script), "--quiet"])
-    assert result.exit_code == 0, result.output
-    items = {item["id"]: item for item in json.loads((tmp_path / "train_npu_report" / "checklist.json").read_text())}
+    items = _checklist_of(script)
     assert items["C2"]["status"] == status, items["C2"]
     assert f"train_npu.py:7: {evidence}" in items["C2"]["evidence"][0], items["C2"]

@@ -57,8 +57,8 @@ def main():
 if __name__ == "__main__":
     main()
 '''
-PORT = ORIGINAL.replace("import torch\n", "import torch\nimport torch_npu\nfrom torch_npu.contrib import transfer_to_npu\n",
-                        1)
+NPU_IMPORTS = "import torch_npu\nfrom torch_npu.contrib import transfer_to_npu\n"
+PORT = ORIGINAL.replace("import torch\n", f"import torch\n{NPU_IMPORTS}", 1)
 # Runs a command and prints its wall seconds and the largest peak resident set of the processes it started (every
 # descendant the command waited for: torchrun's ranks)
 MEASURED = textwrap.dedent("""

@@ -220,8 +220,8 @@ def test_what_deepspeed_and_megatron_ask_of_the_device_is_the_emulated_devices(t
         again = torch.randn(3, device="npu").tolist()
         ints = torch.npu.IntTensor([1, 2])
         shaped = torch.npu.FloatTensor(2, 3)
-        print("RESULT", json.dumps([first == again, str(ints.dtype), ints.tolist(), list(shaped.shape),
-                                    isinstance(ints, torch.npu.IntTensor), isinstance(ints.float(), torch.npu.IntTensor),
+        types = [isinstance(ints, torch.npu.IntTensor), isinstance(ints.float(), torch.npu.IntTensor)]
+        print("RESULT", json.dumps([first == again, str(ints.dtype), ints.tolist(), list(shaped.shape), *types,
                                     os.path.isdir(os.environ["ASCEND_HOME_PATH"])]))
     """, tmp_path)
     assert result == [True, "torch.int32", [1, 2], [2, 3], True, False, True]

@@ -37,9 +37,9 @@ FRAMEWORK = Framework(
                   config_precision=config_precision),
     ),
     own_amp_signs=("deepspeed", "engine.backward"),
-    cuda_only_imports={"deepspeed.ops": ("DeepSpeed's CUDA kernels (its transformer, sparse-attention and inference "
-                                         "ops)", "torch operators, or DeepSpeed's NPU accelerator where it builds the op "
-                                         "(ds_report lists what it builds)")},
+    cuda_only_imports={"deepspeed.ops": (
+        "DeepSpeed's CUDA kernels (its transformer, sparse-attention and inference ops)",
+        "torch operators, or DeepSpeed's NPU accelerator where it builds the op (ds_report lists what it builds)")},
     # the optimizers its NPU accelerator provides (deepspeed/ops/op_builder/npu/): the same classes, nothing to port
     npu_provided_imports={
         "deepspeed.ops.adam": "DeepSpeed's NPU accelerator runs FusedAdam as torch._fused_adam_ and builds "
