@@ -493,32 +493,25 @@ class StepRecorder:
             self._hparams.append((step, "", ACCUMULATION, len(self._losses), index))
             if self._script_scaler:
                 self._hparams.append((step, "", INITIAL_LOSS_SCALE, self._script_scaler["init_scale"], index))
-            self._record_dropout_rates(step)
-            self._record_sharding_policies(step)
+            self._record_module_settings(step)
 
-    def _record_dropout_rates(self, step: int) -> None:
-        """The rate of every dropout module that trains (a config's rate, LoRA's lora_dropout, lives in its module),
-        named by its path in its model: a changed rate moves every op after it, which names no cause by itself."""
+    def _record_module_settings(self, step: int) -> None:
+        """Settings that live in the model's modules, each named by its module's path in its model (the model itself:
+        "the model"), in one walk of the modules: the rate of every dropout module that trains (a config's rate,
+        LoRA's lora_dropout: a changed rate moves every op after it, which names no cause by itself), and the
+        MixedPrecisionPolicy dtypes of every module fully_shard made (verify/frameworks/fsdp.py)."""
+        sharded = tuple(found for module, name in fsdp.MODULE_CLASSES
+                        if (found := getattr(sys.modules.get(module), name, None)) is not None)
         for root in self._outermost():
             for path, module in unwrapped(root).named_modules():
                 if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.training:
                     self._hparams.append((step, path, DROPOUT_RATE, float(module.p), MODULE_HPARAMS))
-
-    def _record_sharding_policies(self, step: int) -> None:
-        """The MixedPrecisionPolicy dtypes of every module fully_shard made (verify/frameworks/fsdp.py), named by its
-        path in its model (the model itself so)."""
-        classes = tuple(found for module, name in fsdp.MODULE_CLASSES
-                        if (found := getattr(sys.modules.get(module), name, None)) is not None)
-        if not classes:
-            return
-        for root in self._outermost():
-            for path, module in unwrapped(root).named_modules():
-                state = getattr(module, "_get_fsdp_state", None) if isinstance(module, classes) else None
+                state = getattr(module, "_get_fsdp_state", None) if sharded and isinstance(module, sharded) else None
                 policy = getattr(state(), "_mp_policy", None) if state is not None else None
-                for name, setting in zip(fsdp.POLICY_DTYPES, fsdp.POLICY_SETTINGS):
-                    if policy is not None:
-                        self._hparams.append((step, path or "the model", setting,
-                                              str(getattr(policy, name, None)), MODULE_HPARAMS))
+                if policy is not None:
+                    self._hparams.extend((step, path or "the model", setting, str(getattr(policy, name, None)),
+                                          MODULE_HPARAMS) for name, setting in zip(fsdp.POLICY_DTYPES,
+                                                                                   fsdp.POLICY_SETTINGS))
 
     def _parameter_names(self) -> dict[int, str]:
         names: dict[int, str] = {}
