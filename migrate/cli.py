@@ -89,10 +89,14 @@ def migrate(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print errors only.")] = False,
     fix_from: Annotated[Optional[Path], typer.Option(
         "--fix-from", metavar="PAIR", help="Fix PORT from what the verify pair in folder PAIR measured: write "
-        "PORT_fixed.py, verify it again, repeat while a round fixes something.")] = None,
+        "PORT_fixed.py, verify it again, repeat while a round fixes something; a precision FAIL climbs a ladder of "
+        "fixes, each verified before the next (fix.md names each rung).")] = None,
     fix_rounds: Annotated[int, typer.Option(
         "--fix-rounds", min=0, max=10, help="With --fix-from: at most this many fix-and-verify rounds (0: fix once, "
-        "verify nothing).")] = 3,
+        "verify nothing).")] = 6,
+    no_bf16: Annotated[bool, typer.Option(
+        "--no-bf16", help="With --fix-from: the target NPU computes no bf16 (the Atlas training series, 910A): the "
+        "fix's ladder climbs past its bf16 rung.")] = False,
     list_rules: Annotated[bool, typer.Option("--list-rules", help="List every rule and exit.")] = False,
     explain: Annotated[Optional[str], typer.Option(help="Print one rule's manual and exit.", metavar="CODE")] = None,
     version: Annotated[
@@ -108,7 +112,7 @@ def migrate(
         if not paths:
             raise PlanError("give at least one file or folder to port (or --list-rules, --explain CODE)")
         if fix_from is not None:
-            return _fix(paths, fix_from, fix_rounds, quiet)
+            return _fix(paths, fix_from, fix_rounds, quiet, bf16=not no_bf16)
         if not suffix or any(separator in suffix for separator in ("/", os.sep)) or suffix.strip(".") == "":
             raise PlanError(f"--suffix {suffix!r}: give a name part such as _npu (no path separator)")
         rules = select_rules(_codes(select), _codes(ignore))
@@ -156,13 +160,14 @@ def migrate(
     raise typer.Exit(_exit_code(results, writes, quiet, report))
 
 
-def _fix(paths: list[Path], pair: Path, rounds: int, quiet: bool) -> None:
+def _fix(paths: list[Path], pair: Path, rounds: int, quiet: bool, bf16: bool) -> None:
     """--fix-from (migrate/fix.py): exit 0 when the fixed port passed its last round, 1 when it did not."""
     from migrate import fix
 
     if len(paths) != 1 or not paths[0].is_file():
         raise PlanError("--fix-from PAIR fixes one port: give its file (migrate train_npu.py --fix-from PAIR)")
-    passed, folder = fix.run(paths[0], pair, rounds, lambda line: None if quiet else stderr.print(escape(line)))
+    passed, folder = fix.run(paths[0], pair, rounds, lambda line: None if quiet else stderr.print(escape(line)),
+                             bf16=bf16)
     outcome = ("written, not verified" if rounds == 0 else "PASS") if passed else "not fixed"
     stderr.print(f"{outcome}: report in {escape(shown_path(folder / FIX_MD))}")
     raise typer.Exit(ExitCode.OK if passed else ExitCode.PENDING)

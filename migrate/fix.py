@@ -6,7 +6,12 @@ one part of verify migrate imports), picks the causes a port can fix, has the fi
 port into `<stem>_fixed.py` beside it (never over the user's file), and verifies that file again as a subprocess
 (`verify ORIGINAL FIXED --no-match-amp`: the reference as written, in fp32, following the port's loss scale, since a
 reference under the port's autocast would compute the kept line in half precision and overflow alike). It goes on
-while a round fixes something, up to `rounds`. The causes it never fixes (a port bug: a changed hyperparameter,
+while a round fixes something, up to `rounds`. A precision FAIL (an op that overflows or diverges in half precision,
+updates skipped at every loss scale, or a FAIL that stays after a round fixed one) climbs a ladder (`LADDER`), each
+rung verified before the next, from the cheapest: the overflowing call alone in fp32, its module's forward in fp32, a
+loss-scale search that may go below 1, bf16 in place of fp16, AMP off; a rung whose rewrite changes nothing more is
+climbed past. fix.md shows each round's rung, verdict and cost (the share of records still in half precision, the
+step time against the first port's). The causes it never fixes (a port bug: a changed hyperparameter,
 operator, reduction, a dropped zero_grad) are named and left; no tolerance is widened. The fix folder
 (`PAIR_fix/`) holds each round's verify output, diff.patch, fix.md and fix.json.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import time
@@ -25,13 +31,13 @@ from typing import Any, Callable, TypeVar
 from migrate import ownership
 from migrate.diff import unified_diff
 from migrate.files import PlanError, sha256, shown_path, write_atomic
-from rules import Settings, mapped_line, rule_by_code
+from rules import AmpPolicy, Settings, mapped_line, rule_by_code
 from verify.contract.checklist_items import markdown_code, markdown_text
 from verify.contract.files import DIFF_PATCH, FIX_JSON, FIX_MD, SUMMARY_JSON, report_folder
 from verify.contract.finding_codes import FindingCode
 from verify.contract.pair_result import PairResult, RunSetup, UnreadableFile
 
-FIX_RULES = ("AMP201", "AMP202")
+FIX_RULES = ("AMP201", "AMP202", "AMP204")
 # with a `data_order` cause: the port's seeds and DataLoader order made the original's, and DATA002's set_epoch where
 # the original calls it
 ORDER_RULES = ("DET201", "DATA201")
@@ -62,6 +68,30 @@ _VALUED = ("--device-ref", "--timeout", "--devices", "--nproc-per-node", "--cali
            "--loss-rtol")
 
 
+@dataclass(frozen=True)
+class Rung:
+    """A rung of the fix's ladder for a precision cause: each is verified before the next, from the cheapest."""
+
+    number: int
+    does: str
+
+
+# Each rung's rewrite holds the ones below it; a rung whose rewrite changes nothing more is climbed past. A cause starts
+# at the first rung that acts on it: an op at the first, a loss scale that skips every update at the loss-scale rung.
+CALL, FORWARD, LOSS_SCALE, BF16, FP32 = LADDER = (
+    Rung(1, "the overflowing call alone in fp32, its inputs cast, the rest in the port's precision (AMP201)"),
+    Rung(2, "its module's forward in fp32 (AMP201)"),
+    Rung(3, "a loss-scale search that may go below 1 (AMP202)"),
+    Rung(4, "bf16 in place of fp16, on Ascend 910B (Atlas A2/A3) and later (AMP204)"),
+    Rung(5, "the training step in fp32: AMP off (AMP204)"),
+)
+# the Ascend chips that compute no bf16 (the Atlas training series), as torch.npu.get_device_name() names them: the
+# ladder climbs past its bf16 rung on them (910B1-4 and 910_93 are Atlas A2/A3, which do)
+NO_BF16_CHIPS = re.compile(r"Ascend910(A|ProA|ProB|PremiumA)")
+# the causes a precision rung acts on: verify's measure of the port's half precision losing accuracy
+PRECISION_CAUSES = (FindingCode.OVERFLOW, FindingCode.OP_DIVERGES, FindingCode.UPDATES_SKIPPED)
+
+
 @dataclass
 class Cause:
     code: str  # verify's finding code (a FindingCode's value), or DATA_HPARAM
@@ -81,6 +111,10 @@ class Round:
     reason: str = ""
     folder: str = ""
     wall_s: float = 0.0
+    rung: int = 0  # the ladder's rung its rewrite is on (0: no precision rewrite: the data order's)
+    climbed_past: list[str] = field(default_factory=list)  # the rungs below it this round climbed past, and why
+    half_share: float | None = None  # of the fixed port's forward and backward records, after the round
+    step_ms: float | None = None  # the fixed port's median step time, after the round
 
 
 @dataclass
@@ -151,6 +185,8 @@ def causes(result: PairResult, port: Path, original: Path, amp_effect: PairResul
         elif function := _function_at(first.source, port.parent):
             found.append(Cause(FindingCode.OVERFLOW.value, f"{what}, in {function} ({first.source})",
                                function=function))
+        else:  # a method of another file, which the fix does not write: the ladder's precision rungs act on it
+            found.append(Cause(FindingCode.OVERFLOW.value, f"{what} ({first.source or 'no line of the project'})"))
     # where the sides read other data, every op after it differs: an op that diverges is its symptom, not a cause
     # ... nor where the port has a bug the fix names and leaves (a changed activation): the op after it diverges
     symptoms_only = any(cause.code in NEVER_FIXED for cause in found) or result.has(FindingCode.DATA_ORDER)
@@ -165,13 +201,14 @@ def causes(result: PairResult, port: Path, original: Path, amp_effect: PairResul
                                f"{effect_first.dtype} at step {effect_first.step} where fp32 does not (the original's "
                                f"line {line})", mapped))
     # verify's updates_skipped: the port's GradScaler skipped every step where the original has no loss scaler. The
-    # scale starts as many halvings below the lowest it tried as it tried; not where an op that overflows in the
-    # forward pass explains it (a loss that is inf at every scale).
+    # scale starts as many halvings below the lowest it tried as it tried, below 1 where that is below 1 (the ladder's
+    # loss-scale search: gradients that overflow fp16 at every scale of 1 and above); not where an op that overflows
+    # in the forward pass explains it (a loss that is inf at every scale).
     for finding in result.findings:
-        if finding.code == FindingCode.UPDATES_SKIPPED and not any(cause.line or cause.function for cause in found):
+        if finding.code == FindingCode.UPDATES_SKIPPED and not any(
+                cause.line or cause.function or cause.code == FindingCode.OVERFLOW for cause in found):
             tried = finding.loss_scales
-            settled = max(1.0, min(tried) / 2.0 ** len(tried))
-            found.append(Cause(finding.code, finding.message, init_scale=settled))
+            found.append(Cause(finding.code, finding.message, init_scale=min(tried) / 2.0 ** len(tried)))
     return found
 
 
@@ -213,7 +250,9 @@ def fix_folder(pair: Path) -> Path:
     return folder
 
 
-def rewrite(text: str, path: Path, fixable: list[Cause], original: str) -> tuple[str, list[dict[str, Any]]]:
+def rewrite(text: str, path: Path, fixable: list[Cause], original: str,
+            rung: Rung = CALL) -> tuple[str, list[dict[str, Any]]]:
+    """The port rewritten for the causes at the ladder's `rung` (and the ones below it), and what was rewritten."""
     from migrate.engine import migrate_source  # the engine loads libcst: only when a port is rewritten
 
     lines = tuple(sorted({cause.line for cause in fixable if cause.line is not None}))
@@ -221,8 +260,11 @@ def rewrite(text: str, path: Path, fixable: list[Cause], original: str) -> tuple
     scales = [cause.init_scale for cause in fixable if cause.init_scale is not None]
     order = any(cause.code == FindingCode.DATA_ORDER for cause in fixable)
     callees = tuple(sorted({(cause.line, cause.callee) for cause in fixable if cause.line and cause.callee}))
+    precision = {BF16.number: AmpPolicy.BF16, FP32.number: AmpPolicy.OFF}.get(rung.number)
     settings = Settings(fp32_lines=lines, fp32_calls=functions, fp32_callees=callees,
-                        init_scale=min(scales) if scales else None, original_source=original if order else None)
+                        fp32_forwards=(*lines, *_kept_regions(text)) if rung.number >= FORWARD.number else (),
+                        init_scale=min(scales) if scales else None, fix_precision=precision,
+                        original_source=original if order else None)
     codes = [*FIX_RULES, *(ORDER_RULES if order else ()), *((EPOCH_RULE,) if order and ".set_epoch(" in original
                                                           else ())]
     result = migrate_source(text, path.name, settings, rules=[rule_by_code(code) for code in codes])
@@ -230,10 +272,13 @@ def rewrite(text: str, path: Path, fixable: list[Cause], original: str) -> tuple
                          for f in result.findings]
 
 
-def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) -> tuple[bool, Path]:
+def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None],
+        bf16: bool = True) -> tuple[bool, Path]:
     """The fix loop; whether the last verified round passed with no fixable cause left (with `rounds` 0, whether a
-    fix was written), and the fix folder."""
+    fix was written), and the fix folder. Without `bf16` (a target chip that computes none), or where the pair's port
+    ran on such a chip, the ladder climbs past its bf16 rung."""
     pair = Pair.read(pair_folder)
+    bf16 = bf16 and not NO_BF16_CHIPS.fullmatch(pair.result.port_device_name)
     target, folder = fixed_path(port), fix_folder(pair_folder)
     _take_over(target, port, pair_folder, say)
     folder.mkdir(parents=True)
@@ -242,13 +287,23 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
     done: list[Round] = []
     left: list[Cause] = []
     passed = False
+    rung = CALL
     for number in range(1, max(rounds, 1) + 1):
         start = time.monotonic()
         current = port if number == 1 else target
         found = causes(result, current, pair.original, effect)
         fixable = [cause for cause in found if cause.code not in NEVER_FIXED]
         left = [cause for cause in found if cause.code in NEVER_FIXED]
-        new, rewrites = rewrite(text, target, fixable, original_text) if fixable else (text, [])
+        new, rewrites = rewrite(text, target, fixable, original_text, rung) if fixable else (text, [])
+        # a precision FAIL the rung's rewrite leaves as it was climbs the ladder, each rung verified before the next
+        climbed_past: list[str] = []
+        while new == text and rung is not FP32 and _climbs(result, found, done):
+            climbed_past.append(f"{rung.number} (nothing more to rewrite)")
+            rung = LADDER[rung.number]  # the next
+            if rung is BF16 and not bf16:
+                climbed_past.append(f"{BF16.number} (the target NPU computes no bf16)")
+                rung = FP32
+            new, rewrites = rewrite(text, target, fixable, original_text, rung)
         if new == text:
             left += [cause for cause in fixable if cause.code in UNFIXED]
             say(f"round {number}: nothing to fix")
@@ -257,8 +312,12 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
         report_folder(port).mkdir(exist_ok=True)  # the record of what was written, which the next fix reads
         ownership.write_record(report_folder(port), [], [], {target: sha256(new.encode("utf-8"))})
         text = new
-        round_ = Round(number, fixable, rewrites)
+        round_ = Round(number, fixable, rewrites, rung=_rung_of(rewrites, rung), climbed_past=climbed_past)
         done.append(round_)
+        if climbed_past:
+            say(f"round {number}: climbed past rung {', '.join(climbed_past)}")
+        if round_.rung:
+            say(f"round {number}: rung {round_.rung}, {LADDER[round_.rung - 1].does}")
         for rewritten in rewrites:
             say(f"round {number}: {rewritten['code']} at {rewritten['at']}: {rewritten['message']}")
         if rounds == 0:
@@ -268,6 +327,7 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
         result = _verify(pair, target, folder / round_.folder)
         effect = None
         round_.verdict, round_.reason = result.verdict, result.reason
+        round_.half_share, round_.step_ms = result.port_half_share, result.port_step_ms
         round_.wall_s = round(time.monotonic() - start, 1)
         say(f"round {number}: {round_.reason} ({round_.wall_s:g} s)")
         remaining = [c for c in causes(result, target, pair.original, None) if c.code not in NEVER_FIXED]
@@ -279,6 +339,51 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None]) 
     patch = unified_diff(user_text, text, str(port), str(target))
     _report(folder, port, target, pair, done, left, patch, passed)
     return passed and not left, folder
+
+
+def _kept_regions(text: str) -> tuple[int, ...]:
+    """The lines of the port's `with` statements that switch autocast off (the regions a fix kept in fp32): the
+    forward rung keeps the forward holding one in fp32 whole, where the round that kept it did not PASS."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return ()
+    return tuple(node.lineno for node in ast.walk(tree) if isinstance(node, ast.With) and any(
+        isinstance(item.context_expr, ast.Call) and any(
+            word.arg == "enabled" and isinstance(word.value, ast.Constant) and word.value.value is False
+            for word in item.context_expr.keywords) for item in node.items))
+
+
+def _rung_of(rewrites: list[dict[str, Any]], climbed: Rung) -> int:
+    """The ladder's rung a round's rewrites are on: the one the ladder climbed to, else the first rung of the rules
+    that rewrote (AMP201 the op's call, AMP202 the loss scale); 0 for rewrites of the data order alone."""
+    codes = {rewritten["code"] for rewritten in rewrites}
+    if climbed is not CALL:
+        return climbed.number
+    return CALL.number if "AMP201" in codes else LOSS_SCALE.number if "AMP202" in codes else 0
+
+
+def _cost(round_: Round, first: PairResult) -> str:
+    """What the round's fixed port costs: its share of records still in half precision, and its step time against
+    the first port's, both measured on the pair's device."""
+    half = "not measured" if round_.half_share is None else f"{round_.half_share:.0%}"
+    said = f"{half} of the forward and backward records computed in half precision"
+    if round_.step_ms is not None and first.port_step_ms:
+        said += (f"; step time {round_.step_ms:g} ms against {first.port_step_ms:g} ms for the first port "
+                 f"({round_.step_ms / first.port_step_ms:.2f}x)")
+    return said + (f" (the first port: {first.port_half_share:.0%})" if first.port_half_share is not None else "")
+
+
+def _climbs(result: PairResult, found: list[Cause], done: list[Round]) -> bool:
+    """Whether a FAIL is the port's half precision losing accuracy, so that the ladder's next rung may fix it: a
+    precision cause is found, or an earlier round acted on one and the FAIL stayed (an op that diverges downstream of
+    what it fixed, in fp32); never where a port bug or other data explain it."""
+    if result.passed or result.verdict == "ERROR" or any(cause.code in NEVER_FIXED for cause in found):
+        return False
+    if result.has(FindingCode.DATA_ORDER):
+        return False
+    acted = [cause for round_ in done for cause in round_.causes]
+    return any(cause.code in PRECISION_CAUSES for cause in [*found, *acted])
 
 
 def _take_over(target: Path, port: Path, pair_folder: Path, say: Callable[[str], None]) -> None:
@@ -320,11 +425,15 @@ def _report(folder: Path, port: Path, target: Path, pair: Pair, done: list[Round
     lines = [f"# Fix of {markdown_code(port.name)} from {markdown_code(shown_path(pair.folder))}", "",
              f"Fixed port: {markdown_code(shown_path(target))} ({'PASS' if record['passed'] else 'not PASS'})", ""]
     for r in done:
-        lines += [f"## Round {r.number} ({r.wall_s:g} s)", ""]
+        on_rung = f": rung {r.rung} of {len(LADDER)}" if r.rung else ""
+        lines += [f"## Round {r.number}{on_rung} ({r.wall_s:g} s)", ""]
+        lines += [f"- rung: {markdown_text(LADDER[r.rung - 1].does)}"] if r.rung else []
+        lines += [f"- climbed past rung {markdown_text(', '.join(r.climbed_past))}"] if r.climbed_past else []
         lines += [f"- cause: {markdown_code(c.code)} {markdown_text(c.message)}" for c in r.causes]
         lines += [f"- rewrite: {markdown_code(w['code'])} at {markdown_code(w['at'])}: {markdown_text(w['message'])}"
                   for w in r.rewrites]
-        lines += [f"- verdict after: **{r.verdict}** {markdown_text(r.reason)}", ""]
+        lines += [f"- verdict after: **{r.verdict}** {markdown_text(r.reason)}"]
+        lines += [f"- cost: {_cost(r, pair.result)}", ""]
     if left:
         lines += ["## Left as they are (a port bug: fix it by hand)", ""]
         lines += [f"- {markdown_code(c.code)} {markdown_text(c.message)}: {markdown_text(ADVICE[c.code])}"

@@ -196,6 +196,76 @@ def test_a_loss_scale_that_overflows_at_every_step_starts_lower(tmp_path):
     assert "`AMP202`" in report
 
 
+# Style-transfer-shaped: a Gram matrix of the features under autocast, its squared error weighted as
+# fast_neural_style weights its style loss (1e10 there, 1e7 here); its fp16 gradients overflow at every loss scale of
+# 1 and above.
+_STYLE = '''import torch
+from torch import nn
+
+
+def main():
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 8)).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(8):
+        x = torch.randn(16, 8, device=device)
+        optimizer.zero_grad()
+        features = model(x)
+        gram = features.t() @ features / features.shape[0]
+        loss = (gram.float() - torch.eye(8, device=device)).pow(2).sum() * 1e7
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_gradients_that_overflow_at_every_loss_scale_of_1_and_above_get_a_scale_below_1(tmp_path):
+    """Issue 56's third rung: the loss-scale search goes below 1, round after round, until the updates fit."""
+    port, pair = _port_and_pair(tmp_path, "", script=_STYLE.replace("{", "{{").replace("}", "}}"))
+    assert "updates_skipped" in {f["code"] for f in json.loads((pair / "summary.json").read_text())["findings"]}
+    done, record, report = _fix(port, pair)
+    assert done.returncode == 0, done.stderr
+    scales = [cause["init_scale"] for r in record["rounds"] for cause in r["causes"]]
+    assert scales[-1] < 1 and {r["rung"] for r in record["rounds"]} == {3}, record["rounds"]
+    assert "init_scale=2.0**-" in (tmp_path / "train_npu_fixed.py").read_text()
+    assert record["passed"] and "rung 3 of 5" in report and "a loss-scale search that may go below 1" in report
+    assert "% of the forward and backward records computed in half precision; step time " in report
+
+
+_AMPLIFIER = ("from torch import nn\n\n\nclass Amplified(nn.Module):\n    def forward(self, h):\n"
+              "        return h * 4000\n")
+
+
+def test_an_overflow_in_a_module_of_another_file_climbs_to_bf16_or_on_a_chip_without_it_to_fp32(tmp_path):
+    """Issue 56's last rungs: the op overflows in a method of helpers.py, which the fix does not write, so the call,
+    forward and loss-scale rungs have nothing to rewrite: the autocast computes in bf16, the port saying on which
+    chips; with --no-bf16 (the 910A) the step computes in fp32. Each PASSes, and fix.md names the rungs."""
+    (tmp_path / "helpers.py").write_text(_AMPLIFIER)
+    script = _SCRIPT.replace("from torch import nn\n", "from torch import nn\n\nimport helpers\n")
+    port, pair = _port_and_pair(tmp_path, "        z = helpers.Amplified()(h)\n        loss = (z / 4000).mean() * 1e-3",
+                                scale=20, script=script)
+    assert json.loads((pair / "summary.json").read_text())["overflow"]["actual_first"]["source"] == "helpers.py:6"
+    done, record, report = _fix(port, pair)
+    assert done.returncode == 0, done.stderr
+    fixed = (tmp_path / "train_npu_fixed.py").read_text()
+    assert ("        # bf16: Ascend 910B (Atlas A2/A3) and later; the 910A has no bf16\n"
+            '        with torch.autocast(device_type="npu", dtype=torch.bfloat16):') in fixed, fixed
+    assert [r["rung"] for r in record["rounds"]] == [4] and record["passed"]
+    assert ("climbed past rung 1 (nothing more to rewrite), 2 (nothing more to rewrite), 3 (nothing more to "
+            "rewrite)") in report and "rung 4 of 5" in report
+    assert (tmp_path / "helpers.py").read_text() == _AMPLIFIER
+    done = _run("-m", "migrate", port.name, "--fix-from", pair.name, "--no-bf16", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    fixed = (tmp_path / "train_npu_fixed.py").read_text()
+    assert 'dtype=torch.float16, enabled=False):' in fixed and 'GradScaler("npu", enabled=False)' in fixed, fixed
+    report = (tmp_path / "pair_fix.1" / "fix.md").read_text()
+    assert "4 (the target NPU computes no bf16)" in report and "rung 5 of 5" in report and "(PASS)" in report
+
+
 def test_a_changed_lr_is_named_and_left_failing(tmp_path):
     port, pair = _port_and_pair(tmp_path, PLAIN, edit=lambda text: text.replace("lr=0.01", "lr=0.1"))
     assert json.loads((pair / "summary.json").read_text())["verdict"] == "FAIL"

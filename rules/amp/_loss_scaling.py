@@ -291,6 +291,42 @@ GRAD_SCALERS = frozenset(
 )
 
 
+# Every spelling of autocast a port may hold, and the device a namespaced one computes on.
+AUTOCASTS = (
+    "torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
+    "torch.npu.amp.autocast", "torch.cpu.amp.autocast", "torch_npu.npu.amp.autocast",
+)
+_NAMESPACE_DEVICE = {
+    "torch.cuda.amp.autocast": "cuda", "torch.npu.amp.autocast": "npu", "torch.cpu.amp.autocast": "cpu",
+    "torch_npu.npu.amp.autocast": "npu",
+}
+_CALL = m.Call()
+
+
+def autocast_device(call: cst.Call, refers_to: Callable[..., bool],
+                    qualified_names: Callable[[cst.CSTNode], set[str]]) -> str | None:
+    """The device a call of autocast names: its device_type, or its namespace's (torch.cuda.amp.autocast); None for
+    any other call. `refers_to` and `qualified_names` are the rule's."""
+    if not refers_to(call.func, *AUTOCASTS):
+        return None
+    if (device := argument(call, 0, "device_type")) is not None:
+        return string_value(device.value)
+    return next((_NAMESPACE_DEVICE[name] for name in qualified_names(call.func) if name in _NAMESPACE_DEVICE), None)
+
+
+def port_device(module: cst.Module, refers_to: Callable[..., bool],
+                qualified_names: Callable[[cst.CSTNode], set[str]]) -> str:
+    """The device of the file's first autocast: the one its fixes compute on ("npu" in a file without one)."""
+    devices = (autocast_device(call, refers_to, qualified_names) for call in findall(module, _CALL))
+    return next(filter(None, devices), "npu")
+
+
+def switched_off(call: cst.Call) -> bool:
+    """Whether an autocast or GradScaler call says `enabled=False` (a region a fix keeps in fp32, or AMP off)."""
+    enabled = argument(call, None, "enabled")
+    return enabled is not None and isinstance(enabled.value, cst.Name) and enabled.value.value == "False"
+
+
 def existing_scaler(module: cst.Module, refers_to: Callable[..., bool]) -> str | None:
     """The name (`scaler`, `self.scaler`) of the file's one GradScaler; None when there is none or several.
     `refers_to(node, *names)` is the rule's."""

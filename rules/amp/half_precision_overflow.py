@@ -5,19 +5,12 @@ import builtins
 import libcst as cst
 import libcst.matchers as m
 
-from rules import Case, PortRule, Settings, Unchanged, argument, findall, keyword, string_value
-from rules.amp._loss_scaling import free_name
+from rules import Case, PortRule, Settings, Unchanged, findall, keyword
+from rules.amp._loss_scaling import AUTOCASTS, free_name, port_device, switched_off
 
-_AUTOCASTS = (
-    "torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
-    "torch.npu.amp.autocast", "torch.cpu.amp.autocast", "torch_npu.npu.amp.autocast",
-)
-_NAMESPACE_DEVICE = {
-    "torch.cuda.amp.autocast": "cuda", "torch.npu.amp.autocast": "npu", "torch.cpu.amp.autocast": "cpu",
-    "torch_npu.npu.amp.autocast": "npu",
-}
 _CALL = m.Call()  # kept in a constant: rules.findall compiles it once
 _BUILTINS = frozenset(dir(builtins))
+_DOCSTRING = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])
 _ARITHMETIC = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.Power)
 
 
@@ -46,6 +39,9 @@ class HalfPrecisionOverflow(PortRule):
     names the module whose forward op it was (`Settings.fp32_callees`: `big` for `self.big`) and the statement calls
     it once, before any other call of the statement, that call alone is kept in fp32, on a line of its own before
     the statement (`big_fp32 = self.big(x.float())`), and the rest of the statement stays in the port's precision.
+    The fix's second rung (`Settings.fp32_forwards`: where the line alone did not PASS) keeps the whole `forward`
+    method holding such a line in fp32: its body (after its docstring) under one disabled autocast, every statement's
+    inputs cast as above; a forward whose body is such a region already is left alone.
 
     ## Why
     Half precision tops out at 65504 and keeps 11 bits: `exp`, a large product or a `pow` that fp32 computes exactly
@@ -197,14 +193,46 @@ class HalfPrecisionOverflow(PortRule):
             lines=[4],
             fp32_calls=("utils.gram_matrix",),
         ),
+        Case(  # the second rung: the forward holding the line, whole
+            """
+            import torch
+            class Block(torch.nn.Module):
+                def forward(self, x):
+                    \"""The block.\"""
+                    h = self.fc(x)
+                    return self.out(h * 4000)
+            with torch.autocast("npu", dtype=torch.float16):
+                loss = Block()(inputs).sum()
+            """,
+            """
+            import torch
+            class Block(torch.nn.Module):
+                def forward(self, x):
+                    \"""The block.\"""
+                    with torch.autocast(device_type="npu", enabled=False):
+                        h = self.fc(x.float())
+                        return self.out(h.float() * 4000)
+            with torch.autocast("npu", dtype=torch.float16):
+                loss = Block()(inputs).sum()
+            """,
+            lines=[3],
+            fp32_forwards=(6,),
+        ),
         Unchanged(
             """
             import torch
             with torch.autocast(device_type="npu", dtype=torch.float16):
                 with torch.autocast(device_type="npu", enabled=False):
                     z = torch.exp(h.float() * 30)
+            class Block(torch.nn.Module):
+                def forward(self, x):
+                    with torch.autocast(device_type="npu", enabled=False):
+                        return self.out(x.float() * 4000)
+            def step(x):
+                return x * 4000
             """,
             fp32_lines=(4,),
+            fp32_forwards=(8, 10),
         ),
         Unchanged(
             """
@@ -217,22 +245,14 @@ class HalfPrecisionOverflow(PortRule):
 
     @classmethod
     def wants(cls, source: str, settings: Settings) -> bool:
-        return bool(settings.fp32_lines or settings.fp32_calls) and super().wants(source, settings)
+        return bool(settings.fp32_lines or settings.fp32_calls or settings.fp32_forwards) and super().wants(source,
+                                                                                                             settings)
 
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
         self._disabled = 0  # how many autocasts that are switched off enclose the walk
         self._enabled = 0  # ... and how many that compute in half precision
-        self._device = next(filter(None, map(self._autocast_device, findall(node, _CALL))), "npu")
-
-    def _autocast_device(self, call: cst.Call) -> str | None:
-        """The device a call of autocast names: its device_type, or its namespace's (torch.cuda.amp.autocast)."""
-        if not self.refers_to(call.func, *_AUTOCASTS):
-            return None
-        if (device := argument(call, 0, "device_type")) is not None:
-            return string_value(device.value)
-        return next((_NAMESPACE_DEVICE[name] for name in self.qualified_names(call.func) if name in _NAMESPACE_DEVICE),
-                    None)
+        self._device = port_device(node, self.refers_to, self.qualified_names)
 
     def visit_With(self, node: cst.With) -> None:
         autocast = self._autocast(node)
@@ -249,16 +269,40 @@ class HalfPrecisionOverflow(PortRule):
         """Whether the `with` enters an autocast that is on, one switched off (`enabled=False`), or none (None)."""
         for item in node.items:
             call = item.item
-            if isinstance(call, cst.Call) and self.refers_to(call.func, *_AUTOCASTS):
-                enabled = argument(call, None, "enabled")
-                return not (enabled is not None and isinstance(enabled.value, cst.Name)
-                            and enabled.value.value == "False")
+            if isinstance(call, cst.Call) and self.refers_to(call.func, *AUTOCASTS):
+                return not switched_off(call)
         return None
 
     def _calls_kept_function(self, node: cst.CSTNode) -> bool:
         """A call of a function verify measured overflow in half precision, under an autocast that is on."""
         return bool(self._enabled and self.settings.fp32_calls) and any(
             self.refers_to(call.func, *self.settings.fp32_calls) for call in findall(node, _CALL))
+
+    def _disabled_autocast(self) -> cst.Call:
+        """`torch.autocast(device_type=DEVICE, enabled=False)` on the port's own autocast device."""
+        return cst.Call(
+            func=cst.Attribute(value=cst.Name("torch"), attr=cst.Name("autocast")),
+            args=[keyword("device_type", cst.SimpleString(f'"{self._device}"')),
+                  keyword("enabled", cst.Name("False"))],
+        )
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        span = self.file.position(original_node)
+        if original_node.name.value != "forward" or not isinstance(updated_node.body, cst.IndentedBlock) or not any(
+                span.start.line <= line <= span.end.line for line in self.settings.fp32_forwards):
+            return updated_node
+        statements = list(updated_node.body.body)
+        docstring = statements[:1] if statements and m.matches(statements[0], _DOCSTRING) else []
+        body = statements[len(docstring):]
+        if len(body) == 1 and isinstance(body[0], cst.With) and self._autocast(body[0]) is False:
+            return updated_node  # kept in fp32 whole by an earlier fix
+        kept = cst.With(items=[cst.WithItem(self._disabled_autocast())],
+                        body=cst.IndentedBlock(body=[statement.visit(_CastInputs(self)) for statement in body]))
+        new = updated_node.with_changes(body=updated_node.body.with_changes(body=[*docstring, kept]))
+        return self.replace(original_node, updated_node, new,
+                            f"kept in fp32: the forward at line {span.start.line} whole, autocast disabled in it, its "
+                            "inputs cast .float() (verify measured its op overflow or diverge in half precision where "
+                            "its line alone was kept in fp32)", imports=[("torch", None)])
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
@@ -267,11 +311,7 @@ class HalfPrecisionOverflow(PortRule):
         named = any(span.start.line <= line <= span.end.line for line in self.settings.fp32_lines)
         if self._disabled or not (named or self._calls_kept_function(original_node)):
             return updated_node
-        autocast = cst.Call(
-            func=cst.Attribute(value=cst.Name("torch"), attr=cst.Name("autocast")),
-            args=[keyword("device_type", cst.SimpleString(f'"{self._device}"')),
-                  keyword("enabled", cst.Name("False"))],
-        )
+        autocast = self._disabled_autocast()
         callee = next((name for line, name in self.settings.fp32_callees if span.start.line <= line <= span.end.line),
                       None)
         if named and callee and (call := _first_called(original_node, callee)) is not None:

@@ -72,7 +72,12 @@ class Settings:
     # ... and of fp32_lines, the module or function whose op it was, by its last name (line, "big" for self.big):
     # AMP201 keeps that call alone in fp32 where it can
     fp32_callees: tuple[tuple[int, str], ...] = ()
+    # ... the lines whose module's forward (the `forward` method holding the line) AMP201 keeps in fp32 whole: the
+    # fix's second rung, where the line alone did not PASS
+    fp32_forwards: tuple[int, ...] = ()
     init_scale: float | None = None
+    # The precision the fix's last rungs give the port's autocast and GradScaler (AMP204): bf16, then off (fp32).
+    fix_precision: AmpPolicy | None = None
     # The original's source, where verify found the port reads other data or initial weights (`data_order`): DET201
     # and DATA201 give the port its seeds and data order.
     original_source: str | None = None

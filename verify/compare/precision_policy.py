@@ -67,6 +67,17 @@ def amp_dtype(run: Run) -> str:
     return ""
 
 
+def precision_cost(run: Run) -> dict[str, float | None]:
+    """What a run's precision costs and buys, as summary.json gives it for each side (a fix's fix.md compares its
+    rungs by them): the share of its forward and backward records of a floating dtype computed in half precision,
+    and its median step time in ms (None where it recorded none)."""
+    ops = run.ops.loc[run.ops["phase"].isin(["forward", "backward"]) & ~run.ops["op"].isin(list(CARRIERS)), "dtype"]
+    floating = ops[ops.str.startswith(("float", "bfloat"), na=False)]
+    wall_ms = run.losses["wall_ms"].dropna()
+    return {"half_share": round(float(floating.isin(HALF_DTYPES).mean()), 4) if len(floating) else None,
+            "step_ms": round(float(wall_ms.median()), 3) if len(wall_ms) else None}
+
+
 def imposed_autocast_entered(run: Run) -> bool:
     """Whether the autocast verify gave the run (`manifest.autocast`) computed anything: around the whole script, or
     where it followed the port's scopes, in a call the port made under autocast. A port computing in half precision

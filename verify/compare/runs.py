@@ -25,7 +25,7 @@ from verify.compare.curves import (LossComparison, compare_grads, compare_hparam
 from verify.compare.findings import FAILING, Finding, FindingCode, Verdict, collect_findings, how_runs_ended, verdict
 from verify.compare.op_catalogue import BUILT_IN, RANDOM, OpCatalogue
 from verify.compare.op_verdicts import carried_noise_of, first_divergent_op, op_metrics, unscaled_backward
-from verify.compare.precision_policy import CompareOptions, PrecisionPolicy, precision_policy
+from verify.compare.precision_policy import CompareOptions, PrecisionPolicy, precision_cost, precision_policy
 from verify.compare.rank_compare import findings_across_ranks, race_loss_rtol, racy_updates, ranks_of, worst_rank
 from verify.record.store import Run
 from verify.devices import title
@@ -80,9 +80,11 @@ class ComparisonResult:
             "reason": self.verdict.reason,
             "comparison": self.policy.description,
             "ref": {"path": str(self.ref.root), "title": self.ref.manifest.title, "source": self.ref.source,
-                    "emulated": self.ref.manifest.emulated},
+                    "emulated": self.ref.manifest.emulated, "device_name": self.ref.manifest.device_name,
+                    **precision_cost(self.ref)},
             "actual": {"path": str(self.actual.root), "title": self.actual.manifest.title,
-                       "source": self.actual.source, "emulated": self.actual.manifest.emulated},
+                       "source": self.actual.source, "emulated": self.actual.manifest.emulated,
+                       "device_name": self.actual.manifest.device_name, **precision_cost(self.actual)},
             "loss": loss,
             "ops": {**self.status_counts(), "past_tolerance": int((self.ops["passed"] == False).sum()),  # noqa: E712
                     "not_compared": self.ops_not_compared},

@@ -83,6 +83,11 @@ class PairResult:
     reference: Path | None = None  # the reference run's folder, absolute
     command: tuple[str, ...] = ()  # the pair's command line (`verify ORIGINAL PORTED ... -- ARGS`)
     ran_in: str = ""  # the folder it ran in
+    # what the port's precision costs (verify/compare/precision_policy.py precision_cost): the share of its forward
+    # and backward records computed in half precision, and its median step time; None where not recorded
+    port_half_share: float | None = None
+    port_step_ms: float | None = None
+    port_device_name: str = ""  # the port's device as its runtime names it ("Ascend910B2", "CPU (emulated NPU)")
 
     @classmethod
     def read(cls, folder: Path) -> PairResult:
@@ -107,6 +112,7 @@ class PairResult:
             overflow = (summary.get("overflow") or {}).get("actual_first")
             pair = summary.get("pair") or {}
             reference = ((summary.get("runs") or {}).get("ref") or {}).get("absolute")
+            port = summary.get("actual") or {}
             return cls(
                 summary.get("verdict", "ERROR"), bool(summary.get("passed")), summary.get("reason", ""),
                 tuple(Finding(f["code"], f["message"], f.get("detail") or {}) for f in summary.get("findings", [])),
@@ -115,7 +121,8 @@ class PairResult:
                 FirstOverflow(overflow["op"], overflow["dtype"], overflow["step"], overflow.get("source"),
                               str(overflow.get("phase") or ""), str(overflow.get("module") or ""))
                 if overflow else None,
-                Path(reference) if reference else None, tuple(pair.get("command", [])), pair.get("ran_in") or "")
+                Path(reference) if reference else None, tuple(pair.get("command", [])), pair.get("ran_in") or "",
+                port.get("half_share"), port.get("step_ms"), str(port.get("device_name") or ""))
         except (AttributeError, KeyError, TypeError) as error:
             raise UnreadableFile(path, f"not a verify summary ({type(error).__name__}: {error})") from None
 
