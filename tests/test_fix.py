@@ -226,7 +226,14 @@ if __name__ == "__main__":
 def test_gradients_that_overflow_at_every_loss_scale_of_1_and_above_get_a_scale_below_1(tmp_path):
     """Issue 56's third rung: the loss-scale search goes below 1, round after round, until the updates fit."""
     port, pair = _port_and_pair(tmp_path, "", script=_STYLE.replace("{", "{{").replace("}", "}}"))
-    assert "updates_skipped" in {f["code"] for f in json.loads((pair / "summary.json").read_text())["findings"]}
+    summary = json.loads((pair / "summary.json").read_text())
+    assert "updates_skipped" in {f["code"] for f in summary["findings"]}
+    # where the scaled gradients first overflow: the backward of the loss's cast to fp32, at the port's loss line
+    first = summary["overflow"]["actual_first_skipped"]
+    line = next(n for n, text in enumerate(port.read_text().splitlines(), 1) if "loss = (gram.float()" in text)
+    assert (first["phase"], first["source"]) == ("backward", f"train_npu.py:{line}"), first
+    assert f"overflowed at every scale (first in {first['op']} of the backward pass of train_npu.py:{line}, step 0)" \
+        in summary["reason"]
     done, record, report = _fix(port, pair)
     assert done.returncode == 0, done.stderr
     scales = [cause["init_scale"] for r in record["rounds"] for cause in r["causes"]]

@@ -216,9 +216,13 @@ def _expected_overflow(ops: pd.DataFrame, skipped: list[int]) -> pd.Series:
     return (ops["phase"] == "backward") & ops["step"].isin(skipped)
 
 
-def _first_nonfinite(ops: pd.DataFrame, skipped: list[int]) -> dict[str, Any] | None:
+def _first_nonfinite(ops: pd.DataFrame, skipped: list[int], scalers_work: bool = False) -> dict[str, Any] | None:
+    """The first op whose result holds an inf or a nan: outside what a loss scaler dealt with, or (`scalers_work`)
+    inside it: where the scaled gradients of the steps it skipped first overflowed, the backward op with the forward
+    line it differentiates."""
+    expected = _expected_overflow(ops, skipped)
     bad = ops.loc[((ops["nan_count"].fillna(0) > 0) | (ops["inf_count"].fillna(0) > 0))
-                  & ~_expected_overflow(ops, skipped)]
+                  & (expected if scalers_work else ~expected)]
     if bad.empty:
         return None
     first = bad.sort_values(["step", "seq"]).iloc[0]
@@ -301,7 +305,9 @@ def compare_overflow(ref: Run, actual: Run, measured: Envelope | None = None) ->
     # discriminator's gradients, which no optimizer of that step applies, and no scaler skips).
     by_noise = one_sided and overflow_timing_is_noise(measured) and all(first["phase"] == "backward"
                                                                          for first in firsts)
-    return {"ref_first": ref_first, "actual_first": actual_first, "one_sided": one_sided and not by_noise,
+    return {"ref_first": ref_first, "actual_first": actual_first,
+            "actual_first_skipped": _first_nonfinite(actual.ops, actual.manifest.skipped_steps, scalers_work=True),
+            "one_sided": one_sided and not by_noise,
             "firsts_within_noise": by_noise, **_skips_by_noise(_one_sided_skips(ref, actual), measured),
             "under_imposed_autocast": _under_imposed_autocast(ref, actual, ref_first if same_op else None),
             "ref_scale": _scale_trace(ref), "actual_scale": _scale_trace(actual)}

@@ -279,8 +279,10 @@ def _overflow_findings(overflow: dict[str, Any], actual: Run) -> list[Finding]:
         findings.append(Finding(FindingCode.UPDATES_SKIPPED, (
             f"the port's GradScaler skipped the update of each of its {len(trace['scales'])} steps (loss scale "
             f"{_scales_words(trace['scales'])}{_settling_words(actual)}): its fp16 gradients overflowed at every "
-            "scale, so the port never trained in this run, where the original, which has no loss scaler, updates at "
-            "each step"), {"side": "actual", **trace, "lowest_scale": f"{min(trace['scales']):g}"}))
+            f"scale{_where_gradients_overflow(overflow.get('actual_first_skipped'))}, so the port never trained in "
+            "this run, where the original, which has no loss scaler, updates at each step"),
+            {"side": "actual", **trace, "lowest_scale": f"{min(trace['scales']):g}",
+             "first_overflow": overflow.get("actual_first_skipped")}))
     if never == "both":
         findings.append(Finding(FindingCode.NO_UPDATE_COMPARED, (
             f"no update was compared: each side's own loss scaler skipped the update of each of its "
@@ -288,6 +290,14 @@ def _overflow_findings(overflow: dict[str, Any], actual: Run) -> list[Finding]:
             "so neither side trained in this run and nothing proves the port's training"),
             {"side": "both", **trace, "lowest_scale": f"{min(trace['scales']):g}"}))
     return findings
+
+
+def _where_gradients_overflow(first: dict[str, Any] | None) -> str:
+    """Where the scaled gradients first overflowed: the backward op, and the forward line it differentiates."""
+    if not first:
+        return ""
+    at = ", ".join(str(part) for part in (first.get("module"), first.get("source")) if part)
+    return f" (first in {first['op']} of the backward pass{f' of {at}' if at else ''}, step {first['step']})"
 
 
 def _settling_words(run: Run) -> str:
