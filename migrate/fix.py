@@ -287,16 +287,21 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None],
     done: list[Round] = []
     left: list[Cause] = []
     passed = False
-    rung = CALL
+    reached = CALL  # the highest rung a round climbed to: a FAIL that stays after it climbs on from there
     for number in range(1, max(rounds, 1) + 1):
         start = time.monotonic()
         current = port if number == 1 else target
         found = causes(result, current, pair.original, effect)
         fixable = [cause for cause in found if cause.code not in NEVER_FIXED]
         left = [cause for cause in found if cause.code in NEVER_FIXED]
+        # a new cause is fixed at the cheapest rung; where that rewrites nothing, the FAIL climbs from the highest
+        # rung reached, each rung verified before the next
+        rung = CALL
         new, rewrites = rewrite(text, target, fixable, original_text, rung) if fixable else (text, [])
-        # a precision FAIL the rung's rewrite leaves as it was climbs the ladder, each rung verified before the next
         climbed_past: list[str] = []
+        if new == text and reached is not CALL and _climbs(result, found, done):
+            rung = reached
+            new, rewrites = rewrite(text, target, fixable, original_text, rung)
         while new == text and rung is not FP32 and _climbs(result, found, done):
             climbed_past.append(f"{rung.number} (nothing more to rewrite)")
             rung = LADDER[rung.number]  # the next
@@ -304,6 +309,7 @@ def run(port: Path, pair_folder: Path, rounds: int, say: Callable[[str], None],
                 climbed_past.append(f"{BF16.number} (the target NPU computes no bf16)")
                 rung = FP32
             new, rewrites = rewrite(text, target, fixable, original_text, rung)
+        reached = max(reached, rung, key=lambda climbed: climbed.number)
         if new == text:
             left += [cause for cause in fixable if cause.code in UNFIXED]
             say(f"round {number}: nothing to fix")
