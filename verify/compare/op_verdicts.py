@@ -72,7 +72,8 @@ def op_metrics(aligned: pd.DataFrame, ref: Run, actual: Run, policy: PrecisionPo
         # result rounds the data pipeline's Normalize too (0.00013 on mnist), whose 10 times let another shuffle pass.
         noise = np.where(batch, 0.0, table["envelope"].fillna(0.0).to_numpy())
         table["tolerance"] = np.fmax(table["tolerance"].to_numpy(), tolerances.ENVELOPE_FACTOR * noise)
-    flips = np.fmax(_flipped_update_elements(table), _carried_flips(table))
+    flips = _flipped_update_elements(table)
+    flips = np.fmax(flips, _carried_flips(table, flips))
     table["tolerance"] = np.fmax(table["tolerance"].to_numpy(), flips)
     if "calibrated_tolerance" in table:
         table["calibrated_tolerance"] = np.fmax(table["calibrated_tolerance"].to_numpy("float64"), flips)
@@ -107,11 +108,12 @@ def _flipped_update_elements(table: pd.DataFrame) -> np.ndarray:
     return flips
 
 
-def _carried_flips(table: pd.DataFrame) -> np.ndarray:
+def _carried_flips(table: pd.DataFrame, flips: np.ndarray) -> np.ndarray:
     """Per row: the flipped update elements allowed at the updates of its module's parameters (what their update
     records differ by, up to their flip allowance, summed over the steps before), for a forward record computed from
     the weights alone (no recorded input: InstanceNorm's `weight.repeat`), which carries those parameters' values;
-    0 for other rows. Anything past the carried amount still fails (issue 56)."""
+    0 for other rows. `flips` is each update record's own allowance (_flipped_update_elements). Anything past the
+    carried amount still fails (issue 56)."""
     carried = np.zeros(len(table))
     update = (table["ref_op"] == UPDATE_OP).to_numpy(dtype=bool, na_value=False)
     # a recorded data flow that names no input (NA: a run recorded without one, which says nothing)
@@ -120,10 +122,10 @@ def _carried_flips(table: pd.DataFrame) -> np.ndarray:
     rows = np.flatnonzero(weights_only & ~update)
     if not (update.any() and len(rows)):
         return carried
-    allowed = np.fmin(table["stats_error"].to_numpy("float64"), _flipped_update_elements(table))
-    parameter = table["module"].astype(str)
-    updates = pd.DataFrame({"step": table["step"].to_numpy("int64"), "owner": parameter.str.rpartition(".")[0],
-                            "parameter": parameter, "allowed": np.nan_to_num(allowed)}).loc[update]
+    allowed = np.fmin(table["stats_error"].to_numpy("float64")[update], flips[update])
+    parameter = table["module"].astype(str).loc[update].reset_index(drop=True)  # the update records alone
+    updates = pd.DataFrame({"step": table["step"].to_numpy("int64")[update], "owner": parameter.str.rpartition(".")[0],
+                            "parameter": parameter, "allowed": np.nan_to_num(allowed)})
     # a parameter's allowance so far, after each step; a module's, the largest of its parameters'
     updates["so_far"] = updates.sort_values("step").groupby("parameter")["allowed"].cumsum()
     by_owner = updates.groupby(["owner", "step"], as_index=False)["so_far"].max().sort_values("step")
