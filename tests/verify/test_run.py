@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -188,6 +189,17 @@ def test_ddp_with_one_process(tmp_path):
     # the model's own names, as without the wrapper (a port may train the model unwrapped)
     assert set(result.grads["param"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert {"Sequential.0", "Sequential.2"} <= set(result.ops["module"])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="a process's threads are read from /proc")
+def test_a_gloo_group_under_the_capture_ends_with_destroy_process_group(tmp_path):
+    """The capture's first op imported torch._dynamo after the script's init_process_group, which then kept the group
+    alive past destroy_process_group: at the exit its threads could abort the rank (SIGABRT, "terminate called
+    without an active exception"; 1 CI run in 20)."""
+    threads = tmp_path / "threads.json"
+    result = run(tmp_path, "group_threads_after_destroy.py", str(threads))
+    assert result.manifest.status == Status.OK.value, result.manifest.message
+    assert not [name for name in json.loads(threads.read_text()) if "gloo" in name]
 
 
 def test_gan_counts_one_step_per_iteration(tmp_path):

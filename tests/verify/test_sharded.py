@@ -122,6 +122,20 @@ def run_emulated_npu(script: str, tmp_path: Path) -> dict:
     return json.loads(done.stdout.split("RESULT ", 1)[1])
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="a process's threads are read from /proc")
+def test_the_emulated_npus_process_group_ends_with_destroy_process_group(tmp_path):
+    """The emulation's numerics mode imported torch._dynamo at its first op, after the script's init_process_group,
+    which then kept the gloo group standing in for hccl alive past destroy_process_group: at the exit its threads
+    aborted a rank of the collectives test below 1 run in 20 (SIGABRT, "terminate called without an active
+    exception")."""
+    threads = tmp_path / "threads.json"
+    env = {**os.environ, **emulation_env("cpu"), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": free_port()}
+    done = subprocess.run([sys.executable, str(SCRIPTS / "group_threads_after_destroy.py"), str(threads), "--npu"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not [name for name in json.loads(threads.read_text()) if "gloo" in name]
+
+
 @PUBLIC_DTENSOR
 def test_a_device_mesh_on_the_npu_starts_its_process_group_on_hccl_and_shards_there(tmp_path):
     """init_device_mesh starts the default process group itself, with its own import of init_process_group: it

@@ -26,6 +26,11 @@ from typing import Any
 
 import numpy as np
 import torch
+# The capture's first op imports torch._dynamo (torch wraps every __torch_dispatch__ so). Imported once the script's
+# gloo process group exists, dynamo keeps the group alive past destroy_process_group, and at the exit the group's
+# threads abort the process ("terminate called without an active exception"; torchrun then stops the other ranks,
+# which may be writing their manifests). Imported here, before the script runs, it holds no group.
+import torch._dynamo  # noqa: F401
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from verify.devices import setup as device_setup

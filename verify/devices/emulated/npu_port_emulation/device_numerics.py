@@ -308,6 +308,10 @@ def install(face: str, generator: OwnGenerator | None) -> None:
     exact mode, on the cpu target, only half precision as the devices compute it, in the CPU's order."""
     if _installed or (EXACT and generator is None):  # exact on a GPU: the GPU computes half precision as it does
         return
+    # The mode's first op imports torch._dynamo (torch wraps every __torch_dispatch__ so). Imported after the script's
+    # init_process_group, dynamo keeps the gloo group alive past destroy_process_group, and at the exit the group's
+    # threads abort the process: it is imported while no group exists yet.
+    import torch._dynamo  # noqa: F401
     if EXACT:
         mode = DeviceNumerics(1, None)
     else:
