@@ -51,6 +51,7 @@ NEVER_FIXED = {
     FindingCode.HPARAM_MISMATCH: "a changed hyperparameter: make the port's value the original's",
     FindingCode.OP_CHANGED: "a changed operator (activation, reduction, its settings): call the original's",
     FindingCode.GRADS_NOT_RESET: "a dropped zero_grad: reset the gradients where the original does",
+    FindingCode.INIT_DIFFERS: "a dropped initialization: write the parameters after to_empty as the original does",
     DATA_HPARAM: "a changed DataLoader batch_size or drop_last: make the port's value the original's",
     FindingCode.NO_UPDATE_COMPARED: "both scripts' loss scalers skipped every update: give them more steps to compare "
                                     "one",

@@ -13,7 +13,7 @@ from hung_runs import timed_out_before_printing, timed_out_in_the_hang
 
 from verify.errors import Stopped
 from verify.launch.runner import RunOptions, run_script
-from verify.record.schema import SETTLING_STEPS, DumpMode, Status
+from verify.record.schema import SETTLING_STEPS, UNWRITTEN_KEY, DumpMode, Status
 from verify.record.store import Run, read_run
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -200,6 +200,19 @@ def test_a_gloo_group_under_the_capture_ends_with_destroy_process_group(tmp_path
     result = run(tmp_path, "group_threads_after_destroy.py", str(threads))
     assert result.manifest.status == Status.OK.value, result.manifest.message
     assert not [name for name in json.loads(threads.read_text()) if "gloo" in name]
+
+
+@pytest.mark.parametrize("initialized", ["all", "head", "data", "assign"])
+def test_the_parameters_left_as_to_empty_allocated_them_are_named_in_the_manifest(tmp_path, initialized):
+    """pytorch/examples' FSDP2 example resets its embeddings and its head after to_empty, never its blocks: they
+    trained from zeros on the emulated devices, so a change to a block's arithmetic changed no number."""
+    result = run(tmp_path, "meta_init.py", initialized)
+    assert result.manifest.status == Status.OK.value, result.manifest.message
+    unwritten = result.manifest.extra.get(UNWRITTEN_KEY)
+    if initialized == "head":
+        assert unwritten == {"where": "meta_init.py:14", "count": 2, "of": 4, "names": ["0.weight", "0.bias"]}
+    else:  # reset in place, replaced by .data =, or loaded with assign=True
+        assert unwritten is None
 
 
 def test_gan_counts_one_step_per_iteration(tmp_path):

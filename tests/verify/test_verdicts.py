@@ -928,3 +928,32 @@ def test_runs_going_together_build_torch_extensions_in_folders_of_their_own(tmp_
                      for line in (tmp_path / "out" / side / "files" / "folders.txt").read_text().split())
     assert [folder.split("-torch")[0] for folder in folders] == ["npu-port-actual", "npu-port-calibration",
                                                                   "npu-port-ref"]
+
+
+def meta_init_port(tmp_path: Path, initialized: str) -> Path:
+    """meta_init.py's port to the emulated NPU, initializing its model as `initialized` says (meta_init.py)."""
+    port = tmp_path / "meta_init_npu.py"
+    source = (SCRIPTS / "meta_init.py").read_text().replace("how = sys.argv[1]", f"how = {initialized!r}")
+    port.write_text(source.replace("import torch\n", "import torch\nimport torch_npu  # noqa: F401\n", 1))
+    return port
+
+
+def test_a_pair_whose_scripts_both_leave_parameters_as_to_empty_allocated_them_passes_saying_so(tmp_path):
+    """The port is faithful (a PASS), and the pair says what its numbers cannot prove: the body's parameters are
+    the allocator's, zeros here, on both sides."""
+    code, summary, out = verify(SCRIPTS / "meta_init.py", meta_init_port(tmp_path, "head"), "--steps", "3", "-q",
+                                "-o", tmp_path / "pair", "--", "head")
+    assert code == 0 and summary["verdict"] == "PASS"
+    unwritten = finding(summary, "uninitialized")
+    assert unwritten["detail"]["side"] == "both" and "2 of 4 parameters" in unwritten["message"]
+    assert "Initialize every parameter after to_empty (meta_init_npu.py:15)" in (out / "advice.txt").read_text()
+
+
+def test_a_port_that_leaves_parameters_its_original_initializes_fails_naming_them(tmp_path):
+    code, summary, out = verify(SCRIPTS / "meta_init.py", meta_init_port(tmp_path, "head"), "--steps", "3", "-q",
+                                "-o", tmp_path / "pair", "--", "all")
+    assert code == 1 and summary["verdict"] == "FAIL"
+    assert summary["reason"].startswith("FAIL: the port leaves 2 of 4 parameters unwritten after Module.to_empty")
+    unwritten = finding(summary, "init_differs")
+    assert unwritten["detail"]["side"] == "actual" and "0.weight, 0.bias" in unwritten["message"]
+    assert "as the other script does" in (out / "advice.txt").read_text()

@@ -40,7 +40,7 @@ from verify.capture.tensor_stats import StatBatch
 from verify.capture import environment_record, project_files
 from verify.capture import perturbation, precision_scopes
 from verify.capture import listing_order, private_files, random_streams, whole_saves
-from verify.capture import compile_calls, followed_port, rank_capture
+from verify.capture import compile_calls, followed_port, initialization, rank_capture
 from verify.capture.lifetime import die_with_parent
 from verify.errors import CaptureFailed, DiskFull, VerifyError, VerifyFailure
 from verify.frameworks import LAUNCHERS
@@ -149,6 +149,7 @@ def _run_script(manifest: RunManifest, recorder: StepRecorder, watch: TorchDispa
         stack.enter_context(listing_order.sorted_listings(manifest.extra))
         stack.enter_context(whole_saves.saved_whole(manifest.extra))
         stack.enter_context(compile_calls.counted(manifest.extra))
+        stack.enter_context(initialization.watched(manifest.extra, manifest.running_root, manifest.files_root))
         if private is not None:  # around the whole saves: a save replaces the link, never the original file
             stack.enter_context(private_files.kept_private(private))
         if manifest.no_dropout:

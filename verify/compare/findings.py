@@ -21,7 +21,7 @@ from verify.compare.curves import LossComparison, never_updated
 from verify.compare.op_verdicts import MODEL_PHASES, one_sided_producers, op_label, source_text
 from verify.compare.precision_policy import PrecisionPolicy
 from verify.record.store import Run
-from verify.record.schema import INPUT_OP, RECORDED_SETTINGS, SETTLING_STEPS, Phase, Status
+from verify.record.schema import INPUT_OP, RECORDED_SETTINGS, SETTLING_STEPS, UNWRITTEN_KEY, Phase, Status
 from verify.errors import CompareError
 from verify.contract.files import port_name, project_trees
 from verify.contract.finding_codes import FindingCode
@@ -35,7 +35,7 @@ LOW_MATCH_SHARE = 0.5
 # first divergent operator comes before the loss it moves.
 FAILING = (FindingCode.RUN_FAILED, FindingCode.NO_BACKWARD, FindingCode.STEPS_DIFFER, FindingCode.RANKS_DIFFER,
            FindingCode.SHARDING,
-           FindingCode.RANKS_DISAGREE, FindingCode.HPARAM_MISMATCH, FindingCode.DATA_ORDER,
+           FindingCode.RANKS_DISAGREE, FindingCode.HPARAM_MISMATCH, FindingCode.INIT_DIFFERS, FindingCode.DATA_ORDER,
            FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES,
            FindingCode.UPDATES_SKIPPED, FindingCode.NO_UPDATE_COMPARED, FindingCode.NONDETERMINISM,
            FindingCode.OUTPUT_DIVERGES, FindingCode.LOSS_DIVERGES, FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)
@@ -228,6 +228,25 @@ def _tree_findings(ref: Run, actual: Run, trees: tuple[Path, Path] | None) -> li
                     run.manifest.files_root) else instead
                 findings.append(_other_module(side, name, shown.as_posix(), _FROM_THE_OTHER_TREE))
     return findings
+
+
+def _uninitialized_findings(ref: Run, actual: Run) -> list[Finding]:
+    """Parameters a side's Module.to_empty allocated and its script never wrote before the first forward: where
+    both sides leave them, the original's own bug, which the port keeps (UNINITIALIZED); else a cause of the
+    differences (INIT_DIFFERS)."""
+    left = {side: run.manifest.extra[UNWRITTEN_KEY] for side, run in (("ref", ref), ("actual", actual))
+            if UNWRITTEN_KEY in run.manifest.extra}
+    if not left:
+        return []
+    side = "both" if len(left) == 2 else next(iter(left))
+    unwritten = left.get("actual") or left["ref"]
+    names = ", ".join(unwritten["names"]) + (", ..." if unwritten["count"] > len(unwritten["names"]) else "")
+    who = {"both": "both scripts leave", "actual": "the port leaves", "ref": "the original leaves"}[side]
+    other = {"both": "", "actual": "; the original writes them", "ref": "; the port writes them"}[side]
+    message = (f"{who} {unwritten['count']} of {unwritten['of']} parameters unwritten after Module.to_empty "
+               f"({unwritten['where']}): {names}{other}")
+    code = FindingCode.UNINITIALIZED if side == "both" else FindingCode.INIT_DIFFERS
+    return [Finding(code, message, {"side": side, "where": unwritten["where"], "names": names})]
 
 
 _NAMED_BY_IMPORTS = "its imports name the original"
@@ -703,6 +722,7 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
           for message, name, step in zip(hparams["message"], hparams["name"], hparams["step"])),
         *_grads_reset_findings(ref, actual),
         *_environment_finding(ref, actual, first),
+        *_uninitialized_findings(ref, actual),
         *_overflow_findings(overflow, actual),
         *_loss_finding(loss),
         *_output_finding(outputs),

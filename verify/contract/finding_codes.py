@@ -36,3 +36,7 @@ class FindingCode(str, Enum):
     # not failing by itself: a side ran an original module of the project where its port was beside it (or the
     # reference a port): what ran is not the port migrate wrote
     ORIGINAL_MODULE = "original_module"
+    # not failing by itself: parameters Module.to_empty allocated and neither script wrote before training
+    # (verify/capture/initialization.py): what the layers computed from them proves nothing
+    UNINITIALIZED = "uninitialized"
+    INIT_DIFFERS = "init_differs"  # one script leaves parameters as to_empty allocated them, the other writes them

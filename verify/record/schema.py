@@ -82,6 +82,9 @@ SETTLING_STEPS = 16
 # manifest.extra: the script's torch.compile calls, {"calls": how many, "targets": what it compiled, "graphs": the graphs
 # dynamo compiled during the run} (verify/capture/compile_calls.py); absent where the script never called it
 COMPILE_KEY = "torch_compile"
+# manifest.extra: the parameters Module.to_empty allocated that nothing wrote before the first forward, {"where":
+# "train.py:87", "count": N, "of": M, "names": the first few} (verify/capture/initialization.py); absent where none
+UNWRITTEN_KEY = "unwritten_after_to_empty"
 # manifest.extra: the framework launcher its ranks started as (--launcher: "deepspeed"); absent for torchrun's
 LAUNCHER_KEY = "launcher"
 

@@ -120,6 +120,16 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "The {side} side ran {file} where {instead} belongs: the port must run the ports of the project's modules, "
         "the reference their originals. Port the project's files in one call (`migrate main.py model.py ...`: the "
         "ports import each other's ports) or its folder (`migrate FOLDER/`), then compare again."), ("C3",)),
+    AdviceRule(FindingCode.UNINITIALIZED, (
+        "Initialize every parameter after to_empty ({where}): {names} hold whatever the device's memory held (zeros "
+        "on an emulated device, any values on a real one), so the layers computed from them train from no "
+        "initialization, the ops computed from them prove nothing, and two real devices start them differently. "
+        "Call each submodule's reset_parameters (a model's reset_parameters that skips its layers leaves them so), or "
+        "load a checkpoint, before the first forward."), ("C8",)),
+    AdviceRule(FindingCode.INIT_DIFFERS, (
+        "Initialize the parameters after to_empty ({where}) as the other script does: {names} hold whatever the "
+        "device's memory held in one script only, and every difference computed from them follows from it."),
+        ("C8",)),
     AdviceRule(FindingCode.SHARDING, (
         "Share the data out to the ranks as the original does: each rank of the port must read what the same rank of "
         "the original reads. Pass the port's DataLoader to accelerator.prepare where the original does, or give it "
