@@ -21,7 +21,8 @@ from verify.compare.findings import Finding, FindingCode, Verdict
 from verify.record.evidence import read_side
 from verify.report.html import svg_plot
 from verify.report.tables import STATUS_COLOURS
-from verify.report.terminal import print_summary
+from verify.record.schema import UNWRITTEN_KEY, RunManifest
+from verify.report.terminal import print_run_ended, print_summary
 from verify.launch.runner import RunOptions
 from verify.pair.plan import PairPlan
 from verify.pair.run import PairRuns
@@ -214,3 +215,12 @@ def test_reports_escape_what_they_quote_from_runs(tmp_path):
     cells = [cell for sheet in load_workbook(tmp_path / "out2" / "ops.xlsx") for row in sheet.iter_rows()
              for cell in row if isinstance(cell.value, str) and cell.value.startswith("=")]
     assert cells and all(cell.data_type == "s" for cell in cells)
+
+
+def test_verify_run_warns_of_the_parameters_to_empty_left_unwritten():
+    """`verify run` of pytorch/examples' FSDP2 example: its blocks' parameters train from the allocator's memory."""
+    unwritten = {"where": "example.py:85", "count": 120, "of": 125, "names": ["layers.0.attention_norm.weight"]}
+    console = Console(record=True, width=200)
+    print_run_ended(RunManifest(status="ok", extra={UNWRITTEN_KEY: unwritten}), Path("run"), "1.0", console)
+    assert ("warning 120 of 125 parameters unwritten after Module.to_empty (example.py:85): "
+            "layers.0.attention_norm.weight, ...") in " ".join(console.export_text().split())

@@ -240,13 +240,22 @@ def _uninitialized_findings(ref: Run, actual: Run) -> list[Finding]:
         return []
     side = "both" if len(left) == 2 else next(iter(left))
     unwritten = left.get("actual") or left["ref"]
-    names = ", ".join(unwritten["names"]) + (", ..." if unwritten["count"] > len(unwritten["names"]) else "")
     who = {"both": "both scripts leave", "actual": "the port leaves", "ref": "the original leaves"}[side]
     other = {"both": "", "actual": "; the original writes them", "ref": "; the port writes them"}[side]
-    message = (f"{who} {unwritten['count']} of {unwritten['of']} parameters unwritten after Module.to_empty "
-               f"({unwritten['where']}): {names}{other}")
     code = FindingCode.UNINITIALIZED if side == "both" else FindingCode.INIT_DIFFERS
-    return [Finding(code, message, {"side": side, "where": unwritten["where"], "names": names})]
+    return [Finding(code, f"{who} {unwritten_words(unwritten)}{other}",
+                    {"side": side, "where": unwritten["where"], "names": _unwritten_names(unwritten)})]
+
+
+def unwritten_words(unwritten: dict[str, Any]) -> str:
+    """'120 of 125 parameters unwritten after Module.to_empty (example.py:85): layers.0.attention_norm.weight, ...'
+    from a manifest's extra[UNWRITTEN_KEY]."""
+    return (f"{unwritten['count']} of {unwritten['of']} parameters unwritten after Module.to_empty "
+            f"({unwritten['where']}): {_unwritten_names(unwritten)}")
+
+
+def _unwritten_names(unwritten: dict[str, Any]) -> str:
+    return ", ".join(unwritten["names"]) + (", ..." if unwritten["count"] > len(unwritten["names"]) else "")
 
 
 _NAMED_BY_IMPORTS = "its imports name the original"

@@ -15,10 +15,11 @@ from rich.table import Table
 
 from verify import devices
 from verify.report.advice import advise
+from verify.compare.findings import unwritten_words
 from verify.compare.runs import ComparisonResult
 from verify.report.tables import (cell_text, diverging_rows, emulation_banners, loss_line, ops_line,
                                    other_ranks_line, shown_rank_ops)
-from verify.record.schema import RunManifest, Status, shown
+from verify.record.schema import UNWRITTEN_KEY, RunManifest, Status, shown
 from verify.record.store import Run
 
 _DIVERGING_COLUMNS = ("step", "phase", "module", "ref_op", "io", "status", "stats_error", "tolerance")
@@ -100,6 +101,8 @@ def print_run_ended(manifest: RunManifest, run_dir: Path, final_loss: str, conso
     table.add_row("device", (f"{manifest.device} ({manifest.device_name})" if manifest.device_name else manifest.device)
                   + manifest.ranks_words)
     table.add_row("run dir", str(run_dir))
+    if unwritten := manifest.extra.get(UNWRITTEN_KEY):  # trained from whatever the memory held
+        table.add_row("[bold yellow]warning[/]", escape(unwritten_words(unwritten)))
     console.print(table)
     if manifest.traceback:
         console.print(shown(manifest.traceback.rstrip(), tail=True), markup=False, highlight=False, style="red")
