@@ -346,9 +346,9 @@ def test_a_port_runs_at_once_with_its_reference_which_follows_its_precision_as_i
     ref = manifests["ref"]
     assert (ref["follows"], ref["autocast"], ref["loss_scaler"]["twin"]) == (str((out / "actual").resolve()), "fp16",
                                                                              "scale")
-    losses = pd.read_csv(out / "actual" / "losses.csv")
-    ended = pd.Timestamp(manifests["actual"]["started_at"]) + pd.Timedelta(milliseconds=float(losses["wall_ms"].sum()))
-    assert pd.Timestamp(ref["started_at"]) < ended  # the reference started before the port's last step ended
+    # the reference started while the port ran (the port's start plus its steps' times leaves out its set-up before
+    # the first step, which the reference waits for: an estimate that failed once that set-up took a second more)
+    assert pd.Timestamp(ref["started_at"]) < pd.Timestamp(manifests["actual"]["finished_at"])
     (tmp_path / "after").mkdir()
     original = tmp_path / "after" / ORIGINAL.name
     original.write_text(ORIGINAL.read_text() + "# trains in fp32: no torch.autocast\n")

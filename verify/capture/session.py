@@ -26,11 +26,6 @@ from typing import Any
 
 import numpy as np
 import torch
-# The capture's first op imports torch._dynamo (torch wraps every __torch_dispatch__ so). Imported once the script's
-# gloo process group exists, dynamo keeps the group alive past destroy_process_group, and at the exit the group's
-# threads abort the process ("terminate called without an active exception"; torchrun then stops the other ranks,
-# which may be writing their manifests). Imported here, before the script runs, it holds no group.
-import torch._dynamo  # noqa: F401
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from verify.devices import setup as device_setup
@@ -66,6 +61,15 @@ def _prepare_device(manifest: RunManifest) -> None:
         manifest.emulated, manifest.emulated_on = True, devices.emulated_on(prepared.device, devices.EmulateOn.CPU)
     manifest.device, manifest.device_name = prepared.device, prepared.name
     manifest.torch_npu_version = prepared.torch_npu_version
+
+
+def _import_dynamo_before_any_group() -> None:
+    """The capture's first op imports torch._dynamo (torch wraps every __torch_dispatch__ so). Imported once the
+    script's gloo process group exists, dynamo keeps the group alive past destroy_process_group, and at the exit the
+    group's threads abort the process ("terminate called without an active exception"; torchrun then stops the other
+    ranks, which may be writing their manifests). Imported before the script, it holds no group; after the device's
+    set-up, whose emulations patch the FSDP modules dynamo imports before any other module binds their names."""
+    import torch._dynamo  # noqa: F401
 
 
 def _share_cores(threads: int) -> None:
@@ -306,6 +310,7 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         manifest.verify_error = manifest.message = reason
         write_manifest(run_dir, manifest)
         return Status.CRASHED
+    _import_dynamo_before_any_group()
     # Each rank its own seed, as each process of a real run starts from its own random state (a script that does
     # not seed draws another model and other data on each rank); rank 0, and a single process, the run's seed.
     _seed_generators(manifest.seed + manifest.rank)

@@ -41,6 +41,21 @@ def _overlay(namespace: object, module: object) -> None:
         setattr(namespace, name, getattr(module, name))
 
 
+def _dynamo_interface_follows(replaced: dict[int, object]) -> None:
+    """torch._dynamo's CUDA device interface, imported before this module (by the emulation, before any process group:
+    npu_port_emulation/device_numerics.py), bound torch.cuda's own functions and classes as its class attributes:
+    each that `replaced` maps (by id) is bound to what torch.cuda now names, as a later import would bind it."""
+    interfaces = sys.modules.get("torch._dynamo.device_interface")
+    if interfaces is None:
+        return
+    cuda = interfaces.CudaInterface
+    for name, value in list(vars(cuda).items()):
+        bound = value.__func__ if isinstance(value, staticmethod) else value
+        if id(bound) in replaced:
+            now = replaced[id(bound)]
+            setattr(cuda, name, staticmethod(now) if isinstance(value, staticmethod) else now)
+
+
 def _unscripted(obj: object, *args: object, **kwargs: object) -> object:
     warnings.warn("transfer_to_npu disables torch.jit.script: the object runs unscripted", RuntimeWarning, 2)
     return obj
@@ -51,7 +66,9 @@ def _unscripted_method(fn: object) -> object:
 
 
 redirected_types.add("cuda")
+_cuda_before = {name: getattr(torch.cuda, name) for name in torch_npu.npu.__all__ if hasattr(torch.cuda, name)}
 _overlay(torch.cuda, torch_npu.npu)
+_dynamo_interface_follows({id(before): getattr(torch.cuda, name) for name, before in _cuda_before.items()})
 _overlay(torch.cuda.amp, torch_npu.npu.amp)
 torch.cuda.random.get_rng_state = torch_npu.npu.get_rng_state  # checkpointing scripts save the cuda RNG state
 torch.cuda.random.set_rng_state = torch_npu.npu.set_rng_state
