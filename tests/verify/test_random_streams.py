@@ -2,13 +2,18 @@
 the same whatever else a side draws from its generators, and differ from step to step and from module to module; the
 seeded random ops of the installed torch are each keyed or named with the reason they cannot be."""
 
+import contextlib
 import functools
 
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from verify.capture import random_streams
+from verify.capture.ops import OpCapture
+from verify.capture.tensor_stats import StatBatch
+from verify.record.schema import DumpMode
 from verify.devices.emulated.npu_port_emulation.device_numerics import DeviceNumerics
 
 
@@ -212,3 +217,50 @@ def test_setup_draws_are_the_hosts_as_in_a_plain_run_and_a_scripts_own_generator
         keyed = (torch.randn(4), nn.Linear(3, 2).weight,  # before the first module call
                  Step(lambda: torch.randn(4, generator=torch.Generator().manual_seed(8)))())
     assert all(torch.equal(a, b) for a, b in zip(plain, keyed))
+
+
+class _PassThrough(TorchDispatchMode):
+    """A mode between the capture and the keyed draws (as a calibration's rounding is): they stay two modes."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _Noisy(nn.Module):
+    """Seeded ops that reach the dispatch modes (no functional dropout: that is keyed above them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.RReLU()
+
+    def forward(self, x):
+        return self.act(self.fc(x)) * torch.bernoulli(torch.full_like(x, 0.5))
+
+
+def _captured_with_keyed_draws(mode_between: bool) -> tuple[dict, torch.Tensor, list[str]]:
+    torch.manual_seed(0)
+    model, x = _Noisy(), torch.randn(3, 4)
+    batch = StatBatch()
+    between = _PassThrough() if mode_between else contextlib.nullcontext()
+    with random_streams.keyed(lambda: 0, []), between, OpCapture(DumpMode.STATS, batch) as capture:
+        stack = [type(mode).__name__ for mode in _get_current_dispatch_mode_stack()]
+        model(x).sum().backward()
+        with capture.paused():  # verify's own work: off the record, still keyed
+            drawn_while_paused = torch.rand_like(x)
+        columns = capture.take_step(0, batch.fetch())
+    return columns, drawn_while_paused, stack
+
+
+def test_the_capture_serves_the_keyed_draws_below_it_as_their_own_mode_would():
+    """Directly below the capture, the keyed draws leave the mode stack while it records (every other op pays one
+    Python mode, not two) and its handler draws for them: the same records and draws as with a mode between them, and
+    a paused block's draws keyed too."""
+    inline, paused_inline, stack_inline = _captured_with_keyed_draws(mode_between=False)
+    apart, paused_apart, stack_apart = _captured_with_keyed_draws(mode_between=True)
+    assert stack_inline == ["_OpRecorder"]
+    assert stack_apart == ["KeyedDraws", "_PassThrough", "_OpRecorder"]
+    assert "rrelu_with_noise" in " ".join(inline["op"]) and "bernoulli" in " ".join(inline["op"])
+    assert inline == apart
+    assert torch.equal(paused_inline, paused_apart)
+    assert _get_current_dispatch_mode_stack() == []

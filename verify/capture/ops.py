@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
+from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispatch_mode, _pop_mode,
+                                          _pop_mode_temporarily, _push_mode)
 
 from verify.capture.module_scopes import ModuleScopes, leaves
 from verify.capture.op_attributes import attributes
@@ -158,6 +159,24 @@ _FUNCTIONAL_COLLECTIVES, _FUNCTIONAL_WAIT = "_c10d_functional.", "_c10d_function
 PARTLY_UNWRITTEN = {"fsdp.all_gather_copy_in": 1}
 
 
+class ServedInline(TorchDispatchMode):
+    """A mode that acts on few ops (the keyed random draws: verify/capture/random_streams.py). Entered directly below
+    the op capture, it is taken off the stack while the capture records, and the capture's handler calls it for the
+    ops it `serves`, as the mode below would have been called: every other op then pays one Python mode, not two (a
+    mode costs ~7 us per op, on the critical path of an accelerator's step). Where another mode lies between them (a
+    calibration run's rounding), it stays a mode of its own."""
+
+    def serves(self, func: torch._ops.OpOverload) -> bool:
+        raise NotImplementedError
+
+
+def _below(inline: ServedInline | None, func: torch._ops.OpOverload, types: Any, args: tuple, kwargs: dict) -> Any:
+    """The op as the modes below the capture compute it: `inline`'s handler where it serves the op."""
+    if inline is not None and inline.serves(func):
+        return inline.__torch_dispatch__(func, types, args, kwargs)
+    return func(*args, **kwargs)
+
+
 class _OpRecorder(TorchDispatchMode):
     """Records a summary of each op's outputs (and inputs, in tensor mode) into `capture.rows`."""
 
@@ -178,7 +197,7 @@ class _OpRecorder(TorchDispatchMode):
         capture = self.capture
         name = self._name(func) if capture.recording else None
         if name is None or (capture.own_nodes and capture.differentiating_own_work()):
-            return func(*args, **kwargs)
+            return _below(capture.inline, func, types, args, kwargs)
         call = capture.begin_call(name)
         arguments = tensors_in(args)
         if kwargs:
@@ -188,7 +207,7 @@ class _OpRecorder(TorchDispatchMode):
             call.attrs = attributes(func, args, kwargs)
         if capture.with_inputs:
             capture.record(call, "in", arguments)
-        out = func(*args, **kwargs)
+        out = _below(capture.inline, func, types, args, kwargs)
         if name.startswith("c10d."):
             _completed(out)
         elif name.startswith(_FUNCTIONAL_COLLECTIVES) and name != _FUNCTIONAL_WAIT:
@@ -218,6 +237,19 @@ class _Call:
     source: str
     inputs: str = ""
     attrs: str = ""  # a forward call's settings besides its tensors (verify/capture/op_attributes.py)
+
+
+@contextlib.contextmanager
+def _the_recorder_off(inline: ServedInline | None) -> Iterator[None]:
+    """The recorder off the top of the stack, and the mode it serves inline back in its place."""
+    with _pop_mode_temporarily():
+        if inline is not None:
+            _push_mode(inline)
+        try:
+            yield
+        finally:
+            if inline is not None:
+                _pop_mode()
 
 
 class OpCapture:
@@ -256,12 +288,17 @@ class OpCapture:
         self._stack = contextlib.ExitStack()
         self._optimizer_pause = contextlib.ExitStack()
         self._recorder: _OpRecorder | None = None
+        self.inline: ServedInline | None = None  # the mode below, served by the recorder's handler (ServedInline)
         # Called with (step, op, module) as a collective (a c10d op) is called: a rank's last collective is kept
         # where a hang leaves it (verify/capture/rank_capture.py).
         self.on_collective: Callable[[int, str, str], None] | None = None
 
     def __enter__(self) -> OpCapture:
         self._stack.enter_context(self.modules)
+        below = _get_current_dispatch_mode()
+        if isinstance(below, ServedInline):  # back on the stack when the capture ends, below nothing of ours
+            self.inline = self._stack.enter_context(_pop_mode_temporarily())
+            self._stack.callback(setattr, self, "inline", None)
         self._recorder = self._stack.enter_context(_OpRecorder(self))
         return self
 
@@ -280,7 +317,7 @@ class OpCapture:
         ours = self._recorder is not None and _get_current_dispatch_mode() is self._recorder
         first_node = next_node_number()
         try:
-            with _pop_mode_temporarily() if ours else contextlib.nullcontext():
+            with _the_recorder_off(self.inline) if ours else contextlib.nullcontext():
                 yield
         finally:
             self.recording = previous

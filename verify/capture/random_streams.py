@@ -37,11 +37,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
 from verify.capture.module_calls import ModuleCalls
-from verify.capture.ops import written_arguments
+from verify.capture.ops import ServedInline, written_arguments
 from verify.capture.sharded_stats import is_dtensor, local_part, splits
 
 # The functional dropouts whose masks are drawn from the keyed stream: name -> spatial dimensions dropped together
@@ -304,12 +304,12 @@ def _shard_key(key: int | None, tensor: torch.Tensor) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}/{place}".encode(), digest_size=8).digest(), "little") >> 1
 
 
-class KeyedDraws(TorchDispatchMode):
+class KeyedDraws(ServedInline):
     """Every op torch tags nondeterministic_seeded, drawn on the CPU from the keyed stream (from the host's generator
     before the first module call), unless the script gave it a generator of its own; the tagged ops in NOT_KEYED,
     and draws from a script's own generator on a device, are appended to the stream's not_aligned. Entered below the
-    op capture (which records the op and what it drew) and above an emulated device's own numerics. Forked children
-    (DataLoader workers) draw as a plain run does."""
+    op capture (which records the op and what it drew, and serves it inline: ops.ServedInline) and above an emulated
+    device's own numerics. Forked children (DataLoader workers) draw as a plain run does."""
 
     def __init__(self, stream: KeyedStream) -> None:
         super().__init__()
@@ -319,12 +319,16 @@ class KeyedDraws(TorchDispatchMode):
         # (pybind's enum comparison), a dict lookup a tenth of that.
         self._seeded: dict[torch._ops.OpOverload, bool] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+    def serves(self, func: torch._ops.OpOverload) -> bool:
+        """Whether the op is tagged nondeterministic_seeded (the ops this mode may draw for)."""
         seeded = self._seeded.get(func)
         if seeded is None:
             seeded = self._seeded[func] = torch.Tag.nondeterministic_seeded in func.tags
-        if (not seeded or os.getpid() != self._pid or not _draws(func, args, kwargs)
+        return seeded
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (not self.serves(func) or os.getpid() != self._pid or not _draws(func, args, kwargs)
                 or _device_of(args, kwargs).type == _NO_DATA):
             return func(*args, **kwargs)
         op = str(func._overloadpacket)
