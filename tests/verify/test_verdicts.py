@@ -930,10 +930,12 @@ def test_runs_going_together_build_torch_extensions_in_folders_of_their_own(tmp_
                                                                   "npu-port-ref"]
 
 
-def meta_init_port(tmp_path: Path, initialized: str) -> Path:
-    """meta_init.py's port to the emulated NPU, initializing its model as `initialized` says (meta_init.py)."""
+def meta_init_port(tmp_path: Path, initialized: str, loss: str = "square()") -> Path:
+    """meta_init.py's port to the emulated NPU, initializing its model as `initialized` says (meta_init.py), its loss
+    computed by `loss` in place of square()."""
     port = tmp_path / "meta_init_npu.py"
     source = (SCRIPTS / "meta_init.py").read_text().replace("how = sys.argv[1]", f"how = {initialized!r}")
+    source = source.replace(".square()", f".{loss}")
     port.write_text(source.replace("import torch\n", "import torch\nimport torch_npu  # noqa: F401\n", 1))
     return port
 
@@ -947,6 +949,20 @@ def test_a_pair_whose_scripts_both_leave_parameters_as_to_empty_allocated_them_p
     unwritten = finding(summary, "uninitialized")
     assert unwritten["detail"]["side"] == "both" and "2 of 4 parameters" in unwritten["message"]
     assert "Initialize every parameter after to_empty (meta_init_npu.py:15)" in (out / "advice.txt").read_text()
+
+
+def test_a_failing_ports_advice_starts_with_its_cause_not_with_what_both_scripts_leave_uninitialized(tmp_path):
+    """pytorch/examples' FSDP2 example, broken at its embedding: its first advice was to initialize the blocks both
+    scripts leave unwritten, which is no cause of the FAIL, and the loss it moved came before the changed operator,
+    whose advice was given twice (its OP_CHANGED finding and the first divergent operator's) where the loss's
+    arithmetic, outside any module, changed. The cause now comes first, once."""
+    code, summary, out = verify(SCRIPTS / "meta_init.py", meta_init_port(tmp_path, "head", loss="abs()"), "--steps",
+                                "3", "-q", "-o", tmp_path / "pair", "--", "head")
+    assert code == 1 and "the port computes aten.abs" in summary["reason"], summary["reason"]
+    todo = (out / "advice.txt").read_text().split("What to do:\n")[1].splitlines()
+    assert todo[0].startswith("1. The port computes aten.abs where the original computes aten.pow"), todo
+    assert sum("The port computes aten.abs" in line for line in todo) == 1, todo
+    assert "Initialize every parameter after to_empty" in todo[-1], todo
 
 
 def test_a_port_that_leaves_parameters_its_original_initializes_fails_naming_them(tmp_path):

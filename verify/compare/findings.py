@@ -456,7 +456,8 @@ def _lines_detail(placed: Placement | None) -> dict[str, Any]:
     return {"lines": placed.as_detail()} if placed else {}
 
 
-_FORWARD_PHASES = (Phase.FORWARD.value, Phase.OTHER.value)
+# The phases whose changed ops an OP_CHANGED finding names (a module's forward, and the loss's arithmetic outside any).
+OP_CHANGED_PHASES = (Phase.FORWARD.value, Phase.OTHER.value)
 
 
 def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue, lines: CodeLines) -> list[Finding]:
@@ -466,7 +467,7 @@ def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue, lines: Cod
     only, in a module's forward or outside any (an activation or loss the script computes at top level): a backward
     is derived from its forward, and devices decompose backward ops differently (a GPU's native_dropout_backward is a
     plain mul where the mask was made apart)."""
-    paired = table.loc[table["status"].isin(MATCHED_STATUSES) & table["phase"].isin(_FORWARD_PHASES)
+    paired = table.loc[table["status"].isin(MATCHED_STATUSES) & table["phase"].isin(OP_CHANGED_PHASES)
                        & ~table["ref_op"].isin(list(CARRIERS))]
     ops = paired[["ref_op", "actual_op"]].astype(str)
     pairs = ops.loc[ops["ref_op"] != ops["actual_op"]].drop_duplicates()
@@ -722,6 +723,10 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
     """Every finding of a comparison, from how the runs ended to the share of ops that paired; `catalogue` says
     which ops compute the same thing, `lines` where in the scripts an op finding's op was made."""
     inputs = _input_findings(table)
+    # Parameters both sides leave as to_empty allocated them are the original's own bug, no cause of a difference:
+    # after every cause and symptom, so that a FAIL's advice starts with its cause.
+    unwritten = _uninitialized_findings(ref, actual)
+    kept_by_both = [finding for finding in unwritten if finding.code is FindingCode.UNINITIALIZED]
     findings = [
         *ended,
         *_module_findings(ref, actual),
@@ -731,7 +736,7 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
           for message, name, step in zip(hparams["message"], hparams["name"], hparams["step"])),
         *_grads_reset_findings(ref, actual),
         *_environment_finding(ref, actual, first),
-        *_uninitialized_findings(ref, actual),
+        *(finding for finding in unwritten if finding.code is not FindingCode.UNINITIALIZED),
         *_overflow_findings(overflow, actual),
         *_loss_finding(loss),
         *_output_finding(outputs),
@@ -740,6 +745,7 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
         *_op_findings(first, ref, actual, hparams, bool(inputs), lines),
         *_grad_finding(grads),
         *_match_finding(table),
+        *kept_by_both,
     ]
     if policy.mixed:
         findings.append(Finding(FindingCode.AMP_ONE_SIDE, policy.description,

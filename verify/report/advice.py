@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
-from verify.compare.findings import Finding, FindingCode
+from verify.compare.findings import FAILING, OP_CHANGED_PHASES, Finding, FindingCode
 from verify.compare.op_catalogue import BUILT_IN, FUSED, NONDETERMINISTIC, OpCatalogue
 from verify.record.schema import HALF_DTYPES
 
@@ -205,7 +205,7 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
     AdviceRule(FindingCode.OP_DIVERGES, (
         "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
         "layer or function, not a numerical issue. Port the original's op unless the change is intended."), (),
-        lambda finding: finding.detail.get("phase") != "forward", changed_op=True),  # forward: OP_CHANGED's
+        lambda finding: finding.detail.get("phase") not in OP_CHANGED_PHASES, changed_op=True),  # OP_CHANGED's
     AdviceRule(FindingCode.OP_CHANGED, (
         "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
         "layer or function, not a numerical issue, and every difference after it may follow from it. Port the "
@@ -274,12 +274,16 @@ def _other_batch(finding: Finding) -> bool:
     return finding.code is FindingCode.DATA_ORDER and finding.detail.get("source") == "inputs"
 
 
+_CAUSES_FIRST = {code: position for position, code in enumerate(FAILING)}
+
+
 def advise(findings: list[Finding], catalogue: OpCatalogue = BUILT_IN) -> list[Advice]:
-    """Advice for each finding, in finding order, without repeating a message; `catalogue` (the comparison's) says
-    which ops compute the same thing."""
+    """Advice for each finding, without repeating a message: the failing findings' first, causes before symptoms
+    (FAILING's order: a FAIL's first advice is about the cause its reason names, not the loss it moved), then the
+    others' in finding order; `catalogue` (the comparison's) says which ops compute the same thing."""
     advice: list[Advice] = []
     operator_first = _operator_first(findings)
-    for finding in findings:
+    for finding in sorted(findings, key=lambda finding: _CAUSES_FIRST.get(finding.code, len(FAILING))):
         changed_op = _changed_op(finding, catalogue)
         for rule in ADVICE_RULES:
             if (rule.code is finding.code and rule.changed_op in (None, changed_op) and rule.applies(finding)
