@@ -723,10 +723,6 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
     """Every finding of a comparison, from how the runs ended to the share of ops that paired; `catalogue` says
     which ops compute the same thing, `lines` where in the scripts an op finding's op was made."""
     inputs = _input_findings(table)
-    # Parameters both sides leave as to_empty allocated them are the original's own bug, no cause of a difference:
-    # after every cause and symptom, so that a FAIL's advice starts with its cause.
-    unwritten = _uninitialized_findings(ref, actual)
-    kept_by_both = [finding for finding in unwritten if finding.code is FindingCode.UNINITIALIZED]
     findings = [
         *ended,
         *_module_findings(ref, actual),
@@ -736,7 +732,7 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
           for message, name, step in zip(hparams["message"], hparams["name"], hparams["step"])),
         *_grads_reset_findings(ref, actual),
         *_environment_finding(ref, actual, first),
-        *(finding for finding in unwritten if finding.code is not FindingCode.UNINITIALIZED),
+        *_uninitialized_findings(ref, actual),
         *_overflow_findings(overflow, actual),
         *_loss_finding(loss),
         *_output_finding(outputs),
@@ -745,7 +741,6 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
         *_op_findings(first, ref, actual, hparams, bool(inputs), lines),
         *_grad_finding(grads),
         *_match_finding(table),
-        *kept_by_both,
     ]
     if policy.mixed:
         findings.append(Finding(FindingCode.AMP_ONE_SIDE, policy.description,
