@@ -955,10 +955,13 @@ def test_a_failing_ports_advice_starts_with_its_cause_not_with_what_both_scripts
     """pytorch/examples' FSDP2 example, broken at its embedding: its first advice was to initialize the blocks both
     scripts leave unwritten, which is no cause of the FAIL, and the loss it moved came before the changed operator,
     whose advice was given twice (its OP_CHANGED finding and the first divergent operator's) where the loss's
-    arithmetic, outside any module, changed. The cause now comes first, once."""
+    arithmetic, outside any module, changed. The cause now comes first, once, in the findings as in the advice."""
     code, summary, out = verify(SCRIPTS / "meta_init.py", meta_init_port(tmp_path, "head", loss="abs()"), "--steps",
                                 "3", "-q", "-o", tmp_path / "pair", "--", "head")
     assert code == 1 and "the port computes aten.abs" in summary["reason"], summary["reason"]
+    codes = [item["code"] for item in summary["findings"]]
+    assert codes[0] == "op_changed" and codes.index("loss_diverges") > codes.index("op_diverges"), codes
+    assert codes.index("uninitialized") > codes.index("loss_diverges"), codes
     todo = (out / "advice.txt").read_text().split("What to do:\n")[1].splitlines()
     assert todo[0].startswith("1. The port computes aten.abs where the original computes aten.pow"), todo
     assert sum("The port computes aten.abs" in line for line in todo) == 1, todo

@@ -687,7 +687,7 @@ class Verdict:
 def verdict(findings: list[Finding], loss: LossComparison, table: pd.DataFrame, policy: PrecisionPolicy,
              first: dict[str, Any] | None, ops_not_compared: str, shared_ending: str,
              outputs: dict[str, Any]) -> Verdict:
-    failing = sorted((f for f in findings if f.code in FAILING), key=lambda f: _cause_rank(f, first))
+    failing = [finding for finding in findings if finding.code in FAILING]  # causes first (collect_findings)
     if failing:
         return Verdict(False, f"FAIL: {failing[0].message}")
     if loss.steps_compared == 0 and table.empty:
@@ -745,4 +745,16 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
     if policy.mixed:
         findings.append(Finding(FindingCode.AMP_ONE_SIDE, policy.description,
                                 {"ref_amp": policy.ref_amp, "actual_amp": policy.actual_amp}))
-    return findings
+    return causes_first(findings, first)
+
+
+def causes_first(findings: list[Finding], first: dict[str, Any] | None) -> list[Finding]:
+    """The findings in the order a reader acts on them, which the reports list and advise: an environment
+    difference that explains a divergence (HF32 matmuls), then the failing findings causes before symptoms
+    (_cause_rank: the first divergent operator before the loss it moved), then the others in the order found."""
+    def rank(finding: Finding) -> float:
+        if finding.code is FindingCode.ENVIRONMENT_DIFFERS and finding.detail.get("explains"):
+            return -1
+        return _cause_rank(finding, first) if finding.code in FAILING else len(FAILING)
+
+    return sorted(findings, key=rank)

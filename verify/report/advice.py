@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
-from verify.compare.findings import FAILING, OP_CHANGED_PHASES, Finding, FindingCode
+from verify.compare.findings import OP_CHANGED_PHASES, Finding, FindingCode
 from verify.compare.op_catalogue import BUILT_IN, FUSED, NONDETERMINISTIC, OpCatalogue
 from verify.record.schema import HALF_DTYPES
 
@@ -274,23 +274,13 @@ def _other_batch(finding: Finding) -> bool:
     return finding.code is FindingCode.DATA_ORDER and finding.detail.get("source") == "inputs"
 
 
-_CAUSES_FIRST = {code: position for position, code in enumerate(FAILING)}
-
-
-def _cause_rank(finding: Finding) -> int:
-    """FAILING's order; an environment difference that explains a divergence (HF32 matmuls) is a cause, first."""
-    if finding.code is FindingCode.ENVIRONMENT_DIFFERS and finding.detail.get("explains"):
-        return -1
-    return _CAUSES_FIRST.get(finding.code, len(FAILING))
-
-
 def advise(findings: list[Finding], catalogue: OpCatalogue = BUILT_IN) -> list[Advice]:
-    """Advice for each finding, without repeating a message: the failing findings' first, causes before symptoms
-    (FAILING's order: a FAIL's first advice is about the cause its reason names, not the loss it moved), then the
-    others' in finding order; `catalogue` (the comparison's) says which ops compute the same thing."""
+    """Advice for each finding in the order of the findings (causes first: findings.causes_first, so a FAIL's first
+    advice is about the cause its reason names, not the loss it moved), without repeating a message; `catalogue` (the
+    comparison's) says which ops compute the same thing."""
     advice: list[Advice] = []
     operator_first = _operator_first(findings)
-    for finding in sorted(findings, key=_cause_rank):
+    for finding in findings:
         changed_op = _changed_op(finding, catalogue)
         for rule in ADVICE_RULES:
             if (rule.code is finding.code and rule.changed_op in (None, changed_op) and rule.applies(finding)
