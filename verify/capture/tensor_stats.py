@@ -463,7 +463,10 @@ class DeviceStats(_PendingCopies):
             self._reduce_now(tensor, stats)
             return
         accumulate = accumulation_dtype(tensor.dtype)
-        copy = tensor.to(accumulate, memory_format=torch.contiguous_format, copy=True)  # flattened at the reduce
+        # flattened at the reduce; clone where the dtype is already right: to(copy=True) parses its arguments in
+        # Python's slow path, ~2 us more per tensor on the host, for the same copy kernel
+        copy = (tensor.clone(memory_format=torch.contiguous_format) if tensor.dtype == accumulate else
+                tensor.to(accumulate, memory_format=torch.contiguous_format))
         self._keep((tensor.device, accumulate), copy, stats)
 
     def _reduce_now(self, tensor: torch.Tensor, stats: PendingStats) -> None:
