@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -322,6 +323,32 @@ def test_the_lightning_port_trains_two_steps_on_the_emulated_npu(tmp_path, mode)
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ran the 2 requested steps" in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_lightnings_step_inside_optimizer_step_is_recorded_and_a_port_that_changes_it_fails_naming_the_op(tmp_path):
+    """Regression: Lightning runs training_step and backward inside optimizer.step(closure), which the capture paused
+    as the optimizer's own work. Only the updates were recorded, and a port computing its logits * 1.005 PASSed (its
+    loss off by 0.5%, within 1%; gradient clipping left its updates alike). The closure's ops are the step's own."""
+    pytest.importorskip("lightning")
+    source = LIGHTNING.replace('precision="16-mixed", ', "").replace("max_steps=2", "max_steps=5, gradient_clip_val=0.25")
+    _, _, port = _migrate(tmp_path, "lit", source)
+    broken = tmp_path / "lit_broken.py"
+    broken.write_text(port.read_text().replace("self.layer(x), y)", "self.layer(x) * 1.005, y)"))
+    verdicts = {}
+    for name in (port.name, broken.name):
+        done = subprocess.run(
+            [sys.executable, "-m", "verify", "lit.py", name, "--steps", "3", "-q", "-o", f"out-{name}"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_COLOR": "1"},
+        )
+        verdicts[name] = done.returncode, json.loads((tmp_path / f"out-{name}" / "summary.json").read_text())
+    code, summary = verdicts[port.name]
+    assert code == 0 and summary["reason"].startswith("PASS"), summary["reason"]
+    phases = set(pd.read_csv(tmp_path / f"out-{port.name}" / "ops.csv")["phase"])
+    assert {"forward", "backward", "optimizer"} <= phases, phases
+    code, summary = verdicts[broken.name]
+    assert code == 1 and "the port computes aten.mul" in summary["reason"] and "lit_broken.py:" in summary["reason"], (
+        summary["reason"])
 
 
 @pytest.mark.slow

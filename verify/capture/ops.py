@@ -335,6 +335,15 @@ class OpCapture:
         what they compute is the updated parameters, which `optimizer_step_ends` records."""
         self._optimizer_pause.enter_context(self.paused())
 
+    @contextlib.contextmanager
+    def closure_evaluated(self) -> Iterator[None]:
+        """optimizer.step(closure) evaluates its closure: recorded in the block, as outside the step."""
+        self._optimizer_pause.close()
+        try:
+            yield
+        finally:
+            self._optimizer_pause.enter_context(self.paused())
+
     def optimizer_step_ends(self, parameters: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Records each (name, parameter) after its update: op UPDATE_OP in the optimizer phase, the parameter's name
         as the module column (so keys read `step/optimizer/fc1.weight/update#0`)."""

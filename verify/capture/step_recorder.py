@@ -370,23 +370,53 @@ class StepRecorder:
             self._before_optimizer_step(optimizer, (), {})
             self._after_optimizer_step(optimizer, (), {})
 
-    def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
+    def _before_optimizer_step(self, optimizer, args, kwargs) -> tuple[tuple, dict] | None:
+        """Records what the step starts from; a step(closure) gets its closure back recorded (_recorded_closure)."""
         if not self.enabled:
-            return
+            return None
         self.training = True
         self._optimizer_steps[optimizer] = self._optimizer_steps.get(optimizer, 0) + 1
         index = self._optimizer_index.setdefault(optimizer, len(self._optimizer_index))
         self._stepping = self._named_parameters(optimizer)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: step()'s own, self first
         with self._own_work():
             self._follow_scaler()
             self._record_hparams(optimizer, index)
-            self._record_grads()
-            if self.twin is not None and self.twin.skips(self.steps_done, index, self._stepping_gradients()):
-                self._skip_update()
-            if self.twin is not None and self.twin.scaling:
-                self._unscaled_by_port |= {id(parameter) for _, parameter in self._stepping}
+            if not callable(closure):
+                self._gradients_computed(index)
         if self.capture is not None:
             self.capture.optimizer_step_begins()
+        if not callable(closure):
+            return None
+        recorded = self._recorded_closure(closure, index)
+        return ((optimizer, recorded, *args[2:]), kwargs) if "closure" not in kwargs else (args, {**kwargs, "closure": recorded})
+
+    def _gradients_computed(self, index: int) -> None:
+        """The gradients the update reads are there: recorded, and withheld where the twin skips the update."""
+        self._record_grads()
+        if self.twin is not None and self.twin.skips(self.steps_done, index, self._stepping_gradients()):
+            self._skip_update()
+        if self.twin is not None and self.twin.scaling:
+            self._unscaled_by_port |= {id(parameter) for _, parameter in self._stepping}
+
+    def _recorded_closure(self, closure, index: int):
+        """`closure` as step() evaluates it: Lightning's training_step and backward run inside optimizer.step(closure),
+        as do LBFGS's loss evaluations. Its ops are the step's forward and backward, recorded as those of a step
+        without a closure (the optimizer's own ops around it stay unrecorded), and the gradients its first evaluation
+        leaves are the step's gradients."""
+        evaluations = 0
+
+        def evaluated(*args, **kwargs):
+            nonlocal evaluations
+            with self.capture.closure_evaluated() if self.capture is not None else contextlib.nullcontext():
+                result = closure(*args, **kwargs)
+            evaluations += 1
+            if evaluations == 1:
+                with self._own_work():
+                    self._gradients_computed(index)
+            return result
+
+        return evaluated
 
     def _stepping_gradients(self) -> list[torch.Tensor]:
         return [parameter.grad for _, parameter in self._stepping if parameter.grad is not None]
