@@ -94,6 +94,7 @@ class _Inputs:
             Evidence(path, line, f"{_FRAMEWORK_AMP}, chosen at run time" + (f": {how}" if how else ""))
             for path, facts in self.facts
             for line, how in facts.ported.framework_amp_switch_on
+            if line in facts.ported.framework_amp_option
         ]
 
     def open_findings(self, item: str) -> list[Finding]:
@@ -247,15 +248,25 @@ def _framework_precision(inputs: _Inputs, item_id: str) -> Item | None:
         return _item(item_id, Status.FAILED, off, "Turn the framework's mixed precision on in its config file "
                      f"({frameworks.switch_on_advice(in_config_files=True)}). {_NO_SECOND_AMP} {confirm}")
     if option:
-        chosen = sorted({how for _, facts in inputs.facts for _, how in facts.ported.framework_amp_switch_on if how})
         return _item(
             item_id,
             Status.NOT_CHECKED,
             option,
             "Chosen at run time: turn the framework's mixed precision on where you run it "
-            f"({'; or '.join(chosen) or frameworks.switch_on_advice()}). {_NO_SECOND_AMP} {confirm}",
+            f"({_switches_on(inputs, 'framework_amp_option')}). {_NO_SECOND_AMP} {confirm}",
         )
+    full = inputs.ported("framework_fp32", f"{_FRAMEWORK_AMP}, not switched on: it trains in fp32")
+    if full and not inputs.inference and not inputs.ported("autocast"):  # a loop of the script's own autocasts
+        return _item(item_id, Status.FAILED, full, "Switch the framework's mixed precision on "
+                     f"({_switches_on(inputs, 'framework_fp32')}). {_NO_SECOND_AMP} {confirm}")
     return None
+
+
+def _switches_on(inputs: _Inputs, kind: str) -> str:
+    """How the framework calls of facts `kind` switch mixed precision on, in their switches' words."""
+    chosen = sorted({how for _, facts in inputs.facts for line, how in facts.ported.framework_amp_switch_on
+                     if how and line in getattr(facts.ported, kind)})
+    return "; or ".join(chosen) or frameworks.switch_on_advice()
 
 
 def _port_complete(inputs: _Inputs) -> Item:

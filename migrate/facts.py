@@ -44,7 +44,8 @@ class SourceFacts:
     framework_bf16: tuple[int, ...] = ()  # of those, bf16
     framework_amp_option: tuple[int, ...] = ()  # a framework's mixed precision chosen at run time
     framework_amp_off: tuple[int, ...] = ()  # a framework's mixed precision that its config file turns off
-    # of those, (line, how it is switched on where the script runs: the option, variable or config key)
+    framework_fp32: tuple[int, ...] = ()  # a framework's precision switch left out: it trains in fp32
+    # of those two, (line, how it is switched on where the script runs: the option, variable or config key)
     framework_amp_switch_on: tuple[tuple[int, str], ...] = ()
     hyperparameters: tuple[hyperparams.Hyperparameter, ...] = ()
 
@@ -126,7 +127,7 @@ def _facts(tree: ast.Module, code: str) -> SourceFacts:
             lines["scaled_backward"].add(node.lineno)
         for kind in framework_precision(node, last, text):
             lines[kind].add(node.lineno)
-            if kind == "framework_amp_option":
+            if kind in ("framework_amp_option", "framework_fp32"):
                 switch_on.add((node.lineno, frameworks.run_time_switch(last, _literals(node), text(node))))
     return SourceFacts(
         **{kind: tuple(sorted(found)) for kind, found in lines.items()},
@@ -138,13 +139,15 @@ def _facts(tree: ast.Module, code: str) -> SourceFacts:
 
 
 _DERIVED_KINDS = ("autocast_bf16", "scaled_backward", "framework_amp", "framework_bf16", "framework_amp_option",
-                  "framework_amp_off")
+                  "framework_amp_off", "framework_fp32")
 
 
 def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText) -> list[str]:
     """The framework mixed-precision facts of one call (named `last`): `framework_amp` (and `framework_bf16`) where
     a literal switches it on, `framework_amp_option` where it is chosen at run time (a value computed, an option
-    parsed, a launcher's choice where the call leaves the switch out)."""
+    parsed, a launcher's choice where the call leaves the switch out), `framework_fp32` where a call that is the
+    framework's own (AmpSwitch.fp32_when_left_out) leaves the switch out: L.Trainer(), TrainingArguments() train in
+    fp32."""
     if (parses := frameworks.precision_parser(last)) is not None:
         return ["framework_amp_option"] if parses in text(call) else []
     if last == "add_argument":
@@ -155,7 +158,9 @@ def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText)
         return []
     given = [keyword for keyword in call.keywords if keyword.arg in switch.keywords]
     if not given:  # accelerate launch --mixed_precision, fabric run --precision
-        return ["framework_amp_option"] if switch.launcher_chooses else []
+        if switch.launcher_chooses:
+            return ["framework_amp_option"]
+        return ["framework_fp32"] if switch.fp32_when_left_out(hyperparams.dotted(call.func)) else []
     kinds = []
     for keyword in given:
         # a literal, or a dtype named as torch names it (torch.bfloat16)

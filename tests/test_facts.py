@@ -46,7 +46,7 @@ def _walked(code: str) -> SourceFacts:
             found["scaled_backward"].add(node.lineno)
         for kind in framework_precision(node, last, text):
             found[kind].add(node.lineno)
-            if kind == "framework_amp_option":
+            if kind in ("framework_amp_option", "framework_fp32"):
                 literals = [arg.value for arg in node.args if isinstance(arg, ast.Constant)]
                 switch_on.add((node.lineno, run_time_switch(last, literals, text(node))))
     lines = {name: tuple(sorted(numbers)) for name, numbers in found.items()}

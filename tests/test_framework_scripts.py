@@ -204,6 +204,25 @@ def test_a_lightning_port_passes_c2_and_c4_on_the_trainers_precision_and_c1_cite
     assert "autocast" not in text and "GradScaler" not in text
 
 
+@pytest.mark.parametrize(("name", "source", "call"), [
+    ("lit", LIGHTNING.replace('precision="16-mixed", ', ""), 'trainer = L.Trainer(accelerator="gpu"'),
+    ("hf", HF_TRAINER_BF16.replace("bf16=True, ", ""), 'args = TrainingArguments(output_dir="out"'),
+], ids=["lightning", "trainer"])
+def test_a_framework_left_in_fp32_fails_c2_and_c4_with_its_own_switch_not_torch_autocast(tmp_path, name, source, call):
+    """Regression: a Lightning Trainer given no precision was told to run migrate with --amp fp16 or to add
+    torch.autocast, which a framework's training loop neither takes nor wants: it is told its framework's switch."""
+    items, text, port = _migrate(tmp_path, name, source)
+    for item in ("C2", "C4"):
+        assert items[item]["status"] == "Failed"
+        [evidence] = items[item]["evidence"]
+        assert evidence.endswith(": mixed precision by the framework, not switched on: it trains in fp32"), evidence
+        assert _cited([evidence], port)[0].startswith(call)
+        action = items[item]["action"]
+        assert action.startswith("Switch the framework's mixed precision on (") and "--amp" not in action, action
+        assert ('precision="16-mixed"' if name.startswith("lit") else "bf16") in action, action
+    assert "autocast" not in text and "GradScaler" not in text
+
+
 @pytest.mark.parametrize("mode", ["transfer", "explicit"])
 def test_a_lightning_port_sets_the_device_capability_and_runs_lightnings_cuda_accelerator_through_transfer(
     tmp_path, mode

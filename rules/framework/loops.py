@@ -75,7 +75,10 @@ def trains(module: cst.Module, source: str) -> bool:
 
 def _trains(call: cst.Call) -> bool:
     if method(call) in frameworks.TRAINER_METHODS:
-        return "trainer" in dotted_name(call.func.value).lower()  # type: ignore[attr-defined]
+        receiver = call.func.value  # type: ignore[attr-defined]
+        if isinstance(receiver, cst.Call):  # Trainer(model=model, args=args).train()
+            receiver = receiver.func
+        return "trainer" in dotted_name(receiver).lower()
     backward = method(call) == "backward" or (isinstance(call.func, cst.Name) and call.func.value == "backward")
     return backward or bool(_stepped(call))
 

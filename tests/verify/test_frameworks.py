@@ -43,7 +43,9 @@ def _call_facts(code: str) -> list[str]:
     ("Seq2SeqTrainingArguments(output_dir='o', fp16=True)", ["framework_amp"]),
     ("L.Trainer(precision='bf16-mixed')", ["framework_amp", "framework_bf16"]),
     ("L.Trainer(precision='16-true')", []),  # half weights, no autocast
-    ("L.Trainer(max_steps=2)", []),  # a Trainer's default precision is fp32
+    ("L.Trainer(max_steps=2)", ["framework_fp32"]),  # a Trainer's default precision is fp32
+    ("Trainer(max_steps=2)", []),  # the script's own Trainer class, or Hugging Face's: no switch read
+    ("TrainingArguments(output_dir='o')", ["framework_fp32"]),
     ("Accelerator(mixed_precision=args.precision)", ["framework_amp_option"]),
     ("Accelerator()", ["framework_amp_option"]),  # accelerate launch --mixed_precision chooses
     ("Fabric(devices=2)", ["framework_amp_option"]),  # fabric run --precision chooses

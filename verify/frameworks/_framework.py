@@ -23,6 +23,10 @@ class AmpSwitch:
     # what parses those options for the script, with the name the parser's call must hold ("": every call does)
     parsers: Mapping[str, str] = field(default_factory=dict)
     launcher_chooses: bool = False  # built without its keyword, the launcher's option or environment chooses
+    # built without its keyword, it trains in fp32 where the call's dotted name starts with one of these ("": any
+    # call of its name), which say the object is the framework's: `L.Trainer(...)`, not a Trainer class of the
+    # script's own or Hugging Face's
+    fp32_when_built_as: tuple[str, ...] = ()
     switch_on: str = ""  # how a user switches it on where they run the script (the checklist's advice)
     # a word the call's text must hold, where `builds` is a name other libraries use too: `deepspeed.initialize`
     # (apex's `amp.initialize` is no framework's switch)
@@ -35,6 +39,10 @@ class AmpSwitch:
         """Whether a call named `name` (its last dotted part), whose text is `call`, builds the object."""
         named = name in self.builds or self.subclasses_named_so and name.endswith(self.builds)
         return named and self.qualified_by in call
+
+    def fp32_when_left_out(self, dotted_name: str) -> bool:
+        """Whether a call of this dotted name that leaves the switch out trains in fp32 (fp32_when_built_as)."""
+        return any(dotted_name.startswith(prefix) for prefix in self.fp32_when_built_as)
 
     def precision(self, keyword: str, value: object) -> str | None:
         """FP16 or BF16 where the literal `value` of `keyword` switches the mixed precision on, else None."""

@@ -25,6 +25,7 @@ FRAMEWORK = Framework(
     amp=(
         AmpSwitch(builds=("Trainer",), keywords=("precision",), mixed=_MIXED, options=("--precision",),
                   parsers={"LightningCLI": ""},
+                  fp32_when_built_as=("L.", "pl.", "lightning.", "pytorch_lightning."),
                   switch_on='precision="16-mixed" (through LightningCLI: --trainer.precision 16-mixed, or '
                             'trainer.precision in its config file)'),
         AmpSwitch(builds=("Fabric",), keywords=("precision",), mixed=_MIXED, launcher_chooses=True,

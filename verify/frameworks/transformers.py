@@ -26,6 +26,7 @@ FRAMEWORK = Framework(
             options=("--fp16", "--bf16"),
             parsers={"HfArgumentParser": "TrainingArguments"},  # reads --fp16 and --bf16 into TrainingArguments
             switch_on="--fp16 or --bf16 of TrainingArguments",
+            fp32_when_built_as=("",),  # a name no other library uses
         ),
     ),
     seed_everything=("transformers.set_seed",),
