@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_lowest_torch_is_pyprojects_lower_bound_and_the_one_ci_installs():
     dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     bound = next(re.fullmatch(r"torch>=(\d+)\.(\d+)", entry) for entry in dependencies if entry.startswith("torch"))
-    lowest_job = re.search(r'^ends lowest \S+ "torch==(\d+)\.(\d+)\.\d+"', (ROOT / ".ci" / "run").read_text(),
-                           re.MULTILINE)  # its second word: the tests it runs
+    lowest_job = re.search(r'^\s*prepare lowest "torch==(\d+)\.(\d+)\.\d+"', (ROOT / ".ci" / "run").read_text(),
+                           re.MULTILINE)  # the venv of the lowest end
     assert tuple(map(int, bound.groups())) == tuple(map(int, lowest_job.groups())) == devices.LOWEST_TORCH
 
 
