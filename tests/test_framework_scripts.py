@@ -350,7 +350,8 @@ def test_lightnings_step_inside_optimizer_step_is_recorded_and_a_port_that_chang
     as the optimizer's own work. Only the updates were recorded, and a port computing its logits * 1.005 PASSed (its
     loss off by 0.5%, within 1%; gradient clipping left its updates alike). The closure's ops are the step's own."""
     pytest.importorskip("lightning")
-    source = LIGHTNING.replace('precision="16-mixed", ', "").replace("max_steps=2", "max_steps=5, gradient_clip_val=0.25")
+    source = LIGHTNING.replace('precision="16-mixed", ', "")
+    source = source.replace("max_steps=2", "max_steps=5, gradient_clip_val=0.25")
     _, _, port = _migrate(tmp_path, "lit", source)
     broken = tmp_path / "lit_broken.py"
     broken.write_text(port.read_text().replace("self.layer(x), y)", "self.layer(x) * 1.005, y)"))

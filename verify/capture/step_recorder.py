@@ -389,7 +389,9 @@ class StepRecorder:
         if not callable(closure):
             return None
         recorded = self._recorded_closure(closure, index)
-        return ((optimizer, recorded, *args[2:]), kwargs) if "closure" not in kwargs else (args, {**kwargs, "closure": recorded})
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": recorded}
+        return (optimizer, recorded, *args[2:]), kwargs
 
     def _gradients_computed(self, index: int) -> None:
         """The gradients the update reads are there: recorded, and withheld where the twin skips the update."""
