@@ -146,23 +146,20 @@ def test_the_keyed_dropout_masks_follow_the_scripts_seeding_per_rank(tmp_path, s
     """The keyed streams were keyed by the run's seed alone: ranks the script seeded torch.manual_seed(seed + rank)
     dropped the same units on every rank under verify, and other units without it. They follow the script's seed."""
     script = SCRIPTS / "rank_dropout.py"
-    for _ in range(4):  # the plain run's ranks meet at a probed port, which another test's ranks may take meanwhile
+    for _ in range(4):  # the plain run's ranks meet at a probed port, which another test's ranks may take meanwhile;
+        # and torch alone aborts a rank now and then as it frees the gloo group at exit (verify keeps it: rank_capture)
         plain = subprocess.run([sys.executable, script, seeding, tmp_path / "plain.json"], capture_output=True,
                                text=True)
         if plain.returncode == 0:
             break
     assert plain.returncode == 0, plain.stderr[-3000:]
-    for attempt in range(3):  # KNOWN OPEN BUG: about 1 run in 5, rank 0 deadlocks freeing a gloo object at the end
-        # of train() (its main thread joins a gloo thread that waits for the GIL); the verdict is checked on a run that
-        # ended, and the hang is reported in the closing note, not hidden from it
-        code, output = verify("run", script, "--steps", "3", "-q", "--timeout", "120", "-o", tmp_path / f"run{attempt}",
-                              "--", seeding, tmp_path / "verify.json")
-        if "timed out" not in output:  # only the hang is retried: any other ending is asserted on at once
-            break
+    # once deadlocked about 1 run in 5, freeing the destroyed group at the end of train(): test_destroyed_groups.py
+    code, output = verify("run", script, "--steps", "3", "-q", "-o", tmp_path / "run", "--", seeding,
+                          tmp_path / "verify.json")
     assert code == 0, output
     for run in ("plain", "verify"):
         assert json.loads((tmp_path / f"{run}.json").read_text())["same_masks"] is same_masks, run
-    assert read_run(tmp_path / f"run{attempt}").ranks[1].manifest.random_keyed_by_tag
+    assert read_run(tmp_path / "run").ranks[1].manifest.random_keyed_by_tag
 
 
 HOGWILD = SCRIPTS / "hogwild.py"

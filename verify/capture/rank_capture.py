@@ -87,6 +87,39 @@ def process_group_recorded(manifest: RunManifest) -> Iterator[None]:
         dist.init_process_group = original
 
 
+# The process groups the script destroyed, kept until the rank's process ends (os._exit: never freed).
+_DESTROYED_GROUPS: list[Any] = []
+
+
+@contextlib.contextmanager
+def destroyed_groups_kept() -> Iterator[None]:
+    """destroy_process_group() shuts the groups' backends down, but a group is freed only when its last reference goes,
+    often a DistributedDataParallel's reducer as the script's function returns: gloo's destructor then joins its worker
+    threads while holding the GIL, and a worker still releasing a collective's tensors that Python also holds (an
+    all_gather's) waits for the GIL: the rank deadlocks (torch's own race; a plain run aborts on it at exit now and
+    then, "terminate called without an active exception"). The groups a destroy unregisters are kept here instead, and
+    the rank's process ends with os._exit, which frees nothing. Hooked where destroy_process_group() unsets the default
+    group, which it looks up as it runs: a script that imported destroy_process_group by name before verify's hooks (a
+    spawned rank re-imports it) is covered too."""
+    c10d = dist.distributed_c10d
+    original = getattr(c10d, "_update_default_pg", None)
+    if original is None or not hasattr(c10d, "_world"):
+        yield
+        return
+
+    @functools.wraps(original)
+    def update_default_pg(group: Any) -> None:
+        if group is None:  # destroy_process_group(): every group is about to be unregistered
+            _DESTROYED_GROUPS.extend(c10d._world.pg_map)
+        original(group)
+
+    c10d._update_default_pg = update_default_pg
+    try:
+        yield
+    finally:
+        c10d._update_default_pg = original
+
+
 class LastCollective:
     """The last collective (c10d op) this rank called: its step, name and how many it had called, rewritten in place in
     LAST_COLLECTIVE with one write of a fixed size (a few microseconds; the OS keeps it when the process is killed).

@@ -326,7 +326,8 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         capture.on_collective = last_collective
     elif manifest.world_size > 1:  # --dump off: no capture sees a rank's collectives, which a hang is named by
         watch = rank_capture.CollectiveWatch(last_collective, lambda: recorder.steps_done)
-    with environment_record.recorded(manifest), rank_capture.process_group_recorded(manifest):
+    with environment_record.recorded(manifest), rank_capture.process_group_recorded(manifest), \
+            rank_capture.destroyed_groups_kept():
         write_manifest(run_dir, manifest)
         _run_script(manifest, recorder, watch, body)
     try:
