@@ -192,14 +192,16 @@ def test_ddp_with_one_process(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="a process's threads are read from /proc")
-def test_a_gloo_group_under_the_capture_ends_with_destroy_process_group(tmp_path):
-    """The capture's first op imported torch._dynamo after the script's init_process_group, which then kept the group
-    alive past destroy_process_group: at the exit its threads could abort the rank (SIGABRT, "terminate called
-    without an active exception"; 1 CI run in 20)."""
+def test_a_gloo_group_destroyed_under_the_capture_lives_until_the_process_ends(tmp_path):
+    """The capture's first op imported torch._dynamo after the script's init_process_group, which then held the group
+    past destroy_process_group, until some later moment freed it (SIGABRT at the exit, "terminate called without an
+    active exception"; 1 CI run in 20): dynamo is imported first. The group a destroy unregisters is now kept on
+    purpose, until the rank ends with os._exit, which frees nothing: freed inside the script, gloo's destructor
+    deadlocked a rank now and then (test_destroyed_groups.py). The run ends, its threads still there."""
     threads = tmp_path / "threads.json"
     result = run(tmp_path, "group_threads_after_destroy.py", str(threads))
     assert result.manifest.status == Status.OK.value, result.manifest.message
-    assert not [name for name in json.loads(threads.read_text()) if "gloo" in name]
+    assert [name for name in json.loads(threads.read_text()) if "gloo" in name]
 
 
 @pytest.mark.parametrize("initialized", ["all", "head", "data", "assign"])

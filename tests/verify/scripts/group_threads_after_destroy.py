@@ -1,6 +1,7 @@
 """Trains a few steps on gloo (hccl on the emulated NPU with --npu), destroys its process group and writes the
-names of the threads still running into the file its first argument names: after destroy_process_group a gloo group
-has none left (tests/verify/test_sharded.py, test_ranks.py)."""
+names of the threads still running into the file its first argument names: after destroy_process_group, torch alone
+leaves a gloo group no thread (tests/verify/test_sharded.py); under verify's capture the group is kept until the process
+ends (tests/verify/test_run.py)."""
 
 import json
 import os
