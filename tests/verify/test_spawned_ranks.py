@@ -162,6 +162,19 @@ def test_the_keyed_dropout_masks_follow_the_scripts_seeding_per_rank(tmp_path, s
     assert read_run(tmp_path / "run").ranks[1].manifest.random_keyed_by_tag
 
 
+def test_spawned_ranks_of_a_gpu_script_that_imports_init_process_group_by_name_run_nccl_as_gloo(tmp_path):
+    """pytorch/examples' DDP tutorial (multigpu.py) imports init_process_group by name: its spawned ranks imported it
+    before verify set the emulated CUDA up in them, and init_process_group("nccl") crashed every rank ("Distributed
+    package doesn't have NCCL built in"). The device is set up before the rank imports the script."""
+    code, output = verify("run", SCRIPTS / "spawn_nccl_by_name.py", "--devices", "2", "--steps", "3", "-q",
+                          "-o", tmp_path / "run")
+    assert code == 0, output
+    assert "2 ranks (nccl run as gloo)" in " ".join(output.split())
+    run = read_run(tmp_path / "run")
+    assert [rank.manifest.process_group for rank in run.ranks] == [{"backend": "nccl", "runs_as": "gloo"}] * 2
+    assert [len(rank.losses) for rank in run.ranks] == [3, 3]
+
+
 HOGWILD = SCRIPTS / "hogwild.py"
 
 

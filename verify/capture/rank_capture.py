@@ -66,25 +66,45 @@ def _backend_ran(group: Any) -> str:
     return ",".join(dict.fromkeys(names))
 
 
-@contextlib.contextmanager
-def process_group_recorded(manifest: RunManifest) -> Iterator[None]:
-    """Records the backend the script asks init_process_group for and the one that ran it (manifest.process_group),
-    and the rank and world size of a process the script started itself."""
+class _Recording:
+    """The manifest that init_process_group's wrapper records into (None: no run is being captured)."""
+
+    manifest: RunManifest | None = None
+
+
+def record_process_groups() -> None:
+    """Wraps dist.init_process_group, once in a process, to record the backend the script asks for and the one that
+    ran it (manifest.process_group), and the rank and world size of a process the script started itself, into the
+    manifest of the run being captured. Installed before the script is imported in a spawned rank (session's
+    _DeviceFirst), so that a script that imports init_process_group by name calls it too."""
+    if getattr(dist.init_process_group, "records_into_the_manifest", False):
+        return
     original = dist.init_process_group
 
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> None:
         original(*args, **kwargs)
+        manifest = _Recording.manifest
+        if manifest is None:
+            return
         asked = kwargs.get("backend", args[0] if args else None)
         manifest.process_group = {"backend": str(asked or dist.get_backend()),
                                   "runs_as": _backend_ran(dist.group.WORLD)}
         manifest.rank, manifest.world_size = dist.get_rank(), dist.get_world_size()
 
+    init_process_group.records_into_the_manifest = True
     dist.init_process_group = init_process_group
+
+
+@contextlib.contextmanager
+def process_group_recorded(manifest: RunManifest) -> Iterator[None]:
+    """The process group the script starts, recorded into `manifest` (record_process_groups) while the block runs."""
+    record_process_groups()
+    _Recording.manifest = manifest
     try:
         yield
     finally:
-        dist.init_process_group = original
+        _Recording.manifest = None
 
 
 # The process groups the script destroyed, kept until the rank's process ends (os._exit: never freed).

@@ -15,6 +15,7 @@ import functools
 import importlib
 import inspect
 import multiprocessing.process
+import multiprocessing.spawn
 import os
 import platform
 import random
@@ -414,6 +415,28 @@ def _code_run(process: multiprocessing.process.BaseProcess) -> Any:
     return getattr(process, "_target", None) if run is multiprocessing.process.BaseProcess.run else run
 
 
+class _DeviceFirst:
+    """Sent in a spawned rank's preparation data (multiprocessing.spawn.get_preparation_data), which the new process
+    unpickles before it imports the script as __mp_main__: unpickled, it sets the run's device up there, and verify's
+    record of the process group, as the script's own process had them before the script ran. A script that imports
+    c10d's or the device's functions by name (`from torch.distributed import init_process_group`, as pytorch/examples'
+    DDP tutorial does) then holds the emulation's and the record's: imported before them, init_process_group("nccl")
+    found no NCCL on the emulated CUDA. A set-up that fails here is left to the rank's own (instrumented), which
+    reports it."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def __reduce__(self) -> tuple[Callable[[str], None], tuple[str]]:
+        return _set_up_before_the_script, (self.device,)
+
+
+def _set_up_before_the_script(device: str) -> None:
+    with contextlib.suppress(Exception):
+        device_setup.prepare(device)
+    rank_capture.record_process_groups()  # after the device's set-up, as instrumented() orders them
+
+
 class _RankStarts:
     """The processes the script starts as ranks, in the order it starts them: refused in a rank --nproc-per-node
     launched (N times as many) and beyond the ranks the machine holds (VerifyError: exit 2)."""
@@ -421,6 +444,15 @@ class _RankStarts:
     def __init__(self, run_dir: Path, manifest: RunManifest) -> None:
         self.run_dir, self.manifest, self.started = run_dir, manifest, 0
         self.spawner = os.getpid()  # a rank forked from the script inherits the hooks: its own processes are not ranks
+        self.starting = False  # ranks are being started: a spawned one sets the device up first (_DeviceFirst)
+
+    @contextlib.contextmanager
+    def being_started(self) -> Iterator[None]:
+        self.starting = True
+        try:
+            yield
+        finally:
+            self.starting = False
 
     def allow(self, count: int, how: str) -> None:
         starts = f"the script starts {self.started + count} ranks of its own ({how})"
@@ -492,32 +524,48 @@ def spawned_ranks_captured(run_dir: Path, manifest: RunManifest) -> Iterator[Non
     original_elastic = elastic_processes.start_processes
     ranks, script_dir = _RankStarts(run_dir, manifest), Path(manifest.running_script).resolve().parent
 
+    original_preparation = multiprocessing.spawn.get_preparation_data
+
     @functools.wraps(original_spawn)
     def start_processes(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, *rest: Any, **kwargs: Any) -> Any:
-        if _the_scripts(fn, script_dir):
-            fn = ranks.spawned(fn, nprocs)
-        return original_spawn(fn, args, nprocs, *rest, **kwargs)
+        if not _the_scripts(fn, script_dir):
+            return original_spawn(fn, args, nprocs, *rest, **kwargs)
+        fn = ranks.spawned(fn, nprocs)
+        with ranks.being_started():
+            return original_spawn(fn, args, nprocs, *rest, **kwargs)
 
     @functools.wraps(original_elastic)
     def start_elastic(name: str, entrypoint: Callable[..., Any] | str, args: dict[int, tuple], *rest: Any,
                       **kwargs: Any) -> Any:
-        if isinstance(entrypoint, str) or _the_scripts(entrypoint, script_dir):
-            entrypoint, args = ranks.elastic(entrypoint, args)
-        return original_elastic(name, entrypoint, args, *rest, **kwargs)
+        if not isinstance(entrypoint, str) and not _the_scripts(entrypoint, script_dir):
+            return original_elastic(name, entrypoint, args, *rest, **kwargs)
+        entrypoint, args = ranks.elastic(entrypoint, args)
+        with ranks.being_started():
+            return original_elastic(name, entrypoint, args, *rest, **kwargs)
 
     @functools.wraps(original_start)
     def start(process: multiprocessing.process.BaseProcess) -> None:
-        if os.getpid() == ranks.spawner and _the_scripts(_code_run(process), script_dir):
-            # the instance's run() is what the process calls (a forked one directly, a spawned one unpickled)
-            process.run = ranks.process(functools.partial(type(process).run, process))
-        original_start(process)
+        if os.getpid() != ranks.spawner or not _the_scripts(_code_run(process), script_dir):
+            original_start(process)
+            return
+        # the instance's run() is what the process calls (a forked one directly, a spawned one unpickled)
+        process.run = ranks.process(functools.partial(type(process).run, process))
+        with ranks.being_started():
+            original_start(process)
+
+    @functools.wraps(original_preparation)
+    def get_preparation_data(name: str) -> dict[str, Any]:
+        prepared = original_preparation(name)
+        return {**prepared, "npu_port_device": _DeviceFirst(manifest.device)} if ranks.starting else prepared
 
     spawn_module.start_processes = torch.multiprocessing.start_processes = start_processes
     multiprocessing.process.BaseProcess.start = start
     elastic_processes.start_processes = elastic_agent.start_processes = start_elastic
+    multiprocessing.spawn.get_preparation_data = get_preparation_data
     try:
         yield
     finally:
         spawn_module.start_processes = torch.multiprocessing.start_processes = original_spawn
         multiprocessing.process.BaseProcess.start = original_start
         elastic_processes.start_processes = elastic_agent.start_processes = original_elastic
+        multiprocessing.spawn.get_preparation_data = original_preparation

@@ -45,12 +45,20 @@ class Prepared:
     torch_npu_version: str = ""  # "" unless the real torch_npu
 
 
+_PREPARED: dict[str, Prepared] = {}  # the devices set up in this process (a spawned rank sets its up twice)
+
+
 def prepare(device: str) -> Prepared:
-    """Sets `device` up in this process with the set-up function its row of the device table names."""
+    """Sets `device` up in this process with the set-up function its row of the device table names; once: a second
+    call (a spawned rank's, which set its device up before the script's import: session._DeviceFirst) returns the
+    first's."""
+    if device in _PREPARED:
+        return _PREPARED[device]
     if reason := unsupported_torch(torch.__version__):  # a child whose torch is not the one the parent read
         raise RuntimeError(reason)
     _device_context_knows_torchs_factories()
-    return globals()[row(device).set_up]()
+    prepared = _PREPARED[device] = globals()[row(device).set_up]()
+    return prepared
 
 
 def _device_context_knows_torchs_factories() -> None:
