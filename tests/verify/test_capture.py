@@ -333,6 +333,56 @@ def test_the_c_statistics_are_built_where_a_compiler_is():
                                                                   "was not built by pip")
 
 
+def test_the_c_dispatch_entry_is_built_where_a_compiler_is():
+    import shutil
+
+    import verify.capture.ops
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here: verify.capture._dispatch is optional and every op takes the Python handler")
+    assert verify.capture.ops.native_dispatch is not None, ("a C compiler is here but verify.capture._dispatch was "
+                                                            "not built by pip")
+    assert verify.capture.ops.DISPATCH_PATH.startswith("verify/capture/_dispatch.c")
+
+
+def _dropout_steps(monkeypatch, native):
+    """Three training steps of a small CNN with dropout, under the keyed random streams a run enters (served by the
+    capture's handler), with the C dispatch entry or without it."""
+    import verify.capture.ops
+    from verify.capture import random_streams
+
+    entries, built = [], verify.capture.ops.native_dispatch
+
+    class KeepingEntries:  # the C module, each entry it makes kept for the test
+        @staticmethod
+        def Entry(mode, handler):
+            entries.append(built.Entry(mode, handler))
+            return entries[-1]
+
+    monkeypatch.setattr(verify.capture.ops, "native_dispatch", KeepingEntries if native else None)
+    model, optimizer, step = _small_cnn_step()
+    model.insert(6, torch.nn.Dropout(0.3))
+    with random_streams.keyed(lambda: 0, []):
+        columns = _cnn_steps(device_path=False, steps=3, made=(model, optimizer, step))
+    monkeypatch.undo()
+    return columns, {str(func) for entry in entries for func, _ in entry.passed.values()}
+
+
+def test_the_c_dispatch_entry_writes_the_records_of_the_python_handler_bit_for_bit(monkeypatch):
+    """Issue 57: the ops the capture never records (t, view, detach, ...) go through verify/capture/_dispatch.c, the
+    rest through the Python handler; every record, statistics included, is the one the Python handler alone writes."""
+    import verify.capture.ops
+
+    if verify.capture.ops.native_dispatch is None:
+        pytest.skip("verify.capture._dispatch is not built here")
+    (with_entry, passed), (python_only, none) = (_dropout_steps(monkeypatch, native) for native in (True, False))
+    assert with_entry == python_only
+    assert {"aten.t.default", "aten.view.default", "aten.detach.default"} <= passed and not none
+    assert not {name.rsplit(".", 1)[0] for name in passed} & set(with_entry[0]["op"])  # none of them recorded
+    dropout = [op for op, module in zip(with_entry[0]["op"], with_entry[0]["module"]) if module == "Sequential.6"]
+    assert dropout == ["aten.mul", "aten.mul"]  # the keyed mask applied, forward and backward
+
+
 def test_an_optimizer_step_is_recorded_as_its_updated_parameters():
     """The optimizer's own ops are not recorded one by one (each would pay the dispatch mode's cost); what they
     compute, each parameter after its update, is recorded in the optimizer phase under the parameter's name."""
@@ -415,10 +465,10 @@ def _small_cnn_step():
     return model, optimizer, step
 
 
-def _cnn_steps(device_path, steps):
-    """Op records of `steps` training steps of the benchmark's small CNN, each read only once the next step is
-    shipped, as the bootstrap does where the copy is still under way on a GPU."""
-    model, optimizer, step = _small_cnn_step()
+def _cnn_steps(device_path, steps, made=None):
+    """Op records of `steps` training steps of the benchmark's small CNN (or of `made`'s model, optimizer and step),
+    each read only once the next step is shipped, as the bootstrap does where the copy is still under way on a GPU."""
+    model, optimizer, step = made or _small_cnn_step()
     parameters = list(model.named_parameters())
     batch = StatBatch(device_path_on_cpu=device_path)
     capture = OpCapture(DumpMode.STATS, batch)

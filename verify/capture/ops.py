@@ -38,7 +38,16 @@ from verify.capture.tensor_stats import (Handle, PendingStats, SmallTensorStats,
                                          summarize)
 from verify.record.schema import INPUT_OP, STAT_COLUMNS, UPDATE_OP, DumpMode, Phase, TENSORS_DIR, op_key, step_file
 
+try:  # built by `pip install` where a C compiler is found (verify/capture/_dispatch.c)
+    from verify.capture import _dispatch as native_dispatch
+except ImportError:
+    native_dispatch = None
+
 aten = torch.ops.aten
+
+# Which path hands the ops to the capture, as the manifest names it (manifest.extra["op_dispatch"])
+DISPATCH_PATH = ("verify/capture/_dispatch.c: ops never recorded pass through in C" if native_dispatch is not None else
+                 "Python: every op through the capture's handler (verify/capture/_dispatch.c not built)")
 
 _NOT_RECORDED = {
     # uninitialised memory: its contents differ from run to run and mean nothing
@@ -184,12 +193,20 @@ class _OpRecorder(TorchDispatchMode):
         super().__init__()
         self.capture = capture
         self._names: dict[torch._ops.OpOverload, str | None] = {}
+        # torch calls the mode's __torch_dispatch__ as the instance has it: the C entry, which sends the ops this
+        # handler passed through straight to them, and every other op to this handler
+        self._entry = None if native_dispatch is None else native_dispatch.Entry(self, self.__torch_dispatch__)
+        if self._entry is not None:
+            self.__torch_dispatch__ = self._entry
 
     def _name(self, func: torch._ops.OpOverload) -> str | None:
         name = self._names.get(func, self)  # self: not seen yet (OpOverload's hash is Python code, so hash once)
         if name is self:
             recorded = not func.is_view and func.namespace != "profiler" and func._overloadpacket not in _NOT_RECORDED
             name = self._names[func] = str(func._overloadpacket) if recorded else None
+            inline = self.capture.inline
+            if name is None and self._entry is not None and (inline is None or not inline.serves(func)):
+                self._entry.pass_through(func)  # what _below does with it, from now on in C
         return name
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
