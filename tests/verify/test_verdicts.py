@@ -678,6 +678,21 @@ def test_a_faithful_fp16_port_passes_once_its_loss_scale_has_settled(tmp_path):
             "skipped, 6 applied") in summary["notes"]
 
 
+def test_a_port_whose_gradients_keep_their_first_overflow_is_told_to_reset_them_not_to_lower_the_scale(tmp_path):
+    """pytorch/examples' tensor-parallel toy never calls zero_grad: migrate's fp16 port overflowed at step 0, the inf
+    stayed in the gradients, and its GradScaler skipped every step down to any scale. The FAIL said its gradients
+    overflowed "at every scale" and advised a lower init_scale; it names the gradients never reset, and so does the
+    advice."""
+    original = migrated(tmp_path, SCRIPTS / "never_zeroed_sum_loss.py")
+    exit_code, summary, out = verify(original, "-n", 3, "-q", "-o", tmp_path / "out")
+    assert (exit_code, summary["verdict"]) == (1, "FAIL"), summary["reason"]
+    assert "and nothing resets them (no optimizer.zero_grad()): each later backward() adds to the inf they hold" in \
+        summary["reason"]
+    assert finding(summary, "updates_skipped")["detail"]["grads_carried"] is True
+    advice = (out / "advice.txt").read_text()
+    assert "\n1. Reset the port's gradients once per optimizer step" in advice and "init_scale" not in advice
+
+
 def test_a_style_shaped_port_is_judged_on_the_net_it_trains_beside_a_frozen_loss_network(tmp_path):
     """Regression (issue 52): the frozen loss network's call before the loop opened step 0, which then had no loss:
     exit 2, "damaged run directory". Judged on the trained net, its faithful fp16 port passes."""

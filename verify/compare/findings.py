@@ -304,13 +304,17 @@ def _overflow_findings(overflow: dict[str, Any], actual: Run) -> list[Finding]:
     never = never_updated(overflow)
     trace = overflow["actual_scale"]
     if never == "actual":
+        first, carried = overflow.get("actual_first_skipped"), _inf_carried(actual, len(trace["scales"]))
+        how = (f"its fp16 gradients overflowed at its first step{_where_gradients_overflow(first)}, and nothing resets "
+               "them (no optimizer.zero_grad()): each later backward() adds to the inf they hold and every step "
+               "overflows whatever the scale" if carried else
+               f"its fp16 gradients overflowed at every scale{_where_gradients_overflow(first)}")
         findings.append(Finding(FindingCode.UPDATES_SKIPPED, (
             f"the port's GradScaler skipped the update of each of its {len(trace['scales'])} steps (loss scale "
-            f"{_scales_words(trace['scales'])}{_settling_words(actual)}): its fp16 gradients overflowed at every "
-            f"scale{_where_gradients_overflow(overflow.get('actual_first_skipped'))}, so the port never trained in "
-            "this run, where the original, which has no loss scaler, updates at each step"),
-            {"side": "actual", **trace, "lowest_scale": f"{min(trace['scales']):g}",
-             "first_overflow": overflow.get("actual_first_skipped")}))
+            f"{_scales_words(trace['scales'])}{_settling_words(actual)}): {how}, so the port never trained in this "
+            "run, where the original, which has no loss scaler, updates at each step"),
+            {"side": "actual", **trace, "lowest_scale": f"{min(trace['scales']):g}", "first_overflow": first,
+             "grads_carried": carried}))
     if never == "both":
         findings.append(Finding(FindingCode.NO_UPDATE_COMPARED, (
             f"no update was compared: each side's own loss scaler skipped the update of each of its "
@@ -318,6 +322,12 @@ def _overflow_findings(overflow: dict[str, Any], actual: Run) -> list[Finding]:
             "so neither side trained in this run and nothing proves the port's training"),
             {"side": "both", **trace, "lowest_scale": f"{min(trace['scales']):g}"}))
     return findings
+
+
+def _inf_carried(run: Run, steps: int) -> bool:
+    """Whether every step after the first carried its gradients (verify/capture/gradient_resets.py): a run whose loss
+    scaler skipped each step then holds its first overflow's inf in them at every later one."""
+    return steps > 1 and set(range(1, steps)) <= set(run.manifest.grads_carried_steps)
 
 
 def _where_gradients_overflow(first: dict[str, Any] | None) -> str:

@@ -175,7 +175,15 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "A GradScaler backs off by halving its scale at each skipped step, and none of this run's steps fit: start it "
         "at a scale the gradients fit, GradScaler(init_scale=2.0**k) with 2**k below {lowest_scale} (`migrate "
         "PORT --fix-from PAIR` settles it from this run), or verify more steps. A loss summed over a batch "
-        "(reduction='sum') makes gradients that need a low scale."), ("C4",)),
+        "(reduction='sum') makes gradients that need a low scale."), ("C4",),
+        lambda finding: not finding.detail.get("grads_carried")),
+    AdviceRule(FindingCode.UPDATES_SKIPPED, (
+        "Reset the port's gradients once per optimizer step: call optimizer.zero_grad() after scaler.step() and "
+        "scaler.update() (or before the step's first backward()). A GradScaler skips a step whose gradients hold an "
+        "inf, and gradients never reset keep the first overflow's inf for good: no scale helps. The original, "
+        "without a loss scaler, adds each step's gradients to the last ones: reset them there too (migrate flags it, "
+        "its fix held back as unsafe: --unsafe-fixes)."), ("C4", "C9"),
+        lambda finding: bool(finding.detail.get("grads_carried"))),
     AdviceRule(FindingCode.NO_UPDATE_COMPARED, (
         "Both scripts' loss scalers were still backing off when the run ended, so no optimizer update was compared: "
         "give the scripts more steps (an epoch of more batches, --steps), or start both scalers at a scale the "
