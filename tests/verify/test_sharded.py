@@ -191,6 +191,44 @@ def test_the_collectives_fsdp2_and_dtensor_use_run_on_hccl_as_their_definitions_
     assert json.loads(done.stdout.split("RESULT ", 1)[1]) == expected
 
 
+HEADS_SHARDED_ATTENTION = """
+    import json, torch, torch_npu
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("npu", (2,))
+    torch.manual_seed(0)
+    whole = [torch.randn(2, 4, 6, 8, device="npu", requires_grad=True) for _ in range(3)]
+    by_heads = [distribute_tensor(tensor.detach(), mesh, [Shard(1)]).requires_grad_() for tensor in whole]
+    expected, output = (F.scaled_dot_product_attention(*tensors, is_causal=True) for tensors in (whole, by_heads))
+    (expected * torch.arange(8.0, device="npu")).sum().backward()
+    (output.full_tensor() * torch.arange(8.0, device="npu")).sum().backward()
+    differences = [(output.full_tensor() - expected).abs().max().item()]
+    differences += [(shard.grad.full_tensor() - tensor.grad).abs().max().item() for shard, tensor in zip(by_heads, whole)]
+    if dist.get_rank() == 0:
+        print("RESULT", json.dumps({"placements": str(output.placements), "differences": differences}))
+    dist.destroy_process_group()
+"""
+
+
+@PUBLIC_DTENSOR
+@pytest.mark.slow
+def test_attention_sharded_by_heads_computes_each_ranks_heads_as_the_whole_attention_does(tmp_path):
+    """pytorch/examples' FSDP2 + tensor-parallel Llama crashed every rank on the emulated devices: the CPU's fused
+    attention kernel has no DTensor sharding rule (a GPU's has). Each rank computes its own heads' attention, forward
+    and backward, as the whole tensors' attention does, and the output stays sharded by heads."""
+    script = tmp_path / "heads_sharded_npu.py"
+    script.write_text(textwrap.dedent(HEADS_SHARDED_ATTENTION))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **emulation_env("cpu"), DEVICE_COUNT_VAR: "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    assert result["placements"] == "(Shard(dim=1),)"
+    assert max(result["differences"]) < 1e-5, result
+
+
 @PUBLIC_DTENSOR
 def test_dtensors_rng_tracker_draws_on_the_emulated_generator(tmp_path):
     """A sharded parameter initialised on the device (FSDP2's reset_parameters after to_empty) draws through DTensor's

@@ -13,6 +13,8 @@ EMULATED = {
     "rng_tracker": "DTensor's RNG tracker: a Philox seed and offset of the emulated generator",
     "capability": "torch.distributed's question of the device capability: (8, 0), where torch_npu tells a script None",
     "fresh_memory": "Module.to_empty: fresh device memory reads zeros",
+    "attention_by_shard": "scaled_dot_product_attention of DTensors: each rank's heads (or batch) on their own, as "
+                          "the device's fused kernel's sharding rule has it (the CPU's kernel has no rule)",
     "cann_home": "ASCEND_HOME_PATH, which a CANN install sets, for DeepSpeed's NPU accelerator: a folder with no CANN",
     "cuda_ops": "DeepSpeed's CUDA-built optimizer ops (FusedAdam, FusedLamb, FusedLion), which a GPU host compiles "
                 "with the CUDA toolkit: DeepSpeed's own torch implementations of them (those its NPU accelerator runs)",
