@@ -205,7 +205,8 @@ HEADS_SHARDED_ATTENTION = """
     (expected * torch.arange(8.0, device="npu")).sum().backward()
     (output.full_tensor() * torch.arange(8.0, device="npu")).sum().backward()
     differences = [(output.full_tensor() - expected).abs().max().item()]
-    differences += [(shard.grad.full_tensor() - tensor.grad).abs().max().item() for shard, tensor in zip(by_heads, whole)]
+    differences += [(shard.grad.full_tensor() - tensor.grad).abs().max().item()
+                    for shard, tensor in zip(by_heads, whole)]
     if dist.get_rank() == 0:
         print("RESULT", json.dumps({"placements": str(output.placements), "differences": differences}))
     dist.destroy_process_group()
