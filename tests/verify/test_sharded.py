@@ -174,21 +174,26 @@ COLLECTIVES = """
 """
 
 
+def run_on_two_emulated_npus(script: str, tmp_path: Path) -> object:
+    """`script` on 2 ranks of the emulated NPU (hccl run as gloo), launched by torchrun: what it prints after RESULT."""
+    path = tmp_path / "ranks_npu.py"
+    path.write_text(textwrap.dedent(script))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(path)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **emulation_env("cpu"), DEVICE_COUNT_VAR: "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.split("RESULT ", 1)[1])
+
+
 @pytest.mark.slow
 def test_the_collectives_fsdp2_and_dtensor_use_run_on_hccl_as_their_definitions_say(tmp_path):
     """all_gather_into_tensor, reduce_scatter_tensor (sum, average) and all_to_all_single on 2 ranks of the emulated
     NPU (hccl run as gloo), against their definitions for x = arange(4) + 10 * rank."""
-    script = tmp_path / "collectives_npu.py"
-    script.write_text(textwrap.dedent(COLLECTIVES))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **emulation_env("cpu"), DEVICE_COUNT_VAR: "2"})
-    assert done.returncode == 0, done.stderr[-3000:]
     shards = [torch.arange(4.0) + 10 * rank for rank in (0, 1)]
     total = shards[0] + shards[1]
     expected = [torch.cat(shards).tolist(), total[2:].tolist(), (total[2:] / 2).tolist(),
                 torch.cat([shards[0][2:], shards[1][2:]]).tolist()]
-    assert json.loads(done.stdout.split("RESULT ", 1)[1]) == expected
+    assert run_on_two_emulated_npus(COLLECTIVES, tmp_path) == expected
 
 
 HEADS_SHARDED_ATTENTION = """
@@ -219,13 +224,7 @@ def test_attention_sharded_by_heads_computes_each_ranks_heads_as_the_whole_atten
     """pytorch/examples' FSDP2 + tensor-parallel Llama crashed every rank on the emulated devices: the CPU's fused
     attention kernel has no DTensor sharding rule (a GPU's has). Each rank computes its own heads' attention, forward
     and backward, as the whole tensors' attention does, and the output stays sharded by heads."""
-    script = tmp_path / "heads_sharded_npu.py"
-    script.write_text(textwrap.dedent(HEADS_SHARDED_ATTENTION))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **emulation_env("cpu"), DEVICE_COUNT_VAR: "2"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.split("RESULT ", 1)[1])
+    result = run_on_two_emulated_npus(HEADS_SHARDED_ATTENTION, tmp_path)
     assert result["placements"] == "(Shard(dim=1),)"
     assert max(result["differences"]) < 1e-5, result
 
