@@ -10,15 +10,16 @@ import gc
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from verify.capture import rank_capture
 
 
-def _gloo_threads() -> int:
-    return sum(Path(f"/proc/self/task/{task}/comm").read_text().strip() == "pt_gloo_runloop"
-               for task in os.listdir("/proc/self/task"))
+def _threads() -> int:
+    """This process's threads: a gloo group has its own (torch 2.4 leaves them unnamed, later ones name them)."""
+    return len(os.listdir("/proc/self/task"))
 
 
 def _gather_and_destroy(store_file: Path) -> None:
@@ -30,14 +31,15 @@ def _gather_and_destroy(store_file: Path) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="a process's threads are read from /proc")
 def test_a_destroyed_group_keeps_its_gloo_threads_until_the_process_ends(tmp_path):
-    unhooked, before = dist.distributed_c10d._update_default_pg, _gloo_threads()
+    unhooked, before = dist.distributed_c10d._update_default_pg, _threads()
     with rank_capture.destroyed_groups_kept():
         _gather_and_destroy(tmp_path / "kept")
         gc.collect()
-        kept = _gloo_threads()
+        kept = _threads()
     assert kept > before  # the group lives on: its destructor never runs inside the script
     assert dist.distributed_c10d._update_default_pg is unhooked
     _gather_and_destroy(tmp_path / "freed")  # as torch alone does it: the group and its threads go at once
     gc.collect()
-    assert _gloo_threads() == kept
+    assert _threads() == kept
