@@ -8,11 +8,18 @@ import libcst.matchers as m
 from rules import Action, Case, Mode, PortRule, Unchanged, findall, matches
 
 _TRANSFER_LINES = "import torch_npu\nfrom torch_npu.contrib import transfer_to_npu\n"
+# Packages that train on torch: a script importing one of them alone (a Lightning Trainer on accelerator="gpu") runs
+# torch's cuda code through it, and needs torch_npu as much as one that imports torch
+_TORCH_PACKAGES = frozenset({"torch", "lightning", "pytorch_lightning", "transformers", "accelerate", "deepspeed"})
 _EXPLICIT_LINES = "import torch_npu\n"
 
 
 class MissingTorchNpuImport(PortRule):
     """Import torch_npu (and, in transfer mode, transfer_to_npu) right after the first torch import.
+
+    A package that trains on torch counts as one: a script that imports Lightning, transformers, accelerate or
+    DeepSpeed alone runs torch's cuda code through it (a Lightning Trainer on accelerator="gpu" found no GPU backend
+    on the NPU without it).
 
     ## What it does
     Transfer mode: inserts `import torch_npu` and `from torch_npu.contrib import transfer_to_npu` after the first
@@ -37,7 +44,7 @@ class MissingTorchNpuImport(PortRule):
 
     CODE = "IMP001"
     CHECKLIST = ("C3",)
-    TRIGGERS = ("torch",)
+    TRIGGERS = tuple(sorted(_TORCH_PACKAGES - {"pytorch_lightning"}))  # "torch" finds pytorch_lightning
     METADATA_DEPENDENCIES = ()
     EXAMPLES = (
         Case(
@@ -145,6 +152,19 @@ class MissingTorchNpuImport(PortRule):
                 torch_npu = None
             """
         ),
+        Case(
+            """
+            import lightning as L
+            trainer = L.Trainer(accelerator="gpu")
+            """,
+            """
+            import lightning as L
+            import torch_npu
+            from torch_npu.contrib import transfer_to_npu
+            trainer = L.Trainer(accelerator="gpu")
+            """,
+            lines=[1],
+        ),
         Unchanged("import torch\n", is_entry=False),
         Unchanged("import numpy\n"),
     )
@@ -191,20 +211,21 @@ def _dotted(node: cst.BaseExpression) -> str:
 
 
 def _imports_torch(module: cst.Module) -> bool:
-    return any("torch" in _roots(node) for node in findall(module, m.Import() | m.ImportFrom()))
+    return any(_roots(node) & _TORCH_PACKAGES for node in findall(module, m.Import() | m.ImportFrom()))
 
 
 def _is_torch_import(statement: cst.CSTNode) -> bool:
-    return matches(statement, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) and "torch" in _roots(
+    return matches(statement, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) and bool(_roots(
         statement.body[0]  # type: ignore[attr-defined]
-    )
+    ) & _TORCH_PACKAGES)
 
 
 _PREAMBLE = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString()) | m.ImportFrom(module=m.Name("__future__"))])
 
 
 def _insertion_index(body: Sequence[cst.BaseStatement]) -> int:
-    """Just after the first module-level torch import; else after the docstring and __future__ imports."""
+    """Just after the first module-level import of torch (or of a package that trains on it); else after the docstring
+    and __future__ imports."""
     for index, statement in enumerate(body):
         if _is_torch_import(statement):
             return index + 1
