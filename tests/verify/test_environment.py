@@ -50,6 +50,25 @@ def test_tf32_on_a_gpu_and_hf32_on_an_npu_are_one_setting():
         Difference("precision.fp32_conv", "tf32", "fp32")]
 
 
+def test_torch_matmul_precision_is_not_compared_between_devices_with_switches_of_their_own(tmp_path):
+    """nanoGPT's allow_tf32 = True reads "high" in torch.get_float32_matmul_precision() on the GPU; its port's
+    allow_hf32 = True leaves it "highest" on the NPU. fp32_matmul (tf32, hf32: one setting) says what both compute
+    in, and the pair lists no difference (it did, on the H200 fixture nanogpt-ok); between CPUs, which have no such
+    switch, the setting is compared."""
+    import shutil
+
+    from verify.record.store import read_manifest
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "gpu-runs-h200" / "nanogpt-ok"
+    ref, actual = (read_manifest(fixture / side) for side in ("ref", "actual"))
+    assert (ref.device, actual.device) == ("cuda", "emulated-npu")
+    assert [d.setting for d in differences(ref, actual) if d.setting.startswith("precision.")] == []
+    high, highest = (manifest(precision={"fp32_matmul": "fp32", "fp32_conv": "fp32",
+                                         "float32_matmul_precision": value}) for value in ("high", "highest"))
+    high.device = highest.device = "cpu"
+    assert differences(high, highest) == [Difference("precision.float32_matmul_precision", "high", "highest")]
+
+
 @pytest.mark.parametrize(("op", "step", "explained"), [
     ("aten.addmm", 2, ["precision.fp32_matmul"]),
     ("aten.convolution", 2, []),

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verify import frameworks
+from verify import devices
 from verify.devices import HF32, TF32
 
 ENVIRONMENT_KEY = "environment"  # the manifest.extra key
@@ -76,8 +77,22 @@ def differences(ref_manifest: Any, actual_manifest: Any) -> list[Difference]:
         return []
     ref_flat, actual_flat = _flat(ref), _flat(actual)
     names = sorted(set(ref_flat) | set(actual_flat), key=_setting_order)
+    if _own_fp32_switch(ref_manifest.device) and _own_fp32_switch(actual_manifest.device):
+        names = [name for name in names if name != TORCH_MATMUL_PRECISION]
     return [Difference(name, ref_flat.get(name), actual_flat.get(name)) for name in names
             if _numerics(ref_flat.get(name)) != _numerics(actual_flat.get(name))]
+
+
+# torch.get_float32_matmul_precision(): on a GPU the TF32 switch under another name (allow_tf32 = True reads "high"),
+# on an NPU no switch of torch_npu's (HF32 is torch.npu.matmul.allow_hf32). Between two devices that each have a
+# reduced-fp32 switch of their own, their precision.fp32_matmul says what fp32 matmuls compute in, and this setting
+# is not compared: nanoGPT's allow_tf32 = True, ported to allow_hf32 = True, reads "high" on the GPU only.
+TORCH_MATMUL_PRECISION = "precision.float32_matmul_precision"
+
+
+def _own_fp32_switch(device: str) -> bool:
+    known = devices.DEVICE_TABLE.get(device)
+    return known is not None and known.reduced_fp32 is not None
 
 
 def _numerics(value: Any) -> Any:
