@@ -444,6 +444,28 @@ def test_the_device_path_gets_the_host_path_statistics_without_reading_any_numbe
     assert pending[0].resolve(fetched)["nan_count"] == 2 and pending[10].resolve(fetched)["inf_count"] == 30_000
 
 
+def test_summaries_taken_together_are_those_taken_one_by_one_on_the_device_path():
+    """summarize_all (the parameters after their update, their gradients) copies the small floating tensors of one
+    dtype in one cat: the same numbers, bit for bit, as summarize of each, taken when it is called (a later in-place
+    update changes neither), beside the tensors it leaves to summarize (large, integer, empty)."""
+    from verify.capture.tensor_stats import summarize_all
+
+    torch.manual_seed(0)
+    tensors = [*_ODD_SIZED, torch.nn.Parameter(torch.randn(6, 3)), torch.empty(0), torch.randn(5, dtype=torch.float16)]
+    one_by_one, together = StatBatch(device_path_on_cpu=True), StatBatch(device_path_on_cpu=True)
+    expected = [summarize(tensor, one_by_one) for tensor in tensors]
+    with torch.no_grad():
+        got = summarize_all(tensors, together)
+        for tensor in tensors:
+            if tensor.is_floating_point():
+                tensor.add_(1)  # an update after the summary: not in it
+    expected_fetched, got_fetched = one_by_one.fetch(), together.fetch()
+    resolved = [stats.resolve(got_fetched) for stats in got], [stats.resolve(expected_fetched) for stats in expected]
+    assert repr(resolved[0]) == repr(resolved[1])  # by repr: float for float, NaN as NaN
+    assert [(stats.dtype, stats.shape, stats.numel) for stats in got] == [
+        (stats.dtype, stats.shape, stats.numel) for stats in expected]
+
+
 def _small_cnn_step():
     """(model, optimizer, step) of a small CNN under SGD with momentum: batched small tensors, and large ones (the
     first linear layer's weight and its gradient) reduced at once."""

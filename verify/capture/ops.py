@@ -35,8 +35,9 @@ from verify.capture.op_attributes import attributes
 from verify.capture.source_lines import SourceLines, current_node, next_node_number
 from verify.capture.tensor_stats import (Handle, PendingStats, SmallTensorStats, StatBatch, dtype_name,
                                          has_readable_data, has_statistics, host_array, md5_of, sample_fingerprints,
-                                         summarize)
-from verify.record.schema import INPUT_OP, STAT_COLUMNS, UPDATE_OP, DumpMode, Phase, TENSORS_DIR, op_key, step_file
+                                         summarize, summarize_all)
+from verify.record.schema import (INPUT_OP, STAT_COLUMNS, UPDATE_OP, DumpMode, Phase, TENSORS_DIR, step_file,
+                                  step_op_keys)
 
 try:  # built by `pip install` where a C compiler is found (verify/capture/_dispatch.c)
     from verify.capture import _dispatch as native_dispatch
@@ -369,11 +370,16 @@ class OpCapture:
             return
         source = self.sources.here()  # the optimizer.step() (or scaler.step()) line
         with self.paused(), torch.no_grad():  # the statistics of a device tensor are torch ops of our own
+            calls = []
             for name, parameter in parameters:
                 call = self._call(_OPTIMIZER, name, UPDATE_OP, source)
                 # its inputs: the recorded backward (or unscale) call that wrote the gradient it applied
                 call.inputs = self.producers([parameter.grad]) if parameter.grad is not None else ""
-                self.record(call, "out", [parameter])  # under no_grad: its statistics' copies track no gradient
+                calls.append((call, parameter))
+            # under no_grad: their statistics' copies track no gradient
+            summaries = summarize_all([parameter for _, parameter in calls], self.batch, self.small_tensors)
+            for (call, parameter), stats in zip(calls, summaries, strict=True):
+                self.record(call, "out", [parameter], [stats])
 
     def note_outputs(self, output: Any) -> None:
         """An outermost module's outputs: what a later outermost module (a loss) receives of them is computed, not
@@ -455,14 +461,16 @@ class OpCapture:
         save = self.saver is not None and self.saver.wants(phase, module, op)
         return _Call(self._seq - 1, phase, module, op, call_index, save, source)
 
-    def record(self, call: _Call, io: str, tensors: Sequence[torch.Tensor]) -> None:
+    def record(self, call: _Call, io: str, tensors: Sequence[torch.Tensor],
+               summaries: Sequence[PendingStats] | None = None) -> None:
+        """A row per tensor of the call's `io`, with its statistics (`summaries` where the caller took them)."""
         if len(self.rows) >= self.MAX_ROWS_PER_STEP:
             self._stop_recording_this_step()
             return
         for position, tensor in enumerate(tensors):
+            stats = summarize(tensor, self.batch, self.small_tensors) if summaries is None else summaries[position]
             row = OpRow(call.seq, call.phase, call.module, call.op, call.call_index, f"{io}{position}",
-                        summarize(tensor, self.batch, self.small_tensors), inputs=call.inputs, source=call.source,
-                        attrs=call.attrs)
+                        stats, inputs=call.inputs, source=call.source, attrs=call.attrs)
             if self.dump == DumpMode.MD5:
                 row.md5 = md5_of(tensor)
             if call.save_tensors:
@@ -514,10 +522,7 @@ def step_columns(step: int, rows: list[OpRow], fetched: Callable[[Handle], list[
     name, or this raises: a value never lands in another's column."""
     records = [(*_ROW_FIELDS(row), *_PENDING_FIELDS(row.stats), *row.stats.values(fetched)) for row in rows]
     names = (*_ROW_COLUMNS, *_PENDING_COLUMNS, *STAT_COLUMNS)
-    columns = zip(*records, strict=True) if records else [()] * len(names)
-    return {
-        "step": [step] * len(rows),
-        "key": [op_key(step=step, phase=row.phase, module=row.module, op=row.op, call_index=row.call_index)
-                for row in rows],
-        **{name: list(column) for name, column in zip(names, columns, strict=True)},
-    }
+    columns = dict(zip(names, map(list, zip(*records, strict=True)) if records else ([] for _ in names),
+                       strict=True))
+    keys = step_op_keys(step, columns["phase"], columns["module"], columns["op"], columns["call_index"])
+    return {"step": [step] * len(rows), "key": keys, **columns}

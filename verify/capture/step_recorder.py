@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_flatten
 
 from verify.capture.ops import sample_columns, step_columns, tensors_in
 from verify.capture.module_scopes import unwrapped
-from verify.capture.tensor_stats import Handle, has_readable_data, host_array, summarize
+from verify.capture.tensor_stats import Handle, has_readable_data, host_array, summarize, summarize_all
 from verify.record.schema import (ACCUMULATION, DROPOUT_RATE, FROZEN_KEY, GRAD_STATISTIC_NAMES, GRADS_DIR,
                                    INITIAL_LOSS_SCALE, MODEL_KEY, MODULE_HPARAMS, OPS_DIR, OUTPUTS_DIR, SAMPLES_DIR,
                                    SETTLING_STEPS, STAT_COLUMNS, LossScalerPlan, RunManifest, Status,
@@ -564,9 +564,8 @@ class StepRecorder:
         ]
 
     def _record_grads(self) -> None:
-        for name, parameter in self._stepping:
-            if parameter.grad is not None:
-                self._grads.append((name, summarize(parameter.grad, self.batch)))
+        named = [(name, parameter.grad) for name, parameter in self._stepping if parameter.grad is not None]
+        self._grads += zip((name for name, _ in named), summarize_all([grad for _, grad in named], self.batch))
 
     def _record_outputs(self, output) -> None:
         tensors = [leaf for leaf in tree_flatten(output)[0] if isinstance(leaf, torch.Tensor)]

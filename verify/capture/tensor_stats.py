@@ -280,8 +280,10 @@ class PendingStats:
         if self.extremes_and_sums is not None:
             low, high, total, norm = fetched(self.extremes_and_sums)
             low, high, mean = float(low), float(high), total / self.numel
-        nan, inf = (int(count) for count in fetched(self.nonfinite_counts)) if self.nonfinite_counts else (0, 0)
-        return low, high, mean, norm, nan, inf
+        if self.nonfinite_counts is None:
+            return low, high, mean, norm, 0, 0
+        nan, inf = fetched(self.nonfinite_counts)
+        return low, high, mean, norm, int(nan), int(inf)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -361,6 +363,31 @@ def summarize(tensor: torch.Tensor, batch: StatBatch, small: SmallTensorStats | 
     return stats
 
 
+def summarize_all(tensors: Sequence[torch.Tensor], batch: StatBatch,
+                  small: SmallTensorStats | None = None) -> list[PendingStats]:
+    """`summarize` of each tensor, the same numbers; the small floating tensors of the device path (a model's
+    parameters after their update, their gradients: dozens to hundreds a step) copied together, one cat per device
+    and dtype, not one copy each (DeviceStats.add_together)."""
+    summaries: list[PendingStats] = []
+    together: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[PendingStats]]] = {}
+    for tensor in tensors:
+        if not _BY_TORCH and type(tensor) in _PLAIN_TENSORS and batch.device_stats.copies(tensor, tensor.numel()) \
+                and has_statistics(tensor) and batch.keeps_on_device(tensor):
+            stats = describe(tensor)
+            kept = together.get((tensor.device, tensor.dtype))
+            if kept is None:
+                kept = together[tensor.device, tensor.dtype] = ([], [])
+            kept[0].append(tensor)
+            kept[1].append(stats)
+        else:
+            stats = summarize(tensor, batch, small)
+        summaries.append(stats)
+    with BelowDispatchModes():
+        for group, owners in together.values():
+            batch.device_stats.add_together(group, owners)
+    return summaries
+
+
 def _summarize_sharded(tensor: torch.Tensor, batch: StatBatch, small: SmallTensorStats | None) -> PendingStats:
     """A DTensor's statistics, combined across its mesh when the step ships; a pending sum's (Partial), this rank's
     local tensor's."""
@@ -419,14 +446,18 @@ class _PendingCopies:
         self._elements = 0
         batch.before_fetch(self.reduce)
 
-    def _keep(self, key: Any, copy: torch.Tensor, stats: PendingStats) -> None:
+    def _keep(self, key: Any, copy: torch.Tensor, stats: PendingStats | Sequence[PendingStats]) -> None:
+        """Keeps `copy`, the values of `stats` (or of several tensors' stats, end to end in their order)."""
         kept = self._copies.get(key)
         if kept is None:  # not setdefault: its default would be two new lists at every call
             kept = self._copies[key] = ([], [])
         copies, owners = kept
         copies.append(copy)
-        owners.append(stats)
-        self._elements += stats.numel
+        if isinstance(stats, PendingStats):
+            owners.append(stats)
+        else:
+            owners += stats
+        self._elements += copy.numel()
         if self._elements >= self.MAX_ELEMENTS:
             self.reduce()
 
@@ -458,8 +489,13 @@ class DeviceStats(_PendingCopies):
         super().__init__(batch)
         self.fused = FusedReduction()
 
+    @classmethod
+    def copies(cls, tensor: torch.Tensor, numel: int) -> bool:
+        """Whether `add` keeps a copy of the tensor (small and floating), not reducing it at once."""
+        return numel <= cls.LARGEST and tensor.is_floating_point()
+
     def add(self, tensor: torch.Tensor, stats: PendingStats) -> None:
-        if stats.numel > self.LARGEST or not tensor.is_floating_point():
+        if not self.copies(tensor, stats.numel):
             self._reduce_now(tensor, stats)
             return
         accumulate = accumulation_dtype(tensor.dtype)
@@ -468,6 +504,13 @@ class DeviceStats(_PendingCopies):
         copy = (tensor.clone(memory_format=torch.contiguous_format) if tensor.dtype == accumulate else
                 tensor.to(accumulate, memory_format=torch.contiguous_format))
         self._keep((tensor.device, accumulate), copy, stats)
+
+    def add_together(self, tensors: Sequence[torch.Tensor], owners: Sequence[PendingStats]) -> None:
+        """`add` of small floating tensors of one device and dtype (`copies`), their copies one tensor laid end to
+        end as `reduce` lays them: one cat, and one cast where they are not in their accumulation dtype."""
+        values = torch.cat([tensor.reshape(-1) for tensor in tensors])
+        accumulate = accumulation_dtype(values.dtype)
+        self._keep((values.device, accumulate), values if values.dtype == accumulate else values.to(accumulate), owners)
 
     def _reduce_now(self, tensor: torch.Tensor, stats: PendingStats) -> None:
         row = self.fused.row(tensor)

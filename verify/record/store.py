@@ -231,7 +231,7 @@ def resolve_inside(run_dir: Path, relative: str) -> Path:
 
 
 def op_keys(parts: Mapping[str, pd.Series]) -> pd.Series:
-    """schema.op_key for every row at once, from a Series per key part (OP_KEY_PARTS)."""
+    """schema.step_op_keys for every row at once, from a Series per key part (OP_KEY_PARTS)."""
     key = None
     for name, separator in OP_KEY_PARTS:
         text = separator + parts[name].astype(str)
