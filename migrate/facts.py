@@ -146,8 +146,8 @@ def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText)
     """The framework mixed-precision facts of one call (named `last`): `framework_amp` (and `framework_bf16`) where
     a literal switches it on, `framework_amp_option` where it is chosen at run time (a value computed, an option
     parsed, a launcher's choice where the call leaves the switch out), `framework_fp32` where a call that is the
-    framework's own (AmpSwitch.fp32_when_left_out) leaves the switch out: L.Trainer(), TrainingArguments() train in
-    fp32."""
+    framework's own (AmpSwitch.fp32_when_left_out) leaves the switch out, or a literal chooses full precision
+    (AmpSwitch.full_precision): L.Trainer(), L.Trainer(precision="32-true"), TrainingArguments() train in fp32."""
     if (parses := frameworks.precision_parser(last)) is not None:
         return ["framework_amp_option"] if parses in text(call) else []
     if last == "add_argument":
@@ -173,6 +173,8 @@ def framework_precision(call: ast.Call, last: str, text: hyperparams.SourceText)
             kinds.append("framework_amp_option")
         elif (dtype := switch.precision(keyword.arg, value)) is not None:
             kinds += ["framework_amp", "framework_bf16"] if dtype == frameworks.BF16 else ["framework_amp"]
+        elif switch.chooses_fp32(keyword.arg, value):
+            kinds.append("framework_fp32")
     return kinds
 
 

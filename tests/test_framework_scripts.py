@@ -206,11 +206,14 @@ def test_a_lightning_port_passes_c2_and_c4_on_the_trainers_precision_and_c1_cite
 
 @pytest.mark.parametrize(("name", "source", "call"), [
     ("lit", LIGHTNING.replace('precision="16-mixed", ', ""), 'trainer = L.Trainer(accelerator="gpu"'),
+    ("lit32", LIGHTNING.replace('precision="16-mixed"', 'precision="32-true"'),
+     'trainer = L.Trainer(accelerator="gpu"'),
     ("hf", HF_TRAINER_BF16.replace("bf16=True, ", ""), 'args = TrainingArguments(output_dir="out"'),
-], ids=["lightning", "trainer"])
+], ids=["lightning", "lightning-32-true", "trainer"])
 def test_a_framework_left_in_fp32_fails_c2_and_c4_with_its_own_switch_not_torch_autocast(tmp_path, name, source, call):
     """Regression: a Lightning Trainer given no precision was told to run migrate with --amp fp16 or to add
-    torch.autocast, which a framework's training loop neither takes nor wants: it is told its framework's switch."""
+    torch.autocast, which a framework's training loop neither takes nor wants: it is told its framework's switch.
+    So is one given precision="32-true" (it read "no autocast in the port", naming no line)."""
     items, text, port = _migrate(tmp_path, name, source)
     for item in ("C2", "C4"):
         assert items[item]["status"] == "Failed"

@@ -18,6 +18,9 @@ class AmpSwitch:
     builds: tuple[str, ...]  # the names the script calls to build the object the switch belongs to: `Accelerator`
     keywords: tuple[str, ...]  # the object's keywords that choose the precision: `mixed_precision`
     mixed: Mapping[tuple[str, object], str]  # (keyword, literal value) -> FP16 or BF16; any other literal is off
+    # (keyword, literal value) pairs that choose full precision: it trains in fp32 (Lightning's "32-true"), as where
+    # fp32_when_built_as leaves the keyword out
+    full_precision: frozenset[tuple[str, object]] = frozenset()
     subclasses_named_so: bool = False  # a name ending in one of `builds` builds it too: Seq2SeqTrainingArguments
     options: tuple[str, ...] = ()  # command-line options that choose it: `--mixed_precision`
     # what parses those options for the script, with the name the parser's call must hold ("": every call does)
@@ -43,6 +46,10 @@ class AmpSwitch:
     def fp32_when_left_out(self, dotted_name: str) -> bool:
         """Whether a call of this dotted name that leaves the switch out trains in fp32 (fp32_when_built_as)."""
         return any(dotted_name.startswith(prefix) for prefix in self.fp32_when_built_as)
+
+    def chooses_fp32(self, keyword: str, value: object) -> bool:
+        """Whether the literal `value` of `keyword` chooses full precision (full_precision)."""
+        return (keyword, value) in self.full_precision
 
     def precision(self, keyword: str, value: object) -> str | None:
         """FP16 or BF16 where the literal `value` of `keyword` switches the mixed precision on, else None."""

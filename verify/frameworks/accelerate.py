@@ -22,6 +22,7 @@ FRAMEWORK = Framework(
             builds=("Accelerator",),
             keywords=("mixed_precision",),
             mixed={("mixed_precision", "fp16"): FP16, ("mixed_precision", "bf16"): BF16},
+            full_precision=frozenset({("mixed_precision", "no")}),
             options=("--mixed_precision", "--mixed-precision"),  # accelerate's examples declare the launcher's
             launcher_chooses=True,
             switch_on="accelerate launch --mixed_precision fp16 (or ACCELERATE_MIXED_PRECISION=fp16)",

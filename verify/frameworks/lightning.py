@@ -20,15 +20,18 @@ from verify.frameworks._framework import BF16, FP16, AmpSwitch, Framework
 
 _MIXED = {("precision", "16-mixed"): FP16, ("precision", "16"): FP16, ("precision", 16): FP16,
           ("precision", "bf16-mixed"): BF16, ("precision", "bf16"): BF16}  # "16-true" is half weights, no autocast
+_FULL = frozenset(("precision", value) for value in ("32-true", "32", 32, "64-true", "64", 64))  # fp32 (or fp64)
 FRAMEWORK = Framework(
     name="Lightning",
     amp=(
-        AmpSwitch(builds=("Trainer",), keywords=("precision",), mixed=_MIXED, options=("--precision",),
+        AmpSwitch(builds=("Trainer",), keywords=("precision",), mixed=_MIXED, full_precision=_FULL,
+                  options=("--precision",),
                   parsers={"LightningCLI": ""},
                   fp32_when_built_as=("L.", "pl.", "lightning.", "pytorch_lightning."),
                   switch_on='precision="16-mixed" (through LightningCLI: --trainer.precision 16-mixed, or '
                             'trainer.precision in its config file)'),
-        AmpSwitch(builds=("Fabric",), keywords=("precision",), mixed=_MIXED, launcher_chooses=True,
+        AmpSwitch(builds=("Fabric",), keywords=("precision",), mixed=_MIXED, full_precision=_FULL,
+                  launcher_chooses=True,
                   switch_on="fabric run --precision 16-mixed (or LT_PRECISION=16-mixed)"),
     ),
     own_amp_signs=("Fabric(", "self.manual_backward"),
