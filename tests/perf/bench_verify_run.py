@@ -41,17 +41,21 @@ for _ in range(int(sys.argv[1])):
 def child_cpu_seconds(command: list[str], cwd: Path) -> float:
     """CPU seconds (user and system) of `command` and the processes it waited for."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(command, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if done.returncode != 0:
+        said = (done.stdout + done.stderr)[-3000:]
+        raise SystemExit(f"{' '.join(command)} exited with {done.returncode}:\n{said}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
-def commands(script: Path, out: Path) -> dict[str, Callable[[int], list[str]]]:
-    """Per side, the command line of a run of `steps` steps."""
+def commands(script: Path, out: Path) -> dict[str, Callable[[int, int], list[str]]]:
+    """Per side, the command line of the `repeat`-th run of `steps` steps (each verify run into a folder of its own)."""
     return {
-        "plain": lambda steps: [sys.executable, str(script), str(steps)],
-        "verify run": lambda steps: [sys.executable, "-m", "verify", "run", str(script), "--device", "cpu", "-q",
-                                     "-n", str(steps), "-o", str(out / f"run{steps}"), "--", str(steps)],
+        "plain": lambda steps, repeat: [sys.executable, str(script), str(steps)],
+        "verify run": lambda steps, repeat: [
+            sys.executable, "-m", "verify", "run", str(script), "--device", "cpu", "-q", "-n", str(steps),
+            "-o", str(out / f"run{steps}-{repeat}"), "--", str(steps)],
     }
 
 
@@ -67,10 +71,10 @@ def main() -> int:
         script.write_text(SCRIPT.format(perf=str(Path(__file__).resolve().parent)))
         sides = commands(script, folder)
         least: dict[tuple[str, int], float] = {}
-        for _ in range(args.rounds):
+        for repeat in range(args.rounds):
             for side, command in sides.items():
                 for steps in (few, many):
-                    seconds = child_cpu_seconds(command(steps), folder)
+                    seconds = child_cpu_seconds(command(steps, repeat), folder)
                     least[side, steps] = min(least.get((side, steps), seconds), seconds)
     per_step = {side: (least[side, many] - least[side, few]) / (many - few) for side in sides}
     print(f"CPU seconds of whole processes, least of {args.rounds} interleaved rounds; per step from {few} and {many} "
