@@ -397,10 +397,13 @@ def test_a_failure_of_verifys_own_work_is_verifys_error_naming_where():
 def test_a_functional_collective_is_recorded_once_its_values_arrived(tmp_path):
     """DTensor's all_gather_into_tensor returns its buffer before the collective filled it (wait_tensor completes
     it): recorded as allocated, it held the host's leftovers (NaN among them) on one side only. The gathered batch
-    of sequence_parallel.py is a ramp from 0 to 1."""
+    of sequence_parallel.py is a ramp from 0 to 1. Its process group, which init_device_mesh starts, is recorded as
+    the device's backend run as gloo (it was not recorded: device_mesh calls init_process_group by its own name)."""
     out = tmp_path / "run"
     code, output, _ = verify("run", SCRIPTS / "sequence_parallel.py", *RANKS, "-o", out)
     assert code == 0, output
+    assert read_run(out).manifest.process_group == {"backend": "nccl", "runs_as": "gloo"}  # a GPU script's
+    assert "2 ranks (nccl run as gloo)" in output.replace("\n", "")
     for rank in read_run(out).ranks:
         gathered = rank.ops[(rank.ops["op"] == "_c10d_functional.all_gather_into_tensor")
                             & (rank.ops["module"] == "Sequential.0")]

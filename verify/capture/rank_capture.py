@@ -19,6 +19,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from verify import devices
 from verify.record import run_folders
 from verify.record.schema import LAST_COLLECTIVE, RunManifest
 from verify.record.store import write_manifest
@@ -88,12 +89,20 @@ def record_process_groups() -> None:
         if manifest is None:
             return
         asked = kwargs.get("backend", args[0] if args else None)
+        if asked in (None, "undefined"):  # torch's choice for the device: init_device_mesh("cuda") starts nccl
+            asked = dist.Backend.default_device_backend_map.get(devices.row(manifest.device).family.value)
         manifest.process_group = {"backend": str(asked or dist.get_backend()),
                                   "runs_as": _backend_ran(dist.group.WORLD)}
         manifest.rank, manifest.world_size = dist.get_rank(), dist.get_world_size()
 
     init_process_group.records_into_the_manifest = True
-    dist.init_process_group = init_process_group
+    # init_device_mesh starts the default group by the name device_mesh imported from distributed_c10d
+    for namespace in (dist, *(sys.modules.get(f"torch.distributed.{name}") for name in _HOLDING_INIT)):
+        if getattr(namespace, "init_process_group", None) is original:
+            namespace.init_process_group = init_process_group
+
+
+_HOLDING_INIT = ("distributed_c10d", "device_mesh")  # torch.distributed's modules that hold init_process_group
 
 
 @contextlib.contextmanager
