@@ -89,8 +89,9 @@ def record_process_groups() -> None:
         if manifest is None:
             return
         asked = kwargs.get("backend", args[0] if args else None)
-        if asked in (None, "undefined"):  # torch's choice for the device: init_device_mesh("cuda") starts nccl
-            asked = dist.Backend.default_device_backend_map.get(devices.row(manifest.device).family.value)
+        known = devices.DEVICE_TABLE.get(manifest.device)
+        if asked in (None, "undefined") and known:  # torch's choice for the device: init_device_mesh("cuda"), nccl
+            asked = dist.Backend.default_device_backend_map.get(known.family.value)
         manifest.process_group = {"backend": str(asked or dist.get_backend()),
                                   "runs_as": _backend_ran(dist.group.WORLD)}
         manifest.rank, manifest.world_size = dist.get_rank(), dist.get_world_size()
