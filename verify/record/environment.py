@@ -20,8 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from verify import frameworks
-from verify import devices
+from verify import devices, frameworks
 from verify.devices import HF32, TF32
 
 ENVIRONMENT_KEY = "environment"  # the manifest.extra key
