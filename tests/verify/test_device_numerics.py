@@ -89,14 +89,14 @@ def _computed_here() -> dict[str, torch.Tensor]:
             "keepdim_mean": given["values"].mean(dim=None, keepdim=True)}
 
 
-def computed_on(device: str, exact: bool = False, blocks: int = 0) -> dict[str, torch.Tensor]:
+def computed_on(device: str, exact: bool = False, blocks: int = 0, probe: str = PROBE) -> dict[str, torch.Tensor]:
     env = {**os.environ, **devices.child_env(device, devices.EmulateOn.CPU.value, exact_emulation=exact),
            **({devices.BLOCKS_VAR: str(blocks)} if blocks else {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(devices.STAND_IN_DIR.parents[1])]))
     # One thread, always: the module's `faces` are made before the autouse fixture sets it for the test, and a matrix
     # product sums in another order on two threads than on one (the faces then differed by a last bit)
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-c", PROBE, device], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", probe, device], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
     return {name: torch.tensor(value) for name, value in result.items()}
@@ -287,3 +287,75 @@ def test_a_run_under_an_imposed_autocast_computes_half_precision_by_the_table_an
     record = json.loads((tmp_path / "run" / "manifest.json").read_text())["half_precision"]
     assert record["table"] == "npu_port_emulation/half_precision.py HALF_PRECISION"
     assert {"convolution", "convolution_backward", "addmm", "mm"} <= set(record["computed"])
+
+
+TF32_PROBE = """
+import json, sys
+import torch
+import torch.nn.functional as F
+from verify.devices.setup import prepare
+
+prepare(sys.argv[1])
+from npu_port_emulation.reduced_precision import hf32_rounded
+
+generator = torch.Generator().manual_seed(0)
+x, w = torch.randn(8, 64, generator=generator).requires_grad_(), torch.randn(16, 64, generator=generator)
+torch.backends.cuda.matmul.allow_tf32 = True
+out = F.linear(x, w)
+out.backward(torch.ones_like(out))
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    half = F.linear(x.detach(), w)
+torch.backends.cuda.matmul.allow_tf32 = False
+rounded_x, rounded_w = hf32_rounded(x.detach()), hf32_rounded(w)
+print("RESULT " + json.dumps({
+    "rounded": torch.equal(out, F.linear(rounded_x, rounded_w)),
+    "changed": not torch.equal(out, F.linear(x.detach(), w)),
+    "grad_rounded": torch.equal(x.grad, torch.ones(8, 16) @ rounded_w),
+    "half_cast_once": torch.equal(half, F.linear(x.detach().bfloat16(), w.bfloat16())),
+}))
+"""
+
+
+def test_tf32_rounds_the_multiplicands_of_fp32_products_forward_and_backward_and_leaves_autocast_alone():
+    """On EMULATED CUDA with allow_tf32 (exact emulation: no summation order of its own), an fp32 linear multiplies
+    its inputs rounded to 10 mantissa bits, as its backward does; under autocast the product's inputs are cast
+    once, to bf16, as a GPU casts them (they were rounded to TF32 first)."""
+    result = computed_on("emulated-cuda", exact=True, probe=TF32_PROBE)
+    assert {name: bool(value) for name, value in result.items()} == {
+        "rounded": True, "changed": True, "grad_rounded": True, "half_cast_once": True}
+
+
+TF32_TRAINER = """
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+torch.backends.cuda.matmul.allow_tf32 = True
+model = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 8)).to("cuda")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    optimizer.zero_grad()
+    model(torch.randn(4, 64, device="cuda")).pow(2).mean().backward()
+    optimizer.step()
+"""
+
+
+def test_the_data_flow_runs_through_tf32_rounding_to_a_products_real_inputs(tmp_path):
+    """Regression: the rounding made hidden copies of a product's inputs, so under allow_tf32 (nanoGPT) the capture
+    lost every fp32 linear's producers, and a port's extra op before one (its layer norm's output times 1.002) was
+    named by the linear it fed ("inputs agree"). The recorded product reads the layer norm's output."""
+    from pathlib import Path
+
+    from verify.record.store import read_run
+
+    script = tmp_path / "train.py"
+    script.write_text(TF32_TRAINER)
+    done = subprocess.run([sys.executable, "-m", "verify.cli", "run", str(script), "--device", "emulated-cuda",
+                           "--steps", "2", "-q", "-o", str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    ops = read_run(Path(tmp_path / "run")).ops
+    step = ops.loc[(ops["step"] == 1) & (ops["phase"] == "forward")]
+    norm = step.loc[step["op"] == "aten.native_layer_norm", "seq"].iloc[0]
+    product = step.loc[step["op"] == "aten.addmm"].iloc[0]
+    assert str(norm) in str(product["inputs"]).split(","), product.to_dict()

@@ -50,6 +50,15 @@ def test_tf32_on_a_gpu_and_hf32_on_an_npu_are_one_setting():
         Difference("precision.fp32_conv", "tf32", "fp32")]
 
 
+def test_the_autocast_verify_imposed_on_a_reference_is_no_environment_difference():
+    """nanoGPT's faithful port listed "amp.imposed_autocast: ref bf16, actual off": verify's own autocast on the
+    reference, which the comparison's policy and notes describe, read as a setting for the user to mend."""
+    imposed, own = manifest(amp={"imposed_autocast": "bf16"}), manifest(amp={"imposed_autocast": "off"})
+    assert differences(imposed, own) == []
+    fp16 = manifest(amp={"imposed_autocast": "bf16", "acl_precision_mode": "allow_fp32_to_fp16"})
+    assert differences(imposed, fp16) == [Difference("amp.acl_precision_mode", None, "allow_fp32_to_fp16")]
+
+
 def test_torch_matmul_precision_is_not_compared_between_devices_with_switches_of_their_own(tmp_path):
     """nanoGPT's allow_tf32 = True reads "high" in torch.get_float32_matmul_precision() on the GPU; its port's
     allow_hf32 = True leaves it "highest" on the NPU. fp32_matmul (tf32, hf32: one setting) says what both compute

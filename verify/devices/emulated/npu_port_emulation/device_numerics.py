@@ -29,7 +29,8 @@ With EXACT_VAR set (`verify --exact-emulation`), none of this is done: the faces
 the CPU's generator, for bit-exact debugging, except that half precision is computed as the devices compute it
 (HALF_PRECISION, in the CPU's order), as a CPU reference under an imposed autocast computes it
 (`half_precision_as_devices()`): the CPU's own half-precision products are 20-200x slower, and unlike any device's.
-TF32/HF32 rounding follows the script's switches either way (reduced_precision.py).
+TF32/HF32 rounding follows the script's switches either way: this mode rounds the multiplicands
+(reduced_precision.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from . import half_precision
 from .half_precision import Computed, computed_so
+from .reduced_precision import ROUNDED, as_multiplied
 
 
 # The same name as verify.devices.EXACT_EMULATION_VAR (the stand-ins never import npu-port; a test checks they agree).
@@ -133,6 +135,8 @@ class DeviceNumerics(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in ROUNDED:  # TF32/HF32, where the script's switch is on
+            args = as_multiplied(func, args)
         handler = self._handlers.get(func)
         result = None if handler is None else handler(func, *args, **kwargs)
         return func(*args, **kwargs) if result is None else result

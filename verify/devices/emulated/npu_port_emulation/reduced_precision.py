@@ -3,26 +3,32 @@ round them (both keep a 10-bit mantissa).
 
 With `torch.npu.matmul.allow_hf32` / `torch.npu.conv.allow_hf32` on, an Ascend NPU multiplies fp32 inputs with a
 10-bit mantissa, as TF32 does on a GPU. On the cuda target the switches set the GPU's TF32 switches, the nearest
-hardware equivalent. On the cpu target the float32 inputs and weights of torch.nn.functional's convolutions and
-linear, and of torch's matmul functions, are rounded to nearest-even at 10 mantissa bits before the exact fp32 op:
-the rounding error of the inputs, not the NPU's accumulation order, is what HF32 changes. The rounding is hidden from
-verify's operator capture and passes gradients through unchanged (the backward's own products are not rounded).
+hardware equivalent. On the cpu target the face's dispatch mode (device_numerics.DeviceNumerics, below verify's op
+capture) rounds the float32 multiplicands of the matrix products and convolutions in ROUNDED, forward and backward,
+to nearest-even at 10 mantissa bits before the exact fp32 op: the rounding error of the inputs, not the NPU's
+accumulation order, is what HF32 changes. Below the capture, the rounding is not recorded and the capture's data flow
+runs from the op's real inputs; under autocast the products receive half-precision inputs, which it leaves alone, as
+the devices' casts do.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
-from torch.utils._python_dispatch import _disable_current_modes
 
 MANTISSA_BITS = 10
 _DROPPED = 23 - MANTISSA_BITS  # of float32's 23 mantissa bits
 
-CONV_FUNCTIONS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
-MATMUL_FUNCTIONS = ("matmul", "mm", "bmm")
+_aten = torch.ops.aten
+# The ops whose float32 multiplicands a switch rounds: (switch, the multiplicands' argument positions).
+ROUNDED = {
+    _aten.mm.default: ("matmul", (0, 1)), _aten.bmm.default: ("matmul", (0, 1)),
+    _aten.addmm.default: ("matmul", (1, 2)), _aten.baddbmm.default: ("matmul", (1, 2)),
+    _aten.convolution.default: ("conv", (0, 1)),
+    _aten.convolution_backward.default: ("conv", (0, 1, 2)),  # grad_output, input, weight
+}
+_switches: dict[str, Callable[[], bool]] = {}  # the face's switches, by kind (none on a real device)
 
 
 def hf32_rounded(tensor: torch.Tensor) -> torch.Tensor:
@@ -33,45 +39,22 @@ def hf32_rounded(tensor: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(tensor), tensor, rounded)
 
 
-class _Hf32Round(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
-        with _disable_current_modes(), torch.no_grad():  # verify records the matmul, not its input rounding
-            return hf32_rounded(tensor)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad
-
-
-def _rounded(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.dtype == torch.float32:
-        return _Hf32Round.apply(value)
-    return value
-
-
-def _rounding(original: Callable, enabled: Callable[[], bool]) -> Callable:
-    """`original` with its two multiplicands (input and weight, or the two matrices) rounded while `enabled()`."""
-
-    @functools.wraps(original)
-    def hf32(*args: Any, **kwargs: Any) -> Any:
-        if enabled() and len(args) >= 2:
-            args = (_rounded(args[0]), _rounded(args[1]), *args[2:])
-        return original(*args, **kwargs)
-
-    return hf32
+def as_multiplied(func: Any, args: tuple) -> tuple:
+    """`args` of a call of `func` as the device multiplies them: the float32 multiplicands of an op in ROUNDED
+    rounded while its switch is on; the same tuple otherwise. Called inside a dispatch mode, which runs the rounding's
+    own ops below every mode."""
+    kind, positions = ROUNDED[func]
+    switch = _switches.get(kind)
+    if switch is None or not switch():
+        return args
+    return tuple(hf32_rounded(arg) if index in positions and isinstance(arg, torch.Tensor)
+                 and arg.dtype == torch.float32 else arg for index, arg in enumerate(args))
 
 
 def install_hf32_rounding(matmul_enabled: Callable[[], bool], conv_enabled: Callable[[], bool]) -> None:
-    """cpu target: route convolutions, linear and matmuls through the rounding when their switch is on (the NPU's
+    """cpu target: round the multiplicands of matmuls and of convolutions while their switch is on (the NPU's
     allow_hf32, or for the CUDA stand-in torch.backends' allow_tf32, whose defaults match: matmul off, conv on)."""
-    for name in CONV_FUNCTIONS:
-        setattr(F, name, _rounding(getattr(F, name), conv_enabled))
-    F.linear = _rounding(F.linear, matmul_enabled)
-    for name in MATMUL_FUNCTIONS:
-        setattr(torch, name, _rounding(getattr(torch, name), matmul_enabled))
-        setattr(torch.Tensor, name, _rounding(getattr(torch.Tensor, name), matmul_enabled))
-    torch.Tensor.__matmul__ = _rounding(torch.Tensor.__matmul__, matmul_enabled)
+    _switches.update(matmul=matmul_enabled, conv=conv_enabled)
 
 
 def set_cuda_tf32(kind: str, enabled: bool) -> None:
