@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hung_runs import timed_out_before_printing, timed_out_in_the_hang
 
+from verify.compare.findings import unwritten_words
 from verify.errors import Stopped
 from verify.launch.runner import RunOptions, run_script
 from verify.record.schema import SETTLING_STEPS, UNWRITTEN_KEY, DumpMode, Status
@@ -204,15 +205,22 @@ def test_a_gloo_group_destroyed_under_the_capture_lives_until_the_process_ends(t
     assert [name for name in json.loads(threads.read_text()) if "gloo" in name]
 
 
-@pytest.mark.parametrize("initialized", ["all", "head", "data", "assign"])
+@pytest.mark.parametrize("initialized", ["all", "head", "data", "assign", "norm"])
 def test_the_parameters_left_as_to_empty_allocated_them_are_named_in_the_manifest(tmp_path, initialized):
     """pytorch/examples' FSDP2 example resets its embeddings and its head after to_empty, never its blocks: they
-    trained from zeros on the emulated devices, so a change to a block's arithmetic changed no number."""
+    trained from zeros on the emulated devices, so a change to a block's arithmetic changed no number. Buffers alike:
+    a batch norm whose weight and bias alone are set normalizes with running statistics nothing computed."""
     result = run(tmp_path, "meta_init.py", initialized)
     assert result.manifest.status == Status.OK.value, result.manifest.message
     unwritten = result.manifest.extra.get(UNWRITTEN_KEY)
     if initialized == "head":
-        assert unwritten == {"where": "meta_init.py:14", "count": 2, "of": 4, "names": ["0.weight", "0.bias"]}
+        assert unwritten == {"where": "meta_init.py:16", "count": 2, "of": 4, "names": ["0.weight", "0.bias"]}
+    elif initialized == "norm":
+        assert unwritten == {"where": "meta_init.py:16", "count": 0, "of": 6, "names": [], "buffers": {
+            "count": 3, "of": 3, "names": ["3.running_mean", "3.running_var", "3.num_batches_tracked"]}}
+        assert unwritten_words(unwritten) == (
+            "3 of 3 buffers unwritten after Module.to_empty (meta_init.py:16): "
+            "3.running_mean, 3.running_var, 3.num_batches_tracked")
     else:  # reset in place, replaced by .data =, or loaded with assign=True
         assert unwritten is None
 

@@ -963,7 +963,8 @@ def test_a_pair_whose_scripts_both_leave_parameters_as_to_empty_allocated_them_p
     assert code == 0 and summary["verdict"] == "PASS"
     unwritten = finding(summary, "uninitialized")
     assert unwritten["detail"]["side"] == "both" and "2 of 4 parameters" in unwritten["message"]
-    assert "Initialize every parameter after to_empty (meta_init_npu.py:15)" in (out / "advice.txt").read_text()
+    advice = (out / "advice.txt").read_text()
+    assert "Initialize every parameter and buffer after to_empty (meta_init_npu.py:17)" in advice
 
 
 def test_a_failing_ports_advice_starts_with_its_cause_not_with_what_both_scripts_leave_uninitialized(tmp_path):
@@ -980,7 +981,7 @@ def test_a_failing_ports_advice_starts_with_its_cause_not_with_what_both_scripts
     todo = (out / "advice.txt").read_text().split("What to do:\n")[1].splitlines()
     assert todo[0].startswith("1. The port computes aten.abs where the original computes aten.pow"), todo
     assert sum("The port computes aten.abs" in line for line in todo) == 1, todo
-    assert "Initialize every parameter after to_empty" in todo[-1], todo
+    assert "Initialize every parameter and buffer after to_empty" in todo[-1], todo
 
 
 def test_a_port_that_leaves_parameters_its_original_initializes_fails_naming_them(tmp_path):

@@ -1,5 +1,5 @@
-"""The model's parameters that `Module.to_empty` allocated and nothing wrote before the first forward: the script
-trains them from whatever the device's memory held.
+"""The model's parameters and buffers that `Module.to_empty` allocated and nothing wrote before the first forward: the
+script trains them, or computes with them, from whatever the device's memory held.
 
 Building a large model on the meta device, sharding it (FSDP2's fully_shard) and then calling
 `model.to_empty(device=...)` followed by the script's own initialization (`model.reset_parameters()`, an `init_weights`
@@ -10,13 +10,17 @@ those parameters compute what their memory says (pytorch/examples' FSDP2 example
 are zeros, so each block adds nothing, and a change to a block's arithmetic changes no number). A comparison of them
 proves nothing, and on two real devices the two sides start from different values.
 
-A parameter counts as written when any in-place write reached it (its version counter, and its local shard's for a
-DTensor, moved), when its storage changed (`param.data = ...`), or when the module holds another tensor under its name
-(`load_state_dict(assign=True)`). The check runs once, at the first forward after the `to_empty`, before any module's
+Buffers are allocated alike: a rotary embedding's frequencies or a causal mask computed in `__init__` on the meta
+device hold nothing after the `to_empty`, unless the script computes them again (torchtitan's init_weights assigns
+freqs_cis anew); a norm's running statistics unless its reset_parameters ran.
+
+A parameter or buffer counts as written when any in-place write reached it (its version counter, and its local
+shard's for a DTensor, moved), when its storage changed (`param.data = ...`), or when the module holds another tensor
+under its name (`load_state_dict(assign=True)`, a buffer assigned anew). The check runs once, at the first forward after the `to_empty`, before any module's
 own hook (FSDP2's lazy init): what the script did to its model before it trained is done by then.
 
 The manifest's extra[UNWRITTEN_KEY] names them: {"where": "train.py:87", "count": N, "of": M, "names": the first
-NAMES}.
+NAMES} for the parameters, and where buffers were left, "buffers": {"count", "of", "names"} alike.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch
 from verify.capture.source_lines import SourceLines
 from verify.record.schema import UNWRITTEN_KEY
 
-NAMES = 8  # the parameters the manifest names; `count` says how many there are
+NAMES = 8  # the parameters (and buffers) the manifest names; `count` says how many there are
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -46,29 +50,44 @@ def _trace(tensor: torch.Tensor) -> tuple[int, int, int]:
     return tensor._version, local._version, local.untyped_storage().data_ptr()
 
 
+KINDS = ("parameters", "buffers")
+
+
 class _Allocated:
-    """The parameters one `to_empty` call allocated, as it left them."""
+    """The parameters and buffers one `to_empty` call allocated, as it left them."""
 
     def __init__(self, module: torch.nn.Module, where: str) -> None:
         self.where = where
-        self.parameters = [(name, weakref.ref(parameter), _trace(parameter))
-                           for name, parameter in module.named_parameters()]
+        self.tensors = {kind: [(name, weakref.ref(tensor), _trace(tensor))
+                               for name, tensor in getattr(module, f"named_{kind}")()] for kind in KINDS}
         self.module = weakref.ref(module)
 
-    def unwritten(self) -> list[str]:
+    def unwritten(self, kind: str) -> list[str]:
         module = self.module()
         if module is None:
             return []
-        held = dict(module.named_parameters())
-        return [name for name, allocated, trace in self.parameters
-                if (parameter := allocated()) is not None and held.get(name) is parameter
-                and _trace(parameter) == trace]
+        held = dict(getattr(module, f"named_{kind}")())
+        return [name for name, allocated, trace in self.tensors[kind]
+                if (tensor := allocated()) is not None and held.get(name) is tensor and _trace(tensor) == trace]
+
+    def record(self) -> dict[str, Any] | None:
+        """extra[UNWRITTEN_KEY] of this call; None where it left nothing unwritten."""
+        left = {kind: self.unwritten(kind) for kind in KINDS}
+        if not any(left.values()):
+            return None
+        parameters = left["parameters"]
+        record: dict[str, Any] = {"where": self.where, "count": len(parameters),
+                                  "of": len(self.tensors["parameters"]), "names": parameters[:NAMES]}
+        if left["buffers"]:
+            record["buffers"] = {"count": len(left["buffers"]), "of": len(self.tensors["buffers"]),
+                                 "names": left["buffers"][:NAMES]}
+        return record
 
 
 @contextlib.contextmanager
 def watched(extra: dict[str, Any], *roots: Path) -> Iterator[None]:
-    """Module.to_empty noted while the script runs; at the first forward after it, the parameters nothing wrote go
-    into `extra`."""
+    """Module.to_empty noted while the script runs; at the first forward after it, the parameters and buffers
+    nothing wrote go into `extra`."""
     to_empty = torch.nn.Module.to_empty
     sources = SourceLines(*roots)
     allocated: list[_Allocated] = []
@@ -77,9 +96,8 @@ def watched(extra: dict[str, Any], *roots: Path) -> Iterator[None]:
     def check_at_first_forward(*_: Any) -> None:
         hook.pop().remove()
         for calls in allocated:
-            if names := calls.unwritten():
-                extra[UNWRITTEN_KEY] = {"where": calls.where, "count": len(names), "of": len(calls.parameters),
-                              "names": names[:NAMES]}
+            if record := calls.record():
+                extra[UNWRITTEN_KEY] = record
                 break  # the first to_empty that left some: one finding is what the user acts on
         allocated.clear()
 

@@ -249,13 +249,20 @@ def _uninitialized_findings(ref: Run, actual: Run) -> list[Finding]:
 
 def unwritten_words(unwritten: dict[str, Any]) -> str:
     """'120 of 125 parameters unwritten after Module.to_empty (example.py:85): layers.0.attention_norm.weight, ...'
-    from a manifest's extra[UNWRITTEN_KEY]."""
-    return (f"{unwritten['count']} of {unwritten['of']} parameters unwritten after Module.to_empty "
-            f"({unwritten['where']}): {_unwritten_names(unwritten)}")
+    from a manifest's extra[UNWRITTEN_KEY]; its buffers too, where it names some ('... and 2 of 2 buffers ...')."""
+    counted = " and ".join(f"{left['count']} of {left['of']} {kind}" for kind, left in _unwritten_kinds(unwritten))
+    return f"{counted} unwritten after Module.to_empty ({unwritten['where']}): {_unwritten_names(unwritten)}"
+
+
+def _unwritten_kinds(unwritten: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, its count, of and names) for the parameters and the buffers a record names any of."""
+    kinds = [("parameters", unwritten), ("buffers", unwritten.get("buffers") or {"count": 0})]
+    return [(kind, left) for kind, left in kinds if left["count"]]
 
 
 def _unwritten_names(unwritten: dict[str, Any]) -> str:
-    return ", ".join(unwritten["names"]) + (", ..." if unwritten["count"] > len(unwritten["names"]) else "")
+    return ", ".join(", ".join(left["names"]) + (", ..." if left["count"] > len(left["names"]) else "")
+                     for _, left in _unwritten_kinds(unwritten))
 
 
 _NAMED_BY_IMPORTS = "its imports name the original"

@@ -121,13 +121,14 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "the reference their originals. Port the project's files in one call (`migrate main.py model.py ...`: the "
         "ports import each other's ports) or its folder (`migrate FOLDER/`), then compare again."), ("C3",)),
     AdviceRule(FindingCode.UNINITIALIZED, (
-        "Initialize every parameter after to_empty ({where}): {names} hold whatever the device's memory held (zeros "
-        "on an emulated device, any values on a real one), so the layers computed from them train from no "
-        "initialization, the ops computed from them prove nothing, and two real devices start them differently. "
-        "Call each submodule's reset_parameters (a model's reset_parameters that skips its layers leaves them so), or "
-        "load a checkpoint, before the first forward."), ("C8",)),
+        "Initialize every parameter and buffer after to_empty ({where}): {names} hold whatever the device's memory "
+        "held (zeros on an emulated device, any values on a real one), so the layers computed from them train from "
+        "no initialization, the ops computed from them prove nothing, and two real devices start them differently. "
+        "Call each submodule's reset_parameters (a model's reset_parameters that skips its layers leaves them so), "
+        "compute the buffers anew (a rotary embedding's frequencies, a mask), or load a checkpoint, before the first "
+        "forward."), ("C8",)),
     AdviceRule(FindingCode.INIT_DIFFERS, (
-        "Initialize the parameters after to_empty ({where}) as the other script does: {names} hold whatever the "
+        "Initialize the parameters and buffers after to_empty ({where}) as the other script does: {names} hold whatever the "
         "device's memory held in one script only, and every difference computed from them follows from it."),
         ("C8",)),
     AdviceRule(FindingCode.SHARDING, (
