@@ -46,6 +46,7 @@ FIXED_SUFFIX = "_fixed"
 _HALF = ("float16", "bfloat16")
 # a cause of the fix's own beside verify's finding codes: a DataLoader setting verify's environment record shows changed
 DATA_HPARAM = "data_hparam"
+GRADS_CARRIED = "grads_carried"  # updates_skipped where the port never resets its gradients
 # the causes a fix never touches: a port bug, named and left (issue 47)
 NEVER_FIXED = {
     FindingCode.HPARAM_MISMATCH: "a changed hyperparameter: make the port's value the original's",
@@ -55,6 +56,8 @@ NEVER_FIXED = {
     DATA_HPARAM: "a changed DataLoader batch_size or drop_last: make the port's value the original's",
     FindingCode.NO_UPDATE_COMPARED: "both scripts' loss scalers skipped every update: give them more steps to compare "
                                     "one",
+    GRADS_CARRIED: "gradients never reset keep the first overflow's inf, so the GradScaler skips every step at any "
+                   "scale: reset them once per optimizer step (optimizer.zero_grad()), in the original too",
 }
 # what is said of a cause a fix could act on but whose rewrite changed nothing
 UNFIXED = {FindingCode.DATA_ORDER: "no seed or DataLoader order argument of the port differs from the original's: "
@@ -95,7 +98,7 @@ PRECISION_CAUSES = (FindingCode.OVERFLOW, FindingCode.OP_DIVERGES, FindingCode.U
 
 @dataclass
 class Cause:
-    code: str  # verify's finding code (a FindingCode's value), or DATA_HPARAM
+    code: str  # verify's finding code (a FindingCode's value), DATA_HPARAM or GRADS_CARRIED
     message: str
     line: int | None = None  # the port's line to keep in fp32
     init_scale: float | None = None
@@ -204,9 +207,12 @@ def causes(result: PairResult, port: Path, original: Path, amp_effect: PairResul
     # verify's updates_skipped: the port's GradScaler skipped every step where the original has no loss scaler. The
     # scale starts as many halvings below the lowest it tried as it tried, below 1 where that is below 1 (the ladder's
     # loss-scale search: gradients that overflow fp16 at every scale of 1 and above); not where an op that overflows
-    # in the forward pass explains it (a loss that is inf at every scale).
+    # in the forward pass explains it (a loss that is inf at every scale), nor where the port never resets its
+    # gradients: a lower scale only puts off the first inf, which they then keep (a short run PASSed so, 3 steps).
     for finding in result.findings:
-        if finding.code == FindingCode.UPDATES_SKIPPED and not any(
+        if finding.code == FindingCode.UPDATES_SKIPPED and finding.grads_carried:
+            found.append(Cause(GRADS_CARRIED, finding.message))
+        elif finding.code == FindingCode.UPDATES_SKIPPED and not any(
                 cause.line or cause.function or cause.code == FindingCode.OVERFLOW for cause in found):
             tried = finding.loss_scales
             found.append(Cause(finding.code, finding.message, init_scale=min(tried) / 2.0 ** len(tried)))

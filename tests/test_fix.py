@@ -284,6 +284,24 @@ def test_a_changed_lr_is_named_and_left_failing(tmp_path):
     assert "hparam\\_mismatch" in report or "hparam_mismatch" in report
 
 
+def test_gradients_never_reset_are_named_and_left_not_given_a_lower_loss_scale(tmp_path):
+    """pytorch/examples' tensor-parallel toy never calls zero_grad; its fp16 port's GradScaler skips every step, as
+    the inf of the first overflow stays in the gradients. The fix lowered init_scale to 2**-3, which put the first inf
+    off past the 3 steps verified (a PASS), while verify's advice said no scale helps: it now names the gradients
+    never reset and writes nothing."""
+    original = tmp_path / "train.py"
+    original.write_text((Path(__file__).parent / "verify" / "scripts" / "never_zeroed_sum_loss.py").read_text())
+    assert _run("-m", "migrate", "-q", original.name, cwd=tmp_path).returncode == 0
+    port, pair = tmp_path / "train_npu.py", tmp_path / "pair"
+    _run("-m", "verify", original.name, port.name, "--steps", "3", "-q", "-o", pair.name, cwd=tmp_path)
+    assert json.loads((pair / "summary.json").read_text())["verdict"] == "FAIL"
+    done, record, report = _fix(port, pair)
+    assert done.returncode == 1
+    assert not (tmp_path / "train_npu_fixed.py").exists()
+    assert record["rounds"] == [] and [cause["code"] for cause in record["left"]] == ["grads_carried"]
+    assert "reset them once per optimizer step" in report
+
+
 def test_a_changed_activation_is_named_and_left_failing(tmp_path):
     port, pair = _port_and_pair(tmp_path, "        loss = torch.relu(h).pow(2).mean()",
                                 edit=lambda text: text.replace("torch.relu(h)", "torch.sigmoid(h)"))

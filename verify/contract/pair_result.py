@@ -47,6 +47,12 @@ class Finding:
         """A loss-scale finding's (updates_skipped): the scale at each step of the port's run."""
         return list(self.detail.get("scales") or [])
 
+    @property
+    def grads_carried(self) -> bool:
+        """A loss-scale finding's: whether the port's gradients are never reset, so that they keep the first
+        overflow's inf at every scale."""
+        return bool(self.detail.get("grads_carried"))
+
 
 @dataclass(frozen=True)
 class FirstOverflow:
