@@ -16,8 +16,9 @@ freqs_cis anew); a norm's running statistics unless its reset_parameters ran.
 
 A parameter or buffer counts as written when any in-place write reached it (its version counter, and its local
 shard's for a DTensor, moved), when its storage changed (`param.data = ...`), or when the module holds another tensor
-under its name (`load_state_dict(assign=True)`, a buffer assigned anew). The check runs once, at the first forward after the `to_empty`, before any module's
-own hook (FSDP2's lazy init): what the script did to its model before it trained is done by then.
+under its name (`load_state_dict(assign=True)`, a buffer assigned anew). The check runs once, at the first forward
+after the `to_empty`, before any module's own hook (FSDP2's lazy init): what the script did to its model before it
+trained is done by then.
 
 The manifest's extra[UNWRITTEN_KEY] names them: {"where": "train.py:87", "count": N, "of": M, "names": the first
 NAMES} for the parameters, and where buffers were left, "buffers": {"count", "of", "names"} alike.

@@ -83,7 +83,8 @@ SETTLING_STEPS = 16
 # dynamo compiled during the run} (verify/capture/compile_calls.py); absent where the script never called it
 COMPILE_KEY = "torch_compile"
 # manifest.extra: the parameters Module.to_empty allocated that nothing wrote before the first forward, {"where":
-# "train.py:87", "count": N, "of": M, "names": the first few} (verify/capture/initialization.py); absent where none
+# "train.py:87", "count": N, "of": M, "names": the first few, and where buffers were left "buffers": {"count", "of",
+# "names"}} (verify/capture/initialization.py); absent where none
 UNWRITTEN_KEY = "unwritten_after_to_empty"
 # manifest.extra: the framework launcher its ranks started as (--launcher: "deepspeed"); absent for torchrun's
 LAUNCHER_KEY = "launcher"

@@ -128,8 +128,9 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "compute the buffers anew (a rotary embedding's frequencies, a mask), or load a checkpoint, before the first "
         "forward."), ("C8",)),
     AdviceRule(FindingCode.INIT_DIFFERS, (
-        "Initialize the parameters and buffers after to_empty ({where}) as the other script does: {names} hold whatever the "
-        "device's memory held in one script only, and every difference computed from them follows from it."),
+        "Initialize the parameters and buffers after to_empty ({where}) as the other script does: {names} hold "
+        "whatever the device's memory held in one script only, and every difference computed from them follows from "
+        "it."),
         ("C8",)),
     AdviceRule(FindingCode.SHARDING, (
         "Share the data out to the ranks as the original does: each rank of the port must read what the same rank of "
