@@ -54,6 +54,14 @@ def test_every_judged_metric_names_a_limit_the_verdict_holds():
             assert metric.unless is None or metric.unless in names, metric
 
 
+def test_equal_tensors_have_a_cosine_of_exactly_one():
+    """Regression: identical int64 labels (randint) had a cosine of 1 - 2e-16, under an exact dtype's limit of 1.0."""
+    labels = np.array([2, 0, 1, 2, 2, 1, 1, 2])
+    assert metrics.cosine(labels, labels.copy()) == 1.0
+    assert metrics.cosine(np.zeros(3), np.zeros(3)) == 1.0 and np.isnan(metrics.cosine(np.zeros(0), np.zeros(0)))
+    assert metrics.cosine(labels, labels + 1) < 1.0
+
+
 def test_tensor_rule_fails_a_low_cosine_and_a_large_error_unless_nearly_all_elements_are_close():
     values = {"cosine": np.array([0.5, 1.0, 1.0, 1.0, 1.0]),
               "max_abs_error": np.array([0.0, 5.0, 5.0, 0.0, np.nan]),

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 def run(tmp_path, script: str, *args: str, steps: int = 3, **options) -> Run:
-    options = RunOptions(steps=steps, device="cpu", **options)
+    options = RunOptions(steps=steps, **{"device": "cpu", **options})
     run_dir = run_script(SCRIPTS / script, list(args), options, tmp_path / "run")
     return read_run(run_dir)
 
@@ -209,8 +209,10 @@ def test_a_gloo_group_destroyed_under_the_capture_lives_until_the_process_ends(t
 def test_the_parameters_left_as_to_empty_allocated_them_are_named_in_the_manifest(tmp_path, initialized):
     """pytorch/examples' FSDP2 example resets its embeddings and its head after to_empty, never its blocks: they
     trained from zeros on the emulated devices, so a change to a block's arithmetic changed no number. Buffers alike:
-    a batch norm whose weight and bias alone are set normalizes with running statistics nothing computed."""
-    result = run(tmp_path, "meta_init.py", initialized)
+    a batch norm whose weight and bias alone are set normalizes with running statistics nothing computed. On the
+    emulated NPU, whose fresh memory reads zeros: on the CPU the parameters left are the host's leftovers, a NaN now
+    and then (the run then ended "loss is nan")."""
+    result = run(tmp_path, "meta_init.py", initialized, device="emulated-npu")
     assert result.manifest.status == Status.OK.value, result.manifest.message
     unwritten = result.manifest.extra.get(UNWRITTEN_KEY)
     if initialized == "head":
@@ -271,6 +273,18 @@ def test_tensor_mode_saves_selected_ops_and_inputs(tmp_path):
     out = saved[saved["io"] == "out0"].iloc[0]
     array = result.load_array(out["tensor_file"])
     assert array.shape == (8, 4, 8, 8) and array.max() == pytest.approx(out["max"])
+
+
+def test_a_run_compared_with_itself_in_tensor_mode_passes(tmp_path):
+    """Regression: two tensor-mode runs of one script FAILed. Each init draw's recorded input was the allocator's
+    memory after torch.empty (other values each run), and identical int64 labels failed on a cosine of 1 - 2e-16."""
+    first, second = (run(tmp_path / side, "tiny_train.py", steps=2, dump=DumpMode.TENSOR) for side in ("a", "b"))
+    draws = first.ops[first.ops["op"] == "aten.uniform_"]
+    assert len(draws) and set(draws["io"]) == {"out0"}
+    done = subprocess.run([sys.executable, "-m", "verify", "compare", str(tmp_path / "a" / "run"),
+                           str(tmp_path / "b" / "run"), "-o", str(tmp_path / "pair")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def test_an_error_inside_optimizer_step_is_the_scripts_own_crash(tmp_path):

@@ -163,6 +163,14 @@ def _functional_completed(out: Any) -> None:
 
 _FUNCTIONAL_COLLECTIVES, _FUNCTIONAL_WAIT = "_c10d_functional.", "_c10d_functional.wait_tensor"
 
+# In-place ops whose result does not read the tensor they write, their first argument: an init's draw, a fill, a copy
+# into it. In tensor mode that input is not recorded: after torch.empty (a parameter's init) it is the allocator's
+# memory, whatever it held, which two runs never share, and it failed a script compared with itself.
+OVERWRITTEN_FIRST = frozenset({
+    "aten.uniform_", "aten.normal_", "aten.random_", "aten.bernoulli_", "aten.exponential_", "aten.geometric_",
+    "aten.log_normal_", "aten.cauchy_", "aten.fill_", "aten.zero_", "aten.copy_",
+})
+
 # Ops whose later outputs are buffers they write only in part, the rest left as the allocator gave it (whatever the
 # memory held, NaN among it) until a collective fills it: only the outputs before that number are recorded. FSDP2's
 # all_gather_copy_in returns this rank's input to the all-gather, and the whole all-gather output it lies in.
@@ -224,7 +232,7 @@ class _OpRecorder(TorchDispatchMode):
         if call.phase == _FORWARD:  # a changed layer shows in its forward; a backward follows from it
             call.attrs = attributes(func, args, kwargs)
         if capture.with_inputs:
-            capture.record(call, "in", arguments)
+            capture.record(call, "in", arguments[1:] if name in OVERWRITTEN_FIRST else arguments)
         out = _below(capture.inline, func, types, args, kwargs)
         if name.startswith("c10d."):
             _completed(out)

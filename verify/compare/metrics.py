@@ -76,8 +76,12 @@ def _flat(ref: np.ndarray, actual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cosine(ref: np.ndarray, actual: np.ndarray) -> float:
-    """Cosine similarity; two all-zero tensors are identical (1.0), one all-zero tensor is NaN (undefined)."""
+    """Cosine similarity; two all-zero tensors are identical (1.0), one all-zero tensor is NaN (undefined). Equal
+    tensors are 1.0 exactly: the dot product over the norms rounds to 1 - 2e-16, which an exact dtype's limit (1.0)
+    failed (two runs' identical randint labels, in tensor mode)."""
     r, a = _flat(ref, actual)
+    if np.array_equal(r, a):
+        return 1.0 if r.size else float("nan")
     norms = np.linalg.norm(r) * np.linalg.norm(a)
     if norms == 0.0:
         return 1.0 if not r.any() and not a.any() else float("nan")
