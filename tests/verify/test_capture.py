@@ -582,3 +582,26 @@ def test_the_device_paths_own_ops_pass_no_mode_below_the_capture():
         return seen.ops
 
     assert ops_seen(captured=True) == ops_seen(captured=False)
+
+
+def test_a_tensor_made_unseen_where_a_recorded_ones_storage_was_freed_has_no_producer():
+    """The data flow keys a write by the storage's address. A tensor the capture never saw being made (verify's own
+    work while paused, a keyed dropout mask) can get the address of a freed one that a recorded op wrote: its reader
+    was named as that op's consumer, in one run and not in the next (the allocator's history decides; a CI run's
+    C-entry and Python-only runs of one training differed so)."""
+    batch, reused = StatBatch(), 0
+    with OpCapture(DumpMode.STATS, batch) as capture:
+        for numel in (256, 1024, 4096, 65536) * 5:  # sizes and tries: whether malloc hands a block out again varies
+            freed = torch.randn(numel) * 2
+            address = freed.untyped_storage().data_ptr()
+            del freed
+            with capture.paused():
+                unseen = torch.ones(numel)
+            if unseen.untyped_storage().data_ptr() == address:
+                reused += 1
+                unseen.neg()
+        records = rows(capture.take_step(0, batch.fetch()))
+    if not reused:
+        pytest.skip("the allocator never handed a freed block out again")
+    readers = [row["inputs"] for row in records if row["op"] == "aten.neg"]
+    assert readers == [""] * reused

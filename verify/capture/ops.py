@@ -108,12 +108,14 @@ class TensorSaver:
         return self._save(relative, host_array(tensor))
 
 
-def _storage_address(tensor: torch.Tensor) -> int:
-    """Where a tensor's data lives, shared by its views; 0 for tensors without storage (a subclass, a meta tensor)."""
+def _storage(tensor: torch.Tensor) -> tuple[int, torch.UntypedStorage | None]:
+    """Where a tensor's data lives and the storage holding it, shared by its views; (0, None) for tensors without
+    storage (a subclass, a meta tensor)."""
     try:
-        return tensor.untyped_storage().data_ptr()
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage
     except (RuntimeError, NotImplementedError):
-        return 0
+        return 0, None
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
@@ -306,7 +308,8 @@ class OpCapture:
         self.rows: list[OpRow] = []
         self.samples: list[tuple[str, int, str, str, str]] = []  # this step's (module, call_index, io, shape, hashes)
         self._computed: dict[int, weakref.ref] = {}  # note_outputs
-        self._writers: dict[int, int] = {}  # storage address -> seq of this step's last recorded call writing it
+        # storage address -> (seq of this step's last recorded call writing it, that storage)
+        self._writers: dict[int, tuple[int, weakref.ref]] = {}
         self.truncated = False  # this step reached MAX_ROWS_PER_STEP
         self._seq = 0
         self._call_counts: dict[tuple[str, str, str], int] = {}
@@ -441,17 +444,22 @@ class OpCapture:
 
     def producers(self, tensors: Sequence[torch.Tensor]) -> str:
         """The recorded calls of this step that wrote the storage of `tensors` (views included), as "seq,seq"."""
-        writers = self._writers  # (address 0, no storage, is never written: see produced)
-        seqs = [writers[address] for address in map(_storage_address, tensors) if address in writers]
+        writers, seqs = self._writers, []  # (address 0, no storage, is never written: see produced)
+        for address, storage in map(_storage, tensors):
+            written = writers.get(address)
+            # the storage that op wrote, not a later one at its freed address: torch keeps one Python object per
+            # storage while it lives, so a live one is the same object
+            if written is not None and written[1]() is storage:
+                seqs.append(written[0])
         if len(seqs) < 2:  # most calls: one producer or none, at the cost of a lookup
             return str(seqs[0]) if seqs else ""
         return ",".join(map(str, sorted(set(seqs))))
 
     def produced(self, call: _Call, outputs: Sequence[torch.Tensor]) -> None:
         for tensor in outputs:
-            address = _storage_address(tensor)
+            address, storage = _storage(tensor)
             if address:
-                self._writers[address] = call.seq
+                self._writers[address] = (call.seq, weakref.ref(storage))
 
     def begin_call(self, op: str) -> _Call:
         module = self.modules.innermost
