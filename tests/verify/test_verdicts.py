@@ -720,6 +720,19 @@ def test_a_reference_without_a_gpu_takes_its_gpu_code_path_on_emulated_cuda(tmp_
     assert exit_code == 1 and summary["reason"].startswith("FAIL: the sides read different data"), summary["reason"]
 
 
+def test_a_reference_on_the_cpu_draws_the_noise_its_gpu_path_and_the_port_draw_on_their_devices(tmp_path):
+    """Regression: dcgan draws its fixed noise on its device before training and its noise each step. On the CPU
+    (--device-ref cpu) the first advanced the host's generator, which shuffles the loader, where the port's device
+    draw did not, and the second came from the host where the port's came from the keyed stream: FAIL, "the sides
+    read different data", for a faithful port. A factory now draws on the CPU for every device alike: PASS."""
+    config = tomllib.loads((SAMPLES / "dcgan" / "verify.toml").read_text())
+    original = migrated(tmp_path, SAMPLES / "dcgan" / "train_gpu.py")
+    exit_code, summary, _ = verify(original, "--device-ref", "cpu", "-n", 3, "--seed", config["seed"], "-q",
+                                   "-o", tmp_path / "cpu", "--", *config["args"])
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+    assert summary["ops"]["only_ref"] == summary["ops"]["only_actual"] == 0
+
+
 def test_a_reference_that_cannot_run_under_the_ports_autocast_runs_as_written(tmp_path):
     """The port computes its functional binary cross entropy outside autocast at the top level, after a forward
     under it; the reference, following the port's outermost calls, still computes it under autocast, which refuses
