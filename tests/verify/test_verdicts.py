@@ -724,7 +724,7 @@ def test_a_reference_on_the_cpu_draws_the_noise_its_gpu_path_and_the_port_draw_o
     """Regression: dcgan draws its fixed noise on its device before training and its noise each step. On the CPU
     (--device-ref cpu) the first advanced the host's generator, which shuffles the loader, where the port's device
     draw did not, and the second came from the host where the port's came from the keyed stream: FAIL, "the sides
-    read different data", for a faithful port. A factory now draws on the CPU for every device alike: PASS."""
+    read different data", for a faithful port. A factory asked for a device, the CPU too, now draws keyed: PASS."""
     config = tomllib.loads((SAMPLES / "dcgan" / "verify.toml").read_text())
     original = migrated(tmp_path, SAMPLES / "dcgan" / "train_gpu.py")
     exit_code, summary, _ = verify(original, "--device-ref", "cpu", "-n", 3, "--seed", config["seed"], "-q",

@@ -19,10 +19,10 @@ Three Python-level entries keep the ops a run records the same on every device: 
 call them: nn.Dropout, nn.Dropout1d/2d/3d) draw their mask from the same keyed stream and multiply by it (one aten.mul
 where the CPU records bernoulli_, div_ and mul and CUDA native_dropout); scaled_dot_product_attention with dropout is
 computed as its documented math path (a fused kernel draws inside); and the random factories torch.rand, randn,
-randint and randperm, without a generator of the script's own, draw on the CPU (from the host's generator as it stands
-before the first module call, as the tagged ops do) and move the result to the device asked for (device=..., or
-torch's default device), the CPU among them: a GPU script's CPU code path (--device-ref cpu) draws what its GPU path
-draws. Their drawing is hidden from the op capture: both sides record the same ops on what was drawn.
+randint and randperm, asked for a tensor on a device (device=..., the CPU too, or an accelerator as torch's default
+device) without a generator of the script's own, draw on the CPU and move the result there: a GPU script's CPU code
+path (--device-ref cpu) draws its `device=device` tensors as its GPU path does, and neither touches the host's
+generator. Their drawing is hidden from the op capture: both sides record the same ops on what was drawn.
 
 `--no-dropout` turns every dropout off instead (as msprobe's seed_all(rm_dropout=True) does).
 """
@@ -177,17 +177,16 @@ def _keyed_attention(stream: KeyedStream, original: Callable[..., Any]) -> Calla
     return attention
 
 
-def _drawing_device(kwargs: dict) -> torch.device | None:
-    """Where a factory call puts what it draws (its device argument, else torch's default device); None where verify
-    leaves the call as it is: a generator of the script's own, an out= tensor, or the meta device (no data: nothing
-    is drawn there)."""
-    if kwargs.get("generator") is not None or kwargs.get("out") is not None:
-        return None
+def _for_a_device(device: Any) -> bool:
+    """Whether a factory call draws for the script's device, whose generator is the device's own: a device named
+    (device=..., the CPU too: a GPU script's CPU code path, --device-ref cpu, names the CPU where its GPU path names
+    the GPU), or an accelerator as torch's default device; not the host's default nor the meta device (no data:
+    nothing is drawn there)."""
     try:
-        device = torch.device(kwargs.get("device") or torch.get_default_device())
+        named = torch.device(device if device is not None else torch.get_default_device())
     except (RuntimeError, TypeError):
-        return None
-    return None if device.type == _NO_DATA else device
+        return False
+    return named.type != _NO_DATA and (device is not None or named.type != "cpu")
 
 
 def _flat_ints(args: tuple) -> tuple:
@@ -195,22 +194,22 @@ def _flat_ints(args: tuple) -> tuple:
 
 
 def _keyed_factory(stream: KeyedStream, original: Callable[..., Any]) -> Callable[..., Any]:
-    """A random factory (torch.randn(..., device=...)) given no generator of the script's own, drawn on the CPU and
-    moved to the device asked for, the CPU among them: the CPU code path of a GPU script (--device-ref cpu) draws what
-    its GPU path and the port draw. From the keyed stream; before the first module call from the host's generator as
-    it stands, as KeyedDraws draws the tagged ops then. A forked child (a DataLoader worker) draws as a plain run."""
+    """A random factory (torch.randn(..., device=...)) that, drawing for a device and given no generator, draws on
+    the CPU from the keyed stream and moves the result there; on the host's default, the script's own generator
+    draws (KeyedDraws keys that draw after the first module call), and so does a forked child (a DataLoader
+    worker), as in a plain run."""
     process = os.getpid()
 
     @functools.wraps(original)
     def factory(*args: Any, **kwargs: Any) -> torch.Tensor:
-        device = _drawing_device(kwargs)
-        if device is None or os.getpid() != process:
+        device = kwargs.get("device")
+        if (kwargs.get("generator") is not None or kwargs.get("out") is not None or os.getpid() != process
+                or not _for_a_device(device)):
             return original(*args, **kwargs)
         requires_grad = kwargs.pop("requires_grad", False)
-        kind = f"{original.__name__}{_flat_ints(args)}/"  # randn(2, 3) and randn((2, 3)) draw alike
-        generator = stream.generator(kind) if stream.began else None
         with _disable_current_modes(), torch.no_grad():  # both sides record the ops that use it, not the draw
-            drawn = original(*args, **{**kwargs, "device": "cpu", "generator": generator}).to(device)
+            kind = f"{original.__name__}{_flat_ints(args)}/"  # randn(2, 3) and randn((2, 3)) draw alike
+            drawn = original(*args, **{**kwargs, "device": "cpu", "generator": stream.generator(kind)}).to(device)
         return drawn.requires_grad_(requires_grad)
 
     return factory
