@@ -53,6 +53,24 @@ def test_round_trip_keeps_the_schema_types(tmp_path):
     assert not (tmp_path / "outputs").exists()  # a table never written
 
 
+@pytest.mark.parametrize("version", [4, 5])
+def test_the_settings_of_top_level_calls_read_as_missing_from_a_run_that_did_not_record_them(tmp_path, version):
+    """Schema 4 recorded a forward call's settings only: its top-level calls' "" is no setting against a newer run's
+    (a loss's beta=2 would read as changed)."""
+    write_manifest(tmp_path, RunManifest(script="train.py", steps_requested=1, steps_completed=1,
+                                         schema_version=version))
+    writer = RunWriter(tmp_path)
+    writer.append_losses([(0, 0, 1.0, None, 3.5)])
+    writer.write_step_table(OPS_DIR, 0, {
+        "step": [0, 0], "seq": [0, 1], "phase": ["forward", "other"], "module": ["Net.act", ""],
+        "op": ["aten.gelu", "aten.smooth_l1_loss"], "call_index": [0, 0], "io": ["out0", "out0"],
+        "key": ["0/forward/Net.act/aten.gelu#0", "0/other//aten.smooth_l1_loss#0"], "attrs": ["", ""]})
+    writer.write_step_table("grads", 0, {})
+    writer.close()
+    attrs = read_run(tmp_path).ops["attrs"]
+    assert attrs.isna().tolist() == [False, version == 4]
+
+
 def test_truncated_stream_and_csv_line_are_skipped_with_a_warning(tmp_path):
     sizes = write_run(tmp_path)
     stream = tmp_path / OPS_DIR / TABLE_FILE

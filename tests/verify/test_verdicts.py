@@ -329,6 +329,23 @@ def test_a_changed_layer_setting_is_named_though_its_numbers_stay_within_the_noi
     assert (changed["attrs"], changed["actual_attrs"], changed["module"]) == ("", "approximate='tanh'", "Net.act")
 
 
+def test_a_changed_setting_of_a_loss_the_script_computes_outside_any_module_is_named(tmp_path):
+    """Regression: only a module's forward calls had their settings recorded, so a smooth L1 loss computed at top
+    level with another beta was "an operator accuracy issue" of aten.smooth_l1_loss, whose inputs agree, with the
+    advice to run it in fp32; the setting names the change."""
+    loss = 'F.mse_loss(model(x), y, reduction="sum")'
+    original, port = tmp_path / "huber.py", tmp_path / "huber_npu.py"
+    original.write_text(ORIGINAL.read_text().replace(loss, "F.smooth_l1_loss(model(x), y, beta=1.0)"))
+    port.write_text(PORT.read_text().replace(loss, "F.smooth_l1_loss(model(x), y, beta=2.0)"))
+    exit_code, summary, _ = verify(original, port, "-n", 2, "-q", "-o", tmp_path / "out")
+    lines = (_line_of(port, "loss = F.smooth_l1_loss("), _line_of(original, "loss = F.smooth_l1_loss("))
+    assert exit_code == 1
+    assert summary["reason"] == (
+        "FAIL: the port computes aten.smooth_l1_loss(beta=2) where the original computes aten.smooth_l1_loss() at "
+        "huber_npu.py:{} (original huber.py:{}), in the top level, step 0: a changed operator".format(*lines))
+    assert finding(summary, "op_changed")["detail"]["phase"] == "other"
+
+
 def test_a_port_runs_at_once_with_its_reference_which_follows_its_precision_as_it_runs(tmp_path):
     """Issue 32's pair time: a port that starts no ranks runs at once with its reference and calibration run. Where
     it gained autocast and a GradScaler (migrate's fp16), the reference follows them as the port writes them
@@ -829,8 +846,14 @@ def test_a_port_updating_its_parameters_by_hand_with_another_rate_fails_with_its
     port = tmp_path / "manual_update_npu.py"
     port.write_text((SCRIPTS / "manual_update.py").read_text().replace("alpha=-0.1", "alpha=-0.2"))
     exit_code, summary, out = verify(SCRIPTS / "manual_update.py", port, "-n", STEPS, "-q", "-o", tmp_path / "out")
-    assert exit_code == 1 and "the script's own parameter update (no optimizer)" in summary["reason"]
+    assert exit_code == 1 and summary["reason"] == (
+        "FAIL: the port computes aten.add_(alpha=-0.2) where the original computes aten.add_(alpha=-0.1) at "
+        "manual_update_npu.py:15 (original manual_update.py:15), in the top level, step 0: a changed operator; it is "
+        "the script's own parameter update (no optimizer): its learning rate or rule differs")
+    assert finding(summary, "op_changed")["detail"]["update_by_hand"] is True
     assert finding(summary, "op_diverges")["detail"]["update_by_hand"] is True
+    advice = (out / "advice.txt").read_text()
+    assert "is the script's own parameter update" in advice and "a changed layer or function" not in advice
     assert {"report.html", "ops.xlsx", "advice.txt"} <= {path.name for path in out.iterdir()}
 
 

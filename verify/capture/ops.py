@@ -231,7 +231,9 @@ class _OpRecorder(TorchDispatchMode):
         if kwargs:
             arguments += tensors_in(tuple(kwargs.values()))
         call.inputs = capture.producers(arguments)
-        if call.phase == _FORWARD:  # a changed layer shows in its forward; a backward follows from it
+        # a changed layer shows in its forward, a changed loss or activation the script computes at top level in
+        # the op itself (the phases OP_CHANGED names); a backward follows from its forward
+        if call.phase != _BACKWARD:
             call.attrs = attributes(func, args, kwargs)
         if capture.with_inputs:
             capture.record(call, "in", arguments[1:] if name in OVERWRITTEN_FIRST else arguments)

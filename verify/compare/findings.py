@@ -401,8 +401,7 @@ def _op_findings(first: dict[str, Any] | None, ref: Run, actual: Run, hparams: p
     message = (f"first divergent operator: {op_label(first)}{placed.words if placed else ''}, {weighed}; "
                f"{first['inputs_evidence']}"
                + (f"; it follows from the {follows} difference" if follows else "")
-               + ("; it is the script's own parameter update (no optimizer): its learning rate or rule differs"
-                  if by_hand else "") + (placed.origin_words if placed else ""))
+               + (_BY_HAND if by_hand else "") + (placed.origin_words if placed else ""))
     findings = [Finding(code, message, {**first, "follows_hparams": follows, "update_by_hand": by_hand,
                                         **_lines_detail(placed)})]
     if first["step"] == 0 and (first["first_of_step"] or _before_first_forward(first, ref.ops)) and not inputs_differ:
@@ -410,6 +409,9 @@ def _op_findings(first: dict[str, Any] | None, ref: Run, actual: Run, hparams: p
             f"{op_label(first)} runs before the first forward of step 0 and already differs: the batch or the "
             "initial weights differ"), first))
     return findings
+
+
+_BY_HAND = "; it is the script's own parameter update (no optimizer): its learning rate or rule differs"
 
 
 def _updates_by_hand(op: dict[str, Any], ref: Run, actual: Run) -> bool:
@@ -477,7 +479,8 @@ def _lines_detail(placed: Placement | None) -> dict[str, Any]:
 OP_CHANGED_PHASES = (Phase.FORWARD.value, Phase.OTHER.value)
 
 
-def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue, lines: CodeLines) -> list[Finding]:
+def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue, lines: CodeLines, ref: Run,
+                         actual: Run) -> list[Finding]:
     """The first forward record paired with another computation (gelu where the original calls relu) or with the
     same op under other settings (ops.attrs: gelu's tanh approximation, a layer norm's epsilon): a changed layer or
     function, which every numeric difference after it may follow from, and which the devices' noise may hide. Forward
@@ -505,15 +508,17 @@ def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue, lines: Cod
     if original == port:
         detail["attrs"], detail["actual_attrs"] = settings[0][changed[0]], settings[1][changed[0]]
         original, port = f"{original}({detail['attrs']})", f"{port}({detail['actual_attrs']})"
-    where = f"{detail['module']} " if detail["module"] else ""
+    where = f"{detail['module']} {detail['phase']}" if detail["module"] else "the top level"
+    detail["update_by_hand"] = _updates_by_hand(detail, ref, actual)
+    meaning = "a changed operator" + (_BY_HAND if detail["update_by_hand"] else "")
     placed = lines.place(row.get("ref_source"), port_row.get("actual_source"))
     if placed is None:
         return [Finding(FindingCode.OP_CHANGED, (
-            f"the port computes {port} where the original computes {original} ({where}"
-            f"{detail['phase']}, step {detail['step']}): a changed operator"), detail)]
+            f"the port computes {port} where the original computes {original} ({where}, step {detail['step']}): "
+            f"{meaning}"), detail)]
     return [Finding(FindingCode.OP_CHANGED, (
-        f"the port computes {port} where the original computes {original}{placed.words}, in "
-        f"{where}{detail['phase']}, step {detail['step']}: a changed operator{placed.origin_words}"),
+        f"the port computes {port} where the original computes {original}{placed.words}, in {where}, step "
+        f"{detail['step']}: {meaning}{placed.origin_words}"),
         {**detail, **_lines_detail(placed)})]
 
 
@@ -754,7 +759,8 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
         *_loss_finding(loss),
         *_output_finding(outputs),
         *inputs,
-        *(_changed_op_findings(table, catalogue, lines) or _one_sided_findings(table, first, catalogue, lines)),
+        *(_changed_op_findings(table, catalogue, lines, ref, actual)
+          or _one_sided_findings(table, first, catalogue, lines)),
         *_op_findings(first, ref, actual, hparams, bool(inputs), lines),
         *_grad_finding(grads),
         *_match_finding(table),

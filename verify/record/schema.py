@@ -54,8 +54,10 @@ from verify.errors import ManifestError
 from verify.record.statistics import STATISTIC_COLUMNS
 
 # 2: ops.inputs (the data flow between recorded calls); 3: ops.source (the user's line); 4: ops.attrs (a forward
-# call's settings)
-SCHEMA_VERSION = 4
+# call's settings); 5: ops.attrs of the calls outside any module too (the "other" phase)
+SCHEMA_VERSION = 5
+# The first version whose ops.attrs hold the settings of the calls outside any module (phase "other")
+TOP_LEVEL_ATTRS_VERSION = 5
 
 LOSSES = "losses.csv"
 HPARAMS = "hparams.csv"
@@ -181,9 +183,10 @@ OP_COLUMNS: dict[str, str] = {
     # folder; verify/capture/source_lines.py); a backward op's is the forward line whose graph it differentiates, an
     # update's the optimizer.step() line, "" where no user line made it. Schema version 3; older runs read as missing.
     "source": "string",
-    # A forward call's settings besides its tensors that differ from its schema's defaults ("approximate='tanh'",
-    # "eps=1e-06"; verify/capture/op_attributes.py), "" for none and for every other phase. Schema version 4; older
-    # runs read as missing.
+    # A forward or top-level ("other") call's settings besides its tensors that differ from its schema's defaults
+    # ("approximate='tanh'", "eps=1e-06", a loss's "beta=0.5"; verify/capture/op_attributes.py), "" for none and for
+    # the backward and optimizer phases. Schema version 4 (forward calls only: its top-level calls' read as missing,
+    # TOP_LEVEL_ATTRS_VERSION); older runs read as missing.
     "attrs": "string",
 }
 

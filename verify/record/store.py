@@ -51,7 +51,9 @@ from verify.record.schema import (
     SAMPLE_COLUMNS,
     SAMPLES_DIR,
     TABLE_FILE,
+    TOP_LEVEL_ATTRS_VERSION,
     DumpMode,
+    Phase,
     RunManifest,
     Status,
 )
@@ -483,6 +485,7 @@ def _read_process(run_dir: Path, lock_dir: Path | None = None) -> Run:
         reading.damage.append(f"{HPARAMS}: {texts} value(s) are not the JSON its writer writes")
     hparams["value"] = hparams["value"].map(_json_or_text, na_action="ignore").astype("object")
     tables = {folder: _read_steps(run_dir, folder, reading) for folder in TABLES}
+    _unrecorded_settings_missing(tables[OPS_DIR], manifest)
     if not reading.damage:  # a table that cannot be read has lost its rows: that is said once, above
         reading.damage += _broken_promises(run_dir, manifest, losses, hparams, tables, reading.cut)
     for problem in (*reading.damage, *reading.notes):
@@ -492,6 +495,13 @@ def _read_process(run_dir: Path, lock_dir: Path | None = None) -> Run:
     return Run(run_dir, manifest, ops=tables[OPS_DIR], losses=losses, hparams=hparams, grads=tables[GRADS_DIR],
                outputs=tables[OUTPUTS_DIR], samples=tables[SAMPLES_DIR], notes=reading.damage + reading.notes,
                damage=reading.damage)
+
+
+def _unrecorded_settings_missing(ops: pd.DataFrame, manifest: RunManifest) -> None:
+    """An older run's top-level calls' settings, which it did not record (its "" says nothing), read as missing: a
+    setting a newer run records there is no change against them."""
+    if manifest.schema_version < TOP_LEVEL_ATTRS_VERSION and "attrs" in ops:
+        ops.loc[ops["phase"] == Phase.OTHER.value, "attrs"] = pd.NA
 
 
 # The statuses of a run that verify ended itself, its files closed whole; any other (running, timeout, crashed) may

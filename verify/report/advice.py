@@ -197,10 +197,11 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "torch_npu.npu.set_compile_mode(jit_compile=False)), and dump it in tensor mode for cosine/error figures."),
         (), lambda finding: not (_follows_hparams(finding) or _float64_lost(finding) or _update_by_hand(finding)),
         changed_op=False, operator_first=True),
-    AdviceRule(FindingCode.OP_DIVERGES, (
+    *(AdviceRule(code, (
         "{op} ({phase}, step {step}) is the script's own parameter update (it trains without an optimizer, so no "
         "learning rate is recorded): make the learning rate and the update rule of the two scripts equal (an "
-        "argparse default, a config value or a literal the port changed)."), ("C9",), _update_by_hand),
+        "argparse default, a config value or a literal the port changed)."), ("C9",), _update_by_hand)
+      for code in (FindingCode.OP_CHANGED, FindingCode.OP_DIVERGES)),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} ran in float64 on the reference and in {actual_dtype} on the port ({module} {phase}, step {step}): the "
         "lost precision is the cause, not the operator. Ascend NPUs support float64 partly (transfer_to_npu even maps "
@@ -219,7 +220,7 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
     AdviceRule(FindingCode.OP_CHANGED, (
         "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
         "layer or function, not a numerical issue, and every difference after it may follow from it. Port the "
-        "original's op unless the change is intended."), ()),
+        "original's op unless the change is intended."), (), lambda finding: not _update_by_hand(finding)),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} is a fused kernel of {fuses}: the ops it fuses compute below it, unrecorded, so which of them differs "
         "is not named. Verify again with {unfused_by} in both scripts: its parts are then recorded one by one."), (),
