@@ -105,7 +105,8 @@ def _finding(code: FindingCode, step: int, **detail) -> "Finding":
 def test_an_op_diverging_after_a_changed_operator_gets_no_accuracy_advice():
     """Regression (issue 54): Lightning's backbone ported with gelu for its first relu FAILed naming the change, and
     the advice then called the next relu, whose inputs agree, "an operator accuracy issue"."""
-    changed = _finding(FindingCode.OP_CHANGED, 0, actual_op="aten.gelu")
+    changed = _finding(FindingCode.OP_CHANGED, 0, actual_op="aten.gelu", original_call="aten.relu",
+                       port_call="aten.gelu")
     diverges = _finding(FindingCode.OP_DIVERGES, 0)
     advice = [item.message for item in advise([changed, diverges])]
     assert advice[0].startswith("The port computes aten.gelu where the original computes aten.relu")

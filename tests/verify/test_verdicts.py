@@ -346,6 +346,22 @@ def test_a_changed_setting_of_a_loss_the_script_computes_outside_any_module_is_n
     assert finding(summary, "op_changed")["detail"]["phase"] == "other"
 
 
+def test_a_port_whose_loss_scaler_is_made_for_cuda_only_fails_naming_its_unscaled_float16(tmp_path):
+    """Regression (timm's train.py): its GradScaler is made where `device.type in ('cuda',)`, so its NPU port trained
+    float16 unscaled and its gradients flushed to 0; the reason was "an operator accuracy issue" of a backward op."""
+    original = SCRIPTS / "cuda_only_scaler.py"
+    port = tmp_path / "cuda_only_scaler_npu.py"
+    port.write_text(original.read_text().replace("import torch\n", "import torch\nimport torch_npu\n", 1)
+                    .replace('"cuda" if torch.cuda.is_available()', '"npu" if torch.npu.is_available()'))
+    exit_code, summary, out = verify(original, port, "-q", "-o", tmp_path / "out")
+    assert exit_code == 1
+    assert summary["reason"].startswith(
+        "FAIL: the port trains under float16 autocast without a loss scaler where the original scales its loss "
+        "(65536 at its first step)"), summary["reason"]
+    advice = (out / "advice.txt").read_text()
+    assert "add \"npu\" to it" in advice and "operator accuracy issue" not in advice
+
+
 def test_a_port_runs_at_once_with_its_reference_which_follows_its_precision_as_it_runs(tmp_path):
     """Issue 32's pair time: a port that starts no ranks runs at once with its reference and calibration run. Where
     it gained autocast and a GradScaler (migrate's fp16), the reference follows them as the port writes them

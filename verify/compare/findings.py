@@ -36,7 +36,8 @@ LOW_MATCH_SHARE = 0.5
 FAILING = (FindingCode.RUN_FAILED, FindingCode.NO_BACKWARD, FindingCode.STEPS_DIFFER, FindingCode.RANKS_DIFFER,
            FindingCode.SHARDING,
            FindingCode.RANKS_DISAGREE, FindingCode.HPARAM_MISMATCH, FindingCode.INIT_DIFFERS, FindingCode.DATA_ORDER,
-           FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.OVERFLOW, FindingCode.OP_DIVERGES,
+           FindingCode.GRADS_NOT_RESET, FindingCode.OP_CHANGED, FindingCode.UNSCALED_HALF, FindingCode.OVERFLOW,
+           FindingCode.OP_DIVERGES,
            FindingCode.UPDATES_SKIPPED, FindingCode.NO_UPDATE_COMPARED, FindingCode.NONDETERMINISM,
            FindingCode.OUTPUT_DIVERGES, FindingCode.LOSS_DIVERGES, FindingCode.GRAD_DIVERGES, FindingCode.LOW_MATCH)
 
@@ -331,6 +332,37 @@ def _overflow_findings(overflow: dict[str, Any], actual: Run) -> list[Finding]:
     return findings
 
 
+def _unscaled_half_findings(ref: Run, actual: Run, policy: PrecisionPolicy,
+                            first: dict[str, Any] | None) -> list[Finding]:
+    """One side trains under float16 autocast with no loss scale where the other scales its loss: its float16
+    gradients below float16's smallest number (6e-8) become 0, which the first divergent op of the backward or the
+    update shows (timm's train.py makes its GradScaler for CUDA only, so its NPU port trains unscaled). Said only
+    where such an op diverges: elsewhere the missing scale changed nothing this run shows."""
+    if first is None or first["phase"] not in ("backward", "optimizer"):
+        return []
+    scales = {side: _first_scale(run) for side, run in (("ref", ref), ("actual", actual))}
+    amps = {"ref": policy.ref_amp, "actual": policy.actual_amp}
+    for side, other in (("actual", "ref"), ("ref", "actual")):
+        if amps[side] == "float16" and scales[side] is None and scales[other] is not None:
+            named, scaling = _SIDE_NAMES[side], _SIDE_NAMES[other]
+            return [Finding(FindingCode.UNSCALED_HALF, (
+                f"{named} trains under float16 autocast without a loss scaler where {scaling} scales its loss "
+                f"({scales[other]:g} at its first step): {named}'s small float16 gradients become 0, and the first "
+                f"divergent operator {op_label(first)} is in its {first['phase']}"),
+                {"side": side, "scale": scales[other], "op": first["op"], "step": first["step"],
+                 "seq": first["seq"], "phase": first["phase"]})]
+    return []
+
+
+_SIDE_NAMES = {"ref": "the original", "actual": "the port"}
+
+
+def _first_scale(run: Run) -> float | None:
+    """The loss scale of a run's first recorded step; None for a run without a loss scaler."""
+    scales = pd.to_numeric(run.losses["loss_scale"], errors="coerce").dropna()
+    return float(scales.iloc[0]) if len(scales) else None
+
+
 def _inf_carried(run: Run, steps: int) -> bool:
     """Whether every step after the first carried its gradients (verify/capture/gradient_resets.py): a run whose loss
     scaler skipped each step then holds its first overflow's inf in them at every later one."""
@@ -508,6 +540,7 @@ def _changed_op_findings(table: pd.DataFrame, catalogue: OpCatalogue, lines: Cod
     if original == port:
         detail["attrs"], detail["actual_attrs"] = settings[0][changed[0]], settings[1][changed[0]]
         original, port = f"{original}({detail['attrs']})", f"{port}({detail['actual_attrs']})"
+    detail["original_call"], detail["port_call"] = original, port  # with its settings where only they changed
     where = f"{detail['module']} {detail['phase']}" if detail["module"] else "the top level"
     detail["update_by_hand"] = _updates_by_hand(detail, ref, actual)
     meaning = "a changed operator" + (_BY_HAND if detail["update_by_hand"] else "")
@@ -560,6 +593,7 @@ def _one_sided_findings(table: pd.DataFrame, first: dict[str, Any] | None, catal
     detail = {"op": ", ".join(dict.fromkeys(ops["ref"])) or "nothing", "step": int(first["step"]),
               "actual_op": ", ".join(dict.fromkeys(ops["actual"])) or "nothing", "module": str(shown["module"]),
               "phase": str(shown["phase"]), "seq": int(first["seq"]), "one_sided": True}
+    detail["original_call"], detail["port_call"] = detail["op"], detail["actual_op"]
     placed = lines.place(*(row.get(f"{side}_source") if row is not None else None
                            for side, row in lasts.items())) if lasts["actual"] is not None else None
     return [Finding(FindingCode.OP_CHANGED, (
@@ -756,6 +790,7 @@ def collect_findings(ended: list[Finding], ref: Run, actual: Run, table: pd.Data
         *_environment_finding(ref, actual, first),
         *_uninitialized_findings(ref, actual),
         *_overflow_findings(overflow, actual),
+        *_unscaled_half_findings(ref, actual, policy, first),
         *_loss_finding(loss),
         *_output_finding(outputs),
         *inputs,

@@ -23,6 +23,8 @@ class FindingCode(str, Enum):
     AMP_ONE_SIDE = "amp_one_side"
     LOW_MATCH = "low_match"
     GRADS_NOT_RESET = "grads_not_reset"
+    # one side's float16 backward runs without a loss scale where the other side scales its loss
+    UNSCALED_HALF = "unscaled_half"
     SCALE_STUCK = "scale_stuck"
     # the port's GradScaler skipped every update of the run, where the original (no loss scaler) updates at each step
     UPDATES_SKIPPED = "updates_skipped"

@@ -164,6 +164,11 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "model.zero_grad()) after optimizer.step() or before the step's first backward(), as the other side does, for "
         "each optimizer (a GAN's two), and at the start of the closure an optimizer's step(closure) evaluates (LBFGS). "
         "Without it every backward() adds its gradients to all earlier ones."), ("C9",)),
+    AdviceRule(FindingCode.UNSCALED_HALF, (
+        "Scale the loss on the {side} side as on the other: under float16 autocast make a GradScaler "
+        "(torch.amp.GradScaler(\"npu\") on the NPU) and call scaler.scale(loss).backward(), scaler.step(optimizer) "
+        "and scaler.update(). Check the condition the script makes its scaler under: one that asks for CUDA "
+        "(timm's train.py: `device.type in ('cuda',)`) makes none on the NPU; add \"npu\" to it."), ("C4",)),
     AdviceRule(FindingCode.SCALE_STUCK, (
         "The {side} loss scale never grows: a static scale (GradScaler(dynamic=False), a fixed loss-scale value) or "
         "a growth interval longer than the run. A static scale that is too low lets fp16 gradients underflow; use "
@@ -218,9 +223,9 @@ ADVICE_RULES: tuple[AdviceRule, ...] = (
         "layer or function, not a numerical issue. Port the original's op unless the change is intended."), (),
         lambda finding: finding.detail.get("phase") not in OP_CHANGED_PHASES, changed_op=True),  # OP_CHANGED's
     AdviceRule(FindingCode.OP_CHANGED, (
-        "The port computes {actual_op} where the original computes {op} ({module} {phase}, step {step}): a changed "
-        "layer or function, not a numerical issue, and every difference after it may follow from it. Port the "
-        "original's op unless the change is intended."), (), lambda finding: not _update_by_hand(finding)),
+        "The port computes {port_call} where the original computes {original_call} ({module} {phase}, step "
+        "{step}): a changed layer or function, not a numerical issue, and every difference after it may follow from "
+        "it. Port the original's op unless the change is intended."), (), lambda finding: not _update_by_hand(finding)),
     AdviceRule(FindingCode.OP_DIVERGES, (
         "{op} is a fused kernel of {fuses}: the ops it fuses compute below it, unrecorded, so which of them differs "
         "is not named. Verify again with {unfused_by} in both scripts: its parts are then recorded one by one."), (),
@@ -260,10 +265,11 @@ class Advice:
 
 
 # Causes in the script that every op after them follows from, whatever its inputs show: a rank's share of the data,
-# gradients never reset, no backward, other steps; and other data where the batch itself was seen to differ. (A
-# hyperparameter is the op finding's own follows_hparams: only the ops after it took effect follow from it.)
+# gradients never reset, no backward, other steps, a float16 backward left unscaled; and other data where the batch
+# itself was seen to differ. (A hyperparameter is the op finding's own follows_hparams: only the ops after it took
+# effect follow from it.)
 _SCRIPT_CAUSES = frozenset({FindingCode.SHARDING, FindingCode.GRADS_NOT_RESET, FindingCode.NO_BACKWARD,
-                            FindingCode.STEPS_DIFFER})
+                            FindingCode.STEPS_DIFFER, FindingCode.UNSCALED_HALF})
 
 
 def _operator_first(findings: list[Finding]) -> bool:
