@@ -8,9 +8,11 @@ import libcst.matchers as m
 from libcst.metadata import Assignment, QualifiedNameProvider
 
 from rules import Case, Flag, Mode, PortRule, Severity, Unchanged, findall
+from rules.device._device_option import NPU_DEVICE, DeviceOptions, strings
 from rules.device._rewrite import is_device_name, retarget
 
 _EQUALITY = (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)
+_COMPARING = m.Comparison() | m.Call(func=m.Attribute(attr=m.Name("startswith")))
 # Receivers whose `.device` is a setting the script chose, not a tensor's device.
 _SETTINGS = frozenset({"self", "args", "opt", "opts", "config", "cfg", "conf", "hparams", "flags", "params", "options"})
 
@@ -30,15 +32,22 @@ class CudaDeviceComparison(PortRule):
     `"cuda" in str(batch.device)`), or, in explicit mode, a device setting of the script (`args.device == "cuda"`,
     a variable or parameter whose values are `torch.device(...)`, device strings or `args.device`), or a variable
     named like a device whose values cannot be traced (explicit mode; reported in transfer mode, where it matters
-    which kind it is). Other comparisons with "cuda" are reported.
+    which kind it is). In transfer mode, where the port defaults the script's device option to "npu" (DEV020), a
+    setting or untraced device is compared with both: `device.type in ("cuda", "npu")`. A test of an `if`/`elif`
+    chain that also compares with "npu" is left as it is: the script handles both. Other comparisons with "cuda"
+    are reported.
 
     ## Why
     `transfer_to_npu` translates device arguments, not comparisons: on an NPU `x.device.type` is "npu", so a
     `== "cuda"` check silently takes the other branch. Under transfer mode the script's own settings keep saying
-    "cuda", so their comparisons stay; in explicit mode those settings become "npu" (DEV004) and so must the checks.
+    "cuda", so their comparisons stay, unless the port defaults the device option to "npu": then a CUDA-only
+    branch, such as timm's `if device.type in ('cuda',) and amp_dtype == torch.float16:` that makes its loss scaler,
+    would silently be skipped, so it takes "npu" too. In explicit mode those settings become "npu" (DEV004) and so
+    must the checks.
 
     ## Safety
-    Safe: the literal changes only where the other side is known to be a device; anything else is reported.
+    Safe: the literal changes only where the other side is known to be a device; anything else is reported. A
+    comparison that takes "npu" beside "cuda" still takes "cuda", so `--device cuda` runs as before.
 
     ## References
     torch_npu/contrib/transfer_to_npu.py (`_wrapper_cuda` translates device strings in call arguments, never in
@@ -111,6 +120,31 @@ class CudaDeviceComparison(PortRule):
         ),
         Case(
             """
+            parser.add_argument("--device", default="cuda")
+            device = init_distributed_device(parser.parse_args())
+            if device.type in ('cuda',) and amp_dtype == torch.float16:
+                loss_scaler = NativeScaler(device=device.type)
+            pin = device.type == "cuda"
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            elif device.type == "npu":
+                torch.npu.synchronize()
+            """,
+            """
+            parser.add_argument("--device", default="cuda")
+            device = init_distributed_device(parser.parse_args())
+            if device.type in ('cuda', 'npu') and amp_dtype == torch.float16:
+                loss_scaler = NativeScaler(device=device.type)
+            pin = device.type in ("cuda", "npu")
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            elif device.type == "npu":
+                torch.npu.synchronize()
+            """,
+            lines=[3, 5],
+        ),
+        Case(
+            """
             def step(dev, name):
                 return dev.type == "cuda" or name.startswith("cuda")
             """,
@@ -130,6 +164,14 @@ class CudaDeviceComparison(PortRule):
             """
         ),
     )
+
+    def visit_If(self, node: cst.If) -> None:
+        chain = [node]
+        while isinstance(chain[-1].orelse, cst.If):
+            chain.append(chain[-1].orelse)
+        tests = [branch.test for branch in chain]
+        if any(NPU_DEVICE.match(value) for value in strings(tests)):
+            self._with_npu_arm.update(id(found) for test in tests for found in findall(test, _COMPARING))
 
     def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.Comparison:
         if len(original_node.comparisons) != 1 or not isinstance(original_node.comparisons[0].operator, _EQUALITY):
@@ -158,6 +200,8 @@ class CudaDeviceComparison(PortRule):
     def _port(self, original: cst.CSTNode, updated: cst.CSTNode, new: cst.CSTNode, subject: cst.BaseExpression):
         if _is_string(subject):
             return updated  # two literals: nothing runs on a device here
+        if id(original) in self._with_npu_arm:
+            return updated  # `if dev == "cuda": ... elif dev == "npu": ...`: the script's own NPU branch runs
         origin = self._origin(subject)
         if origin is None:
             self.report(
@@ -168,6 +212,15 @@ class CudaDeviceComparison(PortRule):
             )
             return updated
         if self.settings.mode is Mode.TRANSFER and origin is not _Origin.TENSOR:
+            both = _with_npu(updated) if self._device_option_says_npu() else None
+            if both is not None:
+                return self.replace(
+                    original,
+                    updated,
+                    both,
+                    f'"npu" beside "cuda" in a comparison with {origin.value}: the port defaults the device option '
+                    'to "npu" (DEV020), so a CUDA-only branch would be skipped on the NPU',
+                )
             if origin is _Origin.DEVICE:
                 self.report(
                     original,
@@ -217,6 +270,13 @@ class CudaDeviceComparison(PortRule):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._values: dict[cst.CSTNode, cst.BaseExpression | None] | None = None  # see _assigned_value
+        self._with_npu_arm: set[int] = set()  # ids of the comparisons in if/elif chains that test "npu" too
+        self._says_npu: bool | None = None  # see _device_option_says_npu
+
+    def _device_option_says_npu(self) -> bool:
+        if self._says_npu is None:
+            self._says_npu = DeviceOptions(self.file.wrapper.module).any_defaults_to_npu()
+        return self._says_npu
 
     def _assigned_value(self, assignment: Assignment) -> cst.BaseExpression | None:
         if isinstance(assignment.node, cst.Param):
@@ -233,6 +293,33 @@ class CudaDeviceComparison(PortRule):
                 )
             }
         return self._values.get(assignment.node)
+
+
+def _with_npu(node: cst.CSTNode) -> cst.CSTNode | None:
+    """The comparison `node` (`== "cuda"`, `in ("cuda",)`, `.startswith("cuda")`) made to take "npu" as well; None
+    where it cannot be (the literal on the left, or "npu" there already)."""
+    if isinstance(node, cst.Comparison):
+        target = node.comparisons[0]
+        values = _with_npu_values(target.comparator)
+        if values is None:
+            return None
+        operator = target.operator
+        if isinstance(operator, (cst.Equal, cst.NotEqual)):
+            operator = cst.In() if isinstance(operator, cst.Equal) else cst.NotIn()
+        return node.with_changes(comparisons=[target.with_changes(operator=operator, comparator=values)])
+    values = _with_npu_values(node.args[0].value)  # `.startswith(...)`
+    return None if values is None else node.with_changes(args=[node.args[0].with_changes(value=values)])
+
+
+def _with_npu_values(values: cst.BaseExpression) -> cst.Tuple | None:
+    """`"cuda"` as `("cuda", "npu")`, `("cuda", "xpu")` as `("cuda", "xpu", "npu")`; None where "npu" is there."""
+    elements = list(values.elements) if isinstance(values, (cst.Tuple, cst.List, cst.Set)) else [cst.Element(values)]
+    if any(NPU_DEVICE.match(value) for value in strings([values])):
+        return None
+    added = [cst.Element(new) for element in elements if (new := retarget(element.value)) is not None]
+    if not added:
+        return None
+    return cst.Tuple([element.with_changes(comma=cst.MaybeSentinel.DEFAULT) for element in [*elements, *added]])
 
 
 def _is_string(value: cst.BaseExpression) -> bool:

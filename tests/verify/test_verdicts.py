@@ -362,6 +362,17 @@ def test_a_port_whose_loss_scaler_is_made_for_cuda_only_fails_naming_its_unscale
     assert "add \"npu\" to it" in advice and "operator accuracy issue" not in advice
 
 
+def test_migrate_gives_the_cuda_only_loss_scaler_the_npu_where_it_defaults_the_device_option_to_npu(tmp_path):
+    """Regression (timm's train.py): migrate defaulted `--device` to "npu" (DEV020, the script handles the NPU) but
+    left `device.type in ('cuda',)`, so its port made no loss scaler and verify failed it as unscaled float16 (the
+    test above). DEV006 now has that test take "npu" too, and leaves the if/elif chain that has an npu arm alone."""
+    port = _migrated(SCRIPTS / "cuda_only_scaler.py", tmp_path)
+    text = port.read_text()
+    assert 'if device.type in ("cuda", "npu") else None' in text and 'if device.type == "cuda":' in text, text
+    exit_code, summary, _ = verify(SCRIPTS / "cuda_only_scaler.py", port, "-q", "-o", tmp_path / "out")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
+
+
 def test_a_port_runs_at_once_with_its_reference_which_follows_its_precision_as_it_runs(tmp_path):
     """Issue 32's pair time: a port that starts no ranks runs at once with its reference and calibration run. Where
     it gained autocast and a GradScaler (migrate's fp16), the reference follows them as the port writes them

@@ -1,11 +1,16 @@
-"""A float16 trainer that makes its loss scaler for CUDA only, as timm's train.py does (`device.type in ('cuda',)`):
-ported as it is, it trains unscaled on the NPU. Its loss is small, so its float16 gradients need the scale."""
+"""A float16 trainer with a `--device` option that makes its loss scaler for CUDA only, as timm's train.py does
+(`device.type in ('cuda',)`), though it handles the NPU elsewhere: a port that defaults the option to "npu" and keeps
+that test trains unscaled on the NPU. Its loss is small, so its float16 gradients need the scale."""
+
+import argparse
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+parser = argparse.ArgumentParser()
+parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+device = torch.device(parser.parse_args().device)
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -23,4 +28,8 @@ for step in range(6):
     else:
         loss.backward()
         optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elif device.type == "npu":
+        torch.npu.synchronize()
     print(step, loss.item())
