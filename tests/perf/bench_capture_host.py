@@ -166,11 +166,16 @@ def bench(name: str, rounds: int, out_dir: Path) -> None:
         print(f"  {variant:26} {seconds * 1e6:10.0f} us/step  {per_call * 1e6:6.1f} us per recorded call")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved timed blocks per variant")
+def tiny_models_arguments(doc: str, rounds: int) -> argparse.Namespace:
+    """The command line of a bench of the tiny models."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=rounds, help="interleaved timed blocks per variant")
     parser.add_argument("--models", nargs="+", choices=list(STEPS_PER_BLOCK), default=list(STEPS_PER_BLOCK))
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = tiny_models_arguments(__doc__, rounds=5)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as out_dir:
         for name in args.models:
