@@ -180,6 +180,7 @@ def test_a_bce_loss_computed_with_its_forward_is_reported_not_wrapped():
 
         def train(model, loader, optimizer):
             for x, y in loader:
+                optimizer.zero_grad()
                 loss = F.binary_cross_entropy(torch.sigmoid(model(x)), y)
                 loss.backward()
                 optimizer.step()
@@ -188,7 +189,7 @@ def test_a_bce_loss_computed_with_its_forward_is_reported_not_wrapped():
     result = migrate_source(source, "train.py", Settings(), AMP)
     assert result.code == source
     [finding] = [f for f in result.findings if f.code == "AMP105"]
-    assert finding.line == 7 and "BCEWithLogitsLoss" in finding.suggestion
+    assert finding.line == 8 and "BCEWithLogitsLoss" in finding.suggestion
 
 
 def test_a_module_level_scaler_follows_the_imports_and_constants_under_a_comment():
@@ -235,6 +236,7 @@ def test_resume_is_left_alone_where_the_scaler_does_not_reach():
         def main():
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             for x, y in loader:
+                optimizer.zero_grad()
                 loss = criterion(model(x), y)
                 loss.backward()
                 optimizer.step()

@@ -133,7 +133,7 @@ def test_an_added_argument_follows_the_call_layout(call, expected):
 def test_a_statement_moved_into_a_new_block_is_wrapped_where_its_new_indentation_passes_the_limit():
     long_call = "model(images, targets, attention_mask, position_ids, token_type_ids, head_mask)"
     source = (
-        "import torch\n\nfor images, targets in loader:\n"
+        "import torch\n\nfor images, targets in loader:\n    optimizer.zero_grad()\n"
         f"    loss = {long_call}\n"  # 84 characters: the file's width; 88 in the autocast block
         "    loss.backward()\n    optimizer.step()\n"
     )

@@ -13,7 +13,10 @@ from typing import Callable, Iterator, Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from rules import Body, dotted_name, findall, is_optimizer, matches, method, names_read, names_written
+from rules import (
+    Body, dotted_name, findall, is_innermost_training_loop, is_optimizer, matches, method, names_read, names_written,
+    training_step,
+)
 from rules.amp._statement_roles import DEVICE_MOVES, Role, forward_pieces, kept_out, role, runs_model
 
 Resolver = Callable[[cst.CSTNode], "set[str]"]
@@ -157,13 +160,38 @@ def analyse(scope: cst.Module | cst.FunctionDef, resolve: Resolver, scaler: str 
     branched = any(problem.message == _BRANCHED_STEP[0] for problem in step.problems)
     if scaler is None and step.backwards and not step.steps and not branched:
         step.problems.append(Problem(step.backwards[0].call, *_NO_STEP, scaling_only=True))
+    if scaler is None:
+        step.problems.extend(Problem(loop, *_NEVER_CLEARED, scaling_only=True) for loop in _never_cleared(step))
     return step
+
+
+def _never_cleared(step: Step) -> list[cst.For | cst.While]:
+    """The innermost training loops of the step's backward calls that never clear their gradients (TRN001's)."""
+    loops = []
+    for site in step.backwards:
+        owner = step.places[site.line].owner  # up past loops of micro-batches that backpropagate but never step
+        while owner is not None and not (isinstance(owner, (cst.For, cst.While)) and training_step(owner)):
+            owner = step.places[owner].owner
+        if owner is not None and owner not in loops and is_innermost_training_loop(owner):
+            if not training_step(owner).zero_grad:  # type: ignore[union-attr]
+                loops.append(owner)
+    return loops
 
 
 _NO_STEP = (
     "backward() here but no optimizer step in the same function: loss scaling not inserted",
     "scale this backward with `scaler.scale(loss).backward()` and step with `scaler.step(optimizer)` followed by "
     "`scaler.update()` where the optimizer steps, using one GradScaler reachable from both places",
+)
+
+# A GradScaler unscales the gradients by the scale of the step that made them: summed over steps made at other
+# scales they cannot be unscaled, and an overflow (inf) stays in them for good, so that every later step is skipped.
+_NEVER_CLEARED = (
+    "this training loop never clears its gradients (TRN001): loss scaling not inserted, since gradients summed "
+    "over steps at different loss scales cannot be unscaled, and one overflow would stay in them and skip every "
+    "later update",
+    "clear the gradients once per optimizer step in the original (`optimizer.zero_grad()`) and migrate again, or "
+    "use bf16 autocast, which needs no scaler (--amp bf16)",
 )
 
 

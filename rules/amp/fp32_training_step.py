@@ -62,7 +62,10 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
       scaler is reachable, `optimizer.load_state_dict(checkpoint["optimizer"])` is followed by
       `if "scaler" in checkpoint: scaler.load_state_dict(checkpoint["scaler"])` (older checkpoints lack the key).
     Gradient accumulation stays correct: every micro-step's backward is scaled, and step/update happen only where
-    the optimizer steps. Steps it cannot rewrite with confidence are left alone and reported by AMP105.
+    the optimizer steps. A training loop that never clears its gradients (TRN001) gets no loss scaler: a GradScaler
+    unscales the gradients by the scale of the step that made them, so gradients summed over steps at other scales
+    come out wrong, and the inf of one overflow stays in them and skips every later update (bf16 autocast, which
+    needs no scaler, is added). Steps it cannot rewrite with confidence are left alone and reported by AMP105.
 
     ## Why
     The NPU is built for mixed precision: without it training may be slow, fail on Atlas training series, or miss
@@ -349,6 +352,7 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
 
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             for x, y in loader:  # no GradScaler yet
+                optimizer.zero_grad()
                 loss = criterion(model(x), y)
                 loss.backward()
                 optimizer.step()
@@ -360,12 +364,21 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             scaler = torch.amp.GradScaler("npu")
             for x, y in loader:  # no GradScaler yet
+                optimizer.zero_grad()
                 with torch.autocast(device_type="npu", dtype=torch.float16):
                     loss = criterion(model(x), y)
                 scaler.scale(loss).backward()
                 scaler.step(optimizer)
                 scaler.update()
             """,
+        ),
+        Unchanged(  # gradients never cleared, summed over steps (pytorch/examples' tensor-parallel toys): AMP105
+            """
+            for i in range(num_iters):
+                output = model(torch.rand(20, 10))
+                output.sum().backward()
+                optimizer.step()
+            """
         ),
     )
 

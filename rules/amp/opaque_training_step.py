@@ -19,7 +19,8 @@ class OpaqueTrainingStep(PortRule):
     `binary_cross_entropy`/`nn.BCELoss` (which autocast refuses to run) computed in the same expression as its inputs
     or inside a helper function, where AMP101 cannot move it after autocast, and a forward inside a `for`/`if`/`try`
     that also loads data, moves it to the device, logs or leaves the loop (the autocast block would wrap those, and
-    splitting them out would move code). With `--amp bf16`
+    splitting them out would move code), and a training loop that never clears its gradients (TRN001's), whose
+    gradients, summed over steps at different loss scales, no GradScaler can unscale. With `--amp bf16`
     only what blocks autocast is reported (no scaler is needed). A file that casts by hand (`.half()`, `float16`)
     is reported once.
 
@@ -55,13 +56,14 @@ class OpaqueTrainingStep(PortRule):
             """
             import torch
             for x, y in loader:
+                optimizer.zero_grad()
                 loss = criterion(model(x), y)
                 grads = torch.autograd.grad(loss, model.parameters(), create_graph=True)
                 penalty = sum(g.pow(2).sum() for g in grads)
                 (loss + penalty).backward()
                 optimizer.step()
             """,
-            lines=[4],
+            lines=[5],
         ),
         Flag(
             """
@@ -116,9 +118,38 @@ class OpaqueTrainingStep(PortRule):
             """,
             amp=AmpPolicy.BF16,
         ),
+        Flag(  # pytorch/examples' tensor-parallel toys: gradients summed over every step, never cleared
+            """
+            for i in range(num_iters):
+                output = model(torch.rand(20, 10))
+                output.sum().backward()
+                optimizer.step()
+            """,
+            lines=[1],
+        ),
+        Flag(  # the loop that steps never clears what its micro-batches' backward calls sum
+            """
+            for step in range(steps):
+                for x in batch.split(4):
+                    loss = model(x).pow(2).mean()
+                    loss.backward()
+                optimizer.step()
+            """,
+            lines=[1],
+        ),
+        Unchanged(  # bf16 autocast needs no scaler: AMP101 adds it whether or not the loop clears its gradients
+            """
+            for i in range(num_iters):
+                output = model(torch.rand(20, 10))
+                output.sum().backward()
+                optimizer.step()
+            """,
+            amp=AmpPolicy.BF16,
+        ),
         Unchanged(
             """
             for x, y in loader:
+                optimizer.zero_grad()
                 loss = criterion(model(x), y)
                 loss.backward()
                 optimizer.step()

@@ -723,18 +723,28 @@ def test_a_faithful_fp16_port_passes_once_its_loss_scale_has_settled(tmp_path):
 
 
 def test_a_port_whose_gradients_keep_their_first_overflow_is_told_to_reset_them_not_to_lower_the_scale(tmp_path):
-    """pytorch/examples' tensor-parallel toy never calls zero_grad: migrate's fp16 port overflowed at step 0, the inf
+    """pytorch/examples' tensor-parallel toy never calls zero_grad: its fp16 port overflowed at step 0, the inf
     stayed in the gradients, and its GradScaler skipped every step down to any scale. The FAIL said its gradients
     overflowed "at every scale" and advised a lower init_scale; it names the gradients never reset, and so does the
     advice."""
-    original = migrated(tmp_path, SCRIPTS / "never_zeroed_sum_loss.py")
-    exit_code, summary, out = verify(original, "-n", 3, "-q", "-o", tmp_path / "out")
+    exit_code, summary, out = verify(SCRIPTS / "never_zeroed_sum_loss.py", SCRIPTS / "never_zeroed_sum_loss_npu.py",
+                                     "-n", 3, "-q", "-o", tmp_path / "out")
     assert (exit_code, summary["verdict"]) == (1, "FAIL"), summary["reason"]
     assert "and nothing resets them (no optimizer.zero_grad()): each later backward() adds to the inf they hold" in \
         summary["reason"]
     assert finding(summary, "updates_skipped")["detail"]["grads_carried"] is True
     advice = (out / "advice.txt").read_text()
     assert "\n1. Reset the port's gradients once per optimizer step" in advice and "init_scale" not in advice
+
+
+def test_migrate_leaves_a_loop_that_never_clears_its_gradients_in_float32_and_its_port_passes(tmp_path):
+    """Regression: migrate's default port of pytorch/examples' tensor-parallel toys added a GradScaler to a loop
+    that never clears its gradients, and that port never trained (the test above). It leaves the loop in float32,
+    AMP105 says why, and the port passes."""
+    original = migrated(tmp_path, SCRIPTS / "never_zeroed_sum_loss.py")
+    assert "GradScaler(" not in (tmp_path / "train_npu.py").read_text()
+    exit_code, summary, _ = verify(original, "-n", 3, "-q", "-o", tmp_path / "out")
+    assert (exit_code, summary["verdict"]) == (0, "PASS"), summary["reason"]
 
 
 def test_a_style_shaped_port_is_judged_on_the_net_it_trains_beside_a_frozen_loss_network(tmp_path):

@@ -1,6 +1,7 @@
 """A GPU trainer that never resets its gradients (no zero_grad) and backpropagates a sum over its outputs, as
-pytorch/examples' tensor-parallel toy does. Its fp16 port's GradScaler overflows at its first scale, and the inf then
-stays in the gradients that every later backward() adds to: the port never trains."""
+pytorch/examples' tensor-parallel toy does. An fp16 port with a GradScaler (never_zeroed_sum_loss_npu.py) overflows at
+its first scale, and the inf then stays in the gradients that every later backward() adds to: the port never trains.
+migrate leaves this loop in float32 (AMP105)."""
 
 import torch
 
