@@ -273,3 +273,35 @@ def test_a_step_with_a_hand_written_alternative_update_is_reported_not_scaled():
     assert "scaler" not in result.code and "GradScaler" not in result.code
     reported = [f for f in result.findings if f.code == "AMP105"]
     assert [f.line for f in reported] == [12] and "other branch" in reported[0].message
+
+
+NEVER_CLEARED = textwrap.dedent(
+    """
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.25)
+    for i in range(10):
+        output = model(torch.rand(20, 10))
+        output.sum().backward()
+        optimizer.step()
+    """
+)
+
+
+def test_a_loop_that_never_clears_its_gradients_gets_no_loss_scaler_but_bf16_autocast():
+    """Regression (pytorch/examples' tensor-parallel toys): a GradScaler on gradients summed over steps at other
+    scales overflowed once and skipped every later update."""
+    fp16 = migrate_source(NEVER_CLEARED, "train.py", Settings(), AMP)
+    assert fp16.code == NEVER_CLEARED
+    [finding] = [f for f in fp16.findings if f.code == "AMP105"]
+    assert finding.line == 5 and "never clears its gradients" in finding.message
+    bf16 = port(NEVER_CLEARED, amp=AmpPolicy.BF16)
+    assert "torch.autocast(device_type=\"npu\", dtype=torch.bfloat16)" in bf16 and "GradScaler" not in bf16
+
+
+def test_with_unsafe_fixes_the_loop_is_cleared_and_scaled_in_one_run():
+    """TRN001's fix clears the gradients, so the loop gets its scaler in the same run: a second run changes
+    nothing."""
+    code = migrate_source(NEVER_CLEARED, "train.py", Settings(unsafe_fixes=True)).code
+    assert "    optimizer.zero_grad()\n" in code and "scaler.step(optimizer)" in code
+    assert migrate_source(code, "train.py", Settings(unsafe_fixes=True)).code == code

@@ -146,8 +146,10 @@ def scopes(module: cst.Module) -> Iterator[cst.Module | cst.FunctionDef]:
     yield from findall(module, m.FunctionDef())  # type: ignore[misc]
 
 
-def analyse(scope: cst.Module | cst.FunctionDef, resolve: Resolver, scaler: str | None = None) -> Step:
-    """Find the step sites of `scope`. With `scaler`, steps are `scaler.step(opt)`; without, `opt.step()`."""
+def analyse(scope: cst.Module | cst.FunctionDef, resolve: Resolver, scaler: str | None = None,
+            clears_gradients: bool = False) -> Step:
+    """Find the step sites of `scope`. With `scaler`, steps are `scaler.step(opt)`; without, `opt.step()`.
+    `clears_gradients`: the port clears them in every training loop (TRN001's fix, applied with --unsafe-fixes)."""
     places: dict[cst.BaseStatement, Place] = {}
     body = scope if isinstance(scope, cst.Module) else scope.body
     if isinstance(body, (cst.Module, cst.IndentedBlock)):
@@ -160,7 +162,7 @@ def analyse(scope: cst.Module | cst.FunctionDef, resolve: Resolver, scaler: str 
     branched = any(problem.message == _BRANCHED_STEP[0] for problem in step.problems)
     if scaler is None and step.backwards and not step.steps and not branched:
         step.problems.append(Problem(step.backwards[0].call, *_NO_STEP, scaling_only=True))
-    if scaler is None:
+    if scaler is None and not clears_gradients:
         step.problems.extend(Problem(loop, *_NEVER_CLEARED, scaling_only=True) for loop in _never_cleared(step))
     return step
 
@@ -190,8 +192,8 @@ _NEVER_CLEARED = (
     "this training loop never clears its gradients (TRN001): loss scaling not inserted, since gradients summed "
     "over steps at different loss scales cannot be unscaled, and one overflow would stay in them and skip every "
     "later update",
-    "clear the gradients once per optimizer step in the original (`optimizer.zero_grad()`) and migrate again, or "
-    "use bf16 autocast, which needs no scaler (--amp bf16)",
+    "clear the gradients once per optimizer step (`optimizer.zero_grad()` in the original, or TRN001's fix: "
+    "--unsafe-fixes), or use bf16 autocast, which needs no scaler (--amp bf16)",
 )
 
 

@@ -62,7 +62,8 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
       scaler is reachable, `optimizer.load_state_dict(checkpoint["optimizer"])` is followed by
       `if "scaler" in checkpoint: scaler.load_state_dict(checkpoint["scaler"])` (older checkpoints lack the key).
     Gradient accumulation stays correct: every micro-step's backward is scaled, and step/update happen only where
-    the optimizer steps. A training loop that never clears its gradients (TRN001) gets no loss scaler: a GradScaler
+    the optimizer steps. A training loop that never clears its gradients gets no loss scaler (unless --unsafe-fixes,
+    where TRN001 clears them): a GradScaler
     unscales the gradients by the scale of the step that made them, so gradients summed over steps at other scales
     come out wrong, and the inf of one overflow stays in them and skips every later update (bf16 autocast, which
     needs no scaler, is added). Steps it cannot rewrite with confidence are left alone and reported by AMP105.
@@ -404,7 +405,9 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
 
     def visit_Module(self, node: cst.Module) -> None:
         bans = autocast_bans(node, self.refers_to)
-        analysed = (self._accepted(analyse(scope, self.qualified_names), bans) for scope in scopes(node))
+        cleared = self.settings.unsafe_fixes  # TRN001 clears the gradients of every training loop
+        analysed = (self._accepted(analyse(scope, self.qualified_names, clears_gradients=cleared), bans)
+                    for scope in scopes(node))
         steps = [step for step in analysed if step is not None]
         if not steps:
             return

@@ -179,7 +179,7 @@ class OpaqueTrainingStep(PortRule):
             return
         bans = autocast_bans(node, self.refers_to)
         for scope in scopes(node):
-            step = analyse(scope, self.qualified_names)
+            step = analyse(scope, self.qualified_names, clears_gradients=self.settings.unsafe_fixes)
             if step.backwards and not self._blocking(step.problems):
                 plan_autocast(step, bans)
             for problem in self._blocking(step.problems):
