@@ -63,10 +63,10 @@ class Fp32TrainingStep(SavesScalerState, StatementEdits, PortRule):
       `if "scaler" in checkpoint: scaler.load_state_dict(checkpoint["scaler"])` (older checkpoints lack the key).
     Gradient accumulation stays correct: every micro-step's backward is scaled, and step/update happen only where
     the optimizer steps. A training loop that never clears its gradients gets no loss scaler (unless --unsafe-fixes,
-    where TRN001 clears them): a GradScaler
-    unscales the gradients by the scale of the step that made them, so gradients summed over steps at other scales
-    come out wrong, and the inf of one overflow stays in them and skips every later update (bf16 autocast, which
-    needs no scaler, is added). Steps it cannot rewrite with confidence are left alone and reported by AMP105.
+    where TRN001 clears them): a GradScaler unscales the gradients by the scale of the step that made them, so
+    gradients summed over steps at other scales come out wrong, and the inf of one overflow stays in them and skips
+    every later update (bf16 autocast, which needs no scaler, is added). Steps it cannot rewrite with confidence are
+    left alone and reported by AMP105.
 
     ## Why
     The NPU is built for mixed precision: without it training may be slow, fail on Atlas training series, or miss

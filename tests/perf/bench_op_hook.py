@@ -13,11 +13,11 @@ model: the ops each sees a step (the Python handler also sees the detaches autog
 mode is on, which the C++ one leaves to TensorImpl, as with no mode), and each one's host cost per op. Then it checks
 that the three give the same losses, bit for bit.
 
-Measured on the shared 2-core development machine (torch 2.13 CPU, a CI run beside it), us per op:
+Printed on the shared 2-core development machine (torch 2.13 CPU, a CI run beside it), us per op:
             ops a step (Python, C++)    empty Python mode    served in C++
-    mlp     164, 148                    7.45                 1.18
-    cnn     103, 95                     13.20                2.66
-    gpt     532, 526                    8.55                 1.73
+    mlp     164, 148                    6.47                 1.17
+    cnn     103, 95                     9.13                 2.19
+    gpt     532, 526                    7.02                 1.35
 At the two ends of the torch range (CI's venvs, CUDA builds on the CPU, least of 3 blocks), us per op, Python / C++:
     torch 2.4.1     mlp 5.51 / 1.20 (183 / 148 ops)    gpt 7.94 / 2.12 (562 / 526 ops)
     torch 2.14.1    mlp 9.73 / 1.50 (164 / 148 ops)    gpt 10.60 / 1.70 (532 / 526 ops)
