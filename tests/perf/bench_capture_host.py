@@ -61,7 +61,7 @@ import contextlib
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -71,6 +71,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))  # the benches beside this file
 from bench_capture import SmallCnn
 from bench_capture_gpu import BootstrapLikeCapture, Gpt, Workload, _workload
+
+from verify.capture.ops import dispatch_path
 
 STEPS_PER_BLOCK = {"mlp": 40, "cnn": 40, "gpt": 20}
 
@@ -114,9 +116,23 @@ def plain_runner(workload: Workload, keyed: bool = False) -> Callable[[int], Non
     return run
 
 
-def captured_runner(capture: BootstrapLikeCapture, keyed: bool) -> Callable[[int], None]:
+@contextlib.contextmanager
+def _without_op_hook() -> Iterator[None]:
+    """The capture as where verify/capture/_op_hook.cpp is not built: the C entry pip built, or Python alone."""
+    from verify.capture import op_hook
+
+    built = op_hook.hook
+    op_hook.hook = lambda: None
+    try:
+        yield
+    finally:
+        op_hook.hook = built
+
+
+def captured_runner(capture: BootstrapLikeCapture, keyed: bool, op_hook: bool = True) -> Callable[[int], None]:
     def run(steps: int) -> None:
-        with _keyed_streams() if keyed else contextlib.nullcontext():
+        with _keyed_streams() if keyed else contextlib.nullcontext(), \
+                contextlib.nullcontext() if op_hook else _without_op_hook():
             capture.run(steps)
 
     return run
@@ -140,13 +156,14 @@ def calls_per_step(capture: BootstrapLikeCapture) -> int:
 
 
 def bench(name: str, rounds: int, out_dir: Path) -> None:
-    capture, both = (BootstrapLikeCapture(tiny_workload(name), out_dir / name / variant, device_path_on_cpu=True)
-                     for variant in ("capture", "both"))
+    capture, both, unhooked = (BootstrapLikeCapture(tiny_workload(name), out_dir / name / variant,
+                                                    device_path_on_cpu=True) for variant in ("capture", "both", "cut"))
     runners = {
         "plain": plain_runner(tiny_workload(name)),
         "keyed streams alone": plain_runner(tiny_workload(name), keyed=True),
         "capture alone": captured_runner(capture, keyed=False),
         "capture and keyed streams": captured_runner(both, keyed=True),
+        "both, without the op hook": captured_runner(unhooked, keyed=True, op_hook=False),
     }
     steps = STEPS_PER_BLOCK[name]
     for run in runners.values():  # warm-up: lazy imports, the allocator, first-call caches
@@ -159,7 +176,8 @@ def bench(name: str, rounds: int, out_dir: Path) -> None:
     least = {variant: min(values) for variant, values in samples.items()}
     calls = calls_per_step(capture)
     plain = least.pop("plain")
-    print(f"{name}: {calls} recorded calls per step, least of {rounds} interleaved blocks of {steps} steps")
+    print(f"{name}: {calls} recorded calls per step, least of {rounds} interleaved blocks of {steps} steps "
+          f"(op dispatch: {dispatch_path()})")
     print(f"  plain step {plain * 1e6:10.0f} us")
     for variant, seconds in least.items():
         per_call = (seconds - plain) / calls
@@ -176,6 +194,7 @@ def tiny_models_arguments(doc: str, rounds: int) -> argparse.Namespace:
 
 def main() -> int:
     args = tiny_models_arguments(__doc__, rounds=5)
+    print(f"torch {torch.__version__}")
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as out_dir:
         for name in args.models:

@@ -30,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispatch_mode, _pop_mode,
                                           _pop_mode_temporarily, _push_mode)
 
+from verify.capture import op_hook
 from verify.capture.module_scopes import ModuleScopes, leaves
 from verify.capture.op_attributes import attributes
 from verify.capture.source_lines import SourceLines, current_node, next_node_number
@@ -46,9 +47,17 @@ except ImportError:
 
 aten = torch.ops.aten
 
-# Which path hands the ops to the capture, as the manifest names it (manifest.extra["op_dispatch"])
-DISPATCH_PATH = ("verify/capture/_dispatch.c: ops never recorded pass through in C" if native_dispatch is not None else
-                 "Python: every op through the capture's handler (verify/capture/_dispatch.c not built)")
+
+def dispatch_path() -> str:
+    """Which path hands the ops to the capture, as the manifest names it (manifest.extra["op_dispatch"]): the compiled
+    hook (verify/capture/op_hook.py), else the C entry pip built, else the Python handler alone."""
+    if op_hook.hook() is not None:
+        return "verify/capture/_op_hook.cpp: ops never recorded and autograd's detaches served in C++"
+    not_built = f"the op hook not built: {op_hook.why_not()}"
+    if native_dispatch is not None:
+        return f"verify/capture/_dispatch.c: ops never recorded pass through in C ({not_built})"
+    return f"Python: every op through the capture's handler (verify/capture/_dispatch.c not built; {not_built})"
+
 
 _NOT_RECORDED = {
     # uninitialised memory: its contents differ from run to run and mean nothing
@@ -63,6 +72,9 @@ _NOT_RECORDED = {
 }
 
 _DEAD = lambda: None  # noqa: E731  (a weak reference whose tensor is gone)
+# Argument types the hook does not convert as torch hands them to a handler (torch.dtype, not the int it is stored as)
+_TYPES_THE_HOOK_DOES_NOT_CONVERT = ("ScalarType", "Layout", "MemoryFormat", "Generator")
+_NOT_RUN = object()  # _OpRecorder._record_call: the op is still to run
 
 
 _ROW_COLUMNS = ("seq", "phase", "module", "op", "call_index", "io", "md5", "tensor_file", "inputs",
@@ -204,21 +216,58 @@ class _OpRecorder(TorchDispatchMode):
         super().__init__()
         self.capture = capture
         self._names: dict[torch._ops.OpOverload, str | None] = {}
-        # torch calls the mode's __torch_dispatch__ as the instance has it: the C entry, which sends the ops this
-        # handler passed through straight to them, and every other op to this handler
-        self._entry = None if native_dispatch is None else native_dispatch.Entry(self, self.__torch_dispatch__)
-        if self._entry is not None:
-            self.__torch_dispatch__ = self._entry
+        # The ops this handler passes through go straight to torch: in C++ below torch's Python plumbing where the
+        # compiled hook is built, else through the C entry that torch then calls as the instance's
+        # __torch_dispatch__, which sends every other op to this handler.
+        self._hook = op_hook.hook()
+        self._entry = None
+        if self._hook is None and native_dispatch is not None:
+            self._entry = self.__torch_dispatch__ = native_dispatch.Entry(self, self.__torch_dispatch__)
+
+    def __enter__(self) -> _OpRecorder:
+        super().__enter__()
+        if self._hook is not None:
+            self._hook.install(self, self._ran)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._hook is not None:
+            self._hook.uninstall(self)
+        super().__exit__(*exc_info)
 
     def _name(self, func: torch._ops.OpOverload) -> str | None:
         name = self._names.get(func, self)  # self: not seen yet (OpOverload's hash is Python code, so hash once)
         if name is self:
             recorded = not func.is_view and func.namespace != "profiler" and func._overloadpacket not in _NOT_RECORDED
             name = self._names[func] = str(func._overloadpacket) if recorded else None
-            inline = self.capture.inline
-            if name is None and self._entry is not None and (inline is None or not inline.serves(func)):
-                self._entry.pass_through(func)  # what _below does with it, from now on in C
+            self._hand_over(func, name)
         return name
+
+    def _hand_over(self, func: torch._ops.OpOverload, name: str | None) -> None:
+        """From the op's second call on, what `_below` does with it is done in compiled code: an op never recorded
+        goes straight to torch (the hook or the C entry); under the hook, a recorded op that writes none of its
+        arguments runs in C++ and comes to `_ran` (what the handler reads of its arguments is then as it was before
+        the op). The keyed streams' ops, collectives (waited for, told to on_collective) and ops that write an
+        argument (an in-place op, an out= one that may resize it) stay with the handler."""
+        inline = self.capture.inline
+        if inline is not None and inline.serves(func):
+            return
+        if name is None:
+            if self._hook is not None:
+                self._hook.pass_through(func)
+            elif self._entry is not None:
+                self._entry.pass_through(func)
+        elif self._hook is not None and not name.startswith(("c10d.", _FUNCTIONAL_COLLECTIVES)) and not any(
+                (argument.alias_info is not None and argument.alias_info.is_write)
+                or any(kind in str(argument.real_type) for kind in _TYPES_THE_HOOK_DOES_NOT_CONVERT)
+                for argument in func._schema.arguments):
+            self._hook.record_after(func, name)
+
+    def _ran(self, func: torch._ops.OpOverload, name: str, args: tuple, kwargs: dict, out: Any) -> None:
+        """The compiled hook ran `func` (_hand_over): its records, as __torch_dispatch__ writes them."""
+        capture = self.capture
+        if capture.recording and not (capture.own_nodes and capture.differentiating_own_work()):
+            self._record_call(func, name, args, kwargs, out=out)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -226,6 +275,13 @@ class _OpRecorder(TorchDispatchMode):
         name = self._name(func) if capture.recording else None
         if name is None or (capture.own_nodes and capture.differentiating_own_work()):
             return _below(capture.inline, func, types, args, kwargs)
+        return self._record_call(func, name, args, kwargs, types=types)
+
+    def _record_call(self, func: torch._ops.OpOverload, name: str, args: tuple, kwargs: dict, types: Any = None,
+                     out: Any = _NOT_RUN) -> Any:
+        """The records of one call: its inputs' producers and settings, its outputs' statistics. `out`: what the op
+        returned, where it ran already; else it runs here (_below) once its inputs are recorded."""
+        capture = self.capture
         call = capture.begin_call(name)
         arguments = tensors_in(args)
         if kwargs:
@@ -237,7 +293,8 @@ class _OpRecorder(TorchDispatchMode):
             call.attrs = attributes(func, args, kwargs)
         if capture.with_inputs:
             capture.record(call, "in", arguments[1:] if name in OVERWRITTEN_FIRST else arguments)
-        out = _below(capture.inline, func, types, args, kwargs)
+        if out is _NOT_RUN:
+            out = _below(capture.inline, func, types, args, kwargs)
         if name.startswith("c10d."):
             _completed(out)
         elif name.startswith(_FUNCTIONAL_COLLECTIVES) and name != _FUNCTIONAL_WAIT:

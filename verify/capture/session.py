@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from verify.devices import setup as device_setup
 from verify import devices
-from verify.capture.ops import DISPATCH_PATH, OpCapture, TensorSaver
+from verify.capture.ops import OpCapture, TensorSaver, dispatch_path
 from verify.capture.tensor_stats import StatBatch
 from verify.capture import environment_record, project_files
 from verify.capture import perturbation, precision_scopes
@@ -342,8 +342,8 @@ def instrumented(run_dir: Path, manifest: RunManifest, body: Callable[[], Any]) 
         manifest.extra["computed_in_fp32"] = computed
     if statistics_path := batch.device_stats.fused.note:  # which path reduced large floating tensors on CUDA
         manifest.extra["device_statistics"] = statistics_path
-    if capture is not None:  # whether the ops it never records passed through in C (verify/capture/_dispatch.c)
-        manifest.extra["op_dispatch"] = DISPATCH_PATH
+    if capture is not None:  # whether the ops it never records passed through in C++ or C, or all took Python
+        manifest.extra["op_dispatch"] = dispatch_path()
     manifest.modelled_numerics = device_setup.modelled_numerics()
     if emulated := device_setup.emulated_calls():  # what FSDP2 and DTensor asked of an emulated device
         manifest.extra["emulated_calls"] = emulated
