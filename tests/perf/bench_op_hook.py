@@ -1,19 +1,22 @@
-"""Issue 57's probe: what an op costs the host when a dispatch mode's handler is C++ instead of Python.
+"""What an op costs the host when a dispatch mode's handler is C++ instead of Python (issue 57's probe, now the capture's
+compiled op hook).
 
-    pip install ninja && PYTHONPATH=. python tests/perf/bench_op_hook.py [--rounds 7] [--models mlp cnn gpt]
+    PYTHONPATH=. python tests/perf/bench_op_hook.py [--rounds 7] [--models mlp cnn gpt]
 
 The capture is a TorchDispatchMode: torch hands it every aten op below autograd through its Python-key fallback,
 which converts the op's stack to Python objects and calls `__torch_dispatch__` (~5-13 us an op, bench_capture_host.py's
-"an empty Python dispatch mode costs ~7 us per op"). tests/perf/op_hook_probe.cpp, built here against the installed
-torch, serves the ops of one mode in C++ at that same place (torch's interpreter vtable, its `dispatch` and `detach`),
-so that it sees the ops the Python handler sees. This times, on bench_capture_host.py's tiny models (batch 1, widths
-of a few units: kernels of a few microseconds), one torch thread, least of interleaved blocks of CPU seconds:
-the plain step; under an empty Python mode (`func(*args, **kwargs)`); under the same mode served in C++. Printed per
-model: the ops each sees a step (the Python handler also sees the detaches autograd makes of saved tensors while a
-mode is on, which the C++ one leaves to TensorImpl, as with no mode), and each one's host cost per op. Then it checks
-that the three give the same losses, bit for bit.
+"an empty Python dispatch mode costs ~7 us per op"). verify/capture/_op_hook.cpp (built by verify/capture/op_hook.py
+against the installed torch, or taken from its cache) serves the ops a mode hands it in C++ at that same place
+(torch's interpreter vtable, its `dispatch` and `detach`), so that it sees the ops the Python handler sees. This times,
+on bench_capture_host.py's tiny models (batch 1, widths of a few units: kernels of a few microseconds), one torch
+thread, least of interleaved blocks of CPU seconds: the plain step; under an empty Python mode
+(`func(*args, **kwargs)`); under the same mode handing every op to the hook at its first call. Printed per model: the
+ops each serves a step (the Python handler also sees the detaches autograd makes of saved tensors while a mode is on,
+which the hook leaves to TensorImpl, as with no mode), and each one's host cost per op. Then it checks that the three
+give the same losses, bit for bit.
 
-Printed on the shared 2-core development machine (torch 2.13 CPU, a CI run beside it), us per op:
+Printed by its first version (tests/perf/op_hook_probe.cpp, the same vtable copy serving every op of the mode) on the
+shared 2-core development machine (torch 2.13 CPU, a CI run beside it), us per op:
             ops a step (Python, C++)    empty Python mode    served in C++
     mlp     164, 148                    6.47                 1.17
     cnn     103, 95                     9.13                 2.19
@@ -29,7 +32,6 @@ which is what makes issue 57's 15 us a recorded call reachable, with the statist
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,31 +42,27 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).parent))  # the benches beside this file
 from bench_capture_host import STEPS_PER_BLOCK, tiny_models_arguments, tiny_workload
 
+from verify.capture import op_hook
+
 
 class EmptyMode(TorchDispatchMode):
-    """Runs each op as it comes, counting them: the least a Python dispatch mode does."""
+    """Runs each op as it comes, counting the calls its Python handler sees: the least a Python dispatch mode does.
+    Given the op hook, it hands each op over at its first call, as the capture hands over the ops it never records."""
 
     ops = 0
 
+    def __init__(self, hook=None) -> None:
+        super().__init__()
+        self.hook = hook
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         EmptyMode.ops += 1
+        if self.hook is not None:
+            self.hook.pass_through(self, func)
         return func(*args, **(kwargs or {}))
 
 
-def build_probe(build_dir: Path):
-    from torch.utils.cpp_extension import load
-
-    started = time.monotonic()
-    probe = load("npu_port_op_hook_probe", [str(Path(__file__).with_name("op_hook_probe.cpp"))],
-                 build_directory=str(build_dir))
-    print(f"op_hook_probe.cpp built against torch {torch.__version__} in {time.monotonic() - started:.0f} s")
-    return probe
-
-
-def runners(name: str, probe) -> dict[str, Callable[[int], list[float]]]:
-    served = EmptyMode()
-    probe.install(served)  # its ops served in C++ while it is on top; every other mode's go to Python as before
-
+def runners(name: str, served: EmptyMode) -> dict[str, Callable[[int], list[float]]]:
     def variant(mode: TorchDispatchMode | None) -> Callable[[int], list[float]]:
         workload = tiny_workload(name)  # the same seed each: the same losses, bit for bit
 
@@ -96,11 +94,11 @@ def ops_per_step(run: Callable[[int], list[float]], count: Callable[[], int]) ->
     return count() - before
 
 
-def bench(name: str, rounds: int, probe) -> bool:
-    variants = runners(name, probe)
+def bench(name: str, rounds: int, hook, served: EmptyMode) -> bool:
+    variants = runners(name, served)
     losses = {variant: first_losses(run) for variant, run in variants.items()}  # the warm-up, and the check
     seen = {"empty Python mode": ops_per_step(variants["empty Python mode"], lambda: EmptyMode.ops),
-            "served in C++": ops_per_step(variants["served in C++"], probe.served_ops)}
+            "served in C++": ops_per_step(variants["served in C++"], lambda: hook.counts()[0])}
     steps = STEPS_PER_BLOCK[name]
     least = dict.fromkeys(variants, float("inf"))
     for _ in range(rounds):  # interleaved blocks: on a shared machine the neighbours only ever add time
@@ -121,12 +119,19 @@ def bench(name: str, rounds: int, probe) -> bool:
 def main() -> int:
     args = tiny_models_arguments(__doc__, rounds=7)
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as build_dir:
-        probe = build_probe(Path(build_dir))
+    hook = op_hook.hook()
+    if hook is None:
+        print(f"the op hook cannot be built here: {op_hook.why_not()}")
+        return 1
+    print(f"torch {torch.__version__}, {op_hook.library_path().name}")
+    same = []
+    for name in args.models:
+        served = EmptyMode(hook)
+        hook.serve(served)  # its ops served in C++ while it is on top; every other mode's go to Python as before
         try:
-            same = [bench(name, args.rounds, probe) for name in args.models]
+            same.append(bench(name, args.rounds, hook, served))
         finally:
-            probe.uninstall()
+            hook.unserve(served)
     return 0 if all(same) else 1
 
 

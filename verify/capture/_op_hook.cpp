@@ -1,16 +1,23 @@
-// The op capture's compiled hook (verify/capture/op_hook.py builds it against the torch it runs on): the ops the
-// capture never records, and the detaches autograd makes of saved tensors while a dispatch mode is on, served in C++
-// at the place torch hands them to the capture's Python handler, so that they cost ~1 us each instead of ~4-10.
+// The op capture's compiled hook (verify/capture/op_hook.py builds it against the torch it runs on): what the capture's
+// Python handler would do with most ops, done in C++ at the place torch hands them to it, so that they skip torch's
+// Python plumbing (~4-10 us an op on the host, on the critical path of an accelerator's step):
+// - the ops the capture never records (views, bookkeeping), and those the keyed random streams' mode does not draw
+//   for (verify/capture/random_streams.py: the optimizer's step, with the capture paused, sees only that mode), are
+//   passed to torch;
+// - the detaches autograd makes of saved tensors while a mode is on are left to TensorImpl, as with no mode;
+// - a recorded op that writes none of its arguments runs here, then its arguments and outputs go to the capture's
+//   Python `recorded`, which writes its records as the handler would have around its `func(*args, **kwargs)`.
+// Each mode tells the hook which ops are which from their first call, which its Python handler sees.
 //
 // torch's Python-key fallback hands every op under a dispatch mode to `pyinterpreter()->dispatch(op, stack)` of the
 // mode on top of the stack, and TensorImpl's shallow copies to `->detach(impl)`: virtual calls into the interpreter's
 // vtable, which converts the stack to Python objects and calls `__torch_dispatch__`. Here that vtable is replaced by a
-// copy whose `dispatch` and `detach` serve what the capture's handler would have passed through, while the capture's
-// mode is on top, and hand everything else to the original: the same ops at the same key, run as the handler runs
-// them (below autograd, with the capture's mode popped, so that the modes below still see them). The copy is made of
-// the original's slots rather than written as a subclass: the interpreter's other methods change from one torch to
-// the next (2.4's decref takes a second argument, 2.13 adds try_incref and refcnt), `dispatch` and `detach` do not, so
-// one source builds against every torch (tests/perf/bench_op_hook.py is its probe).
+// copy whose `dispatch` and `detach` serve what a served mode hands over while it is on top, and give everything else
+// to the original: the same ops at the same key, run as the handler runs them (below autograd, with the mode popped,
+// so that the modes below still see them). The copy is made of the original's slots rather than written as a
+// subclass: the interpreter's other methods change from one torch to the next (2.4's decref takes a second argument,
+// 2.13 adds try_incref and refcnt), `dispatch` and `detach` do not, so one source builds against every torch
+// (tests/perf/bench_op_hook.py measured the probe it grew from).
 #include <torch/extension.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -39,17 +46,21 @@ Dispatch original_dispatch = nullptr;
 Detach original_detach = nullptr;
 std::vector<void*> slots;         // the copy: offset to top, type info, then the virtual functions
 void* patched_vptr = nullptr;     // a stateless vtable object is its vptr alone
-PyObject* served_mode = nullptr;  // borrowed (the capture holds it while installed): the capture's mode object
 
-PyObject* recorded = nullptr;     // the capture's `recorded(func, args, kwargs, out)`, called after a recorded op ran
-
-// What the hook does with an op, by its schema's address (one per registered op, for the process's life): pass it
-// through, or run it and hand it to `recorded`; the OpOverload is the one `recorded` gets (a strong reference, as
-// torch keeps its own). Written from Python, read by every thread that dispatches (autograd's device threads among
-// them) without the GIL. An op of neither kind goes to the Python handler.
-std::unordered_set<const c10::FunctionSchema*> passed;
-std::unordered_map<const c10::FunctionSchema*, std::pair<PyObject*, PyObject*>> recorded_ops;  // (func, its name)
-std::shared_mutex ops_lock;
+// A mode served here: the ops it passes through, those it records after they ran (with the OpOverload and the name
+// its `recorded(func, name, args, kwargs, out)` gets), by their schema's address (one per registered op, for the
+// process's life). An op of neither kind goes to the mode's Python handler.
+struct ServedMode {
+    py::object mode;               // held until `unserve`: its address is never another object's meanwhile
+    py::object recorded;           // None for a mode that records nothing
+    std::unordered_set<const c10::FunctionSchema*> passed;
+    std::unordered_map<const c10::FunctionSchema*, std::pair<py::object, py::object>> recorded_ops;
+};
+// A few (the capture's recorder, the keyed streams' mode), written from Python, read by every thread that dispatches
+// (autograd's device threads among them) without the GIL.
+// Never destroyed: a mode still served when the process exits must not be released after Python is gone.
+std::vector<std::unique_ptr<ServedMode>>& served_modes = *new std::vector<std::unique_ptr<ServedMode>>;
+std::shared_mutex served_lock;
 std::atomic<int64_t> passed_calls{0}, detaches{0}, recorded_calls{0};  // for the benches and tests
 
 // The slot of a virtual member function in the Itanium C++ ABI: an odd offset into the vtable, or on ARM the offset
@@ -69,20 +80,34 @@ size_t slot_of(Member member) {
 #endif
 }
 
-bool served_mode_on_top(int64_t depth) {
-    return depth > 0 && TorchDispatchModeTLS::get_stack_at(depth - 1)->ptr(getPyInterpreter()) == served_mode;
+PyObject* top_mode(int64_t depth) {
+    return depth > 0 ? TorchDispatchModeTLS::get_stack_at(depth - 1)->ptr(getPyInterpreter()) : nullptr;
+}
+
+ServedMode* served(PyObject* mode) {  // under served_lock
+    for (auto& candidate : served_modes)
+        if (candidate->mode.ptr() == mode)
+            return candidate.get();
+    return nullptr;
 }
 
 enum class Served { by_python, passed, recorded };
 
-Served served_as(const c10::OperatorHandle& op, std::pair<PyObject*, PyObject*>* func) {
-    std::shared_lock<std::shared_mutex> reading(ops_lock);
-    if (passed.count(&op.schema()))
-        return Served::passed;
-    auto found = recorded_ops.find(&op.schema());
-    if (found == recorded_ops.end())
+// What the mode on top does with the op; for one it records, the OpOverload and name its `recorded` gets.
+Served served_as(const c10::OperatorHandle& op, std::tuple<PyObject*, PyObject*, PyObject*>* recording) {
+    PyObject* mode = top_mode(TorchDispatchModeTLS::stack_len());
+    if (mode == nullptr)
         return Served::by_python;
-    *func = found->second;
+    std::shared_lock<std::shared_mutex> reading(served_lock);
+    ServedMode* on_top = served(mode);
+    if (on_top == nullptr)
+        return Served::by_python;
+    if (on_top->passed.count(&op.schema()))
+        return Served::passed;
+    auto found = on_top->recorded_ops.find(&op.schema());
+    if (found == on_top->recorded_ops.end())
+        return Served::by_python;
+    *recording = {on_top->recorded.ptr(), found->second.first.ptr(), found->second.second.ptr()};
     return Served::recorded;
 }
 
@@ -123,7 +148,8 @@ std::pair<py::tuple, py::dict> python_arguments(const c10::OperatorHandle& op,
 // A recorded op that writes none of its arguments: run here, then its arguments and outputs handed to `recorded`,
 // which writes its records as the handler would have around its `func(*args, **kwargs)` (what it reads of them, the
 // op left as they were), with the capture's mode still popped, as in the handler.
-void run_and_hand_over(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::pair<PyObject*, PyObject*> func) {
+void run_and_hand_over(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                       std::tuple<PyObject*, PyObject*, PyObject*> recording) {
     const size_t count = op.schema().arguments().size();
     std::vector<c10::IValue> arguments(stack->end() - count, stack->end());
     op.callBoxed(stack);
@@ -131,15 +157,16 @@ void run_and_hand_over(const c10::OperatorHandle& op, torch::jit::Stack* stack, 
     py::gil_scoped_acquire gil;
     auto [args, kwargs] = python_arguments(op, arguments);
     py::object out = returned(op, *stack);
+    const auto [recorded, func, name] = recording;
     const py::handle callback(recorded);
-    callback(py::handle(func.first), py::handle(func.second), args, kwargs, out);
+    callback(py::handle(func), py::handle(name), args, kwargs, out);
 }
 
 // What the handler's `func(*args, **kwargs)` does: the op runs with the capture's mode popped (the modes below see it
 // as they would), then the mode is back, an exception or not.
 void dispatch(const PyInterpreterVTable* self, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::pair<PyObject*, PyObject*> func;
-    const Served how = served_mode_on_top(TorchDispatchModeTLS::stack_len()) ? served_as(op, &func) : Served::by_python;
+    std::tuple<PyObject*, PyObject*, PyObject*> recording;
+    const Served how = served_as(op, &recording);
     if (how == Served::by_python)
         return original_dispatch(original, op, stack);
     struct PushedBack {
@@ -147,33 +174,27 @@ void dispatch(const PyInterpreterVTable* self, const c10::OperatorHandle& op, to
         ~PushedBack() { TorchDispatchModeTLS::push_non_infra_mode_onto_stack(mode); }
     } popped;
     if (how == Served::recorded)
-        return run_and_hand_over(op, stack, func);
+        return run_and_hand_over(op, stack, recording);
     passed_calls.fetch_add(1, std::memory_order_relaxed);
     op.callBoxed(stack);
 }
 
-// No TensorImpl from the interpreter: TensorImpl makes its own shallow copy, as with no mode on. Only where the
-// capture's mode is the only one (a mode below would have seen the detach) and the tensor is plain (a subclass's
-// detach is its own __torch_dispatch__'s).
+// No TensorImpl from the interpreter: TensorImpl makes its own shallow copy, as with no mode on. Only where a served
+// mode is the only one (a mode below would have seen the detach) and the tensor is plain (a subclass's detach is its
+// own __torch_dispatch__'s).
 c10::intrusive_ptr<c10::TensorImpl> detach(const PyInterpreterVTable* self, const c10::TensorImpl* tensor) {
-    if (TorchDispatchModeTLS::stack_len() != 1 || !served_mode_on_top(1) ||
-        tensor->key_set().has(c10::DispatchKey::Python))
+    bool served_alone = false;
+    if (TorchDispatchModeTLS::stack_len() == 1 && !tensor->key_set().has(c10::DispatchKey::Python)) {
+        std::shared_lock<std::shared_mutex> reading(served_lock);
+        served_alone = served(top_mode(1)) != nullptr;
+    }
+    if (!served_alone)
         return original_detach(original, tensor);
     detaches.fetch_add(1, std::memory_order_relaxed);
     return c10::intrusive_ptr<c10::TensorImpl>();
 }
 
-void forget_ops() {
-    std::unique_lock<std::shared_mutex> writing(ops_lock);
-    passed.clear();
-    for (auto& [schema, func] : recorded_ops) {
-        Py_DECREF(func.first);
-        Py_DECREF(func.second);
-    }
-    recorded_ops.clear();
-}
-
-void install(py::object mode, py::object recorded_callback) {
+void install_vtable() {
     auto* interpreter = getPyInterpreter();
     if (original == nullptr) {
         original = interpreter->vtable_;
@@ -186,19 +207,31 @@ void install(py::object mode, py::object recorded_callback) {
         slots[2 + slot_of(&PyInterpreterVTable::detach)] = reinterpret_cast<void*>(&detach);
         patched_vptr = slots.data() + 2;
     }
-    TORCH_CHECK(served_mode == nullptr || served_mode == mode.ptr(), "the op hook serves one capture at a time");
-    forget_ops();  // what one capture hands over depends on it (the ops its keyed streams serve)
-    served_mode = mode.ptr();
-    Py_XSETREF(recorded, recorded_callback.release().ptr());
     interpreter->vtable_ = reinterpret_cast<const PyInterpreterVTable*>(&patched_vptr);
 }
 
-void uninstall(py::object mode) {
-    if (served_mode != mode.ptr())
-        return;
-    getPyInterpreter()->vtable_ = original;
-    served_mode = nullptr;
-    Py_CLEAR(recorded);
+// Serves `mode` from now on, with no op handed over yet: what a mode hands over depends on it (a capture's on the
+// ops its keyed streams serve).
+void serve(py::object mode, py::object recorded) {
+    std::unique_lock<std::shared_mutex> writing(served_lock);
+    TORCH_CHECK(served(mode.ptr()) == nullptr, "this mode is served already");
+    served_modes.push_back(std::make_unique<ServedMode>(ServedMode{mode, std::move(recorded), {}, {}}));
+    install_vtable();
+}
+
+void unserve(py::object mode) {
+    std::unique_ptr<ServedMode> leaving;  // released after the lock: its references' decrefs run no code under it
+    {
+        std::unique_lock<std::shared_mutex> writing(served_lock);
+        for (auto it = served_modes.begin(); it != served_modes.end(); ++it)
+            if ((*it)->mode.ptr() == mode.ptr()) {
+                leaving = std::move(*it);
+                served_modes.erase(it);
+                break;
+            }
+        if (served_modes.empty() && original != nullptr)
+            getPyInterpreter()->vtable_ = original;
+    }
 }
 
 const c10::FunctionSchema* schema_of(py::handle func) {
@@ -210,28 +243,31 @@ const c10::FunctionSchema* schema_of(py::handle func) {
     return &op->schema();
 }
 
-void pass_through(py::object func) {
+void pass_through(py::object mode, py::object func) {
     const auto* schema = schema_of(func);
-    std::unique_lock<std::shared_mutex> writing(ops_lock);
-    passed.insert(schema);
+    std::unique_lock<std::shared_mutex> writing(served_lock);
+    ServedMode* serving = served(mode.ptr());
+    TORCH_CHECK(serving != nullptr, "this mode is not served");
+    serving->passed.insert(schema);
 }
 
-void record_after(py::object func, py::str name) {
+void record_after(py::object mode, py::object func, py::str name) {
     const auto* schema = schema_of(func);
-    std::unique_lock<std::shared_mutex> writing(ops_lock);
-    if (recorded_ops.emplace(schema, std::make_pair(func.ptr(), name.ptr())).second) {
-        func.inc_ref();
-        name.inc_ref();
-    }
+    std::unique_lock<std::shared_mutex> writing(served_lock);
+    ServedMode* serving = served(mode.ptr());
+    TORCH_CHECK(serving != nullptr && !serving->recorded.is_none(), "this mode records nothing here");
+    serving->recorded_ops.emplace(schema, std::make_pair(func, name));
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("install", &install, "serve the passed ops and the detaches in C++ while this mode is on top of the stack");
-    m.def("uninstall", &uninstall, "torch's own interpreter again, where this mode was the one served");
-    m.def("pass_through", &pass_through, "this OpOverload is never recorded: pass it in C++");
-    m.def("record_after", &record_after, "this OpOverload (recorded as `name`) writes none of its arguments: run it, then `recorded`");
+    m.def("serve", &serve, py::arg("mode"), py::arg("recorded") = py::none(),
+          "serve the ops this mode hands over, and the detaches, in C++ while it is on top of the stack");
+    m.def("unserve", &unserve, "this mode's ops go to its Python handler again; torch's own vtable once none is left");
+    m.def("pass_through", &pass_through, "this mode never acts on this OpOverload: pass it in C++");
+    m.def("record_after", &record_after,
+          "this OpOverload (recorded as `name`) writes none of its arguments: run it in C++, then the mode's `recorded`");
     m.def("counts", [] { return py::make_tuple(passed_calls.load(), detaches.load(), recorded_calls.load()); },
           "(ops passed, detaches, ops run then recorded) so far");
 }

@@ -52,7 +52,8 @@ def dispatch_path() -> str:
     """Which path hands the ops to the capture, as the manifest names it (manifest.extra["op_dispatch"]): the compiled
     hook (verify/capture/op_hook.py), else the C entry pip built, else the Python handler alone."""
     if op_hook.hook() is not None:
-        return "verify/capture/_op_hook.cpp: ops never recorded and autograd's detaches served in C++"
+        return ("verify/capture/_op_hook.cpp: ops never recorded, autograd's detaches and the keyed streams' other ops "
+                "passed in C++, recorded ops that write no argument run there and handed to the Python recording")
     not_built = f"the op hook not built: {op_hook.why_not()}"
     if native_dispatch is not None:
         return f"verify/capture/_dispatch.c: ops never recorded pass through in C ({not_built})"
@@ -196,10 +197,33 @@ class ServedInline(TorchDispatchMode):
     the op capture, it is taken off the stack while the capture records, and the capture's handler calls it for the
     ops it `serves`, as the mode below would have been called: every other op then pays one Python mode, not two (a
     mode costs ~7 us per op, on the critical path of an accelerator's step). Where another mode lies between them (a
-    calibration run's rounding), it stays a mode of its own."""
+    calibration run's rounding), it stays a mode of its own. On the stack (the capture paused for the optimizer's
+    step, or none entered), the ops it does not serve go straight to torch from their second call on, where the
+    compiled hook is built (`passed_on`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hook = None
 
     def serves(self, func: torch._ops.OpOverload) -> bool:
         raise NotImplementedError
+
+    def __enter__(self) -> ServedInline:
+        super().__enter__()
+        self._hook = op_hook.hook()
+        if self._hook is not None:
+            self._hook.serve(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._hook is not None:
+            self._hook.unserve(self)
+        super().__exit__(*exc_info)
+
+    def passed_on(self, func: torch._ops.OpOverload) -> None:
+        """`func`, which __torch_dispatch__ does not serve, goes straight to torch from its next call on."""
+        if self._hook is not None:
+            self._hook.pass_through(self, func)
 
 
 def _below(inline: ServedInline | None, func: torch._ops.OpOverload, types: Any, args: tuple, kwargs: dict) -> Any:
@@ -227,12 +251,12 @@ class _OpRecorder(TorchDispatchMode):
     def __enter__(self) -> _OpRecorder:
         super().__enter__()
         if self._hook is not None:
-            self._hook.install(self, self._ran)
+            self._hook.serve(self, self._ran)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         if self._hook is not None:
-            self._hook.uninstall(self)
+            self._hook.unserve(self)
         super().__exit__(*exc_info)
 
     def _name(self, func: torch._ops.OpOverload) -> str | None:
@@ -254,14 +278,14 @@ class _OpRecorder(TorchDispatchMode):
             return
         if name is None:
             if self._hook is not None:
-                self._hook.pass_through(func)
+                self._hook.pass_through(self, func)
             elif self._entry is not None:
                 self._entry.pass_through(func)
         elif self._hook is not None and not name.startswith(("c10d.", _FUNCTIONAL_COLLECTIVES)) and not any(
                 (argument.alias_info is not None and argument.alias_info.is_write)
                 or any(kind in str(argument.real_type) for kind in _TYPES_THE_HOOK_DOES_NOT_CONVERT)
                 for argument in func._schema.arguments):
-            self._hook.record_after(func, name)
+            self._hook.record_after(self, func, name)
 
     def _ran(self, func: torch._ops.OpOverload, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         """The compiled hook ran `func` (_hand_over): its records, as __torch_dispatch__ writes them."""

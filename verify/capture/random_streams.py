@@ -334,8 +334,10 @@ class KeyedDraws(ServedInline):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if (not self.serves(func) or os.getpid() != self._pid or not _draws(func, args, kwargs)
-                or _device_of(args, kwargs).type == _NO_DATA):
+        if not self.serves(func):
+            self.passed_on(func)
+            return func(*args, **kwargs)
+        if os.getpid() != self._pid or not _draws(func, args, kwargs) or _device_of(args, kwargs).type == _NO_DATA:
             return func(*args, **kwargs)
         op = str(func._overloadpacket)
         given = _argument(func, args, kwargs, "generator")
