@@ -69,6 +69,30 @@ def test_capture_does_not_change_the_numbers(tmp_path):
     assert plain.ops.empty and not plain.grads.empty
 
 
+def test_the_op_hook_built_unbuildable_or_off_gives_the_same_records_and_the_manifest_says_which_ran(tmp_path):
+    """Issue 57: a run with the compiled op hook (built by the session's conftest), one where it cannot be built (no
+    C++ compiler, an empty cache) and one with it turned off write the same records, bit for bit; each manifest
+    names the path that ran, and why where it is not the hook."""
+    import pandas as pd
+
+    from verify.capture import op_hook
+
+    if op_hook.hook() is None:
+        pytest.skip(f"the op hook is not built here: {op_hook.why_not()}")
+    unbuildable = {"NPU_PORT_CACHE": str(tmp_path / "empty-cache"), "CXX": "/bin/false"}
+    runs = {path: run(tmp_path / path, "tiny_train.py", "--adam", extra_env=env)
+            for path, env in (("hook", {}), ("unbuildable", unbuildable), ("off", {op_hook.SWITCH: "0"}))}
+    paths = {path: result.manifest.extra["op_dispatch"] for path, result in runs.items()}
+    assert paths["hook"].startswith("verify/capture/_op_hook.cpp")
+    assert paths["unbuildable"].startswith("verify/capture/_dispatch.c") and "the op hook not built: " in paths["unbuildable"]
+    assert paths["off"].endswith(f"the op hook not built: {op_hook.SWITCH}=0)")
+    assert not list((tmp_path / "empty-cache").glob("*.so"))  # nothing half-built left where a later run looks
+    assert [failed.suffix for failed in (tmp_path / "empty-cache").iterdir()] == [".failed"]  # not tried again
+    for path in ("unbuildable", "off"):
+        pd.testing.assert_frame_equal(runs[path].ops, runs["hook"].ops)
+        assert runs[path].losses["loss"].tolist() == runs["hook"].losses["loss"].tolist()
+
+
 def test_crash_keeps_the_steps_before_it_and_the_traceback(tmp_path):
     result = run(tmp_path, "tiny_train.py", "--crash-at", "2", steps=5)
     manifest = result.manifest

@@ -9,7 +9,8 @@ runs import the library from there, in milliseconds.
 
 Optional, as verify/capture/_stats.c is: where it cannot be built (no compiler, no ninja, a torch whose headers
 differ) or NPU_PORT_OP_HOOK=0 turns it off, the capture's ops go through its Python handler with the same records,
-and the manifest says which path ran (`dispatch_path`).
+and the manifest says which path ran and why (ops.dispatch_path). A build that failed leaves its reason beside where
+the library would be (`.failed`), so that later runs of that torch take the Python path at once.
 """
 
 from __future__ import annotations
@@ -58,12 +59,28 @@ def hook() -> ModuleType | None:
     if os.environ.get(SWITCH) == "0":
         _why_not = f"{SWITCH}=0"
         return None
+    library = library_path()
+    failed = library.with_suffix(".failed")  # a build that failed is not tried again by every run
+    if failed.exists():
+        _why_not = f"{failed.read_text().strip()} (delete {failed} to build it again)"
+        return None
     try:
-        library = library_path()
         _loaded = _imported(library) if library.exists() else _built(library)
     except Exception as error:  # noqa: BLE001  (any failure to build or load: the Python path runs, and says why)
-        _why_not = " ".join(str(error).split())[:300] or type(error).__name__
+        _why_not = _first_error(str(error)) or type(error).__name__
+        print(f"npu-port: the op hook is not there ({_why_not}); the capture takes its slower path, with the same "
+              "records", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):
+            failed.write_text(_why_not + "\n")
     return _loaded
+
+
+def _first_error(message: str) -> str:
+    """The line of a failure that says what failed: a compiler's first `error:` (its output follows the command
+    line), else the message's first line; one line, at most 300 characters."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    named = next((line for line in lines if "error:" in line.lower()), lines[0] if lines else "")
+    return named[:300]
 
 
 def why_not() -> str | None:
