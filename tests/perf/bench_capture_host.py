@@ -52,6 +52,24 @@ us per recorded call, capture alone / capture and keyed streams:
     cnn     145/139, 88/113, 150/181        127/166, 78/93, 144/172
     gpt     110/169, 105/140, 144/195       102/134, 102/129, 143/193
 Within the noise, a few percent: a step's ~70-100 recorded calls pay ~1-3 ms of per-step work, the rest is per op.
+
+Issue 57's fourth cut, the compiled op hook (verify/capture/_op_hook.cpp: ops never recorded, autograd's detaches and
+the keyed streams' other ops passed in C++, recorded ops that write no argument run there and handed to the Python
+recording), this file's "both, without the op hook" (the C entry) against "capture and keyed streams" in one run, us
+per recorded call (least of 5 blocks; the shared machine moved single figures by 15% from run to run):
+            torch 2.13 CPU                        torch 2.14.1 (CUDA build on the CPU, 3 blocks)
+    mlp     67.8 -> 58.1 (keyed alone 3.4)       92.9 -> 74.1
+    cnn     93.0 -> 79.8 (keyed alone 9.6)
+    gpt     88.3 -> 67.4 (keyed alone 6.9)       126.2 -> 110.2
+The keyed streams alone cost 13-33 us per recorded call before (their mode's Python handler saw every op, the
+optimizer's among them). What is left is Python's: the recording itself (begin_call, producers, the device path's copy
+and its PendingStats, ~25 us of a call), the step's end (the ship's reductions, the step's columns and record batch:
+~12-17 us a call), the module hooks (~5 us). And the garbage collector: the capture's rows, alive until the step
+ends, reach the oldest generation, and every ~160 steps of the tiny GPT a full collection of the process's ~430,000
+tracked objects (torch's) takes ~155 ms (~10 us a call over those steps), which the plain run never pays; the least
+of blocks above leaves it out. gc.freeze() would remove it, but would also keep any garbage cycle of the script's
+that was alive at the freeze from ever being collected (a DataLoader iterator's worker shutdown among them): left to
+the compiled recording, whose records hold no Python objects.
 """
 
 from __future__ import annotations
